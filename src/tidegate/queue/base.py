@@ -1,0 +1,491 @@
+"""The public queue API. `Queue` validates, converts and logs once; backends implement the
+`_hooks`, each of which is one atomic state change (one Lua script, one SQLite transaction)."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Any, Self
+from urllib.parse import parse_qsl, urlsplit
+
+import orjson
+
+from tidegate.errors import (
+    ConfigError,
+    InvalidJob,
+    JobNotFound,
+    PayloadTooLarge,
+    QueueClosed,
+)
+from tidegate.jobs import (
+    Job,
+    JobSpec,
+    JobState,
+    Priority,
+    datetime_to_ms,
+    ms_to_datetime,
+    now_ms,
+)
+from tidegate.queue.settings import QueueSettings
+
+__all__ = ["LevelStats", "MaintenanceReport", "NewJob", "Queue", "QueueSettings", "QueueStats"]
+
+log = logging.getLogger("tidegate.queue")
+
+ALL_LEVELS: tuple[int, ...] = tuple(int(p) for p in Priority)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job ready to be written: what backends receive from `enqueue`."""
+
+    id: str
+    priority: int
+    payload: bytes  # JSON of an object
+    tenant: str
+    created_ms: int
+    not_before_ms: int | None  # in the future → the job starts as delayed
+    deadline_ms: int | None
+    max_attempts: int
+    idempotency_key: str | None
+    callback_url: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LevelStats:
+    """One priority level: jobs waiting, how long the oldest has waited, jobs leased."""
+
+    depth: int
+    oldest_wait_s: float
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A snapshot of the queue."""
+
+    levels: dict[Priority, LevelStats]
+    delayed: int  # delayed or failed, waiting for their time
+    dead: int
+
+    @property
+    def depth(self) -> int:
+        """Jobs waiting to be claimed, over all levels."""
+        return sum(level.depth for level in self.levels.values())
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs leased by workers, over all levels."""
+        return sum(level.in_flight for level in self.levels.values())
+
+
+@dataclass(slots=True)
+class MaintenanceReport:
+    """What one `maintain()` pass did; `ran` is False when another process held the upkeep lock."""
+
+    ran: bool = False
+    recovered: int = 0  # expired leases put back in the queue
+    dead: int = 0  # expired leases that had no attempts left
+    expired: int = 0  # waiting jobs past their deadline
+    promoted: int = 0  # delayed or failed jobs whose time came
+    aged: int = 0  # waiting jobs moved up one level by aging
+    purged: int = 0  # finished jobs and dead letters past retention
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class _Lifecycle(Enum):
+    NEW = "new"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Queue(abc.ABC):
+    """A durable priority queue. Create one with `Queue.from_url(...)` and use it as an async
+    context manager (or call `open()` and `close()`)."""
+
+    def __init__(self, settings: QueueSettings | None = None) -> None:
+        self.settings = settings or QueueSettings()
+        self._state = _Lifecycle.NEW
+        self._maintenance: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ construction, lifecycle
+
+    @staticmethod
+    def from_url(url: str, settings: QueueSettings | None = None, **options: Any) -> Queue:
+        """`sqlite:///path/to/tidegate.db` (embedded) or `redis://host:port/db`.
+
+        Settings come from `settings`, then from URL query parameters (`?name=jobs`), then from
+        keyword options; later ones win.
+        """
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        merged = {**(settings.model_dump() if settings else {}), **query, **options}
+        try:
+            resolved = QueueSettings.model_validate(merged)
+        except ValueError as exc:
+            raise ConfigError(f"invalid queue settings in {_redact(url)}: {exc}") from exc
+        base_url = parts._replace(query="").geturl()
+        if parts.scheme == "sqlite":
+            from tidegate.queue.sqlite import SqliteQueue
+
+            return SqliteQueue(_sqlite_path(parts.netloc, parts.path), resolved)
+        if parts.scheme in ("redis", "rediss", "unix"):
+            from tidegate.queue.redis import RedisQueue
+
+            return RedisQueue(base_url, resolved)
+        raise ConfigError(
+            f"unsupported queue URL {_redact(url)!r}: use sqlite:///path/to/file.db or redis://host:port/db"
+        )
+
+    async def open(self) -> Self:
+        """Connect to the backend and start background upkeep. A closed queue cannot reopen."""
+        if self._state is _Lifecycle.CLOSED:
+            raise QueueClosed("this queue was closed; create a new one")
+        if self._state is _Lifecycle.OPEN:
+            return self
+        await self._open()
+        self._state = _Lifecycle.OPEN
+        interval = self.settings.maintenance_interval_s
+        if interval is not None:
+            self._maintenance = asyncio.create_task(self._maintain_forever(interval))
+        return self
+
+    async def close(self) -> None:
+        """Stop background upkeep and release connections. Idempotent."""
+        if self._state is not _Lifecycle.OPEN:
+            self._state = _Lifecycle.CLOSED
+            return
+        self._state = _Lifecycle.CLOSED
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maintenance
+        await self._close()
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._state is not _Lifecycle.OPEN:
+            raise QueueClosed(f"queue is {self._state.value}: use `async with` or call open()")
+
+    async def _maintain_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self._maintain()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # upkeep must outlive a passing backend error
+                log.exception("queue maintenance failed; retrying in %.1fs", interval_s)
+
+    # ------------------------------------------------------------------ producing
+
+    async def enqueue(self, payload: Mapping[str, Any], **options: Any) -> str:
+        """Add one job; returns its id (the existing id for a known idempotency key).
+
+        Options are the fields of `JobSpec`: priority, tenant, delay_s, not_before, deadline,
+        timeout_s, max_attempts, idempotency_key, callback_url.
+        """
+        ids = await self.enqueue_many([{"payload": payload, **options}])
+        return ids[0]
+
+    async def enqueue_many(self, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[str]:
+        """Add a batch in one round trip and one atomic write: all are added or none."""
+        self._check_open()
+        specs = list(jobs)
+        if len(specs) > self.settings.max_batch:
+            raise InvalidJob(f"batch of {len(specs)} jobs is over the limit of {self.settings.max_batch}")
+        now = now_ms()
+        prepared = [self._prepare(spec, now, index) for index, spec in enumerate(specs)]
+        if not prepared:
+            return []
+        return await self._enqueue(prepared)
+
+    def _prepare(self, spec: JobSpec | Mapping[str, Any], now: int, index: int) -> NewJob:
+        try:
+            if not isinstance(spec, JobSpec):
+                spec = JobSpec.from_mapping(spec)
+            return self._prepare_spec(spec, now)
+        except InvalidJob as exc:
+            if index == 0:
+                raise
+            raise type(exc)(f"job {index} of the batch: {exc}") from exc
+
+    def _prepare_spec(self, spec: JobSpec, now: int) -> NewJob:
+        if not isinstance(spec.payload, Mapping):
+            raise InvalidJob(f"payload must be a JSON object, got {type(spec.payload).__name__}")
+        try:
+            payload = orjson.dumps(spec.payload)
+        except TypeError as exc:
+            raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from exc
+        if len(payload) > self.settings.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"payload is {len(payload)} bytes, over the limit of {self.settings.max_payload_bytes}"
+            )
+        priority = Priority.parse(spec.priority)
+        tenant = _checked_text("tenant", spec.tenant, required=True)
+        not_before = _resolve_time("not_before", spec.not_before, "delay_s", spec.delay_s, now)
+        deadline = _resolve_time("deadline", spec.deadline, "timeout_s", spec.timeout_s, now)
+        max_attempts = self.settings.default_max_attempts if spec.max_attempts is None else spec.max_attempts
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidJob(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        return NewJob(
+            id=uuid.uuid4().hex,
+            priority=int(priority),
+            payload=payload,
+            tenant=tenant or "default",
+            created_ms=now,
+            not_before_ms=not_before if not_before is not None and not_before > now else None,
+            deadline_ms=deadline,
+            max_attempts=max_attempts,
+            idempotency_key=_checked_text("idempotency_key", spec.idempotency_key),
+            callback_url=_checked_text("callback_url", spec.callback_url),
+        )
+
+    # ------------------------------------------------------------------ consuming
+
+    async def claim(
+        self,
+        worker_id: str,
+        *,
+        priorities: Iterable[Priority | int | str] | None = None,
+        limit: int = 1,
+        lease_s: float | None = None,
+        timeout_s: float = 0.0,
+    ) -> list[Job]:
+        """Lease up to `limit` jobs, highest priority first, FIFO within a level.
+
+        With `timeout_s` > 0 the call blocks until work arrives or the time is up; it is woken
+        by the backend, not by polling. Each job carries a fresh `lease_token`.
+        """
+        self._check_open()
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        levels = _levels(priorities)
+        lease_ms = _seconds_to_ms(lease_s if lease_s is not None else self.settings.default_lease_s)
+        give_up = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            jobs = await self._claim(worker_id, levels, limit, lease_ms)
+            remaining = give_up - time.monotonic()
+            if jobs or remaining <= 0:
+                return jobs
+            await self._wait_for_work(levels, remaining)
+
+    async def heartbeat(self, job: Job, lease_s: float | None = None) -> None:
+        """Extend the job's lease; raises LeaseLost when the token is stale."""
+        self._check_open()
+        token = _token(job)
+        lease_ms = _seconds_to_ms(lease_s if lease_s is not None else self.settings.default_lease_s)
+        expires_ms = await self._heartbeat(job.id, token, lease_ms)
+        job.lease_expires_at = ms_to_datetime(expires_ms)
+
+    async def complete(self, job: Job, result: Any = None) -> None:
+        """Record the job's result; it becomes succeeded. Raises LeaseLost on a stale token."""
+        self._check_open()
+        try:
+            encoded = orjson.dumps(result)
+        except TypeError as exc:
+            raise InvalidJob(f"result is not JSON-serialisable: {exc}") from exc
+        await self._complete(job.id, _token(job), encoded)
+
+    async def fail(self, job: Job, error: str, retry_in_s: float | None = None) -> JobState:
+        """Record a failed attempt. The job is retried later at its own priority (after
+        `retry_in_s`, or exponential backoff with full jitter) until it has used `max_attempts`;
+        then it is dead with this error. Returns the job's new state."""
+        self._check_open()
+        if retry_in_s is None:
+            ceiling = min(self.settings.retry_max_s, self.settings.retry_base_s * 2 ** max(job.attempts - 1, 0))
+            retry_in_s = random.uniform(0, ceiling)
+        return await self._fail(job.id, _token(job), str(error), _seconds_to_ms(max(retry_in_s, 0.0)))
+
+    async def release(self, job: Job) -> None:
+        """Give a leased job back untouched (e.g. on shutdown): queued again, the attempt uncounted."""
+        self._check_open()
+        await self._release(job.id, _token(job))
+
+    # ------------------------------------------------------------------ inspecting and managing
+
+    async def get(self, job_id: str) -> Job | None:
+        """The job with this id, or None."""
+        self._check_open()
+        return await self._get(job_id)
+
+    async def cancel(self, job_id: str) -> bool:
+        """Cancel a job that has not finished. True if it was cancelled by this call; a leased
+        job's worker then gets LeaseLost on complete or fail."""
+        self._check_open()
+        return await self._cancel(job_id)
+
+    async def wait(self, job_id: str, timeout_s: float) -> Job:
+        """Wait until the job is final (or the timeout passes) and return it as it is then.
+        The backend wakes the waiter on each finish; nothing polls in a tight loop."""
+        self._check_open()
+        job = await self._wait_final(job_id, max(timeout_s, 0.0))
+        if job is None:
+            raise JobNotFound(f"no job with id {job_id!r}")
+        return job
+
+    async def stats(self) -> QueueStats:
+        """Depth, oldest wait and in-flight per level; delayed and dead counts."""
+        self._check_open()
+        return await self._stats()
+
+    async def dead_letters(self, limit: int = 100, offset: int = 0) -> list[Job]:
+        """Dead jobs, most recent first."""
+        self._check_open()
+        if limit < 0 or offset < 0:
+            raise ValueError("limit and offset must be >= 0")
+        return await self._dead_letters(limit, offset)
+
+    async def redrive(self, ids: Sequence[str] | None = None) -> int:
+        """Put dead jobs (the given ids, or all with None) back in the queue at their own
+        priority with fresh attempts. Returns how many were redriven."""
+        self._check_open()
+        return await self._redrive(None if ids is None else list(ids))
+
+    async def purge_dead(self, ids: Sequence[str] | None = None, *, older_than_s: float | None = None) -> int:
+        """Delete dead letters: the given ids, those older than `older_than_s`, or all."""
+        self._check_open()
+        older_ms = None if older_than_s is None else _seconds_to_ms(older_than_s)
+        return await self._purge_dead(None if ids is None else list(ids), older_ms)
+
+    async def maintain(self) -> MaintenanceReport:
+        """One upkeep pass: recover expired leases, expire jobs past their deadline, promote due
+        delayed jobs, age waiting jobs, drop what retention says. Only one process runs it at a
+        time; the others get a report with `ran=False`."""
+        self._check_open()
+        return await self._maintain()
+
+    # ------------------------------------------------------------------ backend hooks
+
+    @abc.abstractmethod
+    async def _open(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]: ...
+
+    @abc.abstractmethod
+    async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float) -> None:
+        """Return when work may have arrived for these levels, or after `timeout_s`."""
+
+    @abc.abstractmethod
+    async def _heartbeat(self, job_id: str, token: int, lease_ms: int) -> int:
+        """Returns the new lease expiry in epoch ms."""
+
+    @abc.abstractmethod
+    async def _complete(self, job_id: str, token: int, result: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int) -> JobState: ...
+
+    @abc.abstractmethod
+    async def _release(self, job_id: str, token: int) -> None: ...
+
+    @abc.abstractmethod
+    async def _get(self, job_id: str) -> Job | None: ...
+
+    @abc.abstractmethod
+    async def _cancel(self, job_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
+        """The job once final or after the timeout; None if there is no such job."""
+
+    @abc.abstractmethod
+    async def _stats(self) -> QueueStats: ...
+
+    @abc.abstractmethod
+    async def _dead_letters(self, limit: int, offset: int) -> list[Job]: ...
+
+    @abc.abstractmethod
+    async def _redrive(self, ids: list[str] | None) -> int: ...
+
+    @abc.abstractmethod
+    async def _purge_dead(self, ids: list[str] | None, older_than_ms: int | None) -> int: ...
+
+    @abc.abstractmethod
+    async def _maintain(self) -> MaintenanceReport: ...
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _levels(priorities: Iterable[Priority | int | str] | None) -> tuple[int, ...]:
+    if priorities is None:
+        return ALL_LEVELS
+    levels = tuple(sorted({int(Priority.parse(p)) for p in priorities}))
+    if not levels:
+        raise ValueError("priorities must name at least one level")
+    return levels
+
+
+def _seconds_to_ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+def _token(job: Job) -> int:
+    if job.lease_token is None:
+        raise InvalidJob(f"job {job.id} carries no lease token: pass the Job returned by claim()")
+    return job.lease_token
+
+
+def _checked_text(name: str, value: object, *, required: bool = False) -> str | None:
+    if value is None:
+        if required:
+            raise InvalidJob(f"{name} is required")
+        return None
+    if not isinstance(value, str):
+        raise InvalidJob(f"{name} must be a string, got {type(value).__name__}")
+    if required and not value:
+        raise InvalidJob(f"{name} must not be empty")
+    if len(value) > 2048:
+        raise InvalidJob(f"{name} is {len(value)} characters, over the limit of 2048")
+    return value or None
+
+
+def _resolve_time(abs_name: str, absolute: object, rel_name: str, relative: object, now: int) -> int | None:
+    if absolute is not None and relative is not None:
+        raise InvalidJob(f"give {abs_name} or {rel_name}, not both")
+    if absolute is not None:
+        if not isinstance(absolute, datetime):
+            raise InvalidJob(f"{abs_name} must be a datetime, got {type(absolute).__name__}")
+        return datetime_to_ms(absolute)
+    if relative is not None:
+        if isinstance(relative, bool) or not isinstance(relative, int | float) or relative < 0:
+            raise InvalidJob(f"{rel_name} must be a number of seconds >= 0, got {relative!r}")
+        return now + _seconds_to_ms(float(relative))
+    return None
+
+
+def _sqlite_path(netloc: str, path: str) -> str:
+    # sqlite:///relative.db → "relative.db"; sqlite:////abs/path.db → "/abs/path.db"
+    if netloc:
+        raise ConfigError(f"sqlite URL has a host {netloc!r}: use sqlite:///path/to/file.db")
+    return path[1:] if path.startswith("/") else path
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return parts._replace(netloc=netloc).geturl()
+    return url

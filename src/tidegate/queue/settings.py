@@ -1,0 +1,44 @@
+"""Typed settings of a queue, shared by every backend."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MIB = 1024 * 1024
+
+
+class QueueSettings(BaseModel):
+    """How a queue behaves. Every field has a safe default; anti-starvation is off by default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    max_payload_bytes: int = Field(MIB, gt=0)
+    max_batch: int = Field(10_000, gt=0)
+    default_max_attempts: int = Field(3, ge=1)
+    default_lease_s: float = Field(30.0, gt=0)
+    retry_base_s: float = Field(1.0, ge=0)
+    retry_max_s: float = Field(300.0, ge=0)
+    # Admission control: level → most jobs that may wait (queued) at that level.
+    max_depth: dict[int, int] = Field(default_factory=dict)
+    queue_full_retry_after_s: float = Field(1.0, gt=0)
+    # Anti-starvation: promote a waiting job one level per interval (never above CRITICAL).
+    aging_interval_s: float | None = Field(None, gt=0)
+    # Anti-starvation: serve tenants in turn inside a level instead of strictly FIFO.
+    tenant_round_robin: bool = False
+    # Retention: succeeded, cancelled and expired jobs (with results and idempotency keys).
+    finished_ttl_s: float = Field(24 * 3600.0, gt=0)
+    dead_ttl_s: float = Field(7 * 24 * 3600.0, gt=0)
+    # Background upkeep (lease recovery, deadline expiry, aging, retention); None turns it off
+    # for callers that run `Queue.maintain()` themselves.
+    maintenance_interval_s: float | None = Field(1.0, gt=0)
+
+    @field_validator("max_depth")
+    @classmethod
+    def _levels_known(cls, value: dict[int, int]) -> dict[int, int]:
+        for level, depth in value.items():
+            if not 0 <= level <= 4:
+                raise ValueError(f"max_depth level {level} is not a priority level 0-4")
+            if depth < 0:
+                raise ValueError(f"max_depth for level {level} must be >= 0, got {depth}")
+        return value
