@@ -278,11 +278,14 @@ class Queue(abc.ABC):
         lease_ms = _seconds_to_ms(lease_s if lease_s is not None else self.settings.default_lease_s)
         give_up = time.monotonic() + max(timeout_s, 0.0)
         while True:
+            # Taken before the attempt, so work that arrives between an empty claim and the
+            # wait still wakes the wait.
+            marker = self._work_marker()
             jobs = await self._claim(worker_id, levels, limit, lease_ms)
             remaining = give_up - time.monotonic()
             if jobs or remaining <= 0:
                 return jobs
-            await self._wait_for_work(levels, remaining)
+            await self._wait_for_work(levels, remaining, marker)
 
     async def heartbeat(self, job: Job, lease_s: float | None = None) -> None:
         """Extend the job's lease; raises LeaseLost when the token is stale."""
@@ -307,7 +310,8 @@ class Queue(abc.ABC):
         then it is dead with this error. Returns the job's new state."""
         self._check_open()
         if retry_in_s is None:
-            ceiling = min(self.settings.retry_max_s, self.settings.retry_base_s * 2 ** max(job.attempts - 1, 0))
+            backoff_s = self.settings.retry_base_s * 2 ** max(job.attempts - 1, 0)
+            ceiling = min(self.settings.retry_max_s, backoff_s)
             retry_in_s = random.uniform(0, ceiling)
         return await self._fail(job.id, _token(job), str(error), _seconds_to_ms(max(retry_in_s, 0.0)))
 
@@ -381,11 +385,18 @@ class Queue(abc.ABC):
     async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]: ...
 
     @abc.abstractmethod
-    async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]: ...
+    async def _claim(
+        self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int
+    ) -> list[Job]: ...
+
+    def _work_marker(self) -> object:
+        """A mark of the backend's wake-up signal, taken before each claim attempt."""
+        return None
 
     @abc.abstractmethod
-    async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float) -> None:
-        """Return when work may have arrived for these levels, or after `timeout_s`."""
+    async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float, marker: object) -> None:
+        """Return when work may have arrived for these levels since `marker` was taken, or
+        after `timeout_s`."""
 
     @abc.abstractmethod
     async def _heartbeat(self, job_id: str, token: int, lease_ms: int) -> int:
@@ -439,7 +450,7 @@ def _levels(priorities: Iterable[Priority | int | str] | None) -> tuple[int, ...
 
 
 def _seconds_to_ms(seconds: float) -> int:
-    return int(round(seconds * 1000))
+    return round(seconds * 1000)
 
 
 def _token(job: Job) -> int:

@@ -1,0 +1,92 @@
+# tidegate developer tasks (GNU make).
+#
+#   make demo     install the base package and run the queue demo (embedded SQLite, nothing to start)
+#   make test     install dev extras and test servers, run the whole test suite, then lint
+#   make lint     ruff + mypy
+#   make bench    install bench extras and run the queue benchmark
+#   make clean    remove the virtualenv, caches and local data
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+# Debian packages that hold the server binaries the test fixtures start on their own ports.
+REDIS_PKG := redis-server
+POSTGRES_PKG := postgresql
+
+.PHONY: help venv servers test lint demo bench clean
+
+help:
+	@echo "make demo | test | lint | bench | servers | venv | clean"
+
+# ---------------------------------------------------------------- virtualenv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# One stamp per install flavour: each re-runs only when pyproject.toml changes, so repeated
+# `make test` calls do not hit the package index.
+$(VENV)/.stamp-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+$(VENV)/.stamp-base: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.stamp-bench: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
+	@touch $@
+
+venv: $(VENV)/.stamp-dev
+
+# ---------------------------------------------------------------- server binaries
+
+# The tests start their own redis-server and PostgreSQL (initdb/pg_ctl) on free ports; this only
+# makes sure the binaries exist. `apt-get update` runs only when an install fails without it,
+# because on a machine with fresh package lists it is slow and useless.
+servers:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing $(REDIS_PKG)"; \
+	compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing="$$missing $(POSTGRES_PKG)"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		echo "missing test server packages:$$missing" >&2; \
+		echo "install them with: sudo apt-get install -y$$missing" >&2; \
+		exit 1; \
+	fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	echo "installing test server packages:$$missing"; \
+	apt-get install -y --no-install-recommends $$missing \
+		|| { apt-get update && apt-get install -y --no-install-recommends $$missing; }
+
+# ---------------------------------------------------------------- checks
+
+# pytest exit code 5 means "no tests collected": that is a broken suite, never a pass, so it is
+# named here and the exit code goes through unchanged.
+test: venv servers
+	@rc=0; $(BIN)/python -m pytest -q || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; \
+	exit $$rc
+	$(MAKE) --no-print-directory lint
+
+lint: venv
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+# ---------------------------------------------------------------- running
+
+demo: $(VENV)/.stamp-base
+	$(BIN)/tidegate demo
+
+bench: $(VENV)/.stamp-bench servers
+	$(BIN)/python bench/queue.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

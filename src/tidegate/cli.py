@@ -1,0 +1,159 @@
+"""The `tidegate` command line: the queue demo and queue inspection.
+
+Errors that tidegate raises on purpose (the TidegateError tree) are printed as one line and exit
+with status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tidegate import __version__
+from tidegate.demo import DEFAULT_JOBS, ensure_sqlite_folder, render_summary, run_demo
+from tidegate.errors import TidegateError
+from tidegate.jobs import Job
+from tidegate.queue import Queue, QueueStats
+
+__all__ = ["DEFAULT_QUEUE_URL", "app"]
+
+DEFAULT_QUEUE_URL = "sqlite:///.tidegate/tidegate.db"
+ERROR_EXIT = 2
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    help="tidegate: a durable priority queue for AI API traffic.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+queue_app = typer.Typer(help="Inspect and manage a queue.", no_args_is_help=True)
+app.add_typer(queue_app, name="queue")
+
+QueueUrl = Annotated[
+    str,
+    typer.Option("--queue", "-q", envvar="TIDEGATE_QUEUE_URL", show_default=True,
+                 help="Queue URL: sqlite:///path/to/file.db or redis://host:port/db."),
+]
+
+
+@contextmanager
+def _errors_as_exit() -> Iterator[None]:
+    """Turn a TidegateError into a one-line message and exit status 2."""
+    try:
+        yield
+    except TidegateError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(ERROR_EXIT) from None
+
+
+def _run(main: Callable[[], Awaitable[T]]) -> T:
+    async def wrapper() -> T:
+        return await main()
+
+    with _errors_as_exit():
+        return asyncio.run(wrapper())
+
+
+async def _open(url: str) -> Queue:
+    ensure_sqlite_folder(url)
+    # A one-shot command has no business running background upkeep on a shared queue.
+    return await Queue.from_url(url, maintenance_interval_s=None).open()
+
+
+@app.command()
+def version() -> None:
+    """Print the installed version."""
+    typer.echo(f"tidegate {__version__}")
+
+
+@app.command()
+def demo(
+    queue: Annotated[
+        str | None,
+        typer.Option("--queue", "-q", help="Queue URL (must be empty); default: a fresh "
+                     ".tidegate/demo.db."),
+    ] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-n", min=1, max=100_000,
+                                      help="Jobs in the first batch.")] = DEFAULT_JOBS,
+) -> None:
+    """Enqueue a mixed-priority batch, drain it with concurrent workers, show the served order."""
+    console = Console()
+    summary = _run(lambda: run_demo(queue, jobs=jobs, progress=console.print))
+    console.print()
+    render_summary(summary, console)
+
+
+@queue_app.command("stats")
+def queue_stats(queue: QueueUrl = DEFAULT_QUEUE_URL) -> None:
+    """Depth, oldest wait and in-flight jobs per priority level."""
+
+    async def main() -> QueueStats:
+        async with await _open(queue) as q:
+            return await q.stats()
+
+    stats = _run(main)
+    table = Table(title=f"Queue {escape(queue)}")
+    table.add_column("priority")
+    table.add_column("waiting", justify="right")
+    table.add_column("oldest wait", justify="right")
+    table.add_column("in flight", justify="right")
+    for priority, level in sorted(stats.levels.items()):
+        table.add_row(priority.name.lower(), f"{level.depth:,}", f"{level.oldest_wait_s:,.1f} s",
+                      f"{level.in_flight:,}")
+    table.add_section()
+    table.add_row("all", f"{stats.depth:,}", "", f"{stats.in_flight:,}")
+    console = Console()
+    console.print(table)
+    console.print(f"delayed: {stats.delayed:,}   dead: {stats.dead:,}")
+
+
+@queue_app.command("dlq")
+def queue_dlq(
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    limit: Annotated[int, typer.Option(min=1, help="Most dead letters to list.")] = 20,
+) -> None:
+    """List dead letters, most recent first."""
+
+    async def main() -> list[Job]:
+        async with await _open(queue) as q:
+            return await q.dead_letters(limit=limit)
+
+    dead = _run(main)
+    console = Console()
+    if not dead:
+        console.print("No dead letters.")
+        return
+    table = Table(title=f"Dead letters in {escape(queue)}")
+    for column in ("id", "priority", "tenant", "attempts", "finished", "last error"):
+        table.add_column(column, overflow="fold")
+    for job in dead:
+        finished = job.finished_at.isoformat(timespec="seconds") if job.finished_at else ""
+        table.add_row(job.id, job.priority.name.lower(), escape(job.tenant), str(job.attempts),
+                      finished, escape(job.last_error or ""))
+    console.print(table)
+
+
+@queue_app.command("redrive")
+def queue_redrive(
+    ids: Annotated[list[str] | None, typer.Argument(help="Dead job ids to put back.")] = None,
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    all_: Annotated[bool, typer.Option("--all", help="Redrive every dead letter.")] = False,
+) -> None:
+    """Put dead jobs back in the queue at their own priority, with fresh attempts."""
+    if all_ == bool(ids):
+        raise typer.BadParameter("give dead job ids or --all (not both)")
+
+    async def main() -> int:
+        async with await _open(queue) as q:
+            return await q.redrive(None if all_ else ids)
+
+    count = _run(main)
+    typer.echo(f"Redrove {count} job{'s' if count != 1 else ''}.")

@@ -1,0 +1,625 @@
+"""Embedded backend: one SQLite file in WAL mode, safe for several processes on one host.
+
+Every state change is one `BEGIN IMMEDIATE` transaction, run on a dedicated thread so the event
+loop never blocks on disk or on another process's write lock. Waiting claims and `wait()` are
+woken through a `Doorbell` after commits, not by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from tidegate.errors import LeaseLost, QueueFull, QueueUnavailable
+from tidegate.jobs import Job, JobState, Priority, now_ms
+from tidegate.queue._signals import DONE, WORK, Doorbell, Signal
+from tidegate.queue.base import LevelStats, MaintenanceReport, NewJob, Queue, QueueStats
+from tidegate.queue.settings import QueueSettings
+
+T = TypeVar("T")
+
+SAFETY_WAKE_S = 5.0  # longest a waiter sleeps without re-checking, should a ring be lost
+MAX_ERRORS_KEPT = 20  # attempt history per job
+UPKEEP_BATCH = 5_000  # rows one maintenance step touches, so a pass never holds the lock long
+_ACTIVE = ("queued", "delayed", "failed", "leased")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,   -- server-assigned FIFO order, never reused
+    id TEXT NOT NULL UNIQUE,
+    priority INTEGER NOT NULL,               -- the job's own level
+    level INTEGER NOT NULL,                  -- the level it waits at (aging may lift it)
+    rr_round INTEGER NOT NULL DEFAULT 0,     -- tenant round-robin turn (0 when off)
+    tenant TEXT NOT NULL,
+    state TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    result BLOB,
+    created_ms INTEGER NOT NULL,
+    ready_ms INTEGER,
+    not_before_ms INTEGER,
+    deadline_ms INTEGER,
+    finished_ms INTEGER,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    lease_token INTEGER NOT NULL DEFAULT 0,
+    worker_id TEXT,
+    lease_expires_ms INTEGER,
+    idempotency_key TEXT UNIQUE,
+    callback_url TEXT,
+    last_error TEXT,
+    errors TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_ready ON jobs(level, rr_round, seq) WHERE state = 'queued';
+CREATE INDEX IF NOT EXISTS jobs_due ON jobs(not_before_ms) WHERE state IN ('delayed', 'failed');
+CREATE INDEX IF NOT EXISTS jobs_leases ON jobs(lease_expires_ms) WHERE state = 'leased';
+CREATE INDEX IF NOT EXISTS jobs_deadlines ON jobs(deadline_ms)
+    WHERE deadline_ms IS NOT NULL AND state IN ('queued', 'delayed', 'failed');
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_ms)
+    WHERE state IN ('succeeded', 'cancelled', 'expired');
+CREATE INDEX IF NOT EXISTS jobs_dead ON jobs(finished_ms) WHERE state = 'dead';
+CREATE TABLE IF NOT EXISTS tenant_turns (
+    level INTEGER NOT NULL,
+    tenant TEXT NOT NULL,
+    last_round INTEGER NOT NULL,
+    PRIMARY KEY (level, tenant)
+);
+CREATE TABLE IF NOT EXISTS level_turns (
+    level INTEGER PRIMARY KEY,
+    current_round INTEGER NOT NULL
+);
+"""
+
+_JOB_COLUMNS = (
+    "id, priority, tenant, state, payload, result, created_ms, ready_ms, not_before_ms, "
+    "deadline_ms, finished_ms, attempts, max_attempts, lease_token, worker_id, lease_expires_ms, "
+    "idempotency_key, callback_url, last_error, errors, level, rr_round, seq"
+)
+
+
+class SqliteQueue(Queue):
+    """The embedded default: `Queue.from_url("sqlite:///path/tidegate.db")`."""
+
+    def __init__(self, path: str, settings: QueueSettings | None = None) -> None:
+        super().__init__(settings)
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegate-sqlite")
+        self._bell = Doorbell(path)
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` on the connection's thread; driver errors become QueueUnavailable."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._thread, self._call, fn)
+        except sqlite3.Error as exc:
+            raise QueueUnavailable(f"SQLite queue at {self.path}: {exc}") from exc
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        assert self._conn is not None
+        return fn(self._conn)
+
+    @staticmethod
+    def _transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+        # IMMEDIATE takes the write lock up front, so two processes never both read a job as
+        # free and then both write it.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            value = body(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return value
+
+    async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._run(lambda conn: self._transaction(conn, body))
+
+    async def _open(self) -> None:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+
+        def connect(_: object) -> None:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL survives any process crash; only an OS crash or power loss can drop
+            # the last commits.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.executescript(_SCHEMA)
+            self._conn = conn
+
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._thread, connect, None)
+        except sqlite3.Error as exc:
+            raise QueueUnavailable(f"cannot open SQLite queue at {self.path}: {exc}") from exc
+
+    async def _close(self) -> None:
+        self._bell.close()
+
+        def disconnect(_: object) -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._thread, disconnect, None)
+        self._thread.shutdown(wait=False)
+
+    # ------------------------------------------------------------------ tenant round-robin
+
+    def _give_turns(self, conn: sqlite3.Connection, rows: Iterable[tuple[str, int, str]]) -> None:
+        """Give each (id, level, tenant) that just became queued its round-robin turn: one past
+        the tenant's last turn at that level, and never behind the level's current turn."""
+        if not self.settings.tenant_round_robin:
+            return
+        for job_id, level, tenant in rows:
+            current = conn.execute(
+                "SELECT current_round FROM level_turns WHERE level = ?", (level,)
+            ).fetchone()
+            last = conn.execute(
+                "SELECT last_round FROM tenant_turns WHERE level = ? AND tenant = ?", (level, tenant)
+            ).fetchone()
+            turn = max(current[0] if current else 0, (last[0] + 1) if last else 0)
+            conn.execute(
+                "INSERT INTO tenant_turns(level, tenant, last_round) VALUES (?, ?, ?) "
+                "ON CONFLICT(level, tenant) DO UPDATE SET last_round = excluded.last_round",
+                (level, tenant, turn),
+            )
+            conn.execute("UPDATE jobs SET rr_round = ? WHERE id = ?", (turn, job_id))
+
+    # ------------------------------------------------------------------ enqueue
+
+    async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]:
+        def body(conn: sqlite3.Connection) -> tuple[list[str], bool]:
+            ids, new = self._dedupe(conn, jobs)
+            self._admit(conn, new)
+            now = now_ms()
+            conn.executemany(
+                "INSERT INTO jobs(id, priority, level, tenant, state, payload, created_ms, ready_ms,"
+                " not_before_ms, deadline_ms, max_attempts, idempotency_key, callback_url)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        job.id, job.priority, job.priority, job.tenant,
+                        "delayed" if job.not_before_ms else "queued", job.payload, job.created_ms,
+                        None if job.not_before_ms else now, job.not_before_ms, job.deadline_ms,
+                        job.max_attempts, job.idempotency_key, job.callback_url,
+                    )
+                    for job in new
+                ],
+            )
+            self._give_turns(conn, ((j.id, j.priority, j.tenant) for j in new if not j.not_before_ms))
+            return ids, any(not job.not_before_ms for job in new)
+
+        ids, ready = await self._write(body)
+        if ready:
+            self._bell.ring(WORK)
+        return ids
+
+    @staticmethod
+    def _dedupe(conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> tuple[list[str], list[NewJob]]:
+        """Resolve idempotency keys: a known key (stored, or earlier in the batch) maps to its
+        first job's id; returns the id for every job and the jobs to insert."""
+        keys = [job.idempotency_key for job in jobs if job.idempotency_key is not None]
+        known: dict[str, str] = {}
+        for chunk_start in range(0, len(keys), 500):
+            chunk = keys[chunk_start:chunk_start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in conn.execute(
+                f"SELECT idempotency_key, id FROM jobs WHERE idempotency_key IN ({marks})", chunk
+            ):
+                known[row[0]] = row[1]
+        ids: list[str] = []
+        new: list[NewJob] = []
+        for job in jobs:
+            key = job.idempotency_key
+            if key is not None and key in known:
+                ids.append(known[key])
+                continue
+            if key is not None:
+                known[key] = job.id
+            ids.append(job.id)
+            new.append(job)
+        return ids, new
+
+    def _admit(self, conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> None:
+        """Admission control: refuse the whole batch if any level would pass its max depth."""
+        limits = self.settings.max_depth
+        if not limits:
+            return
+        adding: dict[int, int] = {}
+        for job in jobs:
+            if job.priority in limits:
+                adding[job.priority] = adding.get(job.priority, 0) + 1
+        for level, count in sorted(adding.items()):
+            depth = conn.execute(
+                "SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND level = ?", (level,)
+            ).fetchone()[0]
+            if depth + count > limits[level]:
+                raise QueueFull(
+                    f"priority {Priority(level).name.lower()} is full: {depth} waiting, "
+                    f"limit {limits[level]}",
+                    priority=level,
+                    retry_after_s=self.settings.queue_full_retry_after_s,
+                )
+
+    # ------------------------------------------------------------------ claim
+
+    def _work_marker(self) -> object:
+        return self._bell.work.marker()
+
+    async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]:
+        marks = ",".join("?" * len(levels))
+
+        def body(conn: sqlite3.Connection) -> tuple[list[Job], int]:
+            now = now_ms()
+            self._promote_due(conn, now)
+            expired = self._expire_overdue(conn, now)
+            rows = conn.execute(
+                f"UPDATE jobs SET state = 'leased', attempts = attempts + 1,"
+                f" lease_token = lease_token + 1, worker_id = ?, lease_expires_ms = ?"
+                f" WHERE seq IN (SELECT seq FROM jobs WHERE state = 'queued' AND level IN ({marks})"
+                f" ORDER BY level, rr_round, seq LIMIT ?)"
+                f" RETURNING {_JOB_COLUMNS}",
+                (worker_id, now + lease_ms, *levels, limit),
+            ).fetchall()
+            rows.sort(key=lambda row: (row["level"], row["rr_round"], row["seq"]))
+            if rows and self.settings.tenant_round_robin:
+                # The level's current turn moves to the newest turn served, so a tenant that
+                # arrives later queues behind the turn being served, not ahead of it.
+                for level in {row["level"] for row in rows}:
+                    turn = max(row["rr_round"] for row in rows if row["level"] == level)
+                    conn.execute(
+                        "INSERT INTO level_turns(level, current_round) VALUES (?, ?) ON CONFLICT(level)"
+                        " DO UPDATE SET current_round = MAX(current_round, excluded.current_round)",
+                        (level, turn),
+                    )
+            return [_job(row) for row in rows], expired
+
+        jobs, expired = await self._write(body)
+        if expired:
+            self._bell.ring(DONE)
+        return jobs
+
+    def _promote_due(self, conn: sqlite3.Connection, now: int) -> int:
+        rows = conn.execute(
+            "UPDATE jobs SET state = 'queued', ready_ms = ?, level = priority"
+            " WHERE state IN ('delayed', 'failed') AND not_before_ms <= ?"
+            " RETURNING id, level, tenant",
+            (now, now),
+        ).fetchall()
+        self._give_turns(conn, ((r[0], r[1], r[2]) for r in rows))
+        return len(rows)
+
+    @staticmethod
+    def _expire_overdue(conn: sqlite3.Connection, now: int) -> int:
+        return conn.execute(
+            "UPDATE jobs SET state = 'expired', finished_ms = ?, last_error = 'deadline passed'"
+            " WHERE deadline_ms <= ? AND deadline_ms IS NOT NULL"
+            " AND state IN ('queued', 'delayed', 'failed')",
+            (now, now),
+        ).rowcount
+
+    async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float, marker: object) -> None:
+        self._bell.listen()
+
+        def next_due(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "SELECT MIN(not_before_ms) FROM jobs WHERE state IN ('delayed', 'failed')"
+            ).fetchone()
+            return None if row[0] is None else int(row[0])
+
+        due_ms = await self._run(next_due)
+        sleep_s = min(timeout_s, SAFETY_WAKE_S)
+        if due_ms is not None:
+            sleep_s = min(sleep_s, max((due_ms - now_ms()) / 1000, 0.0))
+        await Signal.wait(marker, sleep_s)
+
+    # ------------------------------------------------------------------ leased job changes
+
+    @staticmethod
+    def _leased(conn: sqlite3.Connection, job_id: str, token: int, columns: str) -> sqlite3.Row:
+        row = conn.execute(
+            f"SELECT {columns} FROM jobs WHERE id = ? AND state = 'leased' AND lease_token = ?",
+            (job_id, token),
+        ).fetchone()
+        if row is None:
+            raise _lease_lost(conn, job_id, token)
+        assert isinstance(row, sqlite3.Row)
+        return row
+
+    async def _heartbeat(self, job_id: str, token: int, lease_ms: int) -> int:
+        def body(conn: sqlite3.Connection) -> int:
+            expires = now_ms() + lease_ms
+            changed = conn.execute(
+                "UPDATE jobs SET lease_expires_ms = ? WHERE id = ? AND state = 'leased' AND lease_token = ?",
+                (expires, job_id, token),
+            ).rowcount
+            if not changed:
+                raise _lease_lost(conn, job_id, token)
+            return expires
+
+        return await self._write(body)
+
+    async def _complete(self, job_id: str, token: int, result: bytes) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            changed = conn.execute(
+                "UPDATE jobs SET state = 'succeeded', result = ?, finished_ms = ?, worker_id = NULL,"
+                " lease_expires_ms = NULL WHERE id = ? AND state = 'leased' AND lease_token = ?",
+                (result, now_ms(), job_id, token),
+            ).rowcount
+            if not changed:
+                raise _lease_lost(conn, job_id, token)
+
+        await self._write(body)
+        self._bell.ring(DONE)
+
+    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int) -> JobState:
+        def body(conn: sqlite3.Connection) -> JobState:
+            row = self._leased(conn, job_id, token, "attempts, max_attempts, errors")
+            now = now_ms()
+            errors = _append_error(row["errors"], error)
+            if row["attempts"] >= row["max_attempts"]:
+                conn.execute(
+                    "UPDATE jobs SET state = 'dead', finished_ms = ?, last_error = ?, errors = ?,"
+                    " worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
+                    (now, error, errors, job_id),
+                )
+                return JobState.DEAD
+            conn.execute(
+                "UPDATE jobs SET state = 'failed', not_before_ms = ?, last_error = ?, errors = ?,"
+                " worker_id = NULL, lease_expires_ms = NULL, level = priority WHERE id = ?",
+                (now + retry_delay_ms, error, errors, job_id),
+            )
+            return JobState.FAILED
+
+        state = await self._write(body)
+        self._bell.ring(DONE if state is JobState.DEAD else WORK)
+        return state
+
+    async def _release(self, job_id: str, token: int) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            row = self._leased(conn, job_id, token, "priority, tenant")
+            conn.execute(
+                "UPDATE jobs SET state = 'queued', attempts = attempts - 1, level = priority,"
+                " ready_ms = ?, worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
+                (now_ms(), job_id),
+            )
+            self._give_turns(conn, [(job_id, row["priority"], row["tenant"])])
+
+        await self._write(body)
+        self._bell.ring(WORK)
+
+    # ------------------------------------------------------------------ inspect and manage
+
+    async def _get(self, job_id: str) -> Job | None:
+        def body(conn: sqlite3.Connection) -> Job | None:
+            row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            return None if row is None else _job(row)
+
+        return await self._run(body)
+
+    async def _cancel(self, job_id: str) -> bool:
+        marks = ",".join("?" * len(_ACTIVE))
+
+        def body(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(
+                f"UPDATE jobs SET state = 'cancelled', finished_ms = ?, worker_id = NULL,"
+                f" lease_expires_ms = NULL WHERE id = ? AND state IN ({marks})",
+                (now_ms(), job_id, *_ACTIVE),
+            ).rowcount)
+
+        cancelled = await self._write(body)
+        if cancelled:
+            self._bell.ring(DONE)
+        return cancelled
+
+    async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
+        self._bell.listen()
+        give_up = time.monotonic() + timeout_s
+        while True:
+            marker = self._bell.done.marker()
+            job = await self._get(job_id)
+            remaining = give_up - time.monotonic()
+            if job is None or job.is_final or remaining <= 0:
+                return job
+            await Signal.wait(marker, min(remaining, SAFETY_WAKE_S))
+
+    async def _stats(self) -> QueueStats:
+        def body(conn: sqlite3.Connection) -> QueueStats:
+            now = now_ms()
+            waiting = {
+                row[0]: (row[1], row[2])
+                for row in conn.execute(
+                    "SELECT level, COUNT(*), MIN(ready_ms) FROM jobs WHERE state = 'queued' GROUP BY level"
+                )
+            }
+            leased = dict(conn.execute(
+                "SELECT level, COUNT(*) FROM jobs WHERE state = 'leased' GROUP BY level"
+            ).fetchall())
+            delayed = conn.execute(
+                "SELECT COUNT(*) FROM jobs WHERE state IN ('delayed', 'failed')"
+            ).fetchone()[0]
+            dead = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'dead'").fetchone()[0]
+            levels = {}
+            for priority in Priority:
+                depth, oldest = waiting.get(int(priority), (0, None))
+                levels[priority] = LevelStats(
+                    depth=depth,
+                    oldest_wait_s=0.0 if oldest is None else max(now - oldest, 0) / 1000,
+                    in_flight=leased.get(int(priority), 0),
+                )
+            return QueueStats(levels=levels, delayed=delayed, dead=dead)
+
+        return await self._run(body)
+
+    async def _dead_letters(self, limit: int, offset: int) -> list[Job]:
+        def body(conn: sqlite3.Connection) -> list[Job]:
+            rows = conn.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state = 'dead'"
+                " ORDER BY finished_ms DESC, seq DESC LIMIT ? OFFSET ?",
+                (limit, offset),
+            ).fetchall()
+            return [_job(row) for row in rows]
+
+        return await self._run(body)
+
+    async def _redrive(self, ids: list[str] | None) -> int:
+        def body(conn: sqlite3.Connection) -> int:
+            now = now_ms()
+            sql = (
+                "UPDATE jobs SET state = 'queued', attempts = 0, level = priority, ready_ms = ?,"
+                " finished_ms = NULL, not_before_ms = NULL WHERE state = 'dead'"
+            )
+            rows: list[sqlite3.Row] = []
+            if ids is None:
+                rows = conn.execute(sql + " RETURNING id, level, tenant", (now,)).fetchall()
+            else:
+                for start in range(0, len(ids), 500):
+                    chunk = ids[start:start + 500]
+                    marks = ",".join("?" * len(chunk))
+                    rows += conn.execute(
+                        sql + f" AND id IN ({marks}) RETURNING id, level, tenant", (now, *chunk)
+                    ).fetchall()
+            self._give_turns(conn, ((r[0], r[1], r[2]) for r in rows))
+            return len(rows)
+
+        count = await self._write(body)
+        if count:
+            self._bell.ring(WORK)
+        return count
+
+    async def _purge_dead(self, ids: list[str] | None, older_than_ms: int | None) -> int:
+        def body(conn: sqlite3.Connection) -> int:
+            sql = "DELETE FROM jobs WHERE state = 'dead'"
+            params: list[Any] = []
+            if older_than_ms is not None:
+                sql += " AND finished_ms <= ?"
+                params.append(now_ms() - older_than_ms)
+            if ids is None:
+                return conn.execute(sql, params).rowcount
+            removed = 0
+            for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                marks = ",".join("?" * len(chunk))
+                removed += conn.execute(sql + f" AND id IN ({marks})", [*params, *chunk]).rowcount
+            return removed
+
+        return await self._write(body)
+
+    # ------------------------------------------------------------------ upkeep
+
+    async def _maintain(self) -> MaintenanceReport:
+        # The write lock of one IMMEDIATE transaction is what keeps upkeep to one process at a time.
+        report = await self._write(self._upkeep)
+        if report.recovered or report.promoted or report.aged:
+            self._bell.ring(WORK)
+        if report.dead or report.expired:
+            self._bell.ring(DONE)
+        return report
+
+    def _upkeep(self, conn: sqlite3.Connection) -> MaintenanceReport:
+        now = now_ms()
+        report = MaintenanceReport(ran=True)
+        self._recover_leases(conn, now, report)
+        report.promoted = self._promote_due(conn, now)
+        report.expired = self._expire_overdue(conn, now)
+        report.aged = self._age(conn, now)
+        report.purged = self._apply_retention(conn, now)
+        return report
+
+    def _recover_leases(self, conn: sqlite3.Connection, now: int, report: MaintenanceReport) -> None:
+        rows = conn.execute(
+            "SELECT id, priority, tenant, attempts, max_attempts, worker_id, errors FROM jobs"
+            " WHERE state = 'leased' AND lease_expires_ms <= ? ORDER BY lease_expires_ms LIMIT ?",
+            (now, UPKEEP_BATCH),
+        ).fetchall()
+        requeued = []
+        for row in rows:
+            error = f"lease expired: worker {row['worker_id']} stopped renewing it"
+            errors = _append_error(row["errors"], error)
+            if row["attempts"] >= row["max_attempts"]:
+                conn.execute(
+                    "UPDATE jobs SET state = 'dead', finished_ms = ?, last_error = ?, errors = ?,"
+                    " worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
+                    (now, error, errors, row["id"]),
+                )
+                report.dead += 1
+            else:
+                conn.execute(
+                    "UPDATE jobs SET state = 'queued', level = priority, ready_ms = ?, last_error = ?,"
+                    " errors = ?, worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
+                    (now, error, errors, row["id"]),
+                )
+                requeued.append((row["id"], row["priority"], row["tenant"]))
+        self._give_turns(conn, requeued)
+        report.recovered = len(requeued)
+
+    def _age(self, conn: sqlite3.Connection, now: int) -> int:
+        interval_s = self.settings.aging_interval_s
+        if interval_s is None:
+            return 0
+        interval_ms = max(int(interval_s * 1000), 1)
+        # The level a job deserves follows from how long it has waited, so aging is idempotent
+        # and never lifts a job above CRITICAL.
+        return conn.execute(
+            "UPDATE jobs SET level = MAX(0, priority - (? - ready_ms) / ?)"
+            " WHERE state = 'queued' AND level > 0 AND ready_ms <= ?"
+            " AND level > MAX(0, priority - (? - ready_ms) / ?)",
+            (now, interval_ms, now - interval_ms, now, interval_ms),
+        ).rowcount
+
+    def _apply_retention(self, conn: sqlite3.Connection, now: int) -> int:
+        finished_before = now - int(self.settings.finished_ttl_s * 1000)
+        dead_before = now - int(self.settings.dead_ttl_s * 1000)
+        purged = conn.execute(
+            "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE state IN"
+            " ('succeeded', 'cancelled', 'expired') AND finished_ms <= ? LIMIT ?)",
+            (finished_before, UPKEEP_BATCH),
+        ).rowcount
+        purged += conn.execute(
+            "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE state = 'dead'"
+            " AND finished_ms <= ? LIMIT ?)",
+            (dead_before, UPKEEP_BATCH),
+        ).rowcount
+        # A tenant whose last turn is behind its level's current turn gains nothing from its row.
+        conn.execute(
+            "DELETE FROM tenant_turns WHERE last_round < COALESCE((SELECT current_round FROM"
+            " level_turns WHERE level_turns.level = tenant_turns.level), 0)"
+        )
+        return purged
+
+
+# ---------------------------------------------------------------------- row helpers
+
+
+def _job(row: sqlite3.Row) -> Job:
+    record = dict(row)
+    record["errors"] = orjson.loads(row["errors"]) if row["errors"] else []
+    return Job.from_record(record, row["payload"], row["result"])
+
+
+def _append_error(errors_json: str | None, error: str) -> str:
+    errors: list[str] = orjson.loads(errors_json) if errors_json else []
+    errors.append(error)
+    return orjson.dumps(errors[-MAX_ERRORS_KEPT:]).decode()
+
+
+def _lease_lost(conn: sqlite3.Connection, job_id: str, token: int) -> LeaseLost:
+    row = conn.execute("SELECT state, lease_token FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
+        return LeaseLost(f"job {job_id} no longer exists")
+    return LeaseLost(
+        f"lease {token} on job {job_id} is stale: the job is {row['state']} "
+        f"with lease {row['lease_token']}"
+    )

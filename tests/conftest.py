@@ -1,0 +1,191 @@
+"""Shared fixtures: a private redis-server per test session and a queue factory parametrized over
+every backend, so one contract suite runs against SQLite and Redis alike."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidegate import Queue
+
+BACKENDS = ["sqlite", "redis"]
+REDIS_START_TIMEOUT_S = 10.0
+REDIS_PORT_ATTEMPTS = 3
+
+# Marker → the only backend such a test runs on.
+BACKEND_MARKERS = {"redis_only": "redis", "sqlite_only": "sqlite"}
+
+
+# ---------------------------------------------------------------------- redis-server
+
+
+def _free_port() -> int:
+    # The kernel picks an unused port; another process could take it before redis binds, which
+    # the caller detects (redis exits, or answers with another pid) and retries.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _wait_for_redis(proc: subprocess.Popen[bytes], port: int) -> str | None:
+    """Return None once *our* process answers PING on the port, else the reason it did not."""
+    import redis
+
+    deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+    last_error = "no answer yet"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"redis-server exited with code {proc.returncode}"
+        try:
+            with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                             socket_connect_timeout=0.5) as client:
+                client.ping()
+                # A server someone else started on the same port would also answer PING.
+                pid = int(client.info("server")["process_id"])
+            if pid == proc.pid:
+                return None
+            return f"port {port} is answered by another redis-server (pid {pid})"
+        except redis.exceptions.RedisError as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.05)
+    return f"no PING answer within {REDIS_START_TIMEOUT_S:.0f}s ({last_error})"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server of our own on a free loopback port, never the machine's :6379. Yields
+    `redis://127.0.0.1:PORT/0`."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail(
+            "redis-server is not on PATH: run `make test` (it installs it) "
+            "or `apt-get install redis-server`",
+            pytrace=False,
+        )
+    failures: list[str] = []
+    for _ in range(REDIS_PORT_ATTEMPTS):
+        workdir = tmp_path_factory.mktemp("redis")
+        log_path = workdir / "redis.log"
+        port = _free_port()
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no"],
+                cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        problem = _wait_for_redis(proc, port)
+        if problem is None:
+            try:
+                yield f"redis://127.0.0.1:{port}/0"
+            finally:
+                _stop(proc)
+            return
+        _stop(proc)
+        failures.append(f"{problem}\n--- {log_path} ---\n{log_path.read_text(errors='replace')}")
+    pytest.fail("could not start redis-server:\n" + "\n".join(failures), pytrace=False)
+
+
+# ---------------------------------------------------------------------- queues
+
+
+class QueueFactory:
+    """Opens queue instances that all share one test's storage, as separate processes would.
+
+    Each `open()` returns a new `Queue` (its own connections and settings) on the same SQLite file
+    or the same Redis queue name; every queue it opened is closed at teardown."""
+
+    def __init__(self, backend: str, url: str, defaults: dict[str, Any] | None = None) -> None:
+        self.backend = backend
+        self.url = url
+        self._defaults = defaults or {}
+        self._opened: list[Queue] = []
+
+    @property
+    def queue_name(self) -> str:
+        """The queue name every instance shares (the settings' default unless the test set one)."""
+        return str(self._defaults.get("name", "default"))
+
+    async def open(self, **settings: Any) -> Queue:
+        """A new, opened Queue on this test's storage; keyword arguments are QueueSettings."""
+        queue = Queue.from_url(self.url, **{**self._defaults, **settings})
+        await queue.open()
+        self._opened.append(queue)
+        return queue
+
+    async def aclose(self) -> None:
+        """Close every queue this factory opened, newest first."""
+        while self._opened:
+            await self._opened.pop().close()
+
+
+async def _delete_redis_queue(url: str, name: str) -> None:
+    # The server lives for the whole session; dropping each test's keys keeps its memory flat.
+    # Names are random, so matching on the name cannot touch another test's keys.
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"*{name}*", count=1000)]
+        if keys:
+            await client.unlink(*keys)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(params=BACKENDS, ids=BACKENDS)
+async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueFactory]:
+    """A QueueFactory for each backend; `queue_factory.backend` says which."""
+    backend: str = request.param
+    if backend == "sqlite":
+        factory = QueueFactory(backend, f"sqlite:///{tmp_path / 'queue.db'}")
+    else:
+        # Requested lazily so that `-k sqlite` runs need no redis-server at all.
+        url: str = request.getfixturevalue("redis_server")
+        factory = QueueFactory(backend, url, {"name": f"t{uuid.uuid4().hex[:12]}"})
+    try:
+        yield factory
+    finally:
+        await factory.aclose()
+        if backend == "redis":
+            await _delete_redis_queue(factory.url, factory.queue_name)
+
+
+@pytest.fixture
+async def queue(queue_factory: QueueFactory) -> Queue:
+    """An opened queue without background upkeep: tests call `maintain()` when they mean to."""
+    return await queue_factory.open(maintenance_interval_s=None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the other backend's case of tests marked `redis_only` or `sqlite_only`."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("queue_factory") if callspec is not None else None
+        for marker, only in BACKEND_MARKERS.items():
+            if item.get_closest_marker(marker) is None:
+                continue
+            if backend is None:
+                # Marked but not parametrized by backend: the marker is documentation only.
+                continue
+            if backend != only:
+                item.add_marker(pytest.mark.skip(reason=f"{marker}: not for the {backend} backend"))

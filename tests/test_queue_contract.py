@@ -1,0 +1,537 @@
+"""The queue contract, part 1: priorities, ordering, exactly-once claims, blocking claims,
+idempotency, validation and lifecycle. Every backend test runs on SQLite and Redis through the
+`queue_factory` fixture; several `open()` calls model several processes sharing one queue.
+
+Parts 2 and 3 (`test_queue_contract_leases.py`, `test_queue_contract_scheduling.py`) cover
+leases, retries, the dead-letter queue, scheduling, admission control, fairness and retention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tidegate import (
+    ConfigError,
+    InvalidJob,
+    InvalidPriority,
+    Job,
+    JobSpec,
+    JobState,
+    PayloadTooLarge,
+    Priority,
+    Queue,
+    QueueClosed,
+)
+
+# ---------------------------------------------------------------------- helpers
+
+
+async def claim_all(q: Queue, *, limit: int = 100, **options: Any) -> list[Job]:
+    """Claim until the queue hands out nothing more; the jobs in the order they came out."""
+    claimed: list[Job] = []
+    while jobs := await q.claim("drain", limit=limit, **options):
+        claimed.extend(jobs)
+    return claimed
+
+
+async def assert_nothing_written(q: Queue) -> None:
+    stats = await q.stats()
+    assert stats.depth == 0
+    assert stats.delayed == 0
+    assert stats.in_flight == 0
+    assert await q.claim("probe", limit=10) == []
+
+
+# ---------------------------------------------------------------------- Priority.parse
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (Priority.LOW, Priority.LOW),
+        (0, Priority.CRITICAL),
+        (4, Priority.BULK),
+        ("critical", Priority.CRITICAL),
+        ("HIGH", Priority.HIGH),
+        ("Normal", Priority.NORMAL),
+        ("lOw", Priority.LOW),
+        ("bulk", Priority.BULK),
+        ("0", Priority.CRITICAL),
+        ("3", Priority.LOW),
+        (" 2 ", Priority.NORMAL),
+    ],
+)
+def test_priority_parse_accepts_names_levels_and_digit_strings(value: object, expected: Priority) -> None:
+    assert Priority.parse(value) is expected
+
+
+@pytest.mark.parametrize(
+    "value", [5, -1, "5", "-1", "urgent", "", 1.5, 2.0, True, False, None, [1], object()]
+)
+def test_priority_parse_rejects_anything_else(value: object) -> None:
+    with pytest.raises(InvalidPriority):
+        Priority.parse(value)
+
+
+def test_invalid_priority_is_an_invalid_job_and_a_value_error() -> None:
+    with pytest.raises(InvalidJob):
+        Priority.parse("urgent")
+    with pytest.raises(ValueError):
+        Priority.parse(7)
+
+
+# ---------------------------------------------------------------------- enqueue and get
+
+
+async def test_enqueue_returns_an_id_and_get_shows_the_stored_job(queue: Queue) -> None:
+    payload = {"prompt": "hello", "nested": {"list": [1, 2.5, None, "x"], "flag": True}}
+    job_id = await queue.enqueue(payload, priority="high", tenant="acme")
+    assert isinstance(job_id, str) and job_id
+
+    job = await queue.get(job_id)
+    assert job is not None
+    assert job.id == job_id
+    assert job.payload == payload
+    assert job.priority is Priority.HIGH
+    assert job.tenant == "acme"
+    assert job.state is JobState.QUEUED
+    assert job.attempts == 0
+    assert job.max_attempts == queue.settings.default_max_attempts
+    assert job.created_at.tzinfo is not None
+    assert job.lease_token is None
+
+
+async def test_get_of_an_unknown_id_is_none(queue: Queue) -> None:
+    assert await queue.get("no-such-job") is None
+
+
+async def test_enqueue_many_accepts_specs_and_mappings(queue: Queue) -> None:
+    ids = await queue.enqueue_many(
+        [JobSpec(payload={"n": 0}, priority=Priority.LOW), {"payload": {"n": 1}, "priority": 1}]
+    )
+    assert len(ids) == 2 and len(set(ids)) == 2
+    first, second = await queue.get(ids[0]), await queue.get(ids[1])
+    assert first is not None and first.priority is Priority.LOW and first.payload == {"n": 0}
+    assert second is not None and second.priority is Priority.HIGH and second.payload == {"n": 1}
+    assert await queue.enqueue_many([]) == []
+
+
+# ---------------------------------------------------------------------- ordering
+
+
+async def test_strict_priority_across_levels_and_fifo_within_a_level(queue: Queue) -> None:
+    # Given jobs enqueued one by one in a shuffled priority order
+    rng = random.Random(7)
+    levels = [rng.choice(list(Priority)) for _ in range(40)]
+    ids = [await queue.enqueue({"n": n}, priority=level) for n, level in enumerate(levels)]
+
+    # When a worker claims them one at a time
+    claimed = [(await queue.claim("w"))[0] for _ in ids]
+
+    # Then they come out by priority, and in enqueue order within a level
+    expected = [ids[n] for n in sorted(range(len(ids)), key=lambda n: (levels[n], n))]
+    assert [job.id for job in claimed] == expected
+    assert await queue.claim("w") == []
+
+
+async def test_a_batch_claim_lists_jobs_highest_priority_first_then_fifo(queue: Queue) -> None:
+    specs = [{"payload": {"n": n}, "priority": (n * 3) % 5} for n in range(25)]
+    ids = await queue.enqueue_many(specs)
+    claimed = await queue.claim("w", limit=10)
+    expected = [ids[n] for n in sorted(range(25), key=lambda n: ((n * 3) % 5, n))]
+    assert [job.id for job in claimed] == expected[:10]
+    assert [job.id for job in await claim_all(queue, limit=7)] == expected[10:]
+
+
+async def test_fifo_within_a_batch(queue: Queue) -> None:
+    ids = await queue.enqueue_many([{"payload": {"n": n}} for n in range(30)])
+    assert [job.id for job in await claim_all(queue, limit=4)] == ids
+
+
+async def test_concurrent_enqueuers_keep_their_own_fifo_and_priority_holds_overall(queue_factory: Any) -> None:
+    # Given four producers on two queue instances ("processes"), each enqueueing 60 jobs at
+    # random levels concurrently, two one by one and two in small batches
+    instances = [await queue_factory.open(maintenance_interval_s=None) for _ in range(2)]
+
+    async def produce(producer: int) -> None:
+        q = instances[producer % 2]
+        rng = random.Random(producer)
+        specs = [
+            {"payload": {"producer": producer, "n": n}, "priority": rng.randrange(5)}
+            for n in range(60)
+        ]
+        if producer < 2:
+            for spec in specs:
+                await q.enqueue(**spec)
+        else:
+            for start in range(0, len(specs), 5):
+                await q.enqueue_many(specs[start : start + 5])
+                await asyncio.sleep(0)
+
+    await asyncio.gather(*(produce(p) for p in range(4)))
+
+    # When one worker drains the queue in batches of 7
+    claimed = await claim_all(instances[1], limit=7)
+
+    # Then every job came out once, levels never go back up, and each producer's jobs on a
+    # level come out in the order that producer enqueued them
+    assert len(claimed) == 240 and len({job.id for job in claimed}) == 240
+    priorities = [int(job.priority) for job in claimed]
+    assert priorities == sorted(priorities)
+    seen: dict[tuple[int, int], list[int]] = {}
+    for job in claimed:
+        seen.setdefault((job.payload["producer"], int(job.priority)), []).append(job.payload["n"])
+    for sequence in seen.values():
+        assert sequence == sorted(sequence)
+
+
+async def test_claim_by_priority_range_never_hands_out_other_levels(queue: Queue) -> None:
+    ids_by_level = {
+        level: await queue.enqueue_many([{"payload": {"n": n}, "priority": level} for n in range(6)])
+        for level in Priority
+    }
+
+    claimed = await claim_all(queue, limit=4, priorities=[0, "high"])
+
+    assert {int(job.priority) for job in claimed} == {0, 1}
+    assert [job.id for job in claimed] == ids_by_level[Priority.CRITICAL] + ids_by_level[Priority.HIGH]
+    stats = await queue.stats()
+    for level in (Priority.NORMAL, Priority.LOW, Priority.BULK):
+        assert stats.levels[level].depth == 6
+    assert [job.id for job in await claim_all(queue, priorities=[Priority.BULK])] == ids_by_level[Priority.BULK]
+
+
+async def test_claim_rejects_a_bad_limit_or_priority_filter(queue: Queue) -> None:
+    with pytest.raises(ValueError):
+        await queue.claim("w", limit=0)
+    with pytest.raises(InvalidPriority):
+        await queue.claim("w", priorities=["urgent"])
+    with pytest.raises(ValueError):
+        await queue.claim("w", priorities=[])
+
+
+# ---------------------------------------------------------------------- exactly-once claims
+
+
+@pytest.mark.timeout(120)
+async def test_every_job_is_claimed_exactly_once_by_concurrent_workers(queue_factory: Any) -> None:
+    # Given 10,000 jobs over all levels and two queue instances ("processes")
+    total = 10_000
+    instances = [await queue_factory.open(maintenance_interval_s=None) for _ in range(2)]
+    enqueued: list[str] = []
+    for start in range(0, total, 1_000):
+        enqueued += await instances[0].enqueue_many(
+            [{"payload": {"n": n}, "priority": n % 5} for n in range(start, start + 1_000)]
+        )
+    assert len(set(enqueued)) == total
+
+    # When eight workers claim in batches of 50 and complete each job
+    claims: list[str] = []
+
+    async def work(worker: int) -> None:
+        q = instances[worker % 2]
+        while jobs := await q.claim(f"worker-{worker}", limit=50):
+            for job in jobs:
+                claims.append(job.id)
+                await q.complete(job, {"by": worker})
+
+    await asyncio.gather(*(work(w) for w in range(8)))
+
+    # Then each job was handed out exactly once and none is left
+    counts = Counter(claims)
+    assert [job_id for job_id, n in counts.items() if n > 1] == []
+    assert set(counts) == set(enqueued)
+    stats = await instances[1].stats()
+    assert (stats.depth, stats.in_flight) == (0, 0)
+    for job_id in enqueued[:: total // 20]:
+        job = await instances[1].get(job_id)
+        assert job is not None and job.state is JobState.SUCCEEDED
+
+
+async def test_each_claim_carries_a_fresh_lease(queue: Queue) -> None:
+    await queue.enqueue_many([{"payload": {"n": n}} for n in range(3)])
+    jobs = await queue.claim("w-1", limit=3, lease_s=10)
+    assert len(jobs) == 3
+    assert all(job.state is JobState.LEASED for job in jobs)
+    assert all(job.lease_token is not None for job in jobs)
+    assert all(job.worker_id == "w-1" for job in jobs)
+    for job in jobs:
+        assert job.lease_expires_at is not None
+        remaining = (job.lease_expires_at - datetime.now(job.lease_expires_at.tzinfo)).total_seconds()
+        assert 5 < remaining <= 10.5
+        stored = await queue.get(job.id)
+        assert stored is not None and stored.state is JobState.LEASED
+
+
+# ---------------------------------------------------------------------- blocking claims
+
+
+async def test_blocking_claim_wakes_when_a_job_is_enqueued(queue: Queue) -> None:
+    started = time.monotonic()
+    claimer = asyncio.create_task(queue.claim("w", timeout_s=5))
+    await asyncio.sleep(0.2)
+    assert not claimer.done()
+
+    job_id = await queue.enqueue({"n": 1})
+    jobs = await claimer
+
+    assert [job.id for job in jobs] == [job_id]
+    assert time.monotonic() - started < 4  # woken by the enqueue, not by the timeout
+
+
+async def test_blocking_claim_wakes_for_a_job_enqueued_by_another_process(queue_factory: Any) -> None:
+    consumer = await queue_factory.open(maintenance_interval_s=None)
+    producer = await queue_factory.open(maintenance_interval_s=None)
+    started = time.monotonic()
+    claimer = asyncio.create_task(consumer.claim("w", timeout_s=5))
+    await asyncio.sleep(0.2)
+
+    job_id = await producer.enqueue({"n": 1})
+    jobs = await claimer
+
+    assert [job.id for job in jobs] == [job_id]
+    assert time.monotonic() - started < 4
+
+
+async def test_blocking_claim_on_an_empty_queue_returns_nothing_after_the_timeout(queue: Queue) -> None:
+    started = time.monotonic()
+    assert await queue.claim("w", timeout_s=0.5) == []
+    assert time.monotonic() - started >= 0.45
+
+
+async def test_blocking_claim_ignores_work_on_levels_it_does_not_serve(queue: Queue) -> None:
+    started = time.monotonic()
+    claimer = asyncio.create_task(queue.claim("w", priorities=[Priority.CRITICAL], timeout_s=0.6))
+    await asyncio.sleep(0.1)
+    bulk_id = await queue.enqueue({"n": 1}, priority=Priority.BULK)
+
+    assert await claimer == []
+    assert time.monotonic() - started >= 0.55
+    bulk = await queue.get(bulk_id)
+    assert bulk is not None and bulk.state is JobState.QUEUED
+
+
+# ---------------------------------------------------------------------- idempotency
+
+
+async def test_the_same_idempotency_key_returns_the_first_job(queue_factory: Any) -> None:
+    first_process = await queue_factory.open(maintenance_interval_s=None)
+    second_process = await queue_factory.open(maintenance_interval_s=None)
+
+    first = await first_process.enqueue({"n": 1}, idempotency_key="order-42")
+    again = await first_process.enqueue({"n": 2}, idempotency_key="order-42", priority="high")
+    elsewhere = await second_process.enqueue({"n": 3}, idempotency_key="order-42")
+
+    assert first == again == elsewhere
+    job = await first_process.get(first)
+    assert job is not None and job.payload == {"n": 1} and job.idempotency_key == "order-42"
+    assert (await first_process.stats()).depth == 1
+    other = await second_process.enqueue({"n": 4}, idempotency_key="order-43")
+    assert other != first
+    assert (await first_process.stats()).depth == 2
+
+
+async def test_an_idempotency_key_repeated_inside_one_batch_makes_one_job(queue: Queue) -> None:
+    ids = await queue.enqueue_many(
+        [
+            {"payload": {"n": 0}, "idempotency_key": "k"},
+            {"payload": {"n": 1}},
+            {"payload": {"n": 2}, "idempotency_key": "k"},
+        ]
+    )
+    assert len(ids) == 3
+    assert ids[0] == ids[2]
+    assert ids[1] != ids[0]
+    assert (await queue.stats()).depth == 2
+    assert await queue.enqueue({"n": 3}, idempotency_key="k") == ids[0]
+
+
+async def test_an_idempotency_key_still_dedupes_after_the_job_finished(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, idempotency_key="once")
+    [job] = await queue.claim("w")
+    await queue.complete(job, "done")
+    assert await queue.enqueue({"n": 1}, idempotency_key="once") == job_id
+    assert await queue.claim("w") == []
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def _naive_future() -> datetime:
+    return datetime.now() + timedelta(seconds=60)  # noqa: DTZ005 - naive on purpose
+
+
+INVALID_JOBS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("payload-string", {"payload": "text"}, None),
+    ("payload-list", {"payload": [1, 2]}, None),
+    ("payload-none", {"payload": None}, None),
+    ("payload-object", {"payload": {"x": object()}}, None),
+    ("payload-set", {"payload": {"x": {1, 2}}}, None),
+    ("payload-int-key", {"payload": {1: "a"}}, None),
+    ("priority-name", {"payload": {}, "priority": "urgent"}, None),
+    ("priority-level", {"payload": {}, "priority": 5}, None),
+    ("max-attempts-zero", {"payload": {}, "max_attempts": 0}, "max_attempts"),
+    ("max-attempts-negative", {"payload": {}, "max_attempts": -1}, "max_attempts"),
+    ("max-attempts-float", {"payload": {}, "max_attempts": 1.5}, "max_attempts"),
+    ("max-attempts-bool", {"payload": {}, "max_attempts": True}, "max_attempts"),
+    ("max-attempts-string", {"payload": {}, "max_attempts": "3"}, "max_attempts"),
+    ("not-before-naive", {"payload": {}, "not_before": _naive_future()}, None),
+    ("deadline-naive", {"payload": {}, "deadline": _naive_future()}, None),
+    ("not-before-not-a-datetime", {"payload": {}, "not_before": "tomorrow"}, "not_before"),
+    ("delay-negative", {"payload": {}, "delay_s": -1}, "delay_s"),
+    ("delay-and-not-before", {"payload": {}, "delay_s": 1, "not_before": datetime.now().astimezone()}, None),
+    ("timeout-negative", {"payload": {}, "timeout_s": -0.5}, "timeout_s"),
+    ("tenant-empty", {"payload": {}, "tenant": ""}, "tenant"),
+    ("tenant-not-text", {"payload": {}, "tenant": 5}, "tenant"),
+    ("idempotency-key-not-text", {"payload": {}, "idempotency_key": 5}, "idempotency_key"),
+    ("unknown-field", {"payload": {}, "colour": "red"}, "colour"),
+    ("missing-payload", {"priority": 1}, "payload"),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"), [(spec, named) for _, spec, named in INVALID_JOBS], ids=[i for i, _, _ in INVALID_JOBS]
+)
+async def test_an_invalid_job_is_refused_and_nothing_is_written(
+    queue: Queue, spec: dict[str, Any], named: str | None
+) -> None:
+    with pytest.raises(InvalidJob) as raised:
+        await queue.enqueue_many([spec])
+    if named is not None:
+        assert named in str(raised.value)
+    await assert_nothing_written(queue)
+
+
+async def test_enqueue_refuses_a_payload_that_is_not_an_object(queue: Queue) -> None:
+    with pytest.raises(InvalidJob):
+        await queue.enqueue("text")  # type: ignore[arg-type]
+    with pytest.raises(InvalidJob):
+        await queue.enqueue({"x": {1, 2}})
+    with pytest.raises(InvalidJob, match="colour"):
+        await queue.enqueue({}, colour="red")
+    await assert_nothing_written(queue)
+
+
+async def test_one_bad_job_in_a_batch_writes_none_of_the_batch(queue: Queue) -> None:
+    batch = [
+        {"payload": {"n": 0}, "idempotency_key": "first"},
+        {"payload": {"n": 1}},
+        {"payload": {"n": 2}, "max_attempts": 0},
+        {"payload": {"n": 3}, "priority": "bulk"},
+    ]
+    with pytest.raises(InvalidJob, match="max_attempts"):
+        await queue.enqueue_many(batch)
+    await assert_nothing_written(queue)
+    # The idempotency key of the refused batch was not recorded either.
+    job_id = await queue.enqueue({"n": 9}, idempotency_key="first")
+    job = await queue.get(job_id)
+    assert job is not None and job.payload == {"n": 9}
+
+
+async def test_a_payload_over_the_size_limit_is_refused(queue_factory: Any) -> None:
+    q = await queue_factory.open(maintenance_interval_s=None, max_payload_bytes=100)
+    with pytest.raises(PayloadTooLarge):
+        await q.enqueue({"text": "a" * 200})
+    with pytest.raises(PayloadTooLarge):
+        await q.enqueue_many([{"payload": {"n": 0}}, {"payload": {"text": "a" * 200}}, {"payload": {"n": 2}}])
+    await assert_nothing_written(q)
+    await q.enqueue({"text": "a" * 50})
+    assert (await q.stats()).depth == 1
+
+
+async def test_a_batch_over_max_batch_is_refused(queue_factory: Any) -> None:
+    q = await queue_factory.open(maintenance_interval_s=None, max_batch=5)
+    with pytest.raises(InvalidJob):
+        await q.enqueue_many([{"payload": {"n": n}} for n in range(6)])
+    await assert_nothing_written(q)
+
+
+async def test_complete_refuses_a_result_that_is_not_json(queue: Queue) -> None:
+    job_id = await queue.enqueue({})
+    [job] = await queue.claim("w")
+    with pytest.raises(InvalidJob):
+        await queue.complete(job, {"x": object()})
+    stored = await queue.get(job_id)
+    assert stored is not None and stored.state is JobState.LEASED
+    await queue.complete(job, {"ok": True})
+
+
+async def test_a_job_without_a_lease_token_cannot_be_settled(queue: Queue) -> None:
+    job_id = await queue.enqueue({})
+    unclaimed = await queue.get(job_id)
+    assert unclaimed is not None
+    with pytest.raises(InvalidJob):
+        await queue.complete(unclaimed)
+    stored = await queue.get(job_id)
+    assert stored is not None and stored.state is JobState.QUEUED
+
+
+# ---------------------------------------------------------------------- lifecycle
+
+
+async def test_a_queue_used_before_open_raises_queue_closed(tmp_path: Any) -> None:
+    # No I/O happens before open(), so neither URL needs a live server.
+    for url in (f"sqlite:///{tmp_path / 'unopened.db'}", "redis://127.0.0.1:1/0"):
+        q = Queue.from_url(url)
+        with pytest.raises(QueueClosed):
+            await q.enqueue({})
+        with pytest.raises(QueueClosed):
+            await q.claim("w")
+        with pytest.raises(QueueClosed):
+            await q.stats()
+
+
+async def test_a_closed_queue_refuses_work_and_cannot_reopen(queue_factory: Any) -> None:
+    q = await queue_factory.open(maintenance_interval_s=None)
+    job_id = await q.enqueue({})
+    await q.close()
+    await q.close()  # idempotent
+
+    with pytest.raises(QueueClosed):
+        await q.enqueue({})
+    with pytest.raises(QueueClosed):
+        await q.get(job_id)
+    with pytest.raises(QueueClosed):
+        await q.claim("w")
+    with pytest.raises(QueueClosed):
+        await q.open()
+
+    # The job survives the close: storage is durable.
+    other = await queue_factory.open(maintenance_interval_s=None)
+    stored = await other.get(job_id)
+    assert stored is not None and stored.state is JobState.QUEUED
+
+
+async def test_a_queue_is_an_async_context_manager(queue_factory: Any) -> None:
+    q = await queue_factory.open(maintenance_interval_s=None)
+    async with q as entered:
+        assert entered is q
+        await q.enqueue({})
+    with pytest.raises(QueueClosed):
+        await q.enqueue({})
+
+
+@pytest.mark.parametrize("url", ["postgres://localhost/db", "memory://", "amqp://x", "nonsense"])
+def test_from_url_with_an_unknown_scheme_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError):
+        Queue.from_url(url)
+
+
+def test_from_url_with_invalid_settings_is_a_config_error(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError):
+        Queue.from_url(f"sqlite:///{tmp_path / 'q.db'}?max_batch=0")
+    with pytest.raises(ConfigError):
+        Queue.from_url(f"sqlite:///{tmp_path / 'q.db'}", no_such_setting=1)
+
+
+def test_from_url_merges_settings_query_and_options(tmp_path: Any) -> None:
+    q = Queue.from_url(f"sqlite:///{tmp_path / 'q.db'}?name=jobs&max_batch=50", max_batch=60)
+    assert q.settings.name == "jobs"
+    assert q.settings.max_batch == 60
