@@ -7,9 +7,9 @@ with status 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -50,22 +50,20 @@ def _errors_as_exit() -> Iterator[None]:
     try:
         yield
     except TidegateError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+                                   soft_wrap=True)
         raise typer.Exit(ERROR_EXIT) from None
 
 
-def _run(main: Callable[[], Awaitable[T]]) -> T:
-    async def wrapper() -> T:
-        return await main()
-
+def _run(main: Coroutine[Any, Any, T]) -> T:
     with _errors_as_exit():
-        return asyncio.run(wrapper())
+        return asyncio.run(main)
 
 
-async def _open(url: str) -> Queue:
+def _queue(url: str) -> Queue:
     ensure_sqlite_folder(url)
     # A one-shot command has no business running background upkeep on a shared queue.
-    return await Queue.from_url(url, maintenance_interval_s=None).open()
+    return Queue.from_url(url, maintenance_interval_s=None)
 
 
 @app.command()
@@ -86,7 +84,7 @@ def demo(
 ) -> None:
     """Enqueue a mixed-priority batch, drain it with concurrent workers, show the served order."""
     console = Console()
-    summary = _run(lambda: run_demo(queue, jobs=jobs, progress=console.print))
+    summary = _run(run_demo(queue, jobs=jobs, progress=console.print))
     console.print()
     render_summary(summary, console)
 
@@ -96,10 +94,10 @@ def queue_stats(queue: QueueUrl = DEFAULT_QUEUE_URL) -> None:
     """Depth, oldest wait and in-flight jobs per priority level."""
 
     async def main() -> QueueStats:
-        async with await _open(queue) as q:
+        async with _queue(queue) as q:
             return await q.stats()
 
-    stats = _run(main)
+    stats = _run(main())
     table = Table(title=f"Queue {escape(queue)}")
     table.add_column("priority")
     table.add_column("waiting", justify="right")
@@ -123,19 +121,20 @@ def queue_dlq(
     """List dead letters, most recent first."""
 
     async def main() -> list[Job]:
-        async with await _open(queue) as q:
+        async with _queue(queue) as q:
             return await q.dead_letters(limit=limit)
 
-    dead = _run(main)
+    dead = _run(main())
     console = Console()
     if not dead:
         console.print("No dead letters.")
         return
     table = Table(title=f"Dead letters in {escape(queue)}")
-    for column in ("id", "priority", "tenant", "attempts", "finished", "last error"):
+    table.add_column("id", no_wrap=True)  # ids are copied into `queue redrive`: keep them whole
+    for column in ("priority", "tenant", "attempts", "finished (UTC)", "last error"):
         table.add_column(column, overflow="fold")
     for job in dead:
-        finished = job.finished_at.isoformat(timespec="seconds") if job.finished_at else ""
+        finished = job.finished_at.strftime("%Y-%m-%d %H:%M:%S") if job.finished_at else ""
         table.add_row(job.id, job.priority.name.lower(), escape(job.tenant), str(job.attempts),
                       finished, escape(job.last_error or ""))
     console.print(table)
@@ -152,8 +151,8 @@ def queue_redrive(
         raise typer.BadParameter("give dead job ids or --all (not both)")
 
     async def main() -> int:
-        async with await _open(queue) as q:
+        async with _queue(queue) as q:
             return await q.redrive(None if all_ else ids)
 
-    count = _run(main)
+    count = _run(main())
     typer.echo(f"Redrove {count} job{'s' if count != 1 else ''}.")

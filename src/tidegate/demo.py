@@ -124,7 +124,8 @@ async def run_demo(
         url = DEFAULT_DEMO_URL
         _remove_sqlite_files(DEFAULT_DEMO_PATH)
     ensure_sqlite_folder(url)
-    settings = QueueSettings(name="demo", maintenance_interval_s=0.1, retry_base_s=RETRY_IN_S)
+    # Upkeep every 0.1 s brings failed attempts back quickly, so retries show within the run.
+    settings = QueueSettings(maintenance_interval_s=0.1)
     async with Queue.from_url(url, settings) as queue:
         await _require_empty(queue, url)
         return await _Drain(queue, url, jobs, workers, random.Random(seed), say).run()
@@ -271,12 +272,15 @@ def _first_batch(jobs: int, rng: random.Random) -> list[_Spec]:
     levels = [p for p, share in MIX.items() for _ in range(share)]
     priorities = [levels[i * len(levels) // jobs] for i in range(jobs)]
     rng.shuffle(priorities)
-    specs = []
-    for n, priority in enumerate(priorities):
-        roll = rng.random()
-        specs.append(_Spec(n=n, priority=priority, tenant=rng.choice(TENANTS),
-                           poison=roll < POISON_RATE,
-                           flaky=POISON_RATE <= roll < POISON_RATE + FLAKY_RATE))
+    specs = [_Spec(n=n, priority=priority, tenant=rng.choice(TENANTS))
+             for n, priority in enumerate(priorities)]
+    # Fixed counts rather than a coin per job, so every run shows some retries and dead letters.
+    unlucky = rng.sample(specs, round(jobs * POISON_RATE) + round(jobs * FLAKY_RATE))
+    for index, spec in enumerate(unlucky):
+        if index < round(jobs * POISON_RATE):
+            spec.poison = True
+        else:
+            spec.flaky = True
     return specs
 
 
@@ -343,6 +347,8 @@ def render_summary(summary: DemoSummary, console: Console) -> None:
                   "from attempts the demo fails on purpose.")
     console.print(f"Drained [bold]{summary.jobs:,}[/] jobs in {summary.elapsed_s:.2f} s with "
                   f"{summary.workers} workers: [bold]{summary.throughput_per_s:,.0f} jobs/s[/]")
+    console.print(f"Look inside: tidegate queue stats --queue {summary.url}  "
+                  f"(and queue dlq, queue redrive)", highlight=False)
 
 
 def _ms(value: float) -> str:

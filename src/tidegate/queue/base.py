@@ -132,7 +132,7 @@ class Queue(abc.ABC):
         try:
             resolved = QueueSettings.model_validate(merged)
         except ValueError as exc:
-            raise ConfigError(f"invalid queue settings in {_redact(url)}: {exc}") from exc
+            raise ConfigError(f"invalid queue settings in {redact_url(url)}: {exc}") from exc
         base_url = parts._replace(query="").geturl()
         if parts.scheme == "sqlite":
             from tidegate.queue.sqlite import SqliteQueue
@@ -143,7 +143,7 @@ class Queue(abc.ABC):
 
             return RedisQueue(base_url, resolved)
         raise ConfigError(
-            f"unsupported queue URL {_redact(url)!r}: use sqlite:///path/to/file.db or redis://host:port/db"
+            f"unsupported queue URL {redact_url(url)!r}: use sqlite:///path/to/file.db or redis://host:port/db"
         )
 
     async def open(self) -> Self:
@@ -315,6 +315,18 @@ class Queue(abc.ABC):
             retry_in_s = random.uniform(0, ceiling)
         return await self._fail(job.id, _token(job), str(error), _seconds_to_ms(max(retry_in_s, 0.0)))
 
+    async def complete_many(self, done: Iterable[tuple[Job, Any]]) -> list[str]:
+        """Record the results of many leased jobs in one round trip. Jobs whose lease is stale
+        are left unchanged and reported: returns the reasons, one per stale lease."""
+        self._check_open()
+        items = []
+        for job, result in done:
+            try:
+                items.append((job.id, _token(job), orjson.dumps(result)))
+            except TypeError as exc:
+                raise InvalidJob(f"result of job {job.id} is not JSON-serialisable: {exc}") from exc
+        return await self._complete_many(items) if items else []
+
     async def release(self, job: Job) -> None:
         """Give a leased job back untouched (e.g. on shutdown): queued again, the attempt uncounted."""
         self._check_open()
@@ -406,6 +418,9 @@ class Queue(abc.ABC):
     async def _complete(self, job_id: str, token: int, result: bytes) -> None: ...
 
     @abc.abstractmethod
+    async def _complete_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[str]: ...
+
+    @abc.abstractmethod
     async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int) -> JobState: ...
 
     @abc.abstractmethod
@@ -494,7 +509,8 @@ def _sqlite_path(netloc: str, path: str) -> str:
     return path[1:] if path.startswith("/") else path
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ***, for messages and logs."""
     parts = urlsplit(url)
     if parts.password:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@")

@@ -352,17 +352,28 @@ class SqliteQueue(Queue):
         return await self._write(body)
 
     async def _complete(self, job_id: str, token: int, result: bytes) -> None:
-        def body(conn: sqlite3.Connection) -> None:
-            changed = conn.execute(
-                "UPDATE jobs SET state = 'succeeded', result = ?, finished_ms = ?, worker_id = NULL,"
-                " lease_expires_ms = NULL WHERE id = ? AND state = 'leased' AND lease_token = ?",
-                (result, now_ms(), job_id, token),
-            ).rowcount
-            if not changed:
-                raise _lease_lost(conn, job_id, token)
+        lost = await self._complete_many([(job_id, token, result)])
+        if lost:
+            raise LeaseLost(lost[0])
 
-        await self._write(body)
-        self._bell.ring(DONE)
+    async def _complete_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[str]:
+        def body(conn: sqlite3.Connection) -> list[str]:
+            now, lost = now_ms(), []
+            for job_id, token, result in items:
+                changed = conn.execute(
+                    "UPDATE jobs SET state = 'succeeded', result = ?, finished_ms = ?,"
+                    " worker_id = NULL, lease_expires_ms = NULL"
+                    " WHERE id = ? AND state = 'leased' AND lease_token = ?",
+                    (result, now, job_id, token),
+                ).rowcount
+                if not changed:
+                    lost.append(str(_lease_lost(conn, job_id, token)))
+            return lost
+
+        lost = await self._write(body)
+        if len(lost) < len(items):
+            self._bell.ring(DONE)
+        return lost
 
     async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int) -> JobState:
         def body(conn: sqlite3.Connection) -> JobState:
@@ -444,8 +455,9 @@ class SqliteQueue(Queue):
                     "SELECT level, COUNT(*), MIN(ready_ms) FROM jobs WHERE state = 'queued' GROUP BY level"
                 )
             }
+            # In flight counts by the job's own priority: aging only changes where a job waits.
             leased = dict(conn.execute(
-                "SELECT level, COUNT(*) FROM jobs WHERE state = 'leased' GROUP BY level"
+                "SELECT priority, COUNT(*) FROM jobs WHERE state = 'leased' GROUP BY priority"
             ).fetchall())
             delayed = conn.execute(
                 "SELECT COUNT(*) FROM jobs WHERE state IN ('delayed', 'failed')"

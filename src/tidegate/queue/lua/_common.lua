@@ -1,0 +1,176 @@
+-- Shared by every tidegate queue script: prepended to each script when it is loaded.
+--
+-- KEYS, the same list for every script; each key carries the queue's {hash tag}, so every script
+-- runs within one Redis Cluster slot:
+--   1 jobs        hash    id -> job record (JSON; the payload and result live beside it)
+--   2 payloads    hash    id -> payload (JSON, never decoded here)
+--   3 results     hash    id -> result (JSON, never decoded here)
+--   4 idem        hash    idempotency key -> id
+--   5 seq         string  FIFO sequence counter, assigned here, never a float timestamp
+--   6 delayed     zset    id by due time (states delayed and failed)
+--   7 deadlines   zset    id by deadline (jobs waiting, not leased and not final)
+--   8 aging       zset    id by next promotion time (queued jobs above level 0, aging on)
+--   9 turns       hash    "level:tenant" -> tenant's last turn, "level" -> level's current turn
+--  10 finished    zset    id by finish time (succeeded, cancelled, expired)
+--  11 dead        zset    id by finish time
+--  12..16 ready:0..4   zset  member "<turn:12 hex><seq:16 hex><id>", every score 0, so
+--                            ZPOPMIN serves by turn, then FIFO by sequence
+--  17..21 leased:0..4  zset  id by lease expiry, under the job's own priority
+--  22..26 signal:0..4  list  wake-up tokens for claimers blocked in BLPOP
+-- ARGV, common part: [1] tenant round-robin "1"/"0", [2] aging interval ms (0 = off),
+-- [3] pub/sub channel announcing finished job ids. Each script's own arguments start at ARGV[4].
+
+local ROUND_ROBIN = ARGV[1] == '1'
+local AGING_MS = tonumber(ARGV[2])
+local DONE_CHANNEL = ARGV[3]
+local MAX_ERRORS = 20
+local MAX_TOKENS = 64
+local K_JOBS, K_PAYLOADS, K_RESULTS, K_IDEM, K_SEQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_DELAYED, K_DEADLINES, K_AGING, K_TURNS = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local K_FINISHED, K_DEAD = KEYS[10], KEYS[11]
+
+local function ready_key(level) return KEYS[12 + level] end
+local function leased_key(priority) return KEYS[17 + priority] end
+local function signal_key(level) return KEYS[22 + level] end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function load(id)
+  local raw = redis.call('HGET', K_JOBS, id)
+  if not raw then return nil end
+  return cjson.decode(raw)
+end
+
+local function save(job)
+  redis.call('HSET', K_JOBS, job.id, cjson.encode(job))
+end
+
+-- The tenant's next turn at its level: one past its last, never behind the level's current turn.
+local function give_turn(job)
+  if not ROUND_ROBIN then return 0 end
+  local current = tonumber(redis.call('HGET', K_TURNS, tostring(job.level)) or '0')
+  local field = job.level .. ':' .. job.tenant
+  local last = redis.call('HGET', K_TURNS, field)
+  local turn = current
+  if last then turn = math.max(current, tonumber(last) + 1) end
+  redis.call('HSET', K_TURNS, field, turn)
+  return turn
+end
+
+local function member_of(job, turn)
+  return string.format('%012x%016x', turn, job.seq) .. job.id
+end
+
+local function id_of(member) return string.sub(member, 29) end
+local function turn_of(member) return tonumber(string.sub(member, 1, 12), 16) end
+
+-- Wake blocked claimers: a few tokens per level that gained work (bounded; extra tokens only
+-- cost an empty claim).
+local function ring(wake)
+  for level, count in pairs(wake) do
+    local tokens = {}
+    for i = 1, math.min(count, MAX_TOKENS) do tokens[i] = '1' end
+    redis.call('LPUSH', signal_key(level), unpack(tokens))
+    redis.call('LTRIM', signal_key(level), 0, MAX_TOKENS - 1)
+  end
+end
+
+-- Make a job claimable at its current level (callers reset job.level to the priority first).
+local function make_ready(job, now, wake)
+  job.state = 'queued'
+  job.ready_ms = now
+  job.not_before_ms = nil
+  job.worker_id = nil
+  job.lease_expires_ms = nil
+  job.member = member_of(job, give_turn(job))
+  redis.call('ZADD', ready_key(job.level), 0, job.member)
+  if AGING_MS > 0 and job.level > 0 then redis.call('ZADD', K_AGING, now + AGING_MS, job.id) end
+  if job.deadline_ms then redis.call('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
+  wake[job.level] = (wake[job.level] or 0) + 1
+end
+
+-- Park a job until `due` (a new delayed job, or a failed one awaiting its retry).
+local function park(job, state, due)
+  job.state = state
+  job.not_before_ms = due
+  job.worker_id = nil
+  job.lease_expires_ms = nil
+  job.member = nil
+  redis.call('ZADD', K_DELAYED, due, job.id)
+  if job.deadline_ms then redis.call('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
+end
+
+-- Take a job out of every waiting and leased index.
+local function detach(job)
+  if job.member then redis.call('ZREM', ready_key(job.level), job.member) end
+  redis.call('ZREM', K_DELAYED, job.id)
+  redis.call('ZREM', K_DEADLINES, job.id)
+  redis.call('ZREM', K_AGING, job.id)
+  redis.call('ZREM', leased_key(job.priority), job.id)
+  job.member = nil
+end
+
+-- Move a job to a final state, index it for retention, announce it.
+local function finish(job, state, now)
+  detach(job)
+  job.state = state
+  job.finished_ms = now
+  job.worker_id = nil
+  job.lease_expires_ms = nil
+  save(job)
+  redis.call('ZADD', state == 'dead' and K_DEAD or K_FINISHED, now, job.id)
+  redis.call('PUBLISH', DONE_CHANNEL, job.id)
+end
+
+local function add_error(job, err)
+  if type(job.errors) ~= 'table' then job.errors = {} end
+  table.insert(job.errors, err)
+  while #job.errors > MAX_ERRORS do table.remove(job.errors, 1) end
+  job.last_error = err
+end
+
+-- The job under a current lease, or nil and the reason the caller's lease is stale.
+local function leased_job(id, token)
+  local job = load(id)
+  if not job then return nil, 'LEASE_LOST job ' .. id .. ' no longer exists' end
+  if job.state ~= 'leased' or tonumber(job.lease_token) ~= tonumber(token) then
+    return nil, 'LEASE_LOST lease ' .. token .. ' on job ' .. id .. ' is stale: the job is '
+      .. job.state .. ' with lease ' .. tostring(job.lease_token)
+  end
+  return job
+end
+
+-- Delayed and failed jobs whose time has come become claimable.
+local function promote_due(now, batch, wake)
+  local ids = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, batch)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', K_DELAYED, id)
+    local job = load(id)
+    if job and (job.state == 'delayed' or job.state == 'failed') then
+      job.level = job.priority
+      make_ready(job, now, wake)
+      save(job)
+    end
+  end
+  return #ids
+end
+
+-- Waiting jobs past their deadline are never handed out: they expire.
+local function expire_overdue(now, batch)
+  local ids = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', now, 'LIMIT', 0, batch)
+  local expired = 0
+  for _, id in ipairs(ids) do
+    local job = load(id)
+    if job and (job.state == 'queued' or job.state == 'delayed' or job.state == 'failed') then
+      job.last_error = 'deadline passed'
+      finish(job, 'expired', now)
+      expired = expired + 1
+    else
+      redis.call('ZREM', K_DEADLINES, id)
+    end
+  end
+  return expired
+end

@@ -1,0 +1,90 @@
+-- One upkeep pass: recover expired leases, promote due jobs, expire overdue ones, age waiting
+-- jobs, drop finished jobs and dead letters past retention. A script runs alone on its server,
+-- so passes from different workers never interleave.
+-- KEYS: the queue's key set (see _common.lua).
+-- ARGV[4] finished ttl ms, ARGV[5] dead ttl ms, ARGV[6] batch size per step.
+-- Returns {recovered, dead, expired, promoted, aged, purged}.
+local finished_ttl, dead_ttl, batch = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local now = now_ms()
+local wake = {}
+local recovered, dead, aged, purged = 0, 0, 0, 0
+
+for priority = 0, 4 do
+  local ids = redis.call('ZRANGEBYSCORE', leased_key(priority), '-inf', now, 'LIMIT', 0, batch)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', leased_key(priority), id)
+    local job = load(id)
+    if job and job.state == 'leased' then
+      add_error(job, 'lease expired: worker ' .. tostring(job.worker_id) .. ' stopped renewing it')
+      if job.attempts >= job.max_attempts then
+        finish(job, 'dead', now)
+        dead = dead + 1
+      else
+        job.level = job.priority
+        make_ready(job, now, wake)
+        save(job)
+        recovered = recovered + 1
+      end
+    end
+  end
+end
+
+local promoted = promote_due(now, batch, wake)
+local expired = expire_overdue(now, batch)
+
+if AGING_MS > 0 then
+  local ids = redis.call('ZRANGEBYSCORE', K_AGING, '-inf', now, 'LIMIT', 0, batch)
+  for _, id in ipairs(ids) do
+    local job = load(id)
+    if job and job.state == 'queued' and job.level > 0 then
+      -- The level a job deserves follows from how long it has waited; never above CRITICAL.
+      local target = math.max(0, job.priority - math.floor((now - job.ready_ms) / AGING_MS))
+      if target < job.level then
+        redis.call('ZREM', ready_key(job.level), job.member)
+        job.level = target
+        job.member = member_of(job, give_turn(job))
+        redis.call('ZADD', ready_key(job.level), 0, job.member)
+        wake[job.level] = (wake[job.level] or 0) + 1
+        aged = aged + 1
+        save(job)
+      end
+      if job.level > 0 then
+        local waited_steps = job.priority - job.level + 1
+        redis.call('ZADD', K_AGING, job.ready_ms + waited_steps * AGING_MS, id)
+      else
+        redis.call('ZREM', K_AGING, id)
+      end
+    else
+      redis.call('ZREM', K_AGING, id)
+    end
+  end
+end
+
+local function drop(index, cutoff)
+  local ids = redis.call('ZRANGEBYSCORE', index, '-inf', cutoff, 'LIMIT', 0, batch)
+  for _, id in ipairs(ids) do
+    local job = load(id)
+    if job and job.idempotency_key then redis.call('HDEL', K_IDEM, job.idempotency_key) end
+    redis.call('ZREM', index, id)
+    redis.call('HDEL', K_JOBS, id)
+    redis.call('HDEL', K_PAYLOADS, id)
+    redis.call('HDEL', K_RESULTS, id)
+  end
+  return #ids
+end
+purged = drop(K_FINISHED, now - finished_ttl) + drop(K_DEAD, now - dead_ttl)
+
+if ROUND_ROBIN then
+  -- A tenant whose last turn is behind its level's current turn gains nothing from its entry.
+  local turns = redis.call('HGETALL', K_TURNS)
+  for i = 1, #turns, 2 do
+    local level, tenant = string.match(turns[i], '^(%d):(.*)$')
+    if level then
+      local current = tonumber(redis.call('HGET', K_TURNS, level) or '0')
+      if tonumber(turns[i + 1]) < current then redis.call('HDEL', K_TURNS, turns[i]) end
+    end
+  end
+end
+
+ring(wake)
+return {recovered, dead, expired, promoted, aged, purged}

@@ -1,0 +1,284 @@
+"""Redis backend: every state change is one Lua script (lua/*.lua, sharing lua/_common.lua).
+
+All keys of a queue carry its `{hash tag}` and are passed in KEYS, so the queue works on Redis
+Cluster. Times come from the Redis server's clock (`TIME` inside the scripts), so workers with
+drifting clocks still agree on lease expiry. Blocked claimers wait in BLPOP on per-level token
+lists that the scripts push; `wait()` listens on a pub/sub channel of finished job ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import orjson
+
+from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
+from tidegate.jobs import Job, JobState, Priority
+from tidegate.queue.base import (
+    LevelStats,
+    MaintenanceReport,
+    NewJob,
+    Queue,
+    QueueStats,
+    redact_url,
+)
+from tidegate.queue.settings import QueueSettings
+
+try:
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError, ResponseError
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingDependency(
+        "the Redis queue needs redis-py: pip install 'tidegate[redis]'"
+    ) from exc
+
+SAFETY_WAKE_S = 5.0  # longest a blocked claimer waits without re-checking
+UPKEEP_BATCH = 1_000  # jobs one maintenance step touches, so a script never blocks Redis long
+REDRIVE_BATCH = 10_000
+_SCRIPTS = (
+    "enqueue", "claim", "heartbeat", "complete", "fail", "release", "cancel",
+    "redrive", "purge_dead", "maintain", "read", "stats",
+)
+
+
+@cache
+def _script_source(name: str) -> str:
+    lua = resources.files("tidegate.queue") / "lua"
+    return (lua / "_common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+class RedisQueue(Queue):
+    """`Queue.from_url("redis://host:6379/0")`; any number of processes may share one queue."""
+
+    def __init__(self, url: str, settings: QueueSettings | None = None) -> None:
+        super().__init__(settings)
+        self.url = url
+        tag = f"tidegate:{{{self.settings.name}}}:"
+        names = ["jobs", "payloads", "results", "idem", "seq", "delayed", "deadlines", "aging",
+                 "turns", "finished", "dead"]
+        self._keys = [tag + name for name in names]
+        self._keys += [f"{tag}ready:{level}" for level in range(5)]
+        self._keys += [f"{tag}leased:{level}" for level in range(5)]
+        self._signal_keys = [f"{tag}signal:{level}" for level in range(5)]
+        self._keys += self._signal_keys
+        self._done_channel = tag + "done"
+        self._common_args = [
+            "1" if self.settings.tenant_round_robin else "0",
+            str(int((self.settings.aging_interval_s or 0) * 1000)),
+            self._done_channel,
+        ]
+        self._depth_args = [str(self.settings.max_depth.get(level, -1)) for level in range(5)]
+        self._redis: Any = None
+        self._scripts: dict[str, Any] = {}
+        self._done_waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _open(self) -> None:
+        pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=64, timeout=30)
+        self._redis = aioredis.Redis(connection_pool=pool)
+        self._scripts = {name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS}
+        try:
+            await self._redis.ping()
+        except RedisError as exc:
+            await self._redis.aclose()
+            raise QueueUnavailable(f"cannot reach Redis queue at {redact_url(self.url)}: {exc}") from exc
+
+    async def _close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RedisError):
+                await self._listener
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    async def _call(self, name: str, *args: Any) -> Any:
+        """Run one script; stale leases and full levels come back as our own errors."""
+        try:
+            return await self._scripts[name](keys=self._keys, args=[*self._common_args, *args])
+        except ResponseError as exc:
+            message = str(exc)
+            if message.startswith("LEASE_LOST "):
+                raise LeaseLost(message.removeprefix("LEASE_LOST ")) from None
+            if message.startswith("QUEUE_FULL "):
+                level, depth, limit = (int(part) for part in message.split()[1:4])
+                raise QueueFull(
+                    f"priority {Priority(level).name.lower()} is full: {depth} waiting, limit {limit}",
+                    priority=level,
+                    retry_after_s=self.settings.queue_full_retry_after_s,
+                ) from None
+            raise QueueUnavailable(f"Redis queue script {name} failed: {exc}") from exc
+        except RedisError as exc:
+            raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
+
+    # ------------------------------------------------------------------ producing and consuming
+
+    async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]:
+        args: list[Any] = [len(jobs), *self._depth_args]
+        for job in jobs:
+            args += [
+                job.id, job.priority, job.tenant, job.created_ms, _opt(job.not_before_ms),
+                _opt(job.deadline_ms), job.max_attempts, _opt(job.idempotency_key),
+                _opt(job.callback_url), job.payload,
+            ]
+        ids = await self._call("enqueue", *args)
+        return [raw.decode() for raw in ids]
+
+    async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]:
+        flat = await self._call("claim", worker_id, lease_ms, limit, *levels)
+        return [Job.from_record(orjson.loads(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+
+    async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float, marker: object) -> None:
+        # Tokens pushed by the scripts persist in the lists, so nothing arriving between the empty
+        # claim and this wait is missed; the marker is not needed here.
+        snapshot = await self._call("stats")
+        server_now, next_due = int(snapshot[0]), int(snapshot[1])
+        wait_s = min(timeout_s, SAFETY_WAKE_S)
+        if next_due >= 0:
+            wait_s = min(wait_s, max(next_due - server_now, 0) / 1000)
+        if wait_s <= 0.001:
+            return
+        keys = [self._signal_keys[level] for level in levels]
+        try:
+            await self._redis.blpop(keys, timeout=wait_s)
+        except RedisError as exc:
+            raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
+
+    async def _heartbeat(self, job_id: str, token: int, lease_ms: int) -> int:
+        return int(await self._call("heartbeat", job_id, token, lease_ms))
+
+    async def _complete(self, job_id: str, token: int, result: bytes) -> None:
+        lost = await self._call("complete", job_id, token, result)
+        if lost:
+            raise LeaseLost(lost[0].decode().removeprefix("LEASE_LOST "))
+
+    async def _complete_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[str]:
+        args: list[Any] = []
+        for job_id, token, result in items:
+            args += [job_id, token, result]
+        lost = await self._call("complete", *args)
+        return [reason.decode().removeprefix("LEASE_LOST ") for reason in lost]
+
+    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int) -> JobState:
+        return JobState((await self._call("fail", job_id, token, error, retry_delay_ms)).decode())
+
+    async def _release(self, job_id: str, token: int) -> None:
+        await self._call("release", job_id, token)
+
+    # ------------------------------------------------------------------ inspect and manage
+
+    async def _read(self, *args: Any) -> list[Job]:
+        flat = await self._call("read", *args)
+        return [
+            Job.from_record(orjson.loads(flat[i]), flat[i + 1], flat[i + 2] or None)
+            for i in range(0, len(flat), 3)
+        ]
+
+    async def _get(self, job_id: str) -> Job | None:
+        jobs = await self._read("ids", job_id)
+        return jobs[0] if jobs else None
+
+    async def _cancel(self, job_id: str) -> bool:
+        return bool(await self._call("cancel", job_id))
+
+    async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
+        await self._listen_for_done()
+        give_up = time.monotonic() + timeout_s
+        while True:
+            # Registered before the read, so a finish announced in between is not missed.
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._done_waiters.setdefault(job_id, set()).add(done)
+            try:
+                job = await self._get(job_id)
+                remaining = give_up - time.monotonic()
+                if job is None or job.is_final or remaining <= 0:
+                    return job
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done, min(remaining, SAFETY_WAKE_S))
+            finally:
+                waiters = self._done_waiters.get(job_id)
+                if waiters is not None:
+                    waiters.discard(done)
+                    if not waiters:
+                        del self._done_waiters[job_id]
+
+    async def _listen_for_done(self) -> None:
+        if self._listener is None:
+            self._listener = asyncio.create_task(self._relay_done())
+        await self._subscribed.wait()
+
+    async def _relay_done(self) -> None:
+        pubsub = self._redis.pubsub()
+        try:
+            await pubsub.subscribe(self._done_channel)
+            async for message in pubsub.listen():
+                if message["type"] == "subscribe":
+                    self._subscribed.set()
+                elif message["type"] == "message":
+                    for waiter in self._done_waiters.get(message["data"].decode(), ()):
+                        if not waiter.done():
+                            waiter.set_result(None)
+        finally:
+            with contextlib.suppress(RedisError):
+                await pubsub.aclose()
+
+    async def _stats(self) -> QueueStats:
+        snapshot = [int(value) for value in await self._call("stats")]
+        now, levels = snapshot[0], {}
+        for level in range(5):
+            depth, head_ready_ms, leased = snapshot[4 + level * 3: 7 + level * 3]
+            levels[Priority(level)] = LevelStats(
+                depth=depth,
+                oldest_wait_s=0.0 if head_ready_ms < 0 else max(now - head_ready_ms, 0) / 1000,
+                in_flight=leased,
+            )
+        return QueueStats(levels=levels, delayed=snapshot[2], dead=snapshot[3])
+
+    async def _dead_letters(self, limit: int, offset: int) -> list[Job]:
+        return await self._read("dead", offset, limit)
+
+    async def _redrive(self, ids: list[str] | None) -> int:
+        if ids is not None:
+            return int(await self._call("redrive", "ids", *ids)) if ids else 0
+        total = 0
+        while count := int(await self._call("redrive", "all", REDRIVE_BATCH)):
+            total += count
+        return total
+
+    async def _purge_dead(self, ids: list[str] | None, older_than_ms: int | None) -> int:
+        cutoff = ""
+        if older_than_ms is not None:
+            server_now = int((await self._call("stats"))[0])
+            cutoff = str(server_now - older_than_ms)
+        if ids is not None:
+            return int(await self._call("purge_dead", cutoff, "ids", *ids)) if ids else 0
+        total = 0
+        while count := int(await self._call("purge_dead", cutoff, "all", REDRIVE_BATCH)):
+            total += count
+        return total
+
+    async def _maintain(self) -> MaintenanceReport:
+        counts = await self._call(
+            "maintain",
+            int(self.settings.finished_ttl_s * 1000),
+            int(self.settings.dead_ttl_s * 1000),
+            UPKEEP_BATCH,
+        )
+        recovered, dead, expired, promoted, aged, purged = (int(c) for c in counts)
+        return MaintenanceReport(
+            ran=True, recovered=recovered, dead=dead, expired=expired,
+            promoted=promoted, aged=aged, purged=purged,
+        )
+
+
+def _opt(value: object) -> object:
+    return "" if value is None else value
+
