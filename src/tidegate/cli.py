@@ -50,7 +50,9 @@ def _errors_as_exit() -> Iterator[None]:
     try:
         yield
     except TidegateError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+        # Some messages embed a multi-line report (pydantic's); one line reads better in a shell.
+        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False,
                                    soft_wrap=True)
         raise typer.Exit(ERROR_EXIT) from None
 

@@ -148,6 +148,7 @@ class _Drain:
         self.tracks = {spec.n: _Track(spec) for spec in [*self.first, *self.late]}
         self.claims = 0
         self.settled = 0
+        self.claiming = asyncio.Lock()
         self.halfway = asyncio.Event()
         self.done = asyncio.Event()
         self.started_at = 0.0
@@ -195,10 +196,14 @@ class _Drain:
 
     async def _work(self, worker_id: str) -> None:
         while not self.done.is_set():
-            claimed = await self.queue.claim(worker_id, limit=CLAIM_LIMIT, timeout_s=0.1)
-            claimed_at = time.monotonic()
-            for job in claimed:
-                self._on_claim(job, claimed_at)
+            # Claims run one at a time and are numbered under the lock, so a position is the order
+            # the queue handed jobs out: answers to overlapping claims can arrive in any order.
+            # The work itself, completes and fails stay concurrent.
+            async with self.claiming:
+                claimed = await self.queue.claim(worker_id, limit=CLAIM_LIMIT, timeout_s=0.1)
+                claimed_at = time.monotonic()
+                for job in claimed:
+                    self._on_claim(job, claimed_at)
             for job in claimed:
                 await asyncio.sleep(WORK_S)
                 await self._settle(job)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any
 
@@ -72,7 +72,7 @@ def ms_to_datetime(ms: int | None) -> datetime | None:
     """Epoch milliseconds → aware UTC datetime (None stays None)."""
     if ms is None:
         return None
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 def datetime_to_ms(value: datetime) -> int:

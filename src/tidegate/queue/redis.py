@@ -16,6 +16,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+import msgpack
 import orjson
 
 from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
@@ -122,19 +123,17 @@ class RedisQueue(Queue):
     # ------------------------------------------------------------------ producing and consuming
 
     async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]:
-        args: list[Any] = [len(jobs), *self._depth_args]
-        for job in jobs:
-            args += [
-                job.id, job.priority, job.tenant, job.created_ms, _opt(job.not_before_ms),
-                _opt(job.deadline_ms), job.max_attempts, _opt(job.idempotency_key),
-                _opt(job.callback_url), job.payload,
-            ]
-        ids = await self._call("enqueue", *args)
+        specs = orjson.dumps([
+            [job.id, job.priority, job.tenant, job.created_ms, job.not_before_ms or 0,
+             job.deadline_ms or 0, job.max_attempts, job.idempotency_key or "", job.callback_url or ""]
+            for job in jobs
+        ])
+        ids = await self._call("enqueue", specs, *self._depth_args, *(job.payload for job in jobs))
         return [raw.decode() for raw in ids]
 
     async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]:
         flat = await self._call("claim", worker_id, lease_ms, limit, *levels)
-        return [Job.from_record(orjson.loads(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+        return [Job.from_record(msgpack.unpackb(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
     async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float, marker: object) -> None:
         # Tokens pushed by the scripts persist in the lists, so nothing arriving between the empty
@@ -178,7 +177,7 @@ class RedisQueue(Queue):
     async def _read(self, *args: Any) -> list[Job]:
         flat = await self._call("read", *args)
         return [
-            Job.from_record(orjson.loads(flat[i]), flat[i + 1], flat[i + 2] or None)
+            Job.from_record(msgpack.unpackb(flat[i]), flat[i + 1], flat[i + 2] or None)
             for i in range(0, len(flat), 3)
         ]
 
@@ -222,10 +221,11 @@ class RedisQueue(Queue):
             async for message in pubsub.listen():
                 if message["type"] == "subscribe":
                     self._subscribed.set()
-                elif message["type"] == "message":
-                    for waiter in self._done_waiters.get(message["data"].decode(), ()):
-                        if not waiter.done():
-                            waiter.set_result(None)
+                elif message["type"] == "message" and self._done_waiters:
+                    for job_id in message["data"].decode().split(","):
+                        for waiter in self._done_waiters.get(job_id, ()):
+                            if not waiter.done():
+                                waiter.set_result(None)
         finally:
             with contextlib.suppress(RedisError):
                 await pubsub.aclose()
@@ -277,8 +277,4 @@ class RedisQueue(Queue):
             ran=True, recovered=recovered, dead=dead, expired=expired,
             promoted=promoted, aged=aged, purged=purged,
         )
-
-
-def _opt(value: object) -> object:
-    return "" if value is None else value
 

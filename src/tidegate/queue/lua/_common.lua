@@ -2,7 +2,7 @@
 --
 -- KEYS, the same list for every script; each key carries the queue's {hash tag}, so every script
 -- runs within one Redis Cluster slot:
---   1 jobs        hash    id -> job record (JSON; the payload and result live beside it)
+--   1 jobs        hash    id -> job record (MessagePack map; payload and result live beside it)
 --   2 payloads    hash    id -> payload (JSON, never decoded here)
 --   3 results     hash    id -> result (JSON, never decoded here)
 --   4 idem        hash    idempotency key -> id
@@ -38,14 +38,18 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Records are MessagePack rather than JSON: cmsgpack is about twice as fast as cjson here, and
+-- every state change reads and writes one record.
 local function load(id)
   local raw = redis.call('HGET', K_JOBS, id)
   if not raw then return nil end
-  return cjson.decode(raw)
+  return cmsgpack.unpack(raw)
 end
 
 local function save(job)
-  redis.call('HSET', K_JOBS, job.id, cjson.encode(job))
+  local record = cmsgpack.pack(job)
+  redis.call('HSET', K_JOBS, job.id, record)
+  return record
 end
 
 -- The tenant's next turn at its level: one past its last, never behind the level's current turn.
@@ -103,17 +107,25 @@ local function park(job, state, due)
   if job.deadline_ms then redis.call('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
 end
 
--- Take a job out of every waiting and leased index.
+-- Take a job out of the indexes its state puts it in.
 local function detach(job)
-  if job.member then redis.call('ZREM', ready_key(job.level), job.member) end
-  redis.call('ZREM', K_DELAYED, job.id)
-  redis.call('ZREM', K_DEADLINES, job.id)
-  redis.call('ZREM', K_AGING, job.id)
-  redis.call('ZREM', leased_key(job.priority), job.id)
+  local state = job.state
+  if state == 'queued' then
+    if job.member then redis.call('ZREM', ready_key(job.level), job.member) end
+    if AGING_MS > 0 then redis.call('ZREM', K_AGING, job.id) end
+  elseif state == 'delayed' or state == 'failed' then
+    redis.call('ZREM', K_DELAYED, job.id)
+  elseif state == 'leased' then
+    redis.call('ZREM', leased_key(job.priority), job.id)
+  end
+  if job.deadline_ms then redis.call('ZREM', K_DEADLINES, job.id) end
   job.member = nil
 end
 
--- Move a job to a final state, index it for retention, announce it.
+-- Ids finished by this script call, announced together by announce().
+local FINISHED = {}
+
+-- Move a job to a final state and index it for retention.
 local function finish(job, state, now)
   detach(job)
   job.state = state
@@ -122,7 +134,12 @@ local function finish(job, state, now)
   job.lease_expires_ms = nil
   save(job)
   redis.call('ZADD', state == 'dead' and K_DEAD or K_FINISHED, now, job.id)
-  redis.call('PUBLISH', DONE_CHANNEL, job.id)
+  FINISHED[#FINISHED + 1] = job.id
+end
+
+-- One message per script call, the finished ids comma-separated: waiters in wait() re-read them.
+local function announce()
+  if #FINISHED > 0 then redis.call('PUBLISH', DONE_CHANNEL, table.concat(FINISHED, ',')) end
 end
 
 local function add_error(job, err)

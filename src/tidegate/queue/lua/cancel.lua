@@ -7,4 +7,5 @@ if not job then return 0 end
 local s = job.state
 if s ~= 'queued' and s ~= 'delayed' and s ~= 'failed' and s ~= 'leased' then return 0 end
 finish(job, 'cancelled', now_ms())
+announce()
 return 1

@@ -2,7 +2,7 @@
 -- levels are served in the given order, each by turn and FIFO.
 -- KEYS: the queue's key set (see _common.lua).
 -- ARGV[4] worker id, ARGV[5] lease ms, ARGV[6] limit, ARGV[7..] levels to serve, ascending.
--- Returns a flat array: job record JSON, payload, job record JSON, payload, ...
+-- Returns a flat array: job record, payload, job record, payload, ...
 local worker, lease_ms, limit = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
 local wake = {}
@@ -25,16 +25,14 @@ for i = 7, #ARGV do
           job.last_error = 'deadline passed'
           finish(job, 'expired', now)
         else
-          redis.call('ZREM', K_AGING, job.id)
-          redis.call('ZREM', K_DEADLINES, job.id)
+          detach(job)
           job.state = 'leased'
           job.attempts = job.attempts + 1
           job.lease_token = job.lease_token + 1
           job.worker_id = worker
           job.lease_expires_ms = now + lease_ms
           redis.call('ZADD', leased_key(job.priority), job.lease_expires_ms, job.id)
-          save(job)
-          out[#out + 1] = cjson.encode(job)
+          out[#out + 1] = save(job)
           out[#out + 1] = redis.call('HGET', K_PAYLOADS, job.id)
           claimed = claimed + 1
           top_turn = turn_of(member)
@@ -49,4 +47,5 @@ for i = 7, #ARGV do
   if claimed >= limit then break end
 end
 ring(wake)
+announce()
 return out

@@ -14,4 +14,5 @@ for o = 4, #ARGV, 3 do
     lost[#lost + 1] = err
   end
 end
+announce()
 return lost

@@ -1,26 +1,25 @@
 -- Add a batch of jobs atomically: all or none.
 -- KEYS: the queue's key set (see _common.lua).
--- ARGV[4] number of jobs n; ARGV[5..9] max depth of levels 0..4 (-1 = no limit);
--- then 10 fields per job from ARGV[10]: id, priority, tenant, created_ms, not_before_ms ('' = now),
--- deadline_ms (''), max_attempts, idempotency_key (''), callback_url (''), payload.
+-- ARGV[4] JSON array with one array per job: [id, priority, tenant, created_ms, not_before_ms
+-- (0 = now), deadline_ms (0 = none), max_attempts, idempotency_key ('' = none), callback_url
+-- ('' = none)]; ARGV[5..9] max depth of levels 0..4 (-1 = no limit); ARGV[10..] the payloads,
+-- in the same order. (One JSON argument instead of nine per job keeps the client's packing cheap.)
 -- Returns the id of every job in order (a known idempotency key returns the first job's id), or
 -- the error "QUEUE_FULL <level> <depth> <limit>" with nothing written.
-local n = tonumber(ARGV[4])
-local FIRST, FIELDS = 10, 10
+local specs = cjson.decode(ARGV[4])
 local ids, fresh, seen, adding = {}, {}, {}, {}
 
-for i = 0, n - 1 do
-  local o = FIRST + i * FIELDS
-  local key = ARGV[o + 7]
+for i, spec in ipairs(specs) do
+  local key = spec[8]
   local existing = nil
   if key ~= '' then existing = seen[key] or redis.call('HGET', K_IDEM, key) end
   if existing then
-    ids[#ids + 1] = existing
+    ids[i] = existing
   else
-    if key ~= '' then seen[key] = ARGV[o] end
-    ids[#ids + 1] = ARGV[o]
-    fresh[#fresh + 1] = o
-    local level = tonumber(ARGV[o + 1])
+    if key ~= '' then seen[key] = spec[1] end
+    ids[i] = spec[1]
+    fresh[#fresh + 1] = i
+    local level = spec[2]
     adding[level] = (adding[level] or 0) + 1
   end
 end
@@ -37,22 +36,21 @@ end
 
 local now = now_ms()
 local wake = {}
-for _, o in ipairs(fresh) do
+for _, i in ipairs(fresh) do
+  local spec = specs[i]
   local job = {
-    id = ARGV[o], priority = tonumber(ARGV[o + 1]), tenant = ARGV[o + 2],
-    created_ms = tonumber(ARGV[o + 3]), max_attempts = tonumber(ARGV[o + 6]),
-    attempts = 0, lease_token = 0, seq = redis.call('INCR', K_SEQ),
+    id = spec[1], priority = spec[2], level = spec[2], tenant = spec[3], created_ms = spec[4],
+    max_attempts = spec[7], attempts = 0, lease_token = 0, seq = redis.call('INCR', K_SEQ),
   }
-  job.level = job.priority
-  if ARGV[o + 5] ~= '' then job.deadline_ms = tonumber(ARGV[o + 5]) end
-  if ARGV[o + 7] ~= '' then
-    job.idempotency_key = ARGV[o + 7]
-    redis.call('HSET', K_IDEM, ARGV[o + 7], job.id)
+  if spec[6] > 0 then job.deadline_ms = spec[6] end
+  if spec[8] ~= '' then
+    job.idempotency_key = spec[8]
+    redis.call('HSET', K_IDEM, spec[8], job.id)
   end
-  if ARGV[o + 8] ~= '' then job.callback_url = ARGV[o + 8] end
-  redis.call('HSET', K_PAYLOADS, job.id, ARGV[o + 9])
-  if ARGV[o + 4] ~= '' then
-    park(job, 'delayed', tonumber(ARGV[o + 4]))
+  if spec[9] ~= '' then job.callback_url = spec[9] end
+  redis.call('HSET', K_PAYLOADS, job.id, ARGV[9 + i])
+  if spec[5] > 0 then
+    park(job, 'delayed', spec[5])
   else
     make_ready(job, now, wake)
   end

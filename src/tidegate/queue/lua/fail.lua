@@ -6,10 +6,11 @@
 local job, err = leased_job(ARGV[4], ARGV[5])
 if not job then return redis.error_reply(err) end
 local now = now_ms()
-redis.call('ZREM', leased_key(job.priority), job.id)
+detach(job)
 add_error(job, ARGV[6])
 if job.attempts >= job.max_attempts then
   finish(job, 'dead', now)
+  announce()
   return 'dead'
 end
 job.level = job.priority

@@ -15,6 +15,7 @@ for priority = 0, 4 do
     redis.call('ZREM', leased_key(priority), id)
     local job = load(id)
     if job and job.state == 'leased' then
+      detach(job)
       add_error(job, 'lease expired: worker ' .. tostring(job.worker_id) .. ' stopped renewing it')
       if job.attempts >= job.max_attempts then
         finish(job, 'dead', now)
@@ -87,4 +88,5 @@ if ROUND_ROBIN then
 end
 
 ring(wake)
+announce()
 return {recovered, dead, expired, promoted, aged, purged}

@@ -14,6 +14,7 @@ for _, id in ipairs(ids) do
   local job = load(id)
   if job and job.state == 'dead' then
     redis.call('ZREM', K_DEAD, id)
+    detach(job)
     job.attempts = 0
     job.finished_ms = nil
     job.level = job.priority

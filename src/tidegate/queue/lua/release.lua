@@ -5,7 +5,7 @@
 local job, err = leased_job(ARGV[4], ARGV[5])
 if not job then return redis.error_reply(err) end
 local wake = {}
-redis.call('ZREM', leased_key(job.priority), job.id)
+detach(job)
 job.attempts = job.attempts - 1
 job.level = job.priority
 make_ready(job, now_ms(), wake)
