@@ -85,7 +85,8 @@ class RedisQueue(Queue):
 
     async def _open(self) -> None:
         pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=64, timeout=30)
-        self._redis = aioredis.Redis(connection_pool=pool)
+        # from_pool hands the pool to the client, so aclose() also closes its connections.
+        self._redis = aioredis.Redis.from_pool(pool)
         self._scripts = {name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS}
         try:
             await self._redis.ping()
