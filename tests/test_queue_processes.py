@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conftest import QueueFactory
 
+from conftest import QueueFactory
 from tidegate import JobState, LeaseLost, Priority, Queue, QueueUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ async def test_a_blocked_claim_is_woken_by_another_process(queue_factory: QueueF
 
 @pytest.fixture
 def restartable_redis(tmp_path: Path) -> tuple[Path, int]:
-    from tests.conftest import _free_port
+    from conftest import _free_port
 
     return tmp_path, _free_port()
 

@@ -18,6 +18,7 @@ from typing import Any, Self
 from urllib.parse import parse_qsl, urlsplit
 
 import orjson
+from pydantic import ValidationError
 
 from tidegate.errors import (
     ConfigError,
@@ -131,8 +132,11 @@ class Queue(abc.ABC):
         merged = {**(settings.model_dump() if settings else {}), **query, **options}
         try:
             resolved = QueueSettings.model_validate(merged)
-        except ValueError as exc:
-            raise ConfigError(f"invalid queue settings in {redact_url(url)}: {exc}") from exc
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
+            )
+            raise ConfigError(f"invalid queue settings for {redact_url(url)}: {problems}") from None
         base_url = parts._replace(query="").geturl()
         if parts.scheme == "sqlite":
             from tidegate.queue.sqlite import SqliteQueue
@@ -310,7 +314,8 @@ class Queue(abc.ABC):
         then it is dead with this error. Returns the job's new state."""
         self._check_open()
         if retry_in_s is None:
-            backoff_s = self.settings.retry_base_s * 2 ** max(job.attempts - 1, 0)
+            # The exponent is capped: 2**1024 overflows a float, and 2**30 is past any ceiling.
+            backoff_s = self.settings.retry_base_s * 2 ** min(max(job.attempts - 1, 0), 30)
             ceiling = min(self.settings.retry_max_s, backoff_s)
             retry_in_s = random.uniform(0, ceiling)
         return await self._fail(job.id, _token(job), str(error), _seconds_to_ms(max(retry_in_s, 0.0)))

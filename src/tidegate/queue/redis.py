@@ -68,6 +68,7 @@ class RedisQueue(Queue):
         self._keys += [f"{tag}leased:{level}" for level in range(5)]
         self._signal_keys = [f"{tag}signal:{level}" for level in range(5)]
         self._keys += self._signal_keys
+        self._keys += [f"{tag}waiting:{level}" for level in range(5)]
         self._done_channel = tag + "done"
         self._common_args = [
             "1" if self.settings.tenant_round_robin else "0",
@@ -235,10 +236,10 @@ class RedisQueue(Queue):
         snapshot = [int(value) for value in await self._call("stats")]
         now, levels = snapshot[0], {}
         for level in range(5):
-            depth, head_ready_ms, leased = snapshot[4 + level * 3: 7 + level * 3]
+            depth, oldest_ready_ms, leased = snapshot[4 + level * 3: 7 + level * 3]
             levels[Priority(level)] = LevelStats(
                 depth=depth,
-                oldest_wait_s=0.0 if head_ready_ms < 0 else max(now - head_ready_ms, 0) / 1000,
+                oldest_wait_s=0.0 if oldest_ready_ms < 0 else max(now - oldest_ready_ms, 0) / 1000,
                 in_flight=leased,
             )
         return QueueStats(levels=levels, delayed=snapshot[2], dead=snapshot[3])

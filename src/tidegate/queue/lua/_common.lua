@@ -17,6 +17,7 @@
 --                            ZPOPMIN serves by turn, then FIFO by sequence
 --  17..21 leased:0..4  zset  id by lease expiry, under the job's own priority
 --  22..26 signal:0..4  list  wake-up tokens for claimers blocked in BLPOP
+--  27..31 waiting:0..4 zset  id by the time it became claimable, for the oldest wait per level
 -- ARGV, common part: [1] tenant round-robin "1"/"0", [2] aging interval ms (0 = off),
 -- [3] pub/sub channel announcing finished job ids. Each script's own arguments start at ARGV[4].
 
@@ -32,10 +33,44 @@ local K_FINISHED, K_DEAD = KEYS[10], KEYS[11]
 local function ready_key(level) return KEYS[12 + level] end
 local function leased_key(priority) return KEYS[17 + priority] end
 local function signal_key(level) return KEYS[22 + level] end
+local function waiting_key(level) return KEYS[27 + level] end
 
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Writes grouped by command and key and sent in large chunks: the hot scripts (enqueue, claim,
+-- complete) touch hundreds of jobs per call, and a Redis call per job costs more than the work.
+-- Groups are sent in the order they were first used, so a batch must never both add and remove
+-- the same member; flush() before reading anything written through it.
+local Batch = {}
+Batch.__index = Batch
+
+function Batch.new() return setmetatable({groups = {}, order = {}}, Batch) end
+
+function Batch:add(command, key, a, b)
+  local name = command .. ' ' .. key
+  local group = self.groups[name]
+  if not group then
+    group = {command, key, {}}
+    self.groups[name] = group
+    self.order[#self.order + 1] = name
+  end
+  local args = group[3]
+  args[#args + 1] = a
+  if b ~= nil then args[#args + 1] = b end
+end
+
+function Batch:flush()
+  local chunk = 2000  -- even, so field/value and score/member pairs are never split
+  for _, name in ipairs(self.order) do
+    local command, key, args = self.groups[name][1], self.groups[name][2], self.groups[name][3]
+    for i = 1, #args, chunk do
+      redis.call(command, key, unpack(args, i, math.min(i + chunk - 1, #args)))
+    end
+  end
+  self.groups, self.order = {}, {}
 end
 
 -- Records are MessagePack rather than JSON: cmsgpack is about twice as fast as cjson here, and
@@ -82,29 +117,36 @@ local function ring(wake)
   end
 end
 
+-- Writes straight away; what make_ready and park use when no batch is given.
+local DIRECT = {add = function(_, command, key, a, b) redis.call(command, key, a, b) end}
+
 -- Make a job claimable at its current level (callers reset job.level to the priority first).
-local function make_ready(job, now, wake)
+-- Its index writes go through `batch` when one is given.
+local function make_ready(job, now, wake, batch)
+  batch = batch or DIRECT
   job.state = 'queued'
   job.ready_ms = now
   job.not_before_ms = nil
   job.worker_id = nil
   job.lease_expires_ms = nil
   job.member = member_of(job, give_turn(job))
-  redis.call('ZADD', ready_key(job.level), 0, job.member)
-  if AGING_MS > 0 and job.level > 0 then redis.call('ZADD', K_AGING, now + AGING_MS, job.id) end
-  if job.deadline_ms then redis.call('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
+  batch:add('ZADD', ready_key(job.level), 0, job.member)
+  batch:add('ZADD', waiting_key(job.level), now, job.id)
+  if AGING_MS > 0 and job.level > 0 then batch:add('ZADD', K_AGING, now + AGING_MS, job.id) end
+  if job.deadline_ms then batch:add('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
   wake[job.level] = (wake[job.level] or 0) + 1
 end
 
 -- Park a job until `due` (a new delayed job, or a failed one awaiting its retry).
-local function park(job, state, due)
+local function park(job, state, due, batch)
+  batch = batch or DIRECT
   job.state = state
   job.not_before_ms = due
   job.worker_id = nil
   job.lease_expires_ms = nil
   job.member = nil
-  redis.call('ZADD', K_DELAYED, due, job.id)
-  if job.deadline_ms then redis.call('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
+  batch:add('ZADD', K_DELAYED, due, job.id)
+  if job.deadline_ms then batch:add('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
 end
 
 -- Take a job out of the indexes its state puts it in.
@@ -112,6 +154,7 @@ local function detach(job)
   local state = job.state
   if state == 'queued' then
     if job.member then redis.call('ZREM', ready_key(job.level), job.member) end
+    redis.call('ZREM', waiting_key(job.level), job.id)
     if AGING_MS > 0 then redis.call('ZREM', K_AGING, job.id) end
   elseif state == 'delayed' or state == 'failed' then
     redis.call('ZREM', K_DELAYED, job.id)

@@ -15,30 +15,40 @@ for i = 7, #ARGV do
   while claimed < limit do
     local popped = redis.call('ZPOPMIN', ready_key(level), limit - claimed)
     if #popped == 0 then break end
-    local top_turn = nil
-    for j = 1, #popped, 2 do
-      local member = popped[j]
-      local job = load(id_of(member))
+    local ids = {}
+    for j = 1, #popped, 2 do ids[#ids + 1] = id_of(popped[j]) end
+    local records = redis.call('HMGET', K_JOBS, unpack(ids))
+    local payloads = redis.call('HMGET', K_PAYLOADS, unpack(ids))
+    local batch, top_turn = Batch.new(), nil
+    for n, id in ipairs(ids) do
+      local member = popped[2 * n - 1]
+      local job = records[n] and cmsgpack.unpack(records[n])
+      -- A member whose record moved on (cancelled, re-queued under a new member) is dropped.
       if job and job.state == 'queued' and job.member == member then
         job.member = nil
         if job.deadline_ms and job.deadline_ms <= now then
           job.last_error = 'deadline passed'
           finish(job, 'expired', now)
         else
-          detach(job)
+          batch:add('ZREM', waiting_key(level), id)
+          if AGING_MS > 0 then batch:add('ZREM', K_AGING, id) end
+          if job.deadline_ms then batch:add('ZREM', K_DEADLINES, id) end
           job.state = 'leased'
           job.attempts = job.attempts + 1
           job.lease_token = job.lease_token + 1
           job.worker_id = worker
           job.lease_expires_ms = now + lease_ms
-          redis.call('ZADD', leased_key(job.priority), job.lease_expires_ms, job.id)
-          out[#out + 1] = save(job)
-          out[#out + 1] = redis.call('HGET', K_PAYLOADS, job.id)
+          batch:add('ZADD', leased_key(job.priority), job.lease_expires_ms, id)
+          local record = cmsgpack.pack(job)
+          batch:add('HSET', K_JOBS, id, record)
+          out[#out + 1] = record
+          out[#out + 1] = payloads[n]
           claimed = claimed + 1
           top_turn = turn_of(member)
         end
       end
     end
+    batch:flush()
     if ROUND_ROBIN and top_turn then
       local current = tonumber(redis.call('HGET', K_TURNS, tostring(level)) or '0')
       if top_turn > current then redis.call('HSET', K_TURNS, tostring(level), top_turn) end

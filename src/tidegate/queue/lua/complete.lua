@@ -4,15 +4,32 @@
 -- Returns the reasons of the stale leases (empty when every job was completed); a job with a
 -- stale lease is left unchanged.
 local now = now_ms()
-local lost = {}
-for o = 4, #ARGV, 3 do
-  local job, err = leased_job(ARGV[o], ARGV[o + 1])
-  if job then
-    redis.call('HSET', K_RESULTS, job.id, ARGV[o + 2])
-    finish(job, 'succeeded', now)
-  else
+local lost, ids, seen = {}, {}, {}
+for o = 4, #ARGV, 3 do ids[#ids + 1] = ARGV[o] end
+local records = redis.call('HMGET', K_JOBS, unpack(ids))
+local batch = Batch.new()
+for n, id in ipairs(ids) do
+  local token = ARGV[3 * n + 2]
+  local job = records[n] and cmsgpack.unpack(records[n])
+  if seen[id] then
+    lost[#lost + 1] = 'LEASE_LOST job ' .. id .. ' appears twice in one call'
+  elseif not job or job.state ~= 'leased' or tonumber(job.lease_token) ~= tonumber(token) then
+    local _, err = leased_job(id, token)
     lost[#lost + 1] = err
+  else
+    seen[id] = true
+    -- A leased job sits only in its leased index (claim took it out of the others).
+    batch:add('ZREM', leased_key(job.priority), id)
+    batch:add('HSET', K_RESULTS, id, ARGV[3 * n + 3])
+    job.state = 'succeeded'
+    job.finished_ms = now
+    job.worker_id = nil
+    job.lease_expires_ms = nil
+    batch:add('HSET', K_JOBS, id, cmsgpack.pack(job))
+    batch:add('ZADD', K_FINISHED, now, id)
+    FINISHED[#FINISHED + 1] = id
   end
 end
+batch:flush()
 announce()
 return lost

@@ -35,26 +35,28 @@ for level = 0, 4 do
 end
 
 local now = now_ms()
-local wake = {}
-for _, i in ipairs(fresh) do
+local wake, batch = {}, Batch.new()
+local first_seq = redis.call('INCRBY', K_SEQ, #fresh) - #fresh
+for n, i in ipairs(fresh) do
   local spec = specs[i]
   local job = {
     id = spec[1], priority = spec[2], level = spec[2], tenant = spec[3], created_ms = spec[4],
-    max_attempts = spec[7], attempts = 0, lease_token = 0, seq = redis.call('INCR', K_SEQ),
+    max_attempts = spec[7], attempts = 0, lease_token = 0, seq = first_seq + n,
   }
   if spec[6] > 0 then job.deadline_ms = spec[6] end
   if spec[8] ~= '' then
     job.idempotency_key = spec[8]
-    redis.call('HSET', K_IDEM, spec[8], job.id)
+    batch:add('HSET', K_IDEM, spec[8], job.id)
   end
   if spec[9] ~= '' then job.callback_url = spec[9] end
-  redis.call('HSET', K_PAYLOADS, job.id, ARGV[9 + i])
+  batch:add('HSET', K_PAYLOADS, job.id, ARGV[9 + i])
   if spec[5] > 0 then
-    park(job, 'delayed', spec[5])
+    park(job, 'delayed', spec[5], batch)
   else
-    make_ready(job, now, wake)
+    make_ready(job, now, wake, batch)
   end
-  save(job)
+  batch:add('HSET', K_JOBS, job.id, cmsgpack.pack(job))
 end
+batch:flush()
 ring(wake)
 return ids

@@ -42,9 +42,11 @@ if AGING_MS > 0 then
       local target = math.max(0, job.priority - math.floor((now - job.ready_ms) / AGING_MS))
       if target < job.level then
         redis.call('ZREM', ready_key(job.level), job.member)
+        redis.call('ZREM', waiting_key(job.level), id)
         job.level = target
         job.member = member_of(job, give_turn(job))
         redis.call('ZADD', ready_key(job.level), 0, job.member)
+        redis.call('ZADD', waiting_key(job.level), job.ready_ms, id)
         wake[job.level] = (wake[job.level] or 0) + 1
         aged = aged + 1
         save(job)
