@@ -24,6 +24,7 @@ from tidegate import (
     Job,
     JobSpec,
     JobState,
+    LeaseLost,
     PayloadTooLarge,
     Priority,
     Queue,
@@ -105,7 +106,8 @@ async def test_enqueue_returns_an_id_and_get_shows_the_stored_job(queue: Queue) 
     assert job.attempts == 0
     assert job.max_attempts == queue.settings.default_max_attempts
     assert job.created_at.tzinfo is not None
-    assert job.lease_token is None
+    assert job.worker_id is None
+    assert job.lease_expires_at is None
 
 
 async def test_get_of_an_unknown_id_is_none(queue: Queue) -> None:
@@ -155,7 +157,9 @@ async def test_fifo_within_a_batch(queue: Queue) -> None:
     assert [job.id for job in await claim_all(queue, limit=4)] == ids
 
 
-async def test_concurrent_enqueuers_keep_their_own_fifo_and_priority_holds_overall(queue_factory: Any) -> None:
+async def test_concurrent_enqueuers_keep_their_own_fifo_and_priority_holds_overall(
+    queue_factory: Any,
+) -> None:
     # Given four producers on two queue instances ("processes"), each enqueueing 60 jobs at
     # random levels concurrently, two one by one and two in small batches
     instances = [await queue_factory.open(maintenance_interval_s=None) for _ in range(2)]
@@ -163,10 +167,7 @@ async def test_concurrent_enqueuers_keep_their_own_fifo_and_priority_holds_overa
     async def produce(producer: int) -> None:
         q = instances[producer % 2]
         rng = random.Random(producer)
-        specs = [
-            {"payload": {"producer": producer, "n": n}, "priority": rng.randrange(5)}
-            for n in range(60)
-        ]
+        specs = [{"payload": {"producer": producer, "n": n}, "priority": rng.randrange(5)} for n in range(60)]
         if producer < 2:
             for spec in specs:
                 await q.enqueue(**spec)
@@ -205,7 +206,9 @@ async def test_claim_by_priority_range_never_hands_out_other_levels(queue: Queue
     stats = await queue.stats()
     for level in (Priority.NORMAL, Priority.LOW, Priority.BULK):
         assert stats.levels[level].depth == 6
-    assert [job.id for job in await claim_all(queue, priorities=[Priority.BULK])] == ids_by_level[Priority.BULK]
+    assert [job.id for job in await claim_all(queue, priorities=[Priority.BULK])] == ids_by_level[
+        Priority.BULK
+    ]
 
 
 async def test_claim_rejects_a_bad_limit_or_priority_filter(queue: Queue) -> None:
@@ -318,6 +321,59 @@ async def test_blocking_claim_ignores_work_on_levels_it_does_not_serve(queue: Qu
     assert bulk is not None and bulk.state is JobState.QUEUED
 
 
+async def test_one_batch_wakes_as_many_blocked_claimers_as_it_has_jobs(queue_factory: Any) -> None:
+    consumers = [await queue_factory.open(maintenance_interval_s=None) for _ in range(2)]
+    producer = await queue_factory.open(maintenance_interval_s=None)
+    started = time.monotonic()
+    claimers = [asyncio.create_task(consumers[n % 2].claim(f"w{n}", timeout_s=5)) for n in range(4)]
+    await asyncio.sleep(0.2)
+
+    ids = await producer.enqueue_many([{"payload": {"n": n}} for n in range(4)])
+    results = await asyncio.gather(*claimers)
+
+    assert sorted(job.id for jobs in results for job in jobs) == sorted(ids)
+    assert all(len(jobs) == 1 for jobs in results)
+    assert time.monotonic() - started < 4
+
+
+async def test_blocking_claim_wakes_when_another_process_recovers_a_lease(queue_factory: Any) -> None:
+    consumer = await queue_factory.open(maintenance_interval_s=None)
+    upkeep = await queue_factory.open(maintenance_interval_s=None)
+    job_id = await upkeep.enqueue({"n": 1})
+    [lost] = await upkeep.claim("crashed-worker", lease_s=0.2)
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    claimer = asyncio.create_task(consumer.claim("w", timeout_s=5))
+    await asyncio.sleep(0.2)
+    assert not claimer.done()
+
+    assert (await upkeep.maintain()).recovered == 1
+    jobs = await claimer
+
+    assert [job.id for job in jobs] == [job_id]
+    assert jobs[0].lease_token != lost.lease_token
+    assert time.monotonic() - started < 4
+
+
+async def test_blocking_claim_wakes_when_another_process_releases_or_redrives(queue_factory: Any) -> None:
+    consumer = await queue_factory.open(maintenance_interval_s=None)
+    other = await queue_factory.open(maintenance_interval_s=None)
+    released_id, dead_id = await other.enqueue_many(
+        [{"payload": {"n": 1}}, {"payload": {"n": 2}, "max_attempts": 1}]
+    )
+    first, second = await other.claim("w", limit=2)
+    await other.fail(second, "boom", retry_in_s=0)
+
+    for wake_up, expected in ((lambda: other.release(first), released_id), (other.redrive, dead_id)):
+        started = time.monotonic()
+        claimer = asyncio.create_task(consumer.claim("w", timeout_s=5))
+        await asyncio.sleep(0.2)
+        assert not claimer.done()
+        await wake_up()
+        assert [job.id for job in await claimer] == [expected]
+        assert time.monotonic() - started < 4
+
+
 # ---------------------------------------------------------------------- idempotency
 
 
@@ -336,6 +392,15 @@ async def test_the_same_idempotency_key_returns_the_first_job(queue_factory: Any
     other = await second_process.enqueue({"n": 4}, idempotency_key="order-43")
     assert other != first
     assert (await first_process.stats()).depth == 2
+
+
+async def test_concurrent_enqueues_with_one_idempotency_key_make_one_job(queue_factory: Any) -> None:
+    instances = [await queue_factory.open(maintenance_interval_s=None) for _ in range(3)]
+    ids = await asyncio.gather(
+        *(instances[n % 3].enqueue({"n": n}, idempotency_key="race") for n in range(12))
+    )
+    assert len(set(ids)) == 1
+    assert (await instances[0].stats()).depth == 1
 
 
 async def test_an_idempotency_key_repeated_inside_one_batch_makes_one_job(queue: Queue) -> None:
@@ -365,7 +430,7 @@ async def test_an_idempotency_key_still_dedupes_after_the_job_finished(queue: Qu
 
 
 def _naive_future() -> datetime:
-    return datetime.now() + timedelta(seconds=60)  # noqa: DTZ005 - naive on purpose
+    return datetime.now() + timedelta(seconds=60)  # naive on purpose
 
 
 INVALID_JOBS: list[tuple[str, dict[str, Any], str | None]] = [
@@ -463,14 +528,50 @@ async def test_complete_refuses_a_result_that_is_not_json(queue: Queue) -> None:
     await queue.complete(job, {"ok": True})
 
 
-async def test_a_job_without_a_lease_token_cannot_be_settled(queue: Queue) -> None:
+async def test_a_job_that_was_never_claimed_cannot_be_settled(queue: Queue) -> None:
     job_id = await queue.enqueue({})
     unclaimed = await queue.get(job_id)
     assert unclaimed is not None
-    with pytest.raises(InvalidJob):
+    with pytest.raises((InvalidJob, LeaseLost)):
         await queue.complete(unclaimed)
     stored = await queue.get(job_id)
     assert stored is not None and stored.state is JobState.QUEUED
+
+
+@pytest.mark.redis_only
+async def test_every_redis_key_of_a_queue_carries_its_hash_tag(queue_factory: Any) -> None:
+    # One hash tag per queue keeps every script's keys in one Redis Cluster slot.
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(queue_factory.url)
+    try:
+        before = {key async for key in client.scan_iter(count=1_000)}
+        q = await queue_factory.open(
+            maintenance_interval_s=None, aging_interval_s=0.1, tenant_round_robin=True, finished_ttl_s=60
+        )
+        await q.enqueue_many(
+            [
+                {"payload": {"n": 0}, "idempotency_key": "k", "tenant": "A", "timeout_s": 60},
+                {"payload": {"n": 1}, "priority": "bulk", "tenant": "B"},
+                {"payload": {"n": 2}, "delay_s": 60},
+                {"payload": {"n": 3}, "max_attempts": 1},
+            ]
+        )
+        first, second = await q.claim("w", limit=2, priorities=[2])
+        await q.complete(first, "done")
+        assert await q.fail(second, "boom", retry_in_s=0) is JobState.DEAD
+        await q.claim("w", timeout_s=0.05, priorities=[0])
+        await q.wait(first.id, timeout_s=0)
+        await asyncio.sleep(0.15)
+        await q.maintain()
+        await q.stats()
+        created = {key async for key in client.scan_iter(count=1_000)} - before
+    finally:
+        await client.aclose()
+
+    tag = f"{{{queue_factory.queue_name}}}".encode()
+    assert created, "the queue should have written keys"
+    assert [key for key in created if tag not in key] == []
 
 
 # ---------------------------------------------------------------------- lifecycle

@@ -1,0 +1,530 @@
+"""The queue contract, part 2: leases and fencing, heartbeats, lease recovery, retries, the
+dead-letter queue (list, redrive, purge), release and cancel. Runs on every backend through
+the `queue_factory` fixture; the `queue` fixture has background upkeep off, so these tests call
+`maintain()` themselves."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tidegate import InvalidJob, Job, JobState, LeaseLost, Priority, Queue
+
+# ---------------------------------------------------------------------- helpers
+
+
+async def claim_one(q: Queue, job_id: str, **options: Any) -> Job:
+    """Claim and return the job with this id; the test's queue holds nothing else claimable."""
+    jobs = await q.claim("w", **options)
+    assert [job.id for job in jobs] == [job_id]
+    return jobs[0]
+
+
+async def stored(q: Queue, job_id: str) -> Job:
+    job = await q.get(job_id)
+    assert job is not None, f"job {job_id} is gone"
+    return job
+
+
+async def make_dead(q: Queue, error: str = "boom", **options: Any) -> str:
+    """A job that used its only attempt and failed: a dead letter."""
+    job_id = await q.enqueue({"dead": True}, max_attempts=1, **options)
+    job = await claim_one(q, job_id, priorities=[options.get("priority", Priority.NORMAL)])
+    assert await q.fail(job, error, retry_in_s=0) is JobState.DEAD
+    return job_id
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
+    """Poll `check` until it holds; for effects of background tasks only."""
+    give_up = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < give_up, "condition did not hold in time"
+        await asyncio.sleep(0.05)
+
+
+def settle_attempts(q: Queue, job: Job) -> list[Callable[[], Awaitable[object]]]:
+    """Every way a worker can act on its lease."""
+    return [
+        lambda: q.complete(job, {"from": "stale"}),
+        lambda: q.fail(job, "stale failure", retry_in_s=0),
+        lambda: q.heartbeat(job, lease_s=30),
+        lambda: q.release(job),
+    ]
+
+
+async def assert_stale_lease_is_refused(q: Queue, job: Job) -> None:
+    """Every call with `job`'s stale token raises LeaseLost and leaves the stored job as it was."""
+    before = await stored(q, job.id)
+    for attempt in settle_attempts(q, job):
+        with pytest.raises(LeaseLost):
+            await attempt()
+        after = await stored(q, job.id)
+        fields = ("state", "result", "attempts", "lease_token", "lease_expires_at", "last_error")
+        assert [getattr(after, f) for f in fields] == [getattr(before, f) for f in fields]
+
+
+# ---------------------------------------------------------------------- leases and fencing
+
+
+async def test_an_expired_lease_is_recovered_at_the_jobs_own_priority(queue: Queue) -> None:
+    # Given a HIGH job claimed with a short lease, and newer NORMAL work behind it
+    job_id = await queue.enqueue({"n": 1}, priority=Priority.HIGH)
+    first = await claim_one(queue, job_id, lease_s=0.3)
+    normal_id = await queue.enqueue({"n": 2}, priority=Priority.NORMAL)
+
+    # When the lease runs out and upkeep runs
+    await asyncio.sleep(0.5)
+    report = await queue.maintain()
+
+    # Then the job waits again at HIGH with the attempt counted, ahead of the NORMAL job
+    assert report.ran
+    assert report.recovered == 1
+    job = await stored(queue, job_id)
+    assert job.state is JobState.QUEUED
+    assert job.priority is Priority.HIGH
+    assert job.attempts == 1
+    stats = await queue.stats()
+    assert stats.levels[Priority.HIGH].depth == 1
+    assert stats.levels[Priority.HIGH].in_flight == 0
+    second = (await queue.claim("w2"))[0]
+    assert second.id == job_id
+    assert second.lease_token != first.lease_token
+    assert (await queue.claim("w2"))[0].id == normal_id
+
+
+async def test_a_stale_lease_token_is_refused_and_changes_nothing(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, max_attempts=5)
+    old = await claim_one(queue, job_id, lease_s=0.3)
+    await asyncio.sleep(0.5)
+    assert (await queue.maintain()).recovered == 1
+
+    # While the job waits again, the old holder can do nothing with it
+    await assert_stale_lease_is_refused(queue, old)
+    assert (await stored(queue, job_id)).state is JobState.QUEUED
+
+    # Once re-claimed, the old holder still can do nothing; the new holder completes it
+    new = await claim_one(queue, job_id, lease_s=30)
+    assert new.lease_token != old.lease_token
+    await assert_stale_lease_is_refused(queue, old)
+    await queue.complete(new, {"winner": "new"})
+    done = await stored(queue, job_id)
+    assert done.state is JobState.SUCCEEDED
+    assert done.result == {"winner": "new"}
+
+    # And after it finished, the old holder can neither overwrite nor fail it
+    await assert_stale_lease_is_refused(queue, old)
+    with pytest.raises(LeaseLost):
+        await queue.complete(new, {"winner": "twice"})
+    assert (await stored(queue, job_id)).result == {"winner": "new"}
+
+
+async def test_a_lease_recovered_by_another_process_fences_the_first(queue_factory: Any) -> None:
+    worker_process = await queue_factory.open(maintenance_interval_s=None)
+    upkeep_process = await queue_factory.open(maintenance_interval_s=None)
+    job_id = await worker_process.enqueue({"n": 1})
+    old = await claim_one(worker_process, job_id, lease_s=0.3)
+    await asyncio.sleep(0.5)
+    assert (await upkeep_process.maintain()).recovered == 1
+    new = await claim_one(upkeep_process, job_id)
+
+    with pytest.raises(LeaseLost):
+        await worker_process.complete(old, "late")
+    await upkeep_process.complete(new, "on time")
+    assert (await stored(worker_process, job_id)).result == "on time"
+
+
+@pytest.mark.timeout(60)
+async def test_results_are_recorded_once_per_job_while_leases_expire_under_load(queue_factory: Any) -> None:
+    # Given 300 jobs, six workers on three instances with upkeep every 0.1 s, and leases of
+    # 0.2 s that every twentieth attempt outlives
+    instances = [await queue_factory.open(maintenance_interval_s=0.1) for _ in range(3)]
+    ids = await instances[0].enqueue_many([{"payload": {"n": n}, "max_attempts": 50} for n in range(300)])
+    accepted: list[str] = []
+    refused = 0
+    attempts = 0
+
+    async def work(worker: int) -> None:
+        nonlocal refused, attempts
+        q = instances[worker % 3]
+        while True:
+            jobs = await q.claim(f"w{worker}", limit=5, lease_s=0.2, timeout_s=1.0)
+            if not jobs:
+                return
+            for job in jobs:
+                attempts += 1
+                if attempts % 20 == 0:
+                    await asyncio.sleep(0.45)  # a stalled worker: its lease runs out
+                try:
+                    await q.complete(job, {"by": worker, "token": job.lease_token})
+                except LeaseLost:
+                    refused += 1
+                else:
+                    accepted.append(job.id)
+
+    # When they drain the queue
+    await asyncio.gather(*(work(w) for w in range(6)))
+
+    # Then every job succeeded, and exactly one completion of each was accepted
+    assert sorted(accepted) == sorted(ids)
+    assert refused > 0, "the test should have made some leases go stale"
+    for job_id in ids:
+        job = await stored(instances[1], job_id)
+        assert job.state is JobState.SUCCEEDED
+
+
+async def test_heartbeat_extends_the_lease_so_upkeep_leaves_it(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1})
+    job = await claim_one(queue, job_id, lease_s=0.4)
+    first_expiry = job.lease_expires_at
+    assert first_expiry is not None
+
+    # When the worker heartbeats for longer than its original lease
+    for _ in range(8):
+        await asyncio.sleep(0.1)
+        await queue.heartbeat(job, lease_s=0.4)
+        assert (await queue.maintain()).recovered == 0
+
+    # Then the lease moved forward, the job stayed with the worker and completes normally
+    assert job.lease_expires_at is not None and job.lease_expires_at > first_expiry
+    current = await stored(queue, job_id)
+    assert current.state is JobState.LEASED
+    assert current.lease_token == job.lease_token
+    await queue.complete(job, "ok")
+    assert (await stored(queue, job_id)).state is JobState.SUCCEEDED
+
+
+async def test_an_unrenewed_lease_is_not_recovered_before_it_expires(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1})
+    job = await claim_one(queue, job_id, lease_s=30)
+    assert (await queue.maintain()).recovered == 0
+    assert (await stored(queue, job_id)).state is JobState.LEASED
+    assert await queue.claim("w2") == []
+    await queue.complete(job)
+
+
+async def test_background_upkeep_recovers_an_expired_lease(queue_factory: Any) -> None:
+    q = await queue_factory.open(maintenance_interval_s=0.2)
+    job_id = await q.enqueue({"n": 1}, priority=Priority.LOW)
+    await claim_one(q, job_id, lease_s=0.3)
+
+    async def waiting_again() -> bool:
+        return (await stored(q, job_id)).state is JobState.QUEUED
+
+    await eventually(waiting_again, timeout_s=5)
+    job = await stored(q, job_id)
+    assert job.priority is Priority.LOW
+    assert job.attempts == 1
+
+
+async def test_a_lease_expiring_on_the_last_attempt_makes_the_job_dead(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, max_attempts=1)
+    await claim_one(queue, job_id, lease_s=0.2)
+    await asyncio.sleep(0.4)
+
+    report = await queue.maintain()
+
+    assert report.dead == 1
+    assert report.recovered == 0
+    job = await stored(queue, job_id)
+    assert job.state is JobState.DEAD
+    assert job.last_error
+    assert [dead.id for dead in await queue.dead_letters()] == [job_id]
+    assert await queue.claim("w") == []
+    assert (await queue.stats()).dead == 1
+
+
+async def test_upkeep_runs_in_one_process_at_a_time_without_double_recovery(queue_factory: Any) -> None:
+    instances = [await queue_factory.open(maintenance_interval_s=None) for _ in range(3)]
+    ids = await instances[0].enqueue_many([{"payload": {"n": n}} for n in range(5)])
+    await instances[0].claim("w", limit=5, lease_s=0.2)
+    await asyncio.sleep(0.4)
+
+    reports = await asyncio.gather(*(q.maintain() for q in instances))
+
+    assert sum(report.recovered for report in reports) == 5
+    assert all(report.recovered == 0 for report in reports if not report.ran)
+    for job_id in ids:
+        job = await stored(instances[1], job_id)
+        assert (job.state, job.attempts) == (JobState.QUEUED, 1)
+
+
+# ---------------------------------------------------------------------- attempts, retries, DLQ
+
+
+async def test_failed_attempts_retry_at_their_own_priority_then_go_dead(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, priority=Priority.LOW, max_attempts=3)
+
+    for attempt, error in enumerate(["boom 1", "boom 2"], start=1):
+        job = await claim_one(queue, job_id)
+        assert await queue.fail(job, error, retry_in_s=0) is JobState.FAILED
+        current = await stored(queue, job_id)
+        assert current.state in (JobState.FAILED, JobState.QUEUED)
+        assert current.attempts == attempt
+        assert current.last_error == error
+        assert current.priority is Priority.LOW
+        # Claimable again at LOW: a LOW-only worker gets it ahead of newer BULK work
+        bulk_id = await queue.enqueue({"bulk": attempt}, priority=Priority.BULK)
+        retried = await queue.claim("w", limit=1)
+        assert [j.id for j in retried] == [job_id]
+        await queue.release(retried[0])
+        assert (await queue.cancel(bulk_id)) is True
+
+    job = await claim_one(queue, job_id)
+    assert await queue.fail(job, "boom 3", retry_in_s=0) is JobState.DEAD
+
+    dead = await stored(queue, job_id)
+    assert dead.state is JobState.DEAD
+    assert dead.last_error == "boom 3"
+    assert dead.attempts == 3
+    assert dead.errors == ["boom 1", "boom 2", "boom 3"]
+    assert dead.finished_at is not None
+    assert await queue.claim("w") == []
+    letters = await queue.dead_letters()
+    assert [letter.id for letter in letters] == [job_id]
+    assert letters[0].last_error == "boom 3"
+    assert letters[0].priority is Priority.LOW
+    assert (await queue.stats()).dead == 1
+
+
+async def test_a_retry_delay_holds_the_job_back_until_it_is_due(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, max_attempts=3)
+    job = await claim_one(queue, job_id)
+    failed_at = time.monotonic()
+    assert await queue.fail(job, "try later", retry_in_s=0.5) is JobState.FAILED
+
+    # Not claimable before its time; it counts as waiting for its time, not as queue depth
+    waiting = await stored(queue, job_id)
+    assert waiting.state is JobState.FAILED
+    assert await queue.claim("w") == []
+    stats = await queue.stats()
+    assert (stats.delayed, stats.depth, stats.in_flight) == (1, 0, 0)
+
+    # A blocking claim wakes for it once it is due, with no upkeep running
+    jobs = await queue.claim("w", timeout_s=5)
+    assert [j.id for j in jobs] == [job_id]
+    assert time.monotonic() - failed_at >= 0.45
+    assert time.monotonic() - failed_at < 4
+    assert jobs[0].lease_token != job.lease_token
+
+
+async def test_fail_without_a_delay_uses_backoff_and_keeps_the_job(queue_factory: Any) -> None:
+    q = await queue_factory.open(maintenance_interval_s=None, retry_base_s=0.1, retry_max_s=0.2)
+    job_id = await q.enqueue({"n": 1}, max_attempts=2)
+    job = await claim_one(q, job_id)
+    assert await q.fail(job, "transient") is JobState.FAILED
+    retried = await q.claim("w", timeout_s=5)
+    assert [j.id for j in retried] == [job_id]
+
+
+async def test_redrive_puts_chosen_dead_letters_back_at_their_own_priority(queue: Queue) -> None:
+    high = await make_dead(queue, priority=Priority.HIGH)
+    bulk = await make_dead(queue, priority=Priority.BULK)
+
+    assert await queue.redrive([bulk]) == 1
+
+    redriven = await stored(queue, bulk)
+    assert redriven.state is JobState.QUEUED
+    assert redriven.attempts == 0
+    assert redriven.priority is Priority.BULK
+    assert [letter.id for letter in await queue.dead_letters()] == [high]
+    assert (await queue.stats()).dead == 1
+    assert (await queue.stats()).levels[Priority.BULK].depth == 1
+    claimed = await claim_one(queue, bulk, priorities=[Priority.BULK])
+    await queue.complete(claimed, "second time lucky")
+    assert (await stored(queue, bulk)).state is JobState.SUCCEEDED
+    assert await queue.redrive([bulk]) == 0  # not dead any more
+
+
+async def test_redrive_all_puts_every_dead_letter_back(queue: Queue) -> None:
+    ids = [await make_dead(queue, priority=level) for level in (Priority.LOW, Priority.CRITICAL)]
+
+    assert await queue.redrive(None) == 2
+
+    assert await queue.dead_letters() == []
+    for job_id, level in zip(ids, (Priority.LOW, Priority.CRITICAL), strict=True):
+        job = await stored(queue, job_id)
+        assert (job.state, job.attempts, job.priority) == (JobState.QUEUED, 0, level)
+    claimed = await queue.claim("w", limit=10)
+    assert [job.id for job in claimed] == [ids[1], ids[0]]
+    assert await queue.redrive(None) == 0
+
+
+async def test_dead_letters_list_most_recent_first_with_paging(queue: Queue) -> None:
+    ids = []
+    for n in range(3):
+        ids.append(await make_dead(queue, error=f"boom {n}"))
+        await asyncio.sleep(0.01)
+    letters = await queue.dead_letters()
+    assert [letter.id for letter in letters] == ids[::-1]
+    assert [letter.last_error for letter in letters] == ["boom 2", "boom 1", "boom 0"]
+    assert [letter.id for letter in await queue.dead_letters(limit=1)] == [ids[2]]
+    assert [letter.id for letter in await queue.dead_letters(limit=2, offset=1)] == [ids[1], ids[0]]
+    assert await queue.dead_letters(limit=5, offset=3) == []
+
+
+async def test_purge_dead_by_id_by_age_and_all(queue: Queue) -> None:
+    old = await make_dead(queue)
+    await asyncio.sleep(0.4)
+    recent = await make_dead(queue)
+
+    # By age: only the letter older than 0.2 s goes
+    assert await queue.purge_dead(older_than_s=0.2) == 1
+    assert await queue.get(old) is None
+    assert [letter.id for letter in await queue.dead_letters()] == [recent]
+
+    # By id
+    other = await make_dead(queue)
+    assert await queue.purge_dead([recent]) == 1
+    assert await queue.get(recent) is None
+    assert [letter.id for letter in await queue.dead_letters()] == [other]
+
+    # All
+    more = await make_dead(queue)
+    assert await queue.purge_dead() == 2
+    assert await queue.dead_letters() == []
+    assert await queue.get(other) is None
+    assert await queue.get(more) is None
+    assert (await queue.stats()).dead == 0
+
+
+async def test_purge_dead_leaves_live_jobs_alone(queue: Queue) -> None:
+    live = await queue.enqueue({"n": 1}, priority=Priority.BULK)
+    dead = await make_dead(queue)
+    assert await queue.purge_dead([live, dead]) == 1
+    assert (await stored(queue, live)).state is JobState.QUEUED
+    assert await queue.get(dead) is None
+
+
+async def test_purging_a_dead_letter_frees_its_idempotency_key(queue: Queue) -> None:
+    job_id = await make_dead(queue, idempotency_key="order-1")
+    assert await queue.enqueue({"again": True}, idempotency_key="order-1") == job_id
+    assert await queue.purge_dead([job_id]) == 1
+    new_id = await queue.enqueue({"again": True}, idempotency_key="order-1")
+    assert new_id != job_id
+    assert (await stored(queue, new_id)).state is JobState.QUEUED
+
+
+# ---------------------------------------------------------------------- complete_many
+
+
+async def test_complete_many_records_every_result(queue: Queue) -> None:
+    ids = await queue.enqueue_many([{"payload": {"n": n}} for n in range(5)])
+    jobs = await queue.claim("w", limit=5)
+
+    assert await queue.complete_many((job, {"n": job.payload["n"], "list": [None]}) for job in jobs) == []
+
+    for n, job_id in enumerate(ids):
+        done = await stored(queue, job_id)
+        assert (done.state, done.result) == (JobState.SUCCEEDED, {"n": n, "list": [None]})
+    assert (await queue.stats()).in_flight == 0
+    assert await queue.complete_many([]) == []
+
+
+async def test_complete_many_leaves_stale_leases_unchanged_and_reports_them(queue: Queue) -> None:
+    ids = await queue.enqueue_many([{"payload": {"n": n}} for n in range(3)])
+    jobs = await queue.claim("w", limit=3)
+    assert await queue.cancel(ids[1])
+
+    lost = await queue.complete_many((job, "done") for job in jobs)
+
+    assert len(lost) == 1 and ids[1] in lost[0]
+    assert (await stored(queue, ids[0])).state is JobState.SUCCEEDED
+    assert (await stored(queue, ids[2])).state is JobState.SUCCEEDED
+    cancelled = await stored(queue, ids[1])
+    assert (cancelled.state, cancelled.result) == (JobState.CANCELLED, None)
+
+
+async def test_complete_many_with_a_result_that_is_not_json_writes_nothing(queue: Queue) -> None:
+    ids = await queue.enqueue_many([{"payload": {"n": n}} for n in range(2)])
+    first, second = await queue.claim("w", limit=2)
+    with pytest.raises(InvalidJob):
+        await queue.complete_many([(first, "fine"), (second, {"x": object()})])
+    for job_id in ids:
+        assert (await stored(queue, job_id)).state is JobState.LEASED
+
+
+# ---------------------------------------------------------------------- release
+
+
+async def test_release_puts_the_job_back_without_counting_the_attempt(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, priority=Priority.HIGH, max_attempts=1)
+    before = await stored(queue, job_id)
+    job = await claim_one(queue, job_id)
+
+    await queue.release(job)
+
+    released = await stored(queue, job_id)
+    assert released.state is JobState.QUEUED
+    assert released.attempts == before.attempts
+    assert released.priority is Priority.HIGH
+    assert (await queue.stats()).levels[Priority.HIGH].in_flight == 0
+    with pytest.raises(LeaseLost):
+        await queue.complete(job, "stale")
+
+    # The single attempt is still available: failing the re-claimed job makes it dead only now
+    again = await claim_one(queue, job_id)
+    assert again.attempts == job.attempts
+    assert again.lease_token != job.lease_token
+    assert await queue.fail(again, "boom", retry_in_s=0) is JobState.DEAD
+
+
+# ---------------------------------------------------------------------- cancel
+
+
+async def test_cancel_a_waiting_job(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1})
+
+    assert await queue.cancel(job_id) is True
+
+    job = await stored(queue, job_id)
+    assert job.state is JobState.CANCELLED
+    assert job.is_final
+    assert await queue.claim("w") == []
+    assert (await queue.stats()).depth == 0
+    assert await queue.cancel(job_id) is False
+
+
+async def test_cancel_a_delayed_job(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, delay_s=0.2)
+    assert await queue.cancel(job_id) is True
+    assert await queue.claim("w", timeout_s=0.5) == []
+    assert (await stored(queue, job_id)).state is JobState.CANCELLED
+    assert (await queue.stats()).delayed == 0
+
+
+async def test_cancel_a_leased_job_fences_its_worker(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1})
+    job = await claim_one(queue, job_id)
+
+    assert await queue.cancel(job_id) is True
+
+    for attempt in settle_attempts(queue, job):
+        with pytest.raises(LeaseLost):
+            await attempt()
+    cancelled = await stored(queue, job_id)
+    assert cancelled.state is JobState.CANCELLED
+    assert cancelled.result is None
+    assert (await queue.stats()).in_flight == 0
+    assert await queue.claim("w") == []
+
+
+async def test_cancel_of_a_finished_job_returns_false_and_changes_nothing(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1})
+    job = await claim_one(queue, job_id)
+    await queue.complete(job, {"answer": 42})
+
+    assert await queue.cancel(job_id) is False
+
+    done = await stored(queue, job_id)
+    assert (done.state, done.result) == (JobState.SUCCEEDED, {"answer": 42})
+    dead = await make_dead(queue)
+    assert await queue.cancel(dead) is False
+    assert (await stored(queue, dead)).state is JobState.DEAD
+
+
+async def test_cancel_of_an_unknown_job_returns_false(queue: Queue) -> None:
+    assert await queue.cancel("no-such-job") is False
