@@ -134,7 +134,8 @@ class Job:
             last_error=_opt_str(record.get("last_error")),
             result=None if result is None else orjson.loads(result),
             finished_at=ms_to_datetime(_opt_int(record.get("finished_ms"))),
-            lease_token=_opt_int(record.get("lease_token")),
+            # A token only means something while the job is leased; unclaimed jobs carry none.
+            lease_token=_opt_int(record.get("lease_token")) if record["state"] == "leased" else None,
             worker_id=_opt_str(record.get("worker_id")),
             lease_expires_at=ms_to_datetime(_opt_int(record.get("lease_expires_ms"))),
             ready_at=ms_to_datetime(_opt_int(record.get("ready_ms"))),

@@ -61,14 +61,13 @@ class RedisQueue(Queue):
         super().__init__(settings)
         self.url = url
         tag = f"tidegate:{{{self.settings.name}}}:"
-        names = ["jobs", "payloads", "results", "idem", "seq", "delayed", "deadlines", "aging",
-                 "turns", "finished", "dead"]
+        # The order is the KEYS layout documented at the top of lua/_common.lua.
+        names = ["jobs", "payloads", "results", "idem", "seq", "deadlines", "aging", "turns",
+                 "finished", "dead"]
         self._keys = [tag + name for name in names]
-        self._keys += [f"{tag}ready:{level}" for level in range(5)]
-        self._keys += [f"{tag}leased:{level}" for level in range(5)]
+        for family in ("ready", "leased", "signal", "waiting", "delayed"):
+            self._keys += [f"{tag}{family}:{level}" for level in range(5)]
         self._signal_keys = [f"{tag}signal:{level}" for level in range(5)]
-        self._keys += self._signal_keys
-        self._keys += [f"{tag}waiting:{level}" for level in range(5)]
         self._done_channel = tag + "done"
         self._common_args = [
             "1" if self.settings.tenant_round_robin else "0",

@@ -177,6 +177,23 @@ class SqliteQueue(Queue):
             )
             conn.execute("UPDATE jobs SET rr_round = ? WHERE id = ?", (turn, job_id))
 
+    @staticmethod
+    def _advance_turns(conn: sqlite3.Connection, claimed: Sequence[sqlite3.Row]) -> None:
+        """After a claim: the level's current turn moves to the newest turn served, so a tenant
+        that arrives later queues behind the turn being served; a tenant whose newest turn was
+        served has nothing left waiting there, and its entry is dropped."""
+        for level in {row["level"] for row in claimed}:
+            turn = max(row["rr_round"] for row in claimed if row["level"] == level)
+            conn.execute(
+                "INSERT INTO level_turns(level, current_round) VALUES (?, ?) ON CONFLICT(level)"
+                " DO UPDATE SET current_round = MAX(current_round, excluded.current_round)",
+                (level, turn),
+            )
+        conn.executemany(
+            "DELETE FROM tenant_turns WHERE level = ? AND tenant = ? AND last_round = ?",
+            [(row["level"], row["tenant"], row["rr_round"]) for row in claimed],
+        )
+
     # ------------------------------------------------------------------ enqueue
 
     async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]:
@@ -275,15 +292,7 @@ class SqliteQueue(Queue):
             ).fetchall()
             rows.sort(key=lambda row: (row["level"], row["rr_round"], row["seq"]))
             if rows and self.settings.tenant_round_robin:
-                # The level's current turn moves to the newest turn served, so a tenant that
-                # arrives later queues behind the turn being served, not ahead of it.
-                for level in {row["level"] for row in rows}:
-                    turn = max(row["rr_round"] for row in rows if row["level"] == level)
-                    conn.execute(
-                        "INSERT INTO level_turns(level, current_round) VALUES (?, ?) ON CONFLICT(level)"
-                        " DO UPDATE SET current_round = MAX(current_round, excluded.current_round)",
-                        (level, turn),
-                    )
+                self._advance_turns(conn, rows)
             return [_job(row) for row in rows], expired
 
         jobs, expired = await self._write(body)
@@ -604,10 +613,13 @@ class SqliteQueue(Queue):
             " AND finished_ms <= ? LIMIT ?)",
             (dead_before, UPKEEP_BATCH),
         ).rowcount
-        # A tenant whose last turn is behind its level's current turn gains nothing from its row.
+        # A tenant whose last turn is behind its level's current turn gains nothing from its row,
+        # and on a level with nobody waiting no row matters (cancelled or expired newest jobs).
         conn.execute(
             "DELETE FROM tenant_turns WHERE last_round < COALESCE((SELECT current_round FROM"
             " level_turns WHERE level_turns.level = tenant_turns.level), 0)"
+            " OR NOT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued'"
+            " AND jobs.level = tenant_turns.level)"
         )
         return purged
 

@@ -7,17 +7,18 @@
 --   3 results     hash    id -> result (JSON, never decoded here)
 --   4 idem        hash    idempotency key -> id
 --   5 seq         string  FIFO sequence counter, assigned here, never a float timestamp
---   6 delayed     zset    id by due time (states delayed and failed)
---   7 deadlines   zset    id by deadline (jobs waiting, not leased and not final)
---   8 aging       zset    id by next promotion time (queued jobs above level 0, aging on)
---   9 turns       hash    "level:tenant" -> tenant's last turn, "level" -> level's current turn
---  10 finished    zset    id by finish time (succeeded, cancelled, expired)
---  11 dead        zset    id by finish time
---  12..16 ready:0..4   zset  member "<turn:12 hex><seq:16 hex><id>", every score 0, so
+--   6 deadlines   zset    id by deadline (jobs waiting, not leased and not final)
+--   7 aging       zset    id by next promotion time (queued jobs above level 0, aging on)
+--   8 turns       hash    "level:tenant" -> tenant's last turn, "level" -> level's current turn
+--   9 finished    zset    id by finish time (succeeded, cancelled, expired)
+--  10 dead        zset    id by finish time
+--  11..15 ready:0..4   zset  member "<turn:12 hex><seq:16 hex><id>", every score 0, so
 --                            ZPOPMIN serves by turn, then FIFO by sequence
---  17..21 leased:0..4  zset  id by lease expiry, under the job's own priority
---  22..26 signal:0..4  list  wake-up tokens for claimers blocked in BLPOP
---  27..31 waiting:0..4 zset  id by the time it became claimable, for the oldest wait per level
+--  16..20 leased:0..4  zset  id by lease expiry, under the job's own priority
+--  21..25 signal:0..4  list  wake-up tokens for claimers blocked in BLPOP
+--  26..30 waiting:0..4 zset  id by the time it became claimable, for the oldest wait per level
+--  31..35 delayed:0..4 zset  id by due time (states delayed and failed), under its own priority,
+--                            so a claim promotes due work level by level in priority order
 -- ARGV, common part: [1] tenant round-robin "1"/"0", [2] aging interval ms (0 = off),
 -- [3] pub/sub channel announcing finished job ids. Each script's own arguments start at ARGV[4].
 
@@ -27,13 +28,13 @@ local DONE_CHANNEL = ARGV[3]
 local MAX_ERRORS = 20
 local MAX_TOKENS = 64
 local K_JOBS, K_PAYLOADS, K_RESULTS, K_IDEM, K_SEQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local K_DELAYED, K_DEADLINES, K_AGING, K_TURNS = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local K_FINISHED, K_DEAD = KEYS[10], KEYS[11]
+local K_DEADLINES, K_AGING, K_TURNS, K_FINISHED, K_DEAD = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 
-local function ready_key(level) return KEYS[12 + level] end
-local function leased_key(priority) return KEYS[17 + priority] end
-local function signal_key(level) return KEYS[22 + level] end
-local function waiting_key(level) return KEYS[27 + level] end
+local function ready_key(level) return KEYS[11 + level] end
+local function leased_key(priority) return KEYS[16 + priority] end
+local function signal_key(level) return KEYS[21 + level] end
+local function waiting_key(level) return KEYS[26 + level] end
+local function delayed_key(priority) return KEYS[31 + priority] end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -99,6 +100,15 @@ local function give_turn(job)
   return turn
 end
 
+-- Called when a job leaves the line at `level` by claim: if it held its tenant's newest turn,
+-- the tenant has nothing left waiting there and its entry is dropped, so the hash holds only
+-- tenants with waiting work.
+local function forget_turn(level, tenant, turn)
+  if not ROUND_ROBIN then return end
+  local field = level .. ':' .. tenant
+  if tonumber(redis.call('HGET', K_TURNS, field)) == turn then redis.call('HDEL', K_TURNS, field) end
+end
+
 local function member_of(job, turn)
   return string.format('%012x%016x', turn, job.seq) .. job.id
 end
@@ -145,7 +155,7 @@ local function park(job, state, due, batch)
   job.worker_id = nil
   job.lease_expires_ms = nil
   job.member = nil
-  batch:add('ZADD', K_DELAYED, due, job.id)
+  batch:add('ZADD', delayed_key(job.priority), due, job.id)
   if job.deadline_ms then batch:add('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
 end
 
@@ -157,7 +167,7 @@ local function detach(job)
     redis.call('ZREM', waiting_key(job.level), job.id)
     if AGING_MS > 0 then redis.call('ZREM', K_AGING, job.id) end
   elseif state == 'delayed' or state == 'failed' then
-    redis.call('ZREM', K_DELAYED, job.id)
+    redis.call('ZREM', delayed_key(job.priority), job.id)
   elseif state == 'leased' then
     redis.call('ZREM', leased_key(job.priority), job.id)
   end
@@ -203,11 +213,12 @@ local function leased_job(id, token)
   return job
 end
 
--- Delayed and failed jobs whose time has come become claimable.
-local function promote_due(now, batch, wake)
-  local ids = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, batch)
+-- Delayed and failed jobs of one priority whose time has come become claimable.
+local function promote_due(level, now, batch, wake)
+  local key = delayed_key(level)
+  local ids = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, batch)
   for _, id in ipairs(ids) do
-    redis.call('ZREM', K_DELAYED, id)
+    redis.call('ZREM', key, id)
     local job = load(id)
     if job and (job.state == 'delayed' or job.state == 'failed') then
       job.level = job.priority

@@ -6,12 +6,14 @@
 local worker, lease_ms, limit = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
 local wake = {}
-promote_due(now, 1000, wake)
 expire_overdue(now, 1000)
 
 local out, claimed = {}, 0
 for i = 7, #ARGV do
   local level = tonumber(ARGV[i])
+  -- Due work of this level joins its line before the line is served, so strict priority holds
+  -- however many jobs of lower levels came due at once.
+  promote_due(level, now, math.max(limit, 1000), wake)
   while claimed < limit do
     local popped = redis.call('ZPOPMIN', ready_key(level), limit - claimed)
     if #popped == 0 then break end
@@ -45,6 +47,7 @@ for i = 7, #ARGV do
           out[#out + 1] = payloads[n]
           claimed = claimed + 1
           top_turn = turn_of(member)
+          forget_turn(level, job.tenant, top_turn)
         end
       end
     end

@@ -30,7 +30,8 @@ for priority = 0, 4 do
   end
 end
 
-local promoted = promote_due(now, batch, wake)
+local promoted = 0
+for level = 0, 4 do promoted = promoted + promote_due(level, now, batch, wake) end
 local expired = expire_overdue(now, batch)
 
 if AGING_MS > 0 then
@@ -78,13 +79,15 @@ end
 purged = drop(K_FINISHED, now - finished_ttl) + drop(K_DEAD, now - dead_ttl)
 
 if ROUND_ROBIN then
-  -- A tenant whose last turn is behind its level's current turn gains nothing from its entry.
+  -- A tenant whose last turn is behind its level's current turn gains nothing from its entry,
+  -- and on a level with nobody waiting no entry matters (cancelled or expired newest jobs).
   local turns = redis.call('HGETALL', K_TURNS)
   for i = 1, #turns, 2 do
-    local level, tenant = string.match(turns[i], '^(%d):(.*)$')
+    local level = string.match(turns[i], '^(%d):')
     if level then
       local current = tonumber(redis.call('HGET', K_TURNS, level) or '0')
-      if tonumber(turns[i + 1]) < current then redis.call('HDEL', K_TURNS, turns[i]) end
+      local idle = redis.call('ZCARD', ready_key(tonumber(level))) == 0
+      if idle or tonumber(turns[i + 1]) < current then redis.call('HDEL', K_TURNS, turns[i]) end
     end
   end
 end

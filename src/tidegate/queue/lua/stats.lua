@@ -3,9 +3,13 @@
 -- Returns {now_ms, next_due_ms or -1, delayed, dead, then per level 0..4: depth, the earliest
 -- time a waiting job became claimable (-1 when none), leased}.
 local now = now_ms()
-local due = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
-local out = {now, due[2] and tonumber(due[2]) or -1, redis.call('ZCARD', K_DELAYED),
-             redis.call('ZCARD', K_DEAD)}
+local next_due, delayed = -1, 0
+for priority = 0, 4 do
+  local head = redis.call('ZRANGE', delayed_key(priority), 0, 0, 'WITHSCORES')
+  if head[2] and (next_due < 0 or tonumber(head[2]) < next_due) then next_due = tonumber(head[2]) end
+  delayed = delayed + redis.call('ZCARD', delayed_key(priority))
+end
+local out = {now, next_due, delayed, redis.call('ZCARD', K_DEAD)}
 for level = 0, 4 do
   local oldest = redis.call('ZRANGE', waiting_key(level), 0, 0, 'WITHSCORES')
   out[#out + 1] = redis.call('ZCARD', ready_key(level))
