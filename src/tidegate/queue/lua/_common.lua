@@ -195,6 +195,17 @@ local function announce()
   if #FINISHED > 0 then redis.call('PUBLISH', DONE_CHANNEL, table.concat(FINISHED, ',')) end
 end
 
+-- Delete a finished job for good: its record, payload, result, idempotency key and its entry in
+-- `index` (the finished or dead set it was kept in).
+local function erase(id, index)
+  local job = load(id)
+  if job and job.idempotency_key then redis.call('HDEL', K_IDEM, job.idempotency_key) end
+  redis.call('ZREM', index, id)
+  redis.call('HDEL', K_JOBS, id)
+  redis.call('HDEL', K_PAYLOADS, id)
+  redis.call('HDEL', K_RESULTS, id)
+end
+
 local function add_error(job, err)
   if type(job.errors) ~= 'table' then job.errors = {} end
   table.insert(job.errors, err)

@@ -66,14 +66,7 @@ end
 
 local function drop(index, cutoff)
   local ids = redis.call('ZRANGEBYSCORE', index, '-inf', cutoff, 'LIMIT', 0, batch)
-  for _, id in ipairs(ids) do
-    local job = load(id)
-    if job and job.idempotency_key then redis.call('HDEL', K_IDEM, job.idempotency_key) end
-    redis.call('ZREM', index, id)
-    redis.call('HDEL', K_JOBS, id)
-    redis.call('HDEL', K_PAYLOADS, id)
-    redis.call('HDEL', K_RESULTS, id)
-  end
+  for _, id in ipairs(ids) do erase(id, index) end
   return #ids
 end
 purged = drop(K_FINISHED, now - finished_ttl) + drop(K_DEAD, now - dead_ttl)

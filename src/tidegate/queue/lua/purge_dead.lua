@@ -16,12 +16,7 @@ local count = 0
 for _, id in ipairs(ids) do
   local score = redis.call('ZSCORE', K_DEAD, id)
   if score and tonumber(score) <= limit then
-    local job = load(id)
-    if job and job.idempotency_key then redis.call('HDEL', K_IDEM, job.idempotency_key) end
-    redis.call('ZREM', K_DEAD, id)
-    redis.call('HDEL', K_JOBS, id)
-    redis.call('HDEL', K_PAYLOADS, id)
-    redis.call('HDEL', K_RESULTS, id)
+    erase(id, K_DEAD)
     count = count + 1
   end
 end
