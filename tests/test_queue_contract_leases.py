@@ -528,3 +528,28 @@ async def test_cancel_of_a_finished_job_returns_false_and_changes_nothing(queue:
 
 async def test_cancel_of_an_unknown_job_returns_false(queue: Queue) -> None:
     assert await queue.cancel("no-such-job") is False
+
+
+async def test_release_with_a_delay_parks_the_job_without_counting_the_attempt(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, priority="low")
+    [job] = await queue.claim("w")
+    await queue.release(job, delay_s=0.4)
+
+    parked = await queue.get(job_id)
+    assert parked is not None and parked.state is JobState.DELAYED and parked.attempts == 0
+    assert await queue.claim("w") == []
+    [again] = await queue.claim("w", timeout_s=5)
+    assert again.id == job_id and again.priority is Priority.LOW and again.attempts == 1
+    with pytest.raises(LeaseLost):
+        await queue.release(job, delay_s=1)
+
+
+async def test_fail_without_retry_is_dead_at_once_with_attempts_left(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, max_attempts=5)
+    [job] = await queue.claim("w")
+    assert await queue.fail(job, "400 bad request: messages is required", retry=False) is JobState.DEAD
+
+    dead = await queue.get(job_id)
+    assert dead is not None and dead.state is JobState.DEAD and dead.attempts == 1
+    assert dead.last_error == "400 bad request: messages is required"
+    assert [letter.id for letter in await queue.dead_letters()] == [job_id]

@@ -308,11 +308,16 @@ class Queue(abc.ABC):
             raise InvalidJob(f"result is not JSON-serialisable: {exc}") from exc
         await self._complete(job.id, _token(job), encoded)
 
-    async def fail(self, job: Job, error: str, retry_in_s: float | None = None) -> JobState:
+    async def fail(
+        self, job: Job, error: str, retry_in_s: float | None = None, *, retry: bool = True
+    ) -> JobState:
         """Record a failed attempt. The job is retried later at its own priority (after
         `retry_in_s`, or exponential backoff with full jitter) until it has used `max_attempts`;
-        then it is dead with this error. Returns the job's new state."""
+        then it is dead with this error. With `retry=False` (an error no retry can fix) it is
+        dead at once. Returns the job's new state."""
         self._check_open()
+        if not retry:
+            return await self._fail(job.id, _token(job), str(error), None)
         if retry_in_s is None:
             # The exponent is capped: 2**1024 overflows a float, and 2**30 is past any ceiling.
             backoff_s = self.settings.retry_base_s * 2 ** min(max(job.attempts - 1, 0), 30)
@@ -332,10 +337,12 @@ class Queue(abc.ABC):
                 raise InvalidJob(f"result of job {job.id} is not JSON-serialisable: {exc}") from exc
         return await self._complete_many(items) if items else []
 
-    async def release(self, job: Job) -> None:
-        """Give a leased job back untouched (e.g. on shutdown): queued again, the attempt uncounted."""
+    async def release(self, job: Job, delay_s: float = 0.0) -> None:
+        """Give a leased job back untouched, the attempt uncounted: queued again at once (e.g. on
+        shutdown), or after `delay_s` as a delayed job (e.g. its model is paced or its budget
+        spent) so no worker holds it meanwhile."""
         self._check_open()
-        await self._release(job.id, _token(job))
+        await self._release(job.id, _token(job), _seconds_to_ms(max(delay_s, 0.0)))
 
     # ------------------------------------------------------------------ inspecting and managing
 
@@ -426,10 +433,11 @@ class Queue(abc.ABC):
     async def _complete_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[str]: ...
 
     @abc.abstractmethod
-    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int) -> JobState: ...
+    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int | None) -> JobState:
+        """`retry_delay_ms` None: dead now, whatever attempts are left."""
 
     @abc.abstractmethod
-    async def _release(self, job_id: str, token: int) -> None: ...
+    async def _release(self, job_id: str, token: int, delay_ms: int) -> None: ...
 
     @abc.abstractmethod
     async def _get(self, job_id: str) -> Job | None: ...

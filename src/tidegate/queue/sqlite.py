@@ -384,12 +384,12 @@ class SqliteQueue(Queue):
             self._bell.ring(DONE)
         return lost
 
-    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int) -> JobState:
+    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int | None) -> JobState:
         def body(conn: sqlite3.Connection) -> JobState:
             row = self._leased(conn, job_id, token, "attempts, max_attempts, errors")
             now = now_ms()
             errors = _append_error(row["errors"], error)
-            if row["attempts"] >= row["max_attempts"]:
+            if retry_delay_ms is None or row["attempts"] >= row["max_attempts"]:
                 conn.execute(
                     "UPDATE jobs SET state = 'dead', finished_ms = ?, last_error = ?, errors = ?,"
                     " worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
@@ -407,13 +407,21 @@ class SqliteQueue(Queue):
         self._bell.ring(DONE if state is JobState.DEAD else WORK)
         return state
 
-    async def _release(self, job_id: str, token: int) -> None:
+    async def _release(self, job_id: str, token: int, delay_ms: int) -> None:
         def body(conn: sqlite3.Connection) -> None:
             row = self._leased(conn, job_id, token, "priority, tenant")
+            now = now_ms()
+            if delay_ms > 0:
+                conn.execute(
+                    "UPDATE jobs SET state = 'delayed', attempts = attempts - 1, level = priority,"
+                    " not_before_ms = ?, worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
+                    (now + delay_ms, job_id),
+                )
+                return
             conn.execute(
                 "UPDATE jobs SET state = 'queued', attempts = attempts - 1, level = priority,"
                 " ready_ms = ?, worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
-                (now_ms(), job_id),
+                (now, job_id),
             )
             self._give_turns(conn, [(job_id, row["priority"], row["tenant"])])
 
