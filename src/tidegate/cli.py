@@ -158,3 +158,56 @@ def queue_redrive(
 
     count = _run(main())
     typer.echo(f"Redrove {count} job{'s' if count != 1 else ''}.")
+
+
+@app.command()
+def simulate(
+    port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535,
+                                      help="Port to listen on (0: any free port).")] = 8900,
+    host: Annotated[str, typer.Option(help="Address to bind: loopback unless --allow-remote.")] = "127.0.0.1",
+    config: Annotated[str | None, typer.Option("--config", "-c",
+                                               help="TOML file of simulator settings.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the random generators.")] = None,
+    latency_ms: Annotated[float | None, typer.Option(min=0, help="Median answer latency.")] = None,
+    latency_p99_ms: Annotated[float | None, typer.Option(min=0, help="p99 answer latency.")] = None,
+    rpm: Annotated[int | None, typer.Option(min=1, help="Requests per window, per model.")] = None,
+    tpm: Annotated[int | None, typer.Option(min=1, help="Tokens per window, per model.")] = None,
+    window_s: Annotated[float | None, typer.Option(help="Rate-limit window in seconds.")] = None,
+    error_rate: Annotated[float | None, typer.Option(min=0, max=1, help="Share of HTTP 500s.")] = None,
+    retry_after_format: Annotated[str | None, typer.Option(
+        help="Retry-After as 'seconds' or 'http-date'.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(
+        help="Require 'Authorization: Bearer <key>' with the key in this environment variable.")] = None,
+    allow_remote: Annotated[bool, typer.Option(
+        help="Allow a non-loopback --host (the /_sim/ control endpoints are then not served).")] = False,
+) -> None:
+    """Run a simulated OpenAI-compatible provider until Ctrl-C. Flags override --config for
+    every model without a setting of its own."""
+    import os
+    from pathlib import Path
+
+    from tidegate.providers.sim_settings import SimulatorSettings
+    from tidegate.providers.simulator import serve
+
+    behaviour = {"latency_ms": latency_ms, "latency_p99_ms": latency_p99_ms, "rpm": rpm, "tpm": tpm,
+                 "error_rate": error_rate}
+    overrides: dict[str, Any] = {
+        name: value
+        for name, value in {"seed": seed, "window_s": window_s, "retry_after_format": retry_after_format,
+                            "defaults": {k: v for k, v in behaviour.items() if v is not None}}.items()
+        if value is not None
+    }
+    with _errors_as_exit():
+        if api_key_env is not None:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise TidegateError(f"the environment variable {api_key_env} is not set")
+            overrides["require_api_key"] = key
+        settings = SimulatorSettings.load(Path(config) if config else None, overrides)
+
+        def ready(url: str) -> None:
+            typer.echo(f"Simulated provider listening on {url}")  # one line: scripts read the URL
+            typer.echo(f"Models: {', '.join(settings.served_models())}. Press Ctrl-C to stop.")
+
+        asyncio.run(serve(settings, host=host, port=port, allow_remote=allow_remote, on_ready=ready))
+    typer.echo("Simulator stopped.")

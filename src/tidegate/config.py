@@ -36,6 +36,9 @@ class ModelConfig(BaseModel):
     output_usd_per_1m: Decimal = Field(ge=0)
     rpm: int | None = Field(None, gt=0)  # requests per minute; None = no limit known
     tpm: int | None = Field(None, gt=0)  # tokens (input + output) per minute
+    # The window rpm and tpm count over. Providers state limits per minute; a shorter window
+    # suits a simulator in tests.
+    rate_window_s: float = Field(60.0, gt=0)
     max_concurrency: int = Field(64, gt=0)
     context_tokens: int = Field(128_000, gt=0)
     kind: Literal["chat", "embeddings"] = "chat"

@@ -10,10 +10,22 @@
     ├── LeaseLost                   a stale lease token: the job was recovered, re-claimed or cancelled
     ├── JobNotFound                 no job with that id (or not visible to the caller)
     ├── QueueClosed                 the queue was closed, or used before it was opened
-    └── QueueUnavailable            the backend cannot be reached (driver errors are translated)
+    ├── QueueUnavailable            the backend cannot be reached (driver errors are translated)
+    ├── ClientClosed                an upstream client used before it was opened or after it was closed
+    ├── UpstreamError               a provider call failed: kind, status, retryable, retry-after
+    ├── CallbackRefused             a callback URL that is not http(s) or not a public address
+    ├── RoutingError                no configured model may serve a request (unknown, not allowed, too big)
+    ├── BudgetExhausted             a daily budget (tenant or global) has no room for a reservation
+    ├── DispatchUnavailable         the rate limiter's or budget ledger's store cannot be reached
+    └── DispatchClosed              a rate limiter or budget ledger used after close()
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from tidegate.providers.ratelimit import RateLimitInfo
 
 
 class TidegateError(Exception):
@@ -63,3 +75,84 @@ class QueueClosed(TidegateError):
 
 class QueueUnavailable(TidegateError):
     """The queue's backend cannot be reached or answered with an error."""
+
+
+class CallbackRefused(TidegateError):
+    """A callback URL tidegate will not call: not http(s), or resolving to a loopback, private,
+    link-local or otherwise non-public address while private targets are not allowed."""
+
+
+# -- upstream providers ------------------------------------------------------------------------
+
+UpstreamErrorKind = Literal["rate_limited", "server", "timeout", "connection", "client", "malformed"]
+"""How a provider call failed: 429; 408/409/5xx; no answer in time; the connection failed or was
+cut; any other 4xx (the request itself is wrong); a 200 whose body is not what was asked for."""
+
+# Only a request the provider called wrong fails the same way every time.
+RETRYABLE_UPSTREAM_KINDS: frozenset[str] = frozenset(
+    {"rate_limited", "server", "timeout", "connection", "malformed"}
+)
+
+
+class ClientClosed(TidegateError):
+    """An upstream client was used before it was opened or after it was closed (a closed client
+    cannot be reopened: make a new one)."""
+
+
+class UpstreamError(TidegateError):
+    """A call to an AI provider failed.
+
+    `kind` says how (see UpstreamErrorKind); `retryable` is False only for "client" errors, where
+    sending the same request again cannot help; `retry_after_s` is the provider's own wait hint
+    (Retry-After, else its rate-limit reset headers) when it gave one; `rate_limit` is what its
+    headers said, when there was a response. The message carries the provider's own error message
+    (truncated) and never the API key.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: UpstreamErrorKind,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        rate_limit: RateLimitInfo | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind: UpstreamErrorKind = kind
+        self.status = status
+        self.retryable = kind in RETRYABLE_UPSTREAM_KINDS
+        self.retry_after_s = retry_after_s
+        self.rate_limit = rate_limit
+
+
+class RoutingError(TidegateError):
+    """No configured model may serve the request; the message names the model and why."""
+
+
+BudgetScope = Literal["tenant", "global"]
+"""Which daily budget a BudgetExhausted is about."""
+
+
+class BudgetExhausted(TidegateError):
+    """A daily budget has no room for a reservation; nothing was recorded.
+
+    `scope` is "tenant" or "global" (the tenant's budget is checked first), `remaining_micros`
+    what is left of that budget today and `limit_micros` its daily limit."""
+
+    def __init__(
+        self, message: str, *, scope: BudgetScope, remaining_micros: int, limit_micros: int
+    ) -> None:
+        super().__init__(message)
+        self.scope: BudgetScope = scope
+        self.remaining_micros = remaining_micros
+        self.limit_micros = limit_micros
+
+
+class DispatchUnavailable(TidegateError):
+    """The store shared by rate limiters or budget ledgers (Redis, SQLite) cannot be reached or
+    answered with an error."""
+
+
+class DispatchClosed(TidegateError):
+    """A rate limiter or budget ledger was used after `close()`."""

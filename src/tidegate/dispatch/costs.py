@@ -1,0 +1,216 @@
+"""Money and token estimates for dispatch.
+
+Money is integer micro-dollars (`*_micros`) everywhere inside tidegate; config prices are Decimal
+USD per 1M tokens, and since 1 USD per 1M tokens is exactly 1 micro-dollar per token, a price
+needs no conversion at all: `tokens * usd_per_1m` is already micros. Floats never touch money.
+
+Token estimates need no tokenizer download: they are character counts, deliberately a little
+high (see `estimate_input_tokens`), because they are used to *reserve* budget and rate-limit
+capacity before a call, and the reservation is settled to the provider's real usage afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+import orjson
+
+from tidegate.config import ModelConfig
+from tidegate.errors import InvalidJob
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "DEFAULT_MAX_OUTPUT_TOKENS",
+    "IMAGE_TOKENS",
+    "MESSAGE_OVERHEAD_TOKENS",
+    "REPLY_PRIMING_TOKENS",
+    "cost_micros",
+    "estimate_cost_micros",
+    "estimate_input_tokens",
+    "estimate_output_tokens",
+    "micros_to_usd",
+    "usd_to_micros",
+]
+
+MICROS_PER_USD = 1_000_000
+
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
+"""Output tokens assumed for a chat request that sets neither `max_tokens` nor
+`max_completion_tokens`. Providers then allow up to the model's whole output window, so no bound
+is exact; 1024 covers the large majority of chat replies, and the settle step replaces the
+estimate with the real usage whichever way it errs."""
+
+CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb for English text
+MESSAGE_OVERHEAD_TOKENS = 4  # role and separators per chat message (OpenAI documents 3)
+NAME_OVERHEAD_TOKENS = 1  # a message's `name` field costs its text plus one
+REPLY_PRIMING_TOKENS = 3  # every reply is primed with <|start|>assistant<|message|>
+IMAGE_TOKENS = 85  # a low-detail image; high-detail ones cost more and are settled afterwards
+
+
+# ---------------------------------------------------------------------- money
+
+
+def cost_micros(model: ModelConfig, input_tokens: int, output_tokens: int) -> int:
+    """What a call costs in micro-dollars, exactly, rounded up to a whole micro so that a sum
+    of costs never falls below what the provider bills."""
+    if input_tokens < 0 or output_tokens < 0:
+        raise ValueError(f"token counts must be >= 0, got {input_tokens} and {output_tokens}")
+    # USD per 1M tokens == micros per token, so the prices multiply token counts directly.
+    exact = input_tokens * model.input_usd_per_1m + output_tokens * model.output_usd_per_1m
+    return math.ceil(exact)
+
+
+def usd_to_micros(usd: Decimal | int) -> int:
+    """USD → integer micro-dollars; a fraction of a micro rounds up (towards +infinity).
+
+    Floats are refused: 0.1 as a float is not 0.1, and money must add up exactly."""
+    if isinstance(usd, bool) or not isinstance(usd, Decimal | int):
+        raise TypeError(f"USD amounts must be Decimal or int, got {type(usd).__name__}")
+    scaled = Decimal(usd).scaleb(6)
+    return int(scaled.to_integral_value(rounding=ROUND_CEILING))
+
+
+def micros_to_usd(micros: int) -> Decimal:
+    """Integer micro-dollars → exact Decimal USD (e.g. 1_500 → Decimal("0.001500"))."""
+    return Decimal(micros).scaleb(-6)
+
+
+# ---------------------------------------------------------------------- token estimates
+
+
+def estimate_input_tokens(kind: str, body: Mapping[str, Any]) -> int:
+    """Estimate the prompt tokens of an OpenAI-compatible request body without a tokenizer.
+
+    Text costs ceil(ASCII characters / 4) plus one token per non-ASCII character.
+
+    - chat: for every message, its text + 4 (role and separators) + its `name` (+1) if any;
+      `content` may be a string or a list of parts: text parts count as text, image parts a
+      fixed 85 tokens each, any other part (audio, files) its JSON length as text. Tool calls
+      in assistant messages and the request's `tools` / `functions` definitions count as their
+      JSON text. Then + 3 for the reply priming.
+    - embeddings: `input` may be a string, a list of strings, a token array (list of ints: its
+      length) or a list of token arrays.
+
+    On English it overestimates slightly: current tokenizers average well above 4 characters per
+    token on English prose, every string is rounded up on its own, and the per-message overhead
+    is one more than OpenAI's documented 3. Erring high is what budgets need: the estimate is
+    reserved before the call and settled to the real usage afterwards, so a high estimate only
+    holds back a little headroom for the duration of one call, while a low one would let
+    concurrent calls overspend a limit before their settlements arrive. Non-ASCII text counts a
+    token per character for the same reason: CJK text runs about one token per character,
+    where a plain length / 4 would under-count it four times over.
+    """
+    if kind == "chat":
+        return _chat_tokens(body)
+    if kind == "embeddings":
+        return _embedding_tokens(body.get("input"))
+    raise InvalidJob(f"cannot estimate tokens of request kind {kind!r}: use 'chat' or 'embeddings'")
+
+
+def estimate_output_tokens(kind: str, body: Mapping[str, Any]) -> int:
+    """The most output tokens a request can bill: `max_completion_tokens` (or the older
+    `max_tokens`; DEFAULT_MAX_OUTPUT_TOKENS when neither is set) times `n` replies.
+    Embeddings produce none."""
+    if kind == "embeddings":
+        return 0
+    limit = _positive_int(body.get("max_completion_tokens"))
+    if limit is None:
+        limit = _positive_int(body.get("max_tokens"))
+    replies = _positive_int(body.get("n")) or 1
+    return (limit if limit is not None else DEFAULT_MAX_OUTPUT_TOKENS) * replies
+
+
+def estimate_cost_micros(model: ModelConfig, kind: str, body: Mapping[str, Any]) -> int:
+    """The budget to reserve before a call: the input estimate at input prices plus the most
+    output the request can produce at output prices (see `estimate_output_tokens`)."""
+    return cost_micros(model, estimate_input_tokens(kind, body), estimate_output_tokens(kind, body))
+
+
+def _text_tokens(text: str) -> int:
+    if text.isascii():
+        return -(-len(text) // CHARS_PER_TOKEN)
+    non_ascii = sum(1 for char in text if not char.isascii())
+    return -(-(len(text) - non_ascii) // CHARS_PER_TOKEN) + non_ascii
+
+
+def _json_tokens(value: Any) -> int:
+    # Structures the model reads as text (tool schemas, call arguments): their JSON is what it sees.
+    return _text_tokens(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode())
+
+
+def _chat_tokens(body: Mapping[str, Any]) -> int:
+    messages = body.get("messages")
+    total = REPLY_PRIMING_TOKENS
+    if isinstance(messages, list):
+        total += sum(_message_tokens(message) for message in messages)
+    for field in ("tools", "functions"):
+        if body.get(field):
+            total += _json_tokens(body[field])
+    return total
+
+
+def _message_tokens(message: Any) -> int:
+    if not isinstance(message, Mapping):
+        return MESSAGE_OVERHEAD_TOKENS + _json_tokens(message)
+    total = MESSAGE_OVERHEAD_TOKENS + _content_tokens(message.get("content"))
+    name = message.get("name")
+    if isinstance(name, str) and name:
+        total += _text_tokens(name) + NAME_OVERHEAD_TOKENS
+    for field in ("tool_calls", "function_call"):
+        if message.get(field):
+            total += _json_tokens(message[field])
+    return total
+
+
+def _content_tokens(content: Any) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return _text_tokens(content)
+    if isinstance(content, list):
+        return sum(_part_tokens(part) for part in content)
+    return _json_tokens(content)
+
+
+def _part_tokens(part: Any) -> int:
+    if isinstance(part, str):
+        return _text_tokens(part)
+    if not isinstance(part, Mapping):
+        return _json_tokens(part)
+    kind = part.get("type")
+    if kind == "text" and isinstance(part.get("text"), str):
+        return _text_tokens(part["text"])
+    if kind in ("image_url", "image", "input_image"):
+        return IMAGE_TOKENS
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return _text_tokens(part["refusal"])
+    return _json_tokens(part)
+
+
+def _embedding_tokens(value: Any) -> int:
+    if isinstance(value, str):
+        return _text_tokens(value)
+    if not isinstance(value, list):
+        return 0
+    if all(isinstance(item, int) for item in value):
+        return len(value)  # one token array: its length is exact
+    return sum(_embedding_item_tokens(item) for item in value)
+
+
+def _embedding_item_tokens(item: Any) -> int:
+    if isinstance(item, str):
+        return _text_tokens(item)
+    if isinstance(item, list):
+        return len(item)
+    if isinstance(item, int):
+        return 1
+    return _json_tokens(item)
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value

@@ -1,0 +1,41 @@
+"""Running a worker process: open the queue and the worker, stop gracefully on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from tidegate.config import TidegateConfig
+from tidegate.dispatch.callbacks import CallbackSender
+from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.worker import Worker, WorkerSettings
+from tidegate.errors import ConfigError
+from tidegate.queue import Queue
+
+log = logging.getLogger("tidegate.worker")
+
+
+async def run_worker(
+    config: TidegateConfig, settings: WorkerSettings, *, metrics: DispatchMetrics | None = None
+) -> None:
+    """Serve the queue until SIGTERM or SIGINT, then drain and return."""
+    if not config.providers:
+        raise ConfigError(
+            "no provider is configured: add [[providers]] to tidegate.toml, "
+            "or point the worker at a simulator with --simulator-url"
+        )
+    secret = os.environ.get(config.callbacks.secret_env)
+    if not secret:
+        log.warning("%s is not set: results will not be sent to callback URLs", config.callbacks.secret_env)
+    async with Queue.from_url(config.queue_url) as queue:
+        callbacks = CallbackSender(config.callbacks, secret.encode()) if secret else None
+        if callbacks is not None:
+            await callbacks.__aenter__()
+        try:
+            async with Worker(queue, config, settings, metrics=metrics, callbacks=callbacks) as worker:
+                worker.install_signal_handlers()
+                log.info("worker %s serving %s", worker.worker_id, config.queue_url)
+                await worker.run()
+        finally:
+            if callbacks is not None:
+                await callbacks.__aexit__(None, None, None)

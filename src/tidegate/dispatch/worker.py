@@ -1,0 +1,463 @@
+"""The worker: claims AI jobs, routes them, paces them under the providers' limits, reserves
+budget, calls the provider and settles the job, its cost and its callback.
+
+Rules it keeps (DESIGN.md, "Dispatch"):
+- It claims only as many jobs as it has free slots, and renews their leases while calls run.
+- It never sleeps long while holding a slot: a pacing wait above `pace_wait_max_s`, a spent
+  budget or a 429's Retry-After parks the job in the queue as a delayed job instead.
+- Every job ends in a final state or goes back to the queue; on shutdown in-flight calls get a
+  grace period and the rest are released at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from tidegate.config import ModelConfig, TidegateConfig
+from tidegate.dispatch.budget import BudgetExhausted, BudgetLedger, Reservation, budget_ledger_for
+from tidegate.dispatch.callbacks import CallbackSender
+from tidegate.dispatch.costs import (
+    cost_micros,
+    estimate_cost_micros,
+    estimate_input_tokens,
+    estimate_output_tokens,
+    micros_to_usd,
+    usd_to_micros,
+)
+from tidegate.dispatch.health import ModelHealth
+from tidegate.dispatch.limiter import AdaptiveConcurrency, RateLimiter, rate_limiter_for
+from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.requests import AIRequest
+from tidegate.dispatch.router import RouteDecision, Router, RoutingError
+from tidegate.errors import InvalidJob, LeaseLost, TidegateError
+from tidegate.jobs import Job, JobState, Priority
+from tidegate.providers.client import UpstreamClient, UpstreamError, UpstreamResponse
+from tidegate.queue import Queue
+
+log = logging.getLogger("tidegate.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """How one worker process behaves."""
+
+    worker_id: str | None = None
+    priorities: tuple[int, ...] | None = None  # levels served; None = all
+    concurrency: int = 16
+    lease_s: float = 30.0
+    pace_wait_max_s: float = 0.5  # longer pacing waits park the job instead of holding a slot
+    shutdown_grace_s: float = 30.0
+    claim_wait_s: float = 1.0  # a blocking claim's timeout; also how fast a stop is noticed
+    model_cooldown_s: float = 30.0  # how long a model that keeps failing is skipped
+
+
+@dataclass(slots=True)
+class _Call:
+    """What a job's attempt holds while it runs, so every exit path can give it back."""
+
+    job: Job
+    key: str = ""
+    reservation: Reservation | None = None
+    holds_model_slot: bool = False
+
+
+class Worker:
+    """Turns queued AI jobs into provider calls. Use as an async context manager, then `run()`."""
+
+    def __init__(
+        self,
+        queue: Queue,
+        config: TidegateConfig,
+        settings: WorkerSettings | None = None,
+        *,
+        limiter: RateLimiter | None = None,
+        ledger: BudgetLedger | None = None,
+        metrics: DispatchMetrics | None = None,
+        callbacks: CallbackSender | None = None,
+    ) -> None:
+        self.queue = queue
+        self.config = config
+        self.settings = settings or WorkerSettings()
+        self.worker_id = self.settings.worker_id or f"worker-{uuid.uuid4().hex[:8]}"
+        self.metrics = metrics or DispatchMetrics()
+        self.router = Router(config)
+        self._owns_limiter = limiter is None
+        self._limiter = limiter or rate_limiter_for(config.queue_url)
+        self._ledger = ledger
+        self._callbacks = callbacks
+        self._concurrency = AdaptiveConcurrency()
+        self._health = ModelHealth(config.routing.fallback_after_failures, self.settings.model_cooldown_s)
+        self._clients: dict[str, UpstreamClient] = {}
+        self._active: dict[str, tuple[asyncio.Task[None], _Call]] = {}
+        self._slot_freed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._stack = contextlib.AsyncExitStack()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Worker:
+        for provider in self.config.providers:
+            self._clients[provider.name] = await self._stack.enter_async_context(UpstreamClient(provider))
+        if self._owns_limiter:
+            self._stack.push_async_callback(self._limiter.close)
+        if self._ledger is None and self._budgets_configured():
+            self._ledger = budget_ledger_for(self.config.queue_url)
+            self._stack.push_async_callback(self._ledger.close)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._stack.aclose()
+
+    def request_stop(self) -> None:
+        """Stop claiming; `run()` then drains and returns."""
+        self._stopping.set()
+        self._slot_freed.set()  # a loop waiting for a free slot must see the stop too
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT start a graceful shutdown."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs this worker holds now."""
+        return len(self._active)
+
+    async def run(self) -> None:
+        """Claim and process until a stop is requested, then drain gracefully."""
+        heartbeat = asyncio.create_task(self._renew_leases())
+        try:
+            while not self._stopping.is_set():
+                free = self.settings.concurrency - len(self._active)
+                if free <= 0:
+                    self._slot_freed.clear()
+                    await self._slot_freed.wait()
+                    continue
+                jobs = await self.queue.claim(
+                    self.worker_id,
+                    priorities=self.settings.priorities,
+                    limit=free,
+                    lease_s=self.settings.lease_s,
+                    timeout_s=self.settings.claim_wait_s,
+                )
+                for job in jobs:
+                    self._start(job)
+        finally:
+            await self._drain()
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    def _start(self, job: Job) -> None:
+        call = _Call(job)
+        task = asyncio.create_task(self._process(call), name=f"job-{job.id}")
+        self._active[job.id] = (task, call)
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._active.pop(job.id, None)
+            self._slot_freed.set()
+
+        task.add_done_callback(done)
+
+    async def _drain(self) -> None:
+        """Let in-flight calls finish within the grace period; release the rest at once."""
+        tasks = [task for task, _ in self._active.values()]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _renew_leases(self) -> None:
+        interval_s = self.settings.lease_s / 3
+        while True:
+            await asyncio.sleep(interval_s)
+            for job_id, (task, call) in list(self._active.items()):
+                try:
+                    await self.queue.heartbeat(call.job, self.settings.lease_s)
+                except LeaseLost as exc:
+                    # Cancelled by its owner or recovered elsewhere: the call is no longer wanted.
+                    log.info("job %s: lease lost (%s); stopping its call", job_id, exc)
+                    task.cancel()
+                except TidegateError as exc:
+                    log.warning("job %s: lease renewal failed: %s", job_id, exc)
+
+    # ------------------------------------------------------------------ one job
+
+    async def _process(self, call: _Call) -> None:
+        job = call.job
+        claimed_at = time.time()
+        try:
+            await self._attempt(call, claimed_at)
+        except asyncio.CancelledError:
+            await self._give_back(call)
+            raise
+        except Exception as exc:  # a bug must not strand the job: fail it, the queue retries
+            log.exception("job %s: unexpected error", job.id)
+            await self._settle_failure(call, f"internal error: {type(exc).__name__}: {exc}", retry=True)
+        finally:
+            self._release_model_slot(call)
+
+    async def _attempt(self, call: _Call, claimed_at: float) -> None:
+        job = call.job
+        priority = job.priority.name.lower()
+        if job.ready_at is not None:
+            self.metrics.queue_wait.labels(priority).observe(max(claimed_at - job.ready_at.timestamp(), 0))
+        try:
+            request = AIRequest.from_payload(job.payload)
+        except InvalidJob as exc:
+            await self._settle_failure(call, f"invalid AI job: {exc}", retry=False)
+            return
+        estimated_input = estimate_input_tokens(request.kind, request.body)
+        try:
+            route = self.router.route(
+                kind=request.kind,
+                requested_model=request.requested_model,
+                priority=job.priority,
+                estimated_input_tokens=estimated_input,
+                budget_fraction_left=await self._budget_fraction_left(job.tenant),
+                allowed_models=request.allowed_models,
+                exclude=self._health.failing(),
+            )
+        except RoutingError as exc:
+            await self._settle_failure(call, str(exc), retry=False)
+            return
+        call.key = f"{route.provider.name}/{route.model.name}"
+        if not await self._reserve_budget(call, route, request):
+            return
+        if not await self._pace(call, route.model, request, estimated_input):
+            return
+        await self._call_upstream(call, route, request, claimed_at)
+
+    async def _reserve_budget(self, call: _Call, route: RouteDecision, request: AIRequest) -> bool:
+        if self._ledger is None:
+            return True
+        job = call.job
+        amount = estimate_cost_micros(route.model, request.kind, request.body)
+        tenant_limit, global_limit = self._limits(job.tenant)
+        try:
+            call.reservation = await self._ledger.reserve(
+                job.tenant, amount, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit,
+                enforce=job.priority is not Priority.CRITICAL,
+            )
+        except BudgetExhausted as exc:
+            budgets = self.config.budgets
+            if budgets.on_exhausted == "defer":
+                self.metrics.deferred.labels("budget").inc()
+                await self.queue.release(job, delay_s=budgets.defer_s)
+            else:
+                await self._settle_failure(call, f"budget exhausted: {exc}", retry=False)
+            return False
+        return True
+
+    async def _pace(self, call: _Call, model: ModelConfig, request: AIRequest, estimated_input: int) -> bool:
+        """Wait briefly for the model's concurrency and rate limits, or park the job."""
+        tokens = estimated_input + estimate_output_tokens(request.kind, request.body)
+        give_up = time.monotonic() + self.settings.pace_wait_max_s
+        while True:
+            wait_s = 0.0
+            if not call.holds_model_slot:
+                call.holds_model_slot = self._concurrency.try_acquire(call.key, model.max_concurrency)
+                wait_s = 0.0 if call.holds_model_slot else 0.05
+            if call.holds_model_slot:
+                wait_s = await self._limiter.acquire(
+                    call.key, tokens=tokens, rpm=model.rpm, tpm=model.tpm, period_s=model.rate_window_s
+                )
+                if wait_s <= 0:
+                    return True
+            if time.monotonic() + wait_s > give_up:
+                self.metrics.deferred.labels("rate_limit").inc()
+                await self._release_budget(call)
+                self._release_model_slot(call)
+                await self.queue.release(call.job, delay_s=max(wait_s, 0.05))
+                return False
+            await asyncio.sleep(wait_s)
+
+    async def _call_upstream(
+        self, call: _Call, route: RouteDecision, request: AIRequest, claimed_at: float
+    ) -> None:
+        model = route.model
+        client = self._clients[route.provider.name]
+        body = {**request.body, "model": model.name}
+        body.pop("stream", None)  # the worker stores a whole response; streaming relays come later
+        body.pop("stream_options", None)
+        self.metrics.in_flight.labels(model.name).inc()
+        try:
+            if request.kind == "chat":
+                response = await client.chat(body)
+            else:
+                response = await client.embeddings(body)
+        except UpstreamError as exc:
+            await self._on_upstream_error(call, route, exc)
+            return
+        finally:
+            self.metrics.in_flight.labels(model.name).dec()
+        await self._on_success(call, route, response, claimed_at)
+
+    async def _on_success(
+        self, call: _Call, route: RouteDecision, response: UpstreamResponse, claimed_at: float
+    ) -> None:
+        job, model = call.job, route.model
+        usage = response.usage
+        spent = cost_micros(model, usage.prompt_tokens, usage.completion_tokens)
+        if self._ledger is not None and call.reservation is not None:
+            await self._ledger.settle(call.reservation, spent)
+            call.reservation = None
+        await self._observe_rate_limits(call.key, response)
+        self._concurrency.on_success(call.key)
+        self._health.success(model.name)
+        queue_wait_ms = 0.0 if job.ready_at is None else max(claimed_at - job.ready_at.timestamp(), 0) * 1000
+        result = {
+            "response": response.body,
+            "provider": route.provider.name,
+            "model": model.name,
+            "route": route.reason,
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.total_tokens,
+            },
+            "cost_usd": str(micros_to_usd(spent)),
+            "cost_micros": spent,
+            "queue_wait_ms": round(queue_wait_ms, 3),
+            "upstream_latency_ms": round(response.latency_ms, 3),
+            "attempts": job.attempts,
+        }
+        priority = job.priority.name.lower()
+        self.metrics.upstream_latency.labels(priority, model.name).observe(response.latency_ms / 1000)
+        self.metrics.tokens.labels(model.name, "input").inc(usage.prompt_tokens)
+        self.metrics.tokens.labels(model.name, "output").inc(usage.completion_tokens)
+        self.metrics.cost_usd.labels(model.name, job.tenant).inc(float(micros_to_usd(spent)))
+        try:
+            await self.queue.complete(job, result)
+        except LeaseLost as exc:
+            # Cancelled or recovered while the call ran; its spend stays recorded.
+            log.warning("job %s: result discarded, lease lost: %s", job.id, exc)
+            self.metrics.jobs.labels("lease_lost", priority, model.name).inc()
+            return
+        self.metrics.jobs.labels("succeeded", priority, model.name).inc()
+        self._callback(job, JobState.SUCCEEDED, result=result)
+
+    async def _on_upstream_error(self, call: _Call, route: RouteDecision, exc: UpstreamError) -> None:
+        model = route.model.name
+        await self._release_budget(call)
+        message = f"{model}: {exc}"
+        if exc.kind == "rate_limited":
+            pause_s = exc.retry_after_s if exc.retry_after_s is not None else 1.0
+            self.metrics.throttled.labels(model).inc()
+            await self._limiter.pause(call.key, pause_s)
+            self._concurrency.on_throttled(call.key)
+            # The whole wait is spent in the queue, not in this worker's slot.
+            await self._settle_failure(call, message, retry=True, retry_in_s=pause_s, model=model)
+        elif exc.retryable:
+            self._health.failure(model)
+            await self._settle_failure(call, message, retry=True, model=model)
+        else:
+            await self._settle_failure(call, message, retry=False, model=model)
+
+    # ------------------------------------------------------------------ settling
+
+    async def _settle_failure(
+        self, call: _Call, error: str, *, retry: bool, retry_in_s: float | None = None, model: str = ""
+    ) -> None:
+        job = call.job
+        await self._release_budget(call)
+        try:
+            state = await self.queue.fail(job, error, retry_in_s, retry=retry)
+        except LeaseLost as exc:
+            log.warning("job %s: failure not recorded, lease lost: %s", job.id, exc)
+            return
+        outcome = "dead" if state is JobState.DEAD else "retried"
+        self.metrics.jobs.labels(outcome, job.priority.name.lower(), model or "none").inc()
+        if state is JobState.DEAD:
+            self._callback(job, JobState.DEAD, error=error)
+
+    async def _give_back(self, call: _Call) -> None:
+        """A cancelled attempt (shutdown, lost lease): undo its reservation, return the job."""
+        await asyncio.shield(self._release_budget(call))
+        with contextlib.suppress(LeaseLost, TidegateError):
+            await asyncio.shield(self.queue.release(call.job))
+
+    async def _release_budget(self, call: _Call) -> None:
+        if self._ledger is not None and call.reservation is not None:
+            reservation, call.reservation = call.reservation, None
+            await self._ledger.release(reservation)
+
+    def _release_model_slot(self, call: _Call) -> None:
+        if call.holds_model_slot:
+            call.holds_model_slot = False
+            self._concurrency.release(call.key)
+
+    async def _observe_rate_limits(self, key: str, response: UpstreamResponse) -> None:
+        info = response.rate_limit
+        await self._limiter.observe(
+            key,
+            remaining_requests=info.remaining_requests,
+            remaining_tokens=info.remaining_tokens,
+            reset_requests_s=info.reset_requests_s,
+            reset_tokens_s=info.reset_tokens_s,
+        )
+
+    def _callback(self, job: Job, state: JobState, *, result: Any = None, error: str | None = None) -> None:
+        if job.callback_url is None or self._callbacks is None:
+            return
+        document: dict[str, Any] = {"id": job.id, "state": state.value, "tenant": job.tenant,
+                                    "priority": job.priority.name.lower()}
+        if result is not None:
+            document["result"] = result
+        if error is not None:
+            document["error"] = error
+        self._callbacks.send_later(job.callback_url, document)
+
+    # ------------------------------------------------------------------ budgets
+
+    def _budgets_configured(self) -> bool:
+        budgets = self.config.budgets
+        return bool(
+            budgets.global_daily_usd is not None
+            or budgets.tenant_daily_usd
+            or budgets.default_tenant_daily_usd is not None
+        )
+
+    def _limits(self, tenant: str) -> tuple[int | None, int | None]:
+        budgets = self.config.budgets
+        tenant_usd: Decimal | None = budgets.tenant_daily_usd.get(tenant, budgets.default_tenant_daily_usd)
+        return (
+            None if tenant_usd is None else usd_to_micros(tenant_usd),
+            None if budgets.global_daily_usd is None else usd_to_micros(budgets.global_daily_usd),
+        )
+
+    async def _budget_fraction_left(self, tenant: str) -> float | None:
+        if self._ledger is None:
+            return None
+        tenant_limit, global_limit = self._limits(tenant)
+        status = await self._ledger.status(
+            tenant, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit
+        )
+        return status.fraction_left
+
+
+def parse_priorities(text: str) -> tuple[int, ...]:
+    """`"0-1"`, `"critical,high"` or `"2"` → levels."""
+    levels: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part and not part.startswith("-"):
+            low, high = (Priority.parse(side) for side in part.split("-", 1))
+            levels.update(range(min(low, high), max(low, high) + 1))
+        elif part:
+            levels.add(int(Priority.parse(part)))
+    if not levels:
+        raise InvalidJob(f"no priorities in {text!r}")
+    return tuple(sorted(levels))
+
+

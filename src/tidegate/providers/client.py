@@ -1,0 +1,535 @@
+"""The HTTP client of one OpenAI-compatible provider: the hot path of every dispatched job.
+
+One `UpstreamClient` holds one pooled aiohttp session (keep-alive, bounded pool) for the life of
+a worker; opening a session per call would pay a TCP (and TLS) handshake on every request.
+aiohttp was chosen over httpx by measurement: see `bench/http_client.py` and BENCHMARKS.md.
+
+Every failure leaves as an `UpstreamError` whose `kind` and `retryable` tell the dispatcher what
+to do; the API key is sent in a header and appears nowhere else (not in messages, reprs or logs).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Final, Self
+
+import aiohttp
+import orjson
+from pydantic import SecretStr
+from yarl import URL
+
+from tidegate.config import ProviderConfig
+from tidegate.errors import ClientClosed, ConfigError, UpstreamError, UpstreamErrorKind
+from tidegate.providers.ratelimit import RateLimitInfo, parse_retry_after
+
+# The errors and rate-limit types are re-exported: a caller of the client needs them all.
+__all__ = [
+    "ClientClosed",
+    "RateLimitInfo",
+    "StreamChunk",
+    "StreamSummary",
+    "UpstreamClient",
+    "UpstreamError",
+    "UpstreamResponse",
+    "UpstreamStream",
+    "Usage",
+    "parse_retry_after",
+]
+
+logger = logging.getLogger(__name__)
+
+CHAT_PATH: Final = "/chat/completions"
+EMBEDDINGS_PATH: Final = "/embeddings"
+MESSAGE_LIMIT: Final = 500  # characters of the provider's error message kept in ours
+# A connection that takes longer than this to establish will not do better by waiting: fail and
+# let the dispatcher retry, rather than hold a slot for the provider's whole (long) timeout.
+CONNECT_TIMEOUT_CAP_S: Final = 10.0
+_DONE: Final = b"[DONE]"
+# What sending or reading can raise when the network or the provider fails (not our bugs).
+_TRANSPORT_ERRORS: Final = (TimeoutError, aiohttp.ClientError)
+_EXCERPT_BYTES: Final = 4096  # of an error body read for its message; error pages can be huge
+
+
+# ---------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens a call consumed, as the provider counted them (zeros when it did not say)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Usage:
+        """The `usage` object of an OpenAI-shaped body or stream chunk."""
+        usage = body.get("usage")
+        if not isinstance(usage, dict):
+            return _NO_USAGE
+        prompt = _count(usage.get("prompt_tokens"))
+        completion = _count(usage.get("completion_tokens"))
+        total = _count(usage.get("total_tokens")) or prompt + completion
+        return cls(prompt, completion, total)
+
+
+_NO_USAGE: Final = Usage()
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResponse:
+    """A successful (2xx) answer. `headers` looks names up case-insensitively."""
+
+    status: int
+    body: dict[str, Any]
+    headers: Mapping[str, str]
+    latency_ms: float
+    usage: Usage
+    rate_limit: RateLimitInfo
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One `data:` event of a chat stream: its JSON as received, and parsed."""
+
+    raw: bytes
+    data: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        """The content this chunk adds (all choices' `delta.content`, usually one)."""
+        parts = [_delta_content(choice) for choice in self.data.get("choices") or ()]
+        return "".join(part for part in parts if part)
+
+
+def _delta_content(choice: object) -> str | None:
+    if not isinstance(choice, dict):
+        return None
+    delta = choice.get("delta")
+    content = delta.get("content") if isinstance(delta, dict) else None
+    return content if isinstance(content, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSummary:
+    """What a finished stream amounts to; `UpstreamStream.summary` once `[DONE]` was read.
+
+    `ttft_ms` is from sending the request to the first chunk that carries content (None if none
+    did); `latency_ms` is to `[DONE]`. `usage` is the provider's final usage chunk (requested
+    with `stream_options.include_usage`), zeros if it sent none.
+    """
+
+    status: int
+    headers: Mapping[str, str]
+    latency_ms: float
+    ttft_ms: float | None
+    usage: Usage
+    rate_limit: RateLimitInfo
+    chunks: int
+    text: str
+    finish_reason: str | None
+
+
+# ---------------------------------------------------------------------------- client
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPENED = "opened"
+    CLOSED = "closed"
+
+
+class UpstreamClient:
+    """A pooled HTTP client of one OpenAI-compatible provider.
+
+    Use it as an async context manager (or call `open()` and `close()`); a closed client cannot be
+    reopened. `max_connections` bounds the pool: calls beyond it wait for a free connection.
+
+        async with UpstreamClient(provider) as client:
+            response = await client.chat({"model": "gpt-4.1", "messages": [...]})
+    """
+
+    def __init__(self, provider: ProviderConfig, *, max_connections: int = 256) -> None:
+        if max_connections < 1:
+            raise ConfigError(f"max_connections must be at least 1, not {max_connections}")
+        base = provider.base_url.rstrip("/")
+        try:
+            self._chat_url = URL(base + CHAT_PATH)
+            self._embeddings_url = URL(base + EMBEDDINGS_PATH)
+        except ValueError as exc:
+            raise ConfigError(f"provider {provider.name}: invalid base_url {base!r}: {exc}") from exc
+        if self._chat_url.scheme not in ("http", "https") or not self._chat_url.host:
+            raise ConfigError(f"provider {provider.name}: base_url must be an http(s) URL, not {base!r}")
+        self.provider = provider
+        self.max_connections = max_connections
+        self._state = _State.UNOPENED
+        self._session: aiohttp.ClientSession | None = None
+        self._key: SecretStr | None = None  # kept only to scrub it from provider messages
+        self._timeout = aiohttp.ClientTimeout(
+            total=provider.timeout_s, sock_connect=min(provider.timeout_s, CONNECT_TIMEOUT_CAP_S)
+        )
+        # A stream may rightly last longer than any total timeout; what must not happen is
+        # silence, so a stream fails when no byte arrives for the provider's timeout.
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._timeout.sock_connect, sock_read=provider.timeout_s
+        )
+
+    def __repr__(self) -> str:
+        return (f"UpstreamClient(provider={self.provider.name!r}, base_url={self.provider.base_url!r}, "
+                f"state={self._state.value})")
+
+    # -- lifecycle
+
+    async def open(self) -> None:
+        """Create the pooled session. Raises ClientClosed if this client was opened before."""
+        if self._state is not _State.UNOPENED:
+            raise ClientClosed(f"{self!r} was already opened; make a new client")
+        key = self.provider.api_key()
+        if key is None and self.provider.api_key_env is not None:
+            raise ConfigError(f"provider {self.provider.name}: the environment variable "
+                              f"{self.provider.api_key_env} holding its API key is not set")
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   "User-Agent": "tidegate"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key.get_secret_value()}"
+        self._key = key
+        connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections,
+                                         ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(headers=headers, timeout=self._timeout,
+                                              connector=connector, raise_for_status=False)
+        self._state = _State.OPENED
+
+    async def close(self) -> None:
+        """Close the pool. Idempotent; in-flight calls fail with a connection error."""
+        self._state = _State.CLOSED
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            state = "closed" if self._state is _State.CLOSED else "not opened yet"
+            raise ClientClosed(f"{self!r} is {state}")
+        return self._session
+
+    # -- calls
+
+    async def chat(self, body: dict[str, Any]) -> UpstreamResponse:
+        """POST /chat/completions, non-streaming (a `stream` flag in `body` is dropped: use
+        chat_stream for that). Raises UpstreamError on any failure."""
+        if "stream" in body or "stream_options" in body:
+            body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        return await self._call(self._chat_url, CHAT_PATH, body, expect="choices")
+
+    async def embeddings(self, body: dict[str, Any]) -> UpstreamResponse:
+        """POST /embeddings. Raises UpstreamError on any failure."""
+        return await self._call(self._embeddings_url, EMBEDDINGS_PATH, body, expect="data")
+
+    def chat_stream(self, body: dict[str, Any]) -> UpstreamStream:
+        """POST /chat/completions with `stream: true` (and `stream_options.include_usage`).
+
+        The request is sent on first iteration (or on entering `async with`); chunks are yielded
+        as they arrive. Prefer `async with client.chat_stream(body) as stream:` so that a loop left
+        early still releases its connection; `stream.summary` is set after `[DONE]`.
+        """
+        stream_options = body.get("stream_options")
+        options = dict(stream_options) if isinstance(stream_options, dict) else {}
+        options["include_usage"] = True
+        return UpstreamStream(self, {**body, "stream": True, "stream_options": options})
+
+    async def _call(self, url: URL, path: str, body: dict[str, Any], *, expect: str) -> UpstreamResponse:
+        session = self._require_session()
+        payload = orjson.dumps(body)
+        started = time.perf_counter()
+        try:
+            async with session.post(url, data=payload, allow_redirects=False) as response:
+                raw = await response.read()
+        except _TRANSPORT_ERRORS as exc:
+            raise self._transport_error(path, exc) from exc
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        status, headers = response.status, response.headers
+        if not 200 <= status < 300:
+            raise self._status_error(path, status, headers, raw)
+        parsed = self._parse_body(path, raw, headers, expect=expect)
+        return UpstreamResponse(status, parsed, headers, latency_ms, Usage.from_body(parsed),
+                                RateLimitInfo.from_headers(headers))
+
+    # -- turning failures into UpstreamError
+
+    def _error(self, message: str, *, kind: UpstreamErrorKind, status: int | None = None,
+               retry_after_s: float | None = None, rate_limit: RateLimitInfo | None = None) -> UpstreamError:
+        error = UpstreamError(self._scrub(message), kind=kind, status=status,
+                              retry_after_s=retry_after_s, rate_limit=rate_limit)
+        logger.debug("upstream call failed (%s): %s", kind, error)
+        return error
+
+    def _scrub(self, text: str) -> str:
+        # Providers sometimes quote the key they refused ("Incorrect API key provided: sk-...").
+        if self._key is not None:
+            secret = self._key.get_secret_value()
+            if secret:
+                text = text.replace(secret, "[api key]")
+        return text
+
+    def _transport_error(self, path: str, exc: Exception) -> UpstreamError:
+        """The UpstreamError for a timeout or connection failure while sending or reading."""
+        name = self.provider.name
+        # Checked first: aiohttp's read timeouts are ClientErrors too, but they mean "too slow".
+        if isinstance(exc, TimeoutError):
+            return self._error(f"{name}: POST {path} timed out (timeout_s={self.provider.timeout_s:g}, "
+                               f"{type(exc).__name__})", kind="timeout")
+        detail = str(exc) or "no detail"
+        return self._error(f"{name}: POST {path} failed: {type(exc).__name__}: {detail}", kind="connection")
+
+    def _status_error(self, path: str, status: int, headers: Mapping[str, str], raw: bytes) -> UpstreamError:
+        rate_limit = RateLimitInfo.from_headers(headers)
+        retry_after_s = _retry_after_s(headers)
+        kind: UpstreamErrorKind
+        if status == 429:
+            kind = "rate_limited"
+            if retry_after_s is None:
+                retry_after_s = rate_limit.wait_hint_s()
+        elif status in (408, 409) or status >= 500:
+            kind = "server"
+        else:
+            kind = "client"
+        message = f"{self.provider.name}: POST {path} answered HTTP {status}: {_provider_message(raw)}"
+        return self._error(message, kind=kind, status=status, retry_after_s=retry_after_s,
+                           rate_limit=rate_limit)
+
+    def _parse_body(self, path: str, raw: bytes, headers: Mapping[str, str], *,
+                    expect: str) -> dict[str, Any]:
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            parsed = None
+            problem = f"a body that is not valid JSON ({len(raw)} bytes)"
+        else:
+            problem = f"a JSON body without a {expect!r} list"
+        if isinstance(parsed, dict) and isinstance(parsed.get(expect), list) and parsed[expect]:
+            return parsed
+        raise self._error(f"{self.provider.name}: POST {path} answered {problem}", kind="malformed",
+                          status=200, rate_limit=RateLimitInfo.from_headers(headers))
+
+
+def _retry_after_s(headers: Mapping[str, str]) -> float | None:
+    # OpenAI adds a millisecond-precise `retry-after-ms` beside the whole-second Retry-After.
+    precise = headers.get("retry-after-ms")
+    if precise is not None:
+        try:
+            milliseconds = float(precise)
+        except ValueError:
+            pass
+        else:
+            if milliseconds >= 0:
+                return milliseconds / 1000.0
+    return parse_retry_after(headers.get("retry-after"))
+
+
+def _provider_message(raw: bytes) -> str:
+    """The provider's own words from an error body: OpenAI's `{"error": {"message": ...}}`, a few
+    common variants, or the body's text; whitespace collapsed, truncated to MESSAGE_LIMIT."""
+    text: str | None = None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict):
+            error = error.get("message")
+        for candidate in (error, data.get("message"), data.get("detail")):
+            if isinstance(candidate, str) and candidate.strip():
+                text = candidate
+                break
+    if text is None:
+        text = raw[:_EXCERPT_BYTES].decode("utf-8", errors="replace")
+    text = " ".join(text.split()) or "(empty body)"
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
+
+
+# ---------------------------------------------------------------------------- streams
+
+
+@dataclass(slots=True)
+class _StreamProgress:
+    started: float
+    ttft_ms: float | None = None
+    chunks: int = 0
+    usage: Usage = _NO_USAGE
+    finish_reason: str | None = None
+    text: list[str] = field(default_factory=list)
+
+
+class UpstreamStream:
+    """The chunks of one streamed chat completion, as an async iterator of StreamChunk.
+
+    Raises UpstreamError like the other calls, before the first chunk (an HTTP error status) or
+    during the stream (a cut connection, an `error` event, a line that is not JSON, an end
+    without `[DONE]`). `summary` is None until `[DONE]` was read, then a StreamSummary.
+    """
+
+    def __init__(self, client: UpstreamClient, body: dict[str, Any]) -> None:
+        self._client = client
+        self._body = body
+        self._response: aiohttp.ClientResponse | None = None
+        self._chunks: AsyncGenerator[StreamChunk, None] | None = None
+        self._closed = False
+        self.summary: StreamSummary | None = None
+
+    async def __aenter__(self) -> Self:
+        await self._start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        if self._chunks is None:
+            await self._start()
+        assert self._chunks is not None
+        try:
+            return await anext(self._chunks)
+        except BaseException:
+            await self.aclose()  # exhausted, failed or cancelled: the connection goes back now
+            raise
+
+    async def aclose(self) -> None:
+        """Release the connection; a stream not read to `[DONE]` is cut. Idempotent."""
+        self._closed = True
+        if self._chunks is not None:
+            await self._chunks.aclose()
+        response, self._response = self._response, None
+        if response is not None:
+            response.release()
+
+    async def _start(self) -> None:
+        if self._chunks is not None:
+            return
+        if self._closed:
+            raise ClientClosed("this stream was closed; start a new one")
+        try:
+            self._chunks = await self._send()
+        except BaseException:
+            await self.aclose()  # a failed start is final: iterating again must not resend
+            raise
+
+    async def _send(self) -> AsyncGenerator[StreamChunk, None]:
+        client = self._client
+        session = client._require_session()
+        progress = _StreamProgress(started=time.perf_counter())
+        try:
+            response = await session.post(client._chat_url, data=orjson.dumps(self._body),
+                                          timeout=client._stream_timeout, allow_redirects=False)
+        except _TRANSPORT_ERRORS as exc:
+            raise client._transport_error(CHAT_PATH, exc) from exc
+        self._response = response
+        if response.status != 200:
+            try:
+                raw = await response.content.read(_EXCERPT_BYTES)
+            except _TRANSPORT_ERRORS:  # the status alone says enough
+                raw = b""
+            raise client._status_error(CHAT_PATH, response.status, response.headers, raw)
+        return self._read(response, progress)
+
+    async def _read(self, response: aiohttp.ClientResponse,
+                    progress: _StreamProgress) -> AsyncGenerator[StreamChunk, None]:
+        client = self._client
+        done = False
+        try:
+            async for data in _sse_data(response.content):
+                if data == _DONE:
+                    done = True
+                    break
+                chunk = self._chunk(data, progress, response.headers)
+                yield chunk
+            if done:
+                # Reading to the end lets the connection go back to the pool instead of closing.
+                await response.content.read()
+        except _TRANSPORT_ERRORS as exc:
+            raise client._transport_error(CHAT_PATH, exc) from exc
+        if not done:
+            raise client._error(f"{client.provider.name}: POST {CHAT_PATH} stream ended before [DONE]",
+                                kind="malformed", status=response.status,
+                                rate_limit=RateLimitInfo.from_headers(response.headers))
+        self.summary = StreamSummary(
+            status=response.status, headers=response.headers,
+            latency_ms=(time.perf_counter() - progress.started) * 1000.0, ttft_ms=progress.ttft_ms,
+            usage=progress.usage, rate_limit=RateLimitInfo.from_headers(response.headers),
+            chunks=progress.chunks, text="".join(progress.text), finish_reason=progress.finish_reason,
+        )
+
+    def _chunk(self, data: bytes, progress: _StreamProgress, headers: Mapping[str, str]) -> StreamChunk:
+        client = self._client
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise client._error(f"{client.provider.name}: POST {CHAT_PATH} streamed an event that is not "
+                                f"a JSON object ({len(data)} bytes)", kind="malformed", status=200,
+                                rate_limit=RateLimitInfo.from_headers(headers))
+        if "error" in parsed:  # a provider failing after it already answered 200
+            raise client._error(f"{client.provider.name}: POST {CHAT_PATH} stream failed: "
+                                f"{_provider_message(data)}", kind="server", status=200,
+                                rate_limit=RateLimitInfo.from_headers(headers))
+        chunk = StreamChunk(data, parsed)
+        progress.chunks += 1
+        text = chunk.text
+        if text:
+            if progress.ttft_ms is None:
+                progress.ttft_ms = (time.perf_counter() - progress.started) * 1000.0
+            progress.text.append(text)
+        if isinstance(parsed.get("usage"), dict):
+            progress.usage = Usage.from_body(parsed)
+        for choice in parsed.get("choices") or ():
+            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+                progress.finish_reason = choice["finish_reason"]
+        return chunk
+
+
+async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The data of each server-sent event, as bytes arrive (multi-line data joined by newlines;
+    comments and other fields skipped). A final event without its blank line still counts."""
+    buffer = bytearray()
+    data: list[bytes] = []
+    async for piece in content.iter_any():
+        buffer += piece
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            line = bytes(buffer[start:end]).rstrip(b"\r")
+            start = end + 1
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data.clear()
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+        del buffer[:start]
+    if buffer.startswith(b"data:"):
+        value = bytes(buffer[5:]).rstrip(b"\r")
+        data.append(value[1:] if value.startswith(b" ") else value)
+    if data:
+        yield b"\n".join(data)

@@ -1,0 +1,70 @@
+"""Shared pieces of the dispatch tests: a simulator on loopback, configs pointing at it, and a
+worker running in the background of a test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tidegate.config import BudgetConfig, ProviderConfig, RoutingConfig, TidegateConfig, default_models
+from tidegate.dispatch.callbacks import CallbackSender
+from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.worker import Worker, WorkerSettings
+from tidegate.jobs import Job
+from tidegate.queue import Queue
+
+PROVIDER = "sim"
+
+
+def sim_config(
+    base_url: str,
+    *,
+    queue_url: str = "sqlite:///unused.db",
+    budgets: BudgetConfig | None = None,
+    api_key_env: str | None = None,
+    model_overrides: dict[str, dict[str, Any]] | None = None,
+) -> TidegateConfig:
+    """A config whose one provider is the simulator at `base_url`, serving the price table."""
+    overrides = model_overrides or {}
+    models = tuple(model.model_copy(update=overrides.get(model.name, {})) for model in default_models())
+    provider = ProviderConfig(name=PROVIDER, base_url=base_url, api_key_env=api_key_env, models=models)
+    return TidegateConfig(
+        queue_url=queue_url,
+        providers=(provider,),
+        routing=RoutingConfig(),
+        budgets=budgets or BudgetConfig(),
+    )
+
+
+def chat(text: str = "Say hello", **body: Any) -> dict[str, Any]:
+    """An AI job payload for a chat completion."""
+    return {"kind": "chat", "body": {"messages": [{"role": "user", "content": text}], **body}}
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    queue: Queue,
+    config: TidegateConfig,
+    settings: WorkerSettings | None = None,
+    **options: Any,
+) -> AsyncIterator[Worker]:
+    """A worker serving `queue` in the background until the block ends (then stopped gracefully)."""
+    settings = settings or WorkerSettings(concurrency=8, lease_s=5.0, claim_wait_s=0.2)
+    options.setdefault("metrics", DispatchMetrics())
+    async with Worker(queue, config, settings, **options) as worker:
+        task = asyncio.create_task(worker.run())
+        try:
+            yield worker
+        finally:
+            worker.request_stop()
+            await task
+
+
+async def wait_final(queue: Queue, job_ids: list[str], timeout_s: float = 20.0) -> list[Job]:
+    """Every job once final (or as it is at the timeout)."""
+    return list(await asyncio.gather(*(queue.wait(job_id, timeout_s) for job_id in job_ids)))
+
+
+__all__ = ["PROVIDER", "CallbackSender", "chat", "running_worker", "sim_config", "wait_final"]

@@ -1,0 +1,234 @@
+"""The worker against the real simulated provider over loopback, on both queue backends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from decimal import Decimal
+
+import pytest
+
+from conftest import QueueFactory
+from dispatch_support import chat, running_worker, sim_config, wait_final
+from tidegate.config import BudgetConfig
+from tidegate.dispatch.budget import budget_ledger_for
+from tidegate.dispatch.costs import usd_to_micros
+from tidegate.dispatch.worker import WorkerSettings
+from tidegate.jobs import JobState, Priority
+from tidegate.providers.sim_settings import SimulatorSettings
+from tidegate.providers.simulator import InjectedFault, Simulator
+from tidegate.queue import Queue
+
+
+@pytest.fixture
+async def simulator() -> AsyncIterator[tuple[Simulator, str]]:
+    sim = Simulator(SimulatorSettings(seed=3, window_s=1.0))
+    async with sim.running() as base_url:
+        yield sim, base_url
+
+
+@pytest.fixture
+async def queue(queue_factory: QueueFactory) -> Queue:
+    # Fast retries and upkeep, so retry and recovery paths finish within a test.
+    return await queue_factory.open(maintenance_interval_s=0.2, retry_base_s=0.05, retry_max_s=0.2)
+
+
+async def test_a_chat_job_records_model_usage_cost_and_timings(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    _, base_url = simulator
+    job_id = await queue.enqueue(chat(), priority="critical", tenant="acme")
+    async with running_worker(queue, sim_config(base_url)):
+        [job] = await wait_final(queue, [job_id])
+    assert job.state is JobState.SUCCEEDED, job.last_error
+    result = job.result
+    assert result["model"] == "claude-sonnet-4.5"  # critical → the premium tier's first model
+    assert result["response"]["choices"][0]["message"]["content"]
+    usage = result["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    expected = (Decimal(usage["prompt_tokens"]) * Decimal("3.00")
+                + Decimal(usage["completion_tokens"]) * Decimal("15.00")) / 1_000_000
+    assert Decimal(result["cost_usd"]) >= expected
+    assert Decimal(result["cost_usd"]) - expected < Decimal("0.000001")
+    assert result["queue_wait_ms"] >= 0 and result["upstream_latency_ms"] > 0
+    assert result["attempts"] == 1
+
+
+@pytest.mark.parametrize("retry_after_format", ["seconds", "http-date"])
+async def test_a_429_pauses_the_model_and_the_job_waits_out_retry_after_in_the_queue(
+    queue: Queue, simulator: tuple[Simulator, str], retry_after_format: str
+) -> None:
+    # Given a provider that takes one request per second for this model
+    sim, base_url = simulator
+    sim.configure({"retry_after_format": retry_after_format,
+                   "models": {"gpt-4.1": {"rpm": 1}}})
+    ids = [await queue.enqueue(chat(model="gpt-4.1")) for _ in range(2)]
+    # When a worker that does not know that limit sends both
+    async with running_worker(queue, sim_config(base_url)):
+        jobs = await wait_final(queue, ids)
+    # Then the 429 sent one job back to wait, and the pause kept everyone off the model meanwhile
+    assert all(job.state is JobState.SUCCEEDED for job in jobs), [job.errors for job in jobs]
+    retried = [job for job in jobs if job.attempts == 2]
+    assert len(retried) == 1
+    assert "429" in retried[0].errors[0] or "rate" in retried[0].errors[0].lower()
+    stats = sim.stats()["gpt-4.1"]
+    assert stats.by_status[429] == 1
+    accepted = sorted(stats.accepted_at_s)
+    assert accepted[1] - accepted[0] >= 0.9  # the retry waited for the provider's window
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+async def test_client_errors_dead_letter_at_once_with_the_provider_s_message(
+    queue: Queue, simulator: tuple[Simulator, str], status: int
+) -> None:
+    sim, base_url = simulator
+    sim.inject("gemini-2.5-flash", InjectedFault("status", status=status, message=f"nope {status}"))
+    job_id = await queue.enqueue(chat(model="gemini-2.5-flash"), max_attempts=5)
+    async with running_worker(queue, sim_config(base_url)):
+        [job] = await wait_final(queue, [job_id])
+    assert job.state is JobState.DEAD
+    assert job.attempts == 1
+    assert f"nope {status}" in (job.last_error or "")
+    assert sim.stats()["gemini-2.5-flash"].received == 1
+
+
+async def test_server_errors_retry_with_backoff_then_dead_letter_with_the_history(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    sim, base_url = simulator
+    sim.configure({"models": {"gpt-4.1": {"error_rate": 1.0}}})
+    job_id = await queue.enqueue(chat(model="gpt-4.1"), max_attempts=3)
+    async with running_worker(queue, sim_config(base_url)):
+        [job] = await wait_final(queue, [job_id])
+    assert job.state is JobState.DEAD
+    assert job.attempts == 3
+    assert len(job.errors) == 3
+    assert all(error.startswith("gpt-4.1:") and "500" in error for error in job.errors)
+    assert job.last_error == job.errors[-1]
+
+
+async def test_a_model_that_keeps_failing_falls_back_to_the_next_of_the_tier(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    sim, base_url = simulator
+    sim.configure({"models": {"claude-sonnet-4.5": {"unavailable_rate": 1.0}}})
+    job_id = await queue.enqueue(chat(), priority="critical", max_attempts=5)
+    async with running_worker(queue, sim_config(base_url)):
+        [job] = await wait_final(queue, [job_id])
+    assert job.state is JobState.SUCCEEDED, job.errors
+    assert job.result["model"] == "gpt-4.1"
+    assert [error.split(":")[0] for error in job.errors] == ["claude-sonnet-4.5"] * 2
+
+
+async def test_concurrent_reservations_never_overspend_a_tenant_budget(
+    queue_factory: QueueFactory, queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    # Given a tenant with $0.01 a day and 50 jobs each reserving about $0.0025 up front
+    _, base_url = simulator
+    limit_usd = Decimal("0.01")
+    budgets = BudgetConfig(tenant_daily_usd={"acme": limit_usd}, on_exhausted="reject")
+    config = sim_config(base_url, queue_url=queue_factory.url, budgets=budgets)
+    if queue_factory.backend == "redis":
+        config = config.model_copy(update={"queue_url": f"{queue_factory.url}?name={queue_factory.queue_name}"})
+    ids = await queue.enqueue_many(
+        {"payload": chat(model="gemini-2.5-flash", max_tokens=1000), "tenant": "acme"} for _ in range(50)
+    )
+    # When 50 run at once
+    async with running_worker(queue, config, WorkerSettings(concurrency=50, lease_s=5, claim_wait_s=0.2)):
+        jobs = await wait_final(queue, ids)
+    # Then what was spent never passed the budget, and the rest were refused with the reason
+    succeeded = [job for job in jobs if job.state is JobState.SUCCEEDED]
+    refused = [job for job in jobs if job.state is JobState.DEAD]
+    assert len(succeeded) + len(refused) == 50
+    assert succeeded and refused
+    assert all("budget exhausted" in (job.last_error or "") for job in refused)
+    assert sum(job.result["cost_micros"] for job in succeeded) <= usd_to_micros(limit_usd)
+    async with budget_ledger_for(config.queue_url) as ledger:
+        spent = await ledger.spend_today()
+    assert spent["acme"] <= usd_to_micros(limit_usd)
+
+
+async def test_a_low_budget_steps_down_and_an_exhausted_one_defers_all_but_critical(
+    queue_factory: QueueFactory, queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    _, base_url = simulator
+    budgets = BudgetConfig(tenant_daily_usd={"acme": Decimal("1.00")}, on_exhausted="defer", defer_s=60)
+    queue_url = queue_factory.url if queue_factory.backend == "sqlite" else (
+        f"{queue_factory.url}?name={queue_factory.queue_name}")
+    config = sim_config(base_url, queue_url=queue_url, budgets=budgets)
+    async with budget_ledger_for(queue_url) as ledger:
+        # Given 85% of the day's budget spent
+        await ledger.reserve("acme", usd_to_micros(Decimal("0.85")), tenant_limit_micros=None,
+                             global_limit_micros=None, enforce=False)
+        low = await queue.enqueue(chat(), priority="high", tenant="acme")
+        async with running_worker(queue, config):
+            [stepped] = await wait_final(queue, [low])
+        # Then a high job goes to the cheapest model instead of its tier's premium one
+        assert stepped.state is JobState.SUCCEEDED, stepped.errors
+        assert stepped.result["model"] == "deepseek-v3.2"
+        assert "budget" in stepped.result["route"]
+
+        # Given the whole budget spent
+        await ledger.reserve("acme", usd_to_micros(Decimal("0.50")), tenant_limit_micros=None,
+                             global_limit_micros=None, enforce=False)
+        normal = await queue.enqueue(chat(), priority="normal", tenant="acme")
+        critical = await queue.enqueue(chat(), priority="critical", tenant="acme")
+        async with running_worker(queue, config):
+            [served] = await wait_final(queue, [critical])
+            await asyncio.sleep(0.5)
+        # Then the critical job is still served and the normal one waits, its attempt uncounted
+        assert served.state is JobState.SUCCEEDED
+        deferred = await queue.get(normal)
+        assert deferred is not None
+        assert deferred.state is JobState.DELAYED and deferred.attempts == 0
+
+
+async def test_graceful_shutdown_finishes_in_flight_calls_and_claims_nothing_more(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    sim, base_url = simulator
+    sim.configure({"defaults": {"latency_ms": 400}})
+    ids = await queue.enqueue_many({"payload": chat(model="deepseek-v3.2")} for _ in range(10))
+    settings = WorkerSettings(concurrency=4, lease_s=5, claim_wait_s=0.2, shutdown_grace_s=5)
+    async with running_worker(queue, sim_config(base_url), settings) as worker:
+        while sum(stats.received for stats in sim.stats().values()) < 4:
+            await asyncio.sleep(0.02)
+        worker.request_stop()
+    states = [job.state for job in await asyncio.gather(*(queue.get(i) for i in ids))]  # type: ignore[union-attr]
+    assert states.count(JobState.SUCCEEDED) == 4
+    assert states.count(JobState.QUEUED) == 6
+
+
+async def test_shutdown_past_the_grace_period_releases_in_flight_jobs_uncounted(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    sim, base_url = simulator
+    sim.configure({"defaults": {"latency_ms": 5000}})
+    ids = await queue.enqueue_many({"payload": chat(model="deepseek-v3.2")} for _ in range(3))
+    settings = WorkerSettings(concurrency=3, lease_s=5, claim_wait_s=0.2, shutdown_grace_s=0.1)
+    async with running_worker(queue, sim_config(base_url), settings) as worker:
+        while sum(stats.received for stats in sim.stats().values()) < 3:
+            await asyncio.sleep(0.02)
+        worker.request_stop()
+    for job_id in ids:
+        job = await queue.get(job_id)
+        assert job is not None and job.state is JobState.QUEUED and job.attempts == 0
+
+
+async def test_the_api_key_never_appears_in_errors_or_logs(
+    queue: Queue, simulator: tuple[Simulator, str], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sim, base_url = simulator
+    secret = "sk-test-DO-NOT-LEAK-8f3a1c"
+    monkeypatch.setenv("TIDEGATE_TEST_PROVIDER_KEY", secret)
+    sim.configure({"require_api_key": "sk-the-right-one"})
+    caplog.set_level(logging.DEBUG)
+    job_id = await queue.enqueue(chat(), priority=Priority.NORMAL)
+    async with running_worker(queue, sim_config(base_url, api_key_env="TIDEGATE_TEST_PROVIDER_KEY")):
+        [job] = await wait_final(queue, [job_id])
+    assert job.state is JobState.DEAD  # 401 is not retried
+    assert "401" in (job.last_error or "")
+    assert secret not in repr(job)
+    assert secret not in caplog.text
