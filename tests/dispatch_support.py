@@ -62,9 +62,26 @@ async def running_worker(
             await task
 
 
+def queue_url_of(factory: Any) -> str:
+    """The URL a separate component (ledger, limiter, worker process) uses for the test's queue."""
+    if factory.backend == "redis":
+        return f"{factory.url}?name={factory.queue_name}"
+    return str(factory.url)
+
+
+async def wait_received(sim: Any, count: int, timeout_s: float = 10.0) -> None:
+    """Until the simulator has received `count` requests in all."""
+    for _ in range(int(timeout_s / 0.02)):
+        if sum(stats.received for stats in sim.stats().values()) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the simulator did not receive {count} requests within {timeout_s}s")
+
+
 async def wait_final(queue: Queue, job_ids: list[str], timeout_s: float = 20.0) -> list[Job]:
     """Every job once final (or as it is at the timeout)."""
     return list(await asyncio.gather(*(queue.wait(job_id, timeout_s) for job_id in job_ids)))
 
 
-__all__ = ["PROVIDER", "CallbackSender", "chat", "running_worker", "sim_config", "wait_final"]
+__all__ = ["PROVIDER", "CallbackSender", "chat", "queue_url_of", "running_worker", "sim_config",
+           "wait_final", "wait_received"]

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import chat, running_worker, sim_config, wait_final
+from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
 from tidegate.config import BudgetConfig
 from tidegate.dispatch.budget import budget_ledger_for
 from tidegate.dispatch.costs import usd_to_micros
@@ -128,9 +128,7 @@ async def test_concurrent_reservations_never_overspend_a_tenant_budget(
     _, base_url = simulator
     limit_usd = Decimal("0.01")
     budgets = BudgetConfig(tenant_daily_usd={"acme": limit_usd}, on_exhausted="reject")
-    config = sim_config(base_url, queue_url=queue_factory.url, budgets=budgets)
-    if queue_factory.backend == "redis":
-        config = config.model_copy(update={"queue_url": f"{queue_factory.url}?name={queue_factory.queue_name}"})
+    config = sim_config(base_url, queue_url=queue_url_of(queue_factory), budgets=budgets)
     ids = await queue.enqueue_many(
         {"payload": chat(model="gemini-2.5-flash", max_tokens=1000), "tenant": "acme"} for _ in range(50)
     )
@@ -154,8 +152,7 @@ async def test_a_low_budget_steps_down_and_an_exhausted_one_defers_all_but_criti
 ) -> None:
     _, base_url = simulator
     budgets = BudgetConfig(tenant_daily_usd={"acme": Decimal("1.00")}, on_exhausted="defer", defer_s=60)
-    queue_url = queue_factory.url if queue_factory.backend == "sqlite" else (
-        f"{queue_factory.url}?name={queue_factory.queue_name}")
+    queue_url = queue_url_of(queue_factory)
     config = sim_config(base_url, queue_url=queue_url, budgets=budgets)
     async with budget_ledger_for(queue_url) as ledger:
         # Given 85% of the day's budget spent
@@ -192,8 +189,7 @@ async def test_graceful_shutdown_finishes_in_flight_calls_and_claims_nothing_mor
     ids = await queue.enqueue_many({"payload": chat(model="deepseek-v3.2")} for _ in range(10))
     settings = WorkerSettings(concurrency=4, lease_s=5, claim_wait_s=0.2, shutdown_grace_s=5)
     async with running_worker(queue, sim_config(base_url), settings) as worker:
-        while sum(stats.received for stats in sim.stats().values()) < 4:
-            await asyncio.sleep(0.02)
+        await wait_received(sim, 4)
         worker.request_stop()
     states = [job.state for job in await asyncio.gather(*(queue.get(i) for i in ids))]  # type: ignore[union-attr]
     assert states.count(JobState.SUCCEEDED) == 4
@@ -208,8 +204,7 @@ async def test_shutdown_past_the_grace_period_releases_in_flight_jobs_uncounted(
     ids = await queue.enqueue_many({"payload": chat(model="deepseek-v3.2")} for _ in range(3))
     settings = WorkerSettings(concurrency=3, lease_s=5, claim_wait_s=0.2, shutdown_grace_s=0.1)
     async with running_worker(queue, sim_config(base_url), settings) as worker:
-        while sum(stats.received for stats in sim.stats().values()) < 3:
-            await asyncio.sleep(0.02)
+        await wait_received(sim, 3)
         worker.request_stop()
     for job_id in ids:
         job = await queue.get(job_id)
