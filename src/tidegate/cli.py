@@ -1,4 +1,4 @@
-"""The `tidegate` command line: the queue demo and queue inspection.
+"""The `tidegate` command line: the demo, queue inspection, workers and the simulated provider.
 
 Errors that tidegate raises on purpose (the TidegateError tree) are printed as one line and exit
 with status 2; anything else is a bug and keeps its traceback.
@@ -211,3 +211,42 @@ def simulate(
 
         asyncio.run(serve(settings, host=host, port=port, allow_remote=allow_remote, on_ready=ready))
     typer.echo("Simulator stopped.")
+
+
+@app.command()
+def worker(
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    priorities: Annotated[str, typer.Option(
+        help="Levels to serve: a range '0-1', names 'critical,high', or one level.")] = "0-4",
+    concurrency: Annotated[int, typer.Option(min=1, help="Calls in flight at most.")] = 16,
+    lease_s: Annotated[float, typer.Option(
+        min=1, help="Lease per claimed job, renewed while it runs.")] = 30.0,
+    grace_s: Annotated[float, typer.Option(min=0, help="On SIGTERM/SIGINT, how long in-flight calls "
+                                           "may finish before the rest are released.")] = 30.0,
+    config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
+                                               help="The tidegate.toml to read.")] = None,
+    simulator_url: Annotated[str | None, typer.Option(
+        help="Use the simulated provider at this base URL when no provider is configured.")] = None,
+    worker_id: Annotated[str | None, typer.Option(help="Name in leases and logs.")] = None,
+) -> None:
+    """Claim AI jobs and call the providers, until SIGTERM or SIGINT (then drain gracefully)."""
+    import logging
+    import os
+
+    from tidegate.config import TidegateConfig
+    from tidegate.dispatch.run import run_worker
+    from tidegate.dispatch.worker import WorkerSettings, parse_priorities
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with _errors_as_exit():
+        if config is not None:
+            os.environ["TIDEGATE_CONFIG"] = config
+        ensure_sqlite_folder(queue)
+        settings = TidegateConfig.load(queue_url=queue)
+        if not settings.providers and simulator_url is not None:
+            settings = settings.with_simulator(simulator_url)
+        worker_settings = WorkerSettings(
+            worker_id=worker_id, priorities=parse_priorities(priorities), concurrency=concurrency,
+            lease_s=lease_s, shutdown_grace_s=grace_s,
+        )
+    _run(run_worker(settings, worker_settings))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -11,6 +12,7 @@ from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.errors import ConfigError
 from tidegate.queue import Queue
+from tidegate.queue.base import redact_url
 
 log = logging.getLogger("tidegate.worker")
 
@@ -27,15 +29,14 @@ async def run_worker(
     secret = os.environ.get(config.callbacks.secret_env)
     if not secret:
         log.warning("%s is not set: results will not be sent to callback URLs", config.callbacks.secret_env)
-    async with Queue.from_url(config.queue_url) as queue:
-        callbacks = CallbackSender(config.callbacks, secret.encode()) if secret else None
-        if callbacks is not None:
-            await callbacks.__aenter__()
-        try:
-            async with Worker(queue, config, settings, metrics=metrics, callbacks=callbacks) as worker:
-                worker.install_signal_handlers()
-                log.info("worker %s serving %s", worker.worker_id, config.queue_url)
-                await worker.run()
-        finally:
-            if callbacks is not None:
-                await callbacks.__aexit__(None, None, None)
+    async with contextlib.AsyncExitStack() as stack:
+        queue = await stack.enter_async_context(Queue.from_url(config.queue_url))
+        callbacks = None
+        if secret:
+            callbacks = await stack.enter_async_context(CallbackSender(config.callbacks, secret.encode()))
+        worker = await stack.enter_async_context(
+            Worker(queue, config, settings, metrics=metrics, callbacks=callbacks)
+        )
+        worker.install_signal_handlers()
+        log.info("worker %s serving %s", worker.worker_id, redact_url(config.queue_url))
+        await worker.run()

@@ -331,6 +331,7 @@ class Worker:
             "queue_wait_ms": round(queue_wait_ms, 3),
             "upstream_latency_ms": round(response.latency_ms, 3),
             "attempts": job.attempts,
+            "worker_id": self.worker_id,
         }
         priority = job.priority.name.lower()
         self.metrics.upstream_latency.labels(priority, model.name).observe(response.latency_ms / 1000)
