@@ -7,6 +7,7 @@ import types
 import pytest
 
 import tidegate
+import tidegate.providers
 import tidegate.queue
 
 
@@ -19,7 +20,7 @@ def _public_names(module: types.ModuleType) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("module", [tidegate, tidegate.queue], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [tidegate, tidegate.queue, tidegate.providers], ids=lambda m: m.__name__)
 def test_all_lists_exactly_the_public_names(module: types.ModuleType) -> None:
     exported: list[str] = module.__all__
 
