@@ -7,13 +7,17 @@ import logging
 from collections.abc import AsyncIterator
 from decimal import Decimal
 
+import orjson
 import pytest
+from aiohttp import web
 
 from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
-from tidegate.config import BudgetConfig
+from tidegate.config import BudgetConfig, CallbackConfig
 from tidegate.dispatch.budget import budget_ledger_for
+from tidegate.dispatch.callbacks import SIGNATURE_HEADER, CallbackSender, verify
 from tidegate.dispatch.costs import usd_to_micros
+from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.jobs import JobState, Priority
 from tidegate.providers.sim_settings import SimulatorSettings
@@ -227,3 +231,62 @@ async def test_the_api_key_never_appears_in_errors_or_logs(
     assert "401" in (job.last_error or "")
     assert secret not in repr(job)
     assert secret not in caplog.text
+
+
+async def test_metrics_count_outcomes_tokens_cost_and_waits(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    _, base_url = simulator
+    metrics = DispatchMetrics()
+    ids = await queue.enqueue_many(
+        {"payload": chat(model="deepseek-v3.2"), "priority": "low"} for _ in range(3)
+    )
+    async with running_worker(queue, sim_config(base_url), metrics=metrics):
+        jobs = await wait_final(queue, ids)
+    sample = metrics.registry.get_sample_value
+    assert sample("tidegate_jobs_total",
+                  {"outcome": "succeeded", "priority": "low", "model": "deepseek-v3.2"}) == 3
+    input_tokens = sum(job.result["usage"]["prompt_tokens"] for job in jobs)
+    assert sample("tidegate_tokens_total", {"model": "deepseek-v3.2", "direction": "input"}) == input_tokens
+    assert sample("tidegate_queue_wait_seconds_count", {"priority": "low"}) == 3
+    spent = sum(Decimal(job.result["cost_usd"]) for job in jobs)
+    cost = sample("tidegate_cost_usd_total", {"model": "deepseek-v3.2", "tenant": "default"})
+    assert cost == pytest.approx(float(spent))
+
+
+async def test_a_finished_job_is_posted_to_its_callback_signed(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    _, base_url = simulator
+    received: list[tuple[bytes, str]] = []
+    arrived = asyncio.Event()
+
+    async def hook(request: web.Request) -> web.Response:
+        received.append((await request.read(), request.headers[SIGNATURE_HEADER]))
+        arrived.set()
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
+    secret = b"whsec-worker-test"
+    try:
+        job_id = await queue.enqueue(chat(model="deepseek-v3.2"), callback_url=url)
+        # Loopback targets are refused by default; this receiver is allowed explicitly.
+        async with (
+            CallbackSender(CallbackConfig(allow_private=True), secret) as callbacks,
+            running_worker(queue, sim_config(base_url), callbacks=callbacks),
+        ):
+            [job] = await wait_final(queue, [job_id])
+            await asyncio.wait_for(arrived.wait(), 10)
+    finally:
+        await runner.cleanup()
+    [(body, signature)] = received
+    assert verify(secret, body, signature)
+    document = orjson.loads(body)
+    assert document["id"] == job_id and document["state"] == "succeeded"
+    assert document["result"]["model"] == job.result["model"] == "deepseek-v3.2"
