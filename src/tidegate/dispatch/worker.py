@@ -203,7 +203,11 @@ class Worker:
             raise
         except Exception as exc:  # a bug must not strand the job: fail it, the queue retries
             log.exception("job %s: unexpected error", job.id)
-            await self._settle_failure(call, f"internal error: {type(exc).__name__}: {exc}", retry=True)
+            try:
+                await self._settle_failure(call, f"internal error: {type(exc).__name__}: {exc}", retry=True)
+            except Exception:
+                # The queue itself is failing; the job's lease runs out and upkeep recovers it.
+                log.exception("job %s: could not record the failure", job.id)
         finally:
             self._release_model_slot(call)
 
