@@ -9,6 +9,7 @@ import os
 from tidegate.config import TidegateConfig
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.relay import relay_for
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.errors import ConfigError
 from tidegate.queue import Queue
@@ -34,8 +35,10 @@ async def run_worker(
         callbacks = None
         if secret:
             callbacks = await stack.enter_async_context(CallbackSender(config.callbacks, secret.encode()))
+        relay = relay_for(config.queue_url)
+        stack.push_async_callback(relay.close)
         worker = await stack.enter_async_context(
-            Worker(queue, config, settings, metrics=metrics, callbacks=callbacks)
+            Worker(queue, config, settings, metrics=metrics, callbacks=callbacks, relay=relay)
         )
         worker.install_signal_handlers()
         log.info("worker %s serving %s", worker.worker_id, redact_url(config.queue_url))

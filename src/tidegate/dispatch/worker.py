@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import orjson
+
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.dispatch.budget import BudgetExhausted, BudgetLedger, Reservation, budget_ledger_for
 from tidegate.dispatch.callbacks import CallbackSender
@@ -35,6 +37,7 @@ from tidegate.dispatch.costs import (
 from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.limiter import AdaptiveConcurrency, RateLimiter, rate_limiter_for
 from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.relay import ChunkRelay
 from tidegate.dispatch.requests import AIRequest
 from tidegate.dispatch.router import RouteDecision, Router, RoutingError
 from tidegate.errors import InvalidJob, LeaseLost, TidegateError
@@ -60,6 +63,13 @@ class WorkerSettings:
 
 
 @dataclass(slots=True)
+class _Relayed:
+    """How many chunks of an attempt reached the relay (and so, perhaps, the client)."""
+
+    chunks: int = 0
+
+
+@dataclass(slots=True)
 class _Call:
     """What a job's attempt holds while it runs, so every exit path can give it back."""
 
@@ -82,6 +92,7 @@ class Worker:
         ledger: BudgetLedger | None = None,
         metrics: DispatchMetrics | None = None,
         callbacks: CallbackSender | None = None,
+        relay: ChunkRelay | None = None,
     ) -> None:
         self.queue = queue
         self.config = config
@@ -93,6 +104,7 @@ class Worker:
         self._limiter = limiter or rate_limiter_for(config.queue_url)
         self._ledger = ledger
         self._callbacks = callbacks
+        self._relay = relay
         self._concurrency = AdaptiveConcurrency()
         self._health = ModelHealth(config.routing.fallback_after_failures, self.settings.model_cooldown_s)
         self._clients: dict[str, UpstreamClient] = {}
@@ -292,20 +304,71 @@ class Worker:
         model = route.model
         client = self._clients[route.provider.name]
         body = {**request.body, "model": model.name}
-        body.pop("stream", None)  # the worker stores a whole response; streaming relays come later
-        body.pop("stream_options", None)
+        streaming = request.kind == "chat" and request.stream and self._relay is not None
+        if not streaming:
+            # Without a relay there is nobody to stream to: store the whole answer instead.
+            body.pop("stream", None)
+            body.pop("stream_options", None)
         self.metrics.in_flight.labels(model.name).inc()
+        relayed = _Relayed()
         try:
-            if request.kind == "chat":
+            if streaming:
+                response = await self._stream(call.job, client, body, relayed)
+            elif request.kind == "chat":
                 response = await client.chat(body)
             else:
                 response = await client.embeddings(body)
         except UpstreamError as exc:
+            if relayed.chunks:
+                # The client already holds part of an answer; a retry would send it a second
+                # one, so the error ends its stream and the job.
+                await self._end_stream(call.job.id, error=str(exc))
+                await self._settle_failure(call, f"{model.name}: {exc} (after {relayed.chunks} chunks)",
+                                           retry=False, model=model.name)
+                return
             await self._on_upstream_error(call, route, exc)
             return
         finally:
             self.metrics.in_flight.labels(model.name).dec()
         await self._on_success(call, route, response, claimed_at)
+
+    async def _stream(
+        self, job: Job, client: UpstreamClient, body: dict[str, Any], relayed: _Relayed
+    ) -> UpstreamResponse:
+        """Relay each chunk as it arrives; return the answer as one chat.completion document."""
+        assert self._relay is not None
+        async with client.chat_stream(body) as stream:
+            async for chunk in stream:
+                await self._relay.publish(job.id, chunk.raw)
+                relayed.chunks += 1
+        summary = stream.summary
+        assert summary is not None
+        await self._end_stream(job.id)
+        usage = summary.usage
+        document = {
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": summary.text},
+                "finish_reason": summary.finish_reason,
+            }],
+            "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                      "total_tokens": usage.total_tokens},
+            "ttft_ms": summary.ttft_ms,
+        }
+        return UpstreamResponse(
+            status=summary.status, body=document, headers=summary.headers,
+            latency_ms=summary.latency_ms, usage=usage, rate_limit=summary.rate_limit,
+        )
+
+    async def _end_stream(self, job_id: str, *, error: str | None = None) -> None:
+        assert self._relay is not None
+        if error is not None:
+            await self._relay.publish(
+                job_id, orjson.dumps({"error": {"message": error, "type": "upstream_error"}})
+            )
+        await self._relay.finish(job_id)
 
     async def _on_success(
         self, call: _Call, route: RouteDecision, response: UpstreamResponse, claimed_at: float

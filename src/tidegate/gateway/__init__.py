@@ -1,0 +1,2 @@
+"""The HTTP gateway: an OpenAI-compatible API in front of the queue, jobs, admin, metrics and the
+dashboard."""
