@@ -126,3 +126,34 @@ async def test_sigterm_drains_a_worker_process_without_losing_a_job(
     assert JobState.LEASED not in states
     assert set(states) <= {JobState.SUCCEEDED, JobState.QUEUED}
     assert states.count(JobState.SUCCEEDED) >= 8
+
+
+@pytest.mark.redis_only
+async def test_a_worker_rides_out_a_redis_restart(
+    queue_factory: QueueFactory, tmp_path: Path
+) -> None:
+    import os
+
+    from conftest import _free_port
+    from test_queue_processes import _start_redis
+    from tidegate.queue import Queue
+
+    port = _free_port()
+    server = _start_redis(tmp_path, port)
+    sim = Simulator(SimulatorSettings(seed=2))
+    queue = Queue.from_url(f"redis://127.0.0.1:{port}/0", maintenance_interval_s=0.5)
+    try:
+        async with sim.running() as base_url, queue:
+            async with running_worker(queue, sim_config(base_url), WorkerSettings(claim_wait_s=0.2)):
+                [first] = await wait_final(queue, [await queue.enqueue(chat(model="deepseek-v3.2"))])
+                # When Redis dies under the running worker and comes back
+                os.kill(server.pid, signal.SIGKILL)
+                server.wait()
+                await asyncio.sleep(1.5)
+                server = _start_redis(tmp_path, port)
+                # Then the worker carries on with new work
+                [second] = await wait_final(queue, [await queue.enqueue(chat(model="deepseek-v3.2"))])
+        assert first.state is JobState.SUCCEEDED and second.state is JobState.SUCCEEDED
+    finally:
+        server.kill()
+        server.wait()

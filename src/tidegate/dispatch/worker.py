@@ -40,12 +40,14 @@ from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.relay import ChunkRelay
 from tidegate.dispatch.requests import AIRequest
 from tidegate.dispatch.router import RouteDecision, Router, RoutingError
-from tidegate.errors import InvalidJob, LeaseLost, TidegateError
+from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.providers.client import UpstreamClient, UpstreamError, UpstreamResponse
 from tidegate.queue import Queue
 
 log = logging.getLogger("tidegate.worker")
+
+QUEUE_RETRY_S = 1.0  # pause before claiming again after the queue failed to answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ class _Call:
     """What a job's attempt holds while it runs, so every exit path can give it back."""
 
     job: Job
+    queue_wait_ms: float = 0.0
     key: str = ""
     reservation: Reservation | None = None
     holds_model_slot: bool = False
@@ -154,13 +157,19 @@ class Worker:
                     self._slot_freed.clear()
                     await self._slot_freed.wait()
                     continue
-                jobs = await self.queue.claim(
-                    self.worker_id,
-                    priorities=self.settings.priorities,
-                    limit=free,
-                    lease_s=self.settings.lease_s,
-                    timeout_s=self.settings.claim_wait_s,
-                )
+                try:
+                    jobs = await self.queue.claim(
+                        self.worker_id,
+                        priorities=self.settings.priorities,
+                        limit=free,
+                        lease_s=self.settings.lease_s,
+                        timeout_s=self.settings.claim_wait_s,
+                    )
+                except QueueUnavailable as exc:
+                    # A restarting Redis or a locked disk must not end the worker: wait, retry.
+                    log.warning("claim failed, retrying in %.0fs: %s", QUEUE_RETRY_S, exc)
+                    await asyncio.sleep(QUEUE_RETRY_S)
+                    continue
                 for job in jobs:
                     self._start(job)
         finally:
@@ -170,7 +179,9 @@ class Worker:
                 await heartbeat
 
     def _start(self, job: Job) -> None:
-        call = _Call(job)
+        waited_s = 0.0 if job.ready_at is None else max(time.time() - job.ready_at.timestamp(), 0.0)
+        call = _Call(job, queue_wait_ms=waited_s * 1000)
+        self.metrics.queue_wait.labels(job.priority.name.lower()).observe(waited_s)
         task = asyncio.create_task(self._process(call), name=f"job-{job.id}")
         self._active[job.id] = (task, call)
 
@@ -207,9 +218,8 @@ class Worker:
 
     async def _process(self, call: _Call) -> None:
         job = call.job
-        claimed_at = time.time()
         try:
-            await self._attempt(call, claimed_at)
+            await self._attempt(call)
         except asyncio.CancelledError:
             await self._give_back(call)
             raise
@@ -223,11 +233,8 @@ class Worker:
         finally:
             self._release_model_slot(call)
 
-    async def _attempt(self, call: _Call, claimed_at: float) -> None:
+    async def _attempt(self, call: _Call) -> None:
         job = call.job
-        priority = job.priority.name.lower()
-        if job.ready_at is not None:
-            self.metrics.queue_wait.labels(priority).observe(max(claimed_at - job.ready_at.timestamp(), 0))
         try:
             request = AIRequest.from_payload(job.payload)
         except InvalidJob as exc:
@@ -252,7 +259,7 @@ class Worker:
             return
         if not await self._pace(call, route.model, request, estimated_input):
             return
-        await self._call_upstream(call, route, request, claimed_at)
+        await self._call_upstream(call, route, request)
 
     async def _reserve_budget(self, call: _Call, route: RouteDecision, request: AIRequest) -> bool:
         if self._ledger is None:
@@ -298,9 +305,7 @@ class Worker:
                 return False
             await asyncio.sleep(wait_s)
 
-    async def _call_upstream(
-        self, call: _Call, route: RouteDecision, request: AIRequest, claimed_at: float
-    ) -> None:
+    async def _call_upstream(self, call: _Call, route: RouteDecision, request: AIRequest) -> None:
         model = route.model
         client = self._clients[route.provider.name]
         body = {**request.body, "model": model.name}
@@ -330,7 +335,7 @@ class Worker:
             return
         finally:
             self.metrics.in_flight.labels(model.name).dec()
-        await self._on_success(call, route, response, claimed_at)
+        await self._on_success(call, route, response)
 
     async def _stream(
         self, job: Job, client: UpstreamClient, body: dict[str, Any], relayed: _Relayed
@@ -370,9 +375,7 @@ class Worker:
             )
         await self._relay.finish(job_id)
 
-    async def _on_success(
-        self, call: _Call, route: RouteDecision, response: UpstreamResponse, claimed_at: float
-    ) -> None:
+    async def _on_success(self, call: _Call, route: RouteDecision, response: UpstreamResponse) -> None:
         job, model = call.job, route.model
         usage = response.usage
         spent = cost_micros(model, usage.prompt_tokens, usage.completion_tokens)
@@ -382,7 +385,6 @@ class Worker:
         await self._observe_rate_limits(call.key, response)
         self._concurrency.on_success(call.key)
         self._health.success(model.name)
-        queue_wait_ms = 0.0 if job.ready_at is None else max(claimed_at - job.ready_at.timestamp(), 0) * 1000
         result = {
             "response": response.body,
             "provider": route.provider.name,
@@ -395,7 +397,7 @@ class Worker:
             },
             "cost_usd": str(micros_to_usd(spent)),
             "cost_micros": spent,
-            "queue_wait_ms": round(queue_wait_ms, 3),
+            "queue_wait_ms": round(call.queue_wait_ms, 3),
             "upstream_latency_ms": round(response.latency_ms, 3),
             "attempts": job.attempts,
             "worker_id": self.worker_id,
