@@ -143,16 +143,19 @@ async def test_a_worker_rides_out_a_redis_restart(
     sim = Simulator(SimulatorSettings(seed=2))
     queue = Queue.from_url(f"redis://127.0.0.1:{port}/0", maintenance_interval_s=0.5)
     try:
-        async with sim.running() as base_url, queue:
-            async with running_worker(queue, sim_config(base_url), WorkerSettings(claim_wait_s=0.2)):
-                [first] = await wait_final(queue, [await queue.enqueue(chat(model="deepseek-v3.2"))])
-                # When Redis dies under the running worker and comes back
-                os.kill(server.pid, signal.SIGKILL)
-                server.wait()
-                await asyncio.sleep(1.5)
-                server = _start_redis(tmp_path, port)
-                # Then the worker carries on with new work
-                [second] = await wait_final(queue, [await queue.enqueue(chat(model="deepseek-v3.2"))])
+        async with (
+            sim.running() as base_url,
+            queue,
+            running_worker(queue, sim_config(base_url), WorkerSettings(claim_wait_s=0.2)),
+        ):
+            [first] = await wait_final(queue, [await queue.enqueue(chat(model="deepseek-v3.2"))])
+            # When Redis dies under the running worker and comes back
+            os.kill(server.pid, signal.SIGKILL)
+            server.wait()
+            await asyncio.sleep(1.5)
+            server = _start_redis(tmp_path, port)
+            # Then the worker carries on with new work
+            [second] = await wait_final(queue, [await queue.enqueue(chat(model="deepseek-v3.2"))])
         assert first.state is JobState.SUCCEEDED and second.state is JobState.SUCCEEDED
     finally:
         server.kill()
