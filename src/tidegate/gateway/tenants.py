@@ -71,7 +71,10 @@ class TenantStore(Protocol):
         ...
 
     async def authenticate(self, api_key: str) -> Tenant | None:
-        """The tenant of a valid, unrevoked key; None for anything else (never says why)."""
+        """The tenant of a valid, unrevoked key; None for anything else (never says why).
+        An implementation may remember a valid key briefly (tenant_store: `auth_cache_s`, 1 s by
+        default): a revocation or tenant change made through another store object then takes
+        effect on this one within that time."""
         ...
 
     async def revoke_key(self, key_id: str) -> bool:
