@@ -290,3 +290,17 @@ async def test_a_finished_job_is_posted_to_its_callback_signed(
     document = orjson.loads(body)
     assert document["id"] == job_id and document["state"] == "succeeded"
     assert document["result"]["model"] == job.result["model"] == "deepseek-v3.2"
+
+
+async def test_a_tier_whose_every_model_is_cooling_down_still_serves_its_jobs(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    # Given the bulk tier's only model failing twice in a row (it then cools down)
+    sim, base_url = simulator
+    sim.inject("deepseek-v3.2", InjectedFault("unavailable", times=2))
+    ids = [await queue.enqueue(chat(), priority="bulk", max_attempts=4) for _ in range(3)]
+    async with running_worker(queue, sim_config(base_url), WorkerSettings(concurrency=1, claim_wait_s=0.2)):
+        jobs = await wait_final(queue, ids)
+    # Then its jobs are retried on it rather than dead-lettered for want of a model
+    assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 3, [job.errors for job in jobs]
+    assert all(job.result["model"] == "deepseek-v3.2" for job in jobs)

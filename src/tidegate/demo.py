@@ -1,241 +1,281 @@
-"""The queue demo behind `make demo` and `tidegate demo`.
+"""The dispatch demo behind `make demo` and `tidegate demo`: everything in one process, nothing
+to start.
 
-It enqueues a shuffled, mixed-priority batch from a few tenants in one `enqueue_many` call, drains
-it with concurrent workers, fails some attempts on purpose (retries, and a few dead letters), and
-adds critical jobs half way through to show that they go straight to the front. It uses only the
-public queue API and measures waits itself, so what it prints is what any client would see.
+It serves a simulated OpenAI-compatible provider on a free loopback port (per-model latency,
+requests-per-minute limits, 1 % of calls answered 503), opens an embedded SQLite queue in
+`.tidegate/demo.db` (fresh each run), and runs one worker against both. A load generator sends a
+mix of priorities from four tenants, over capacity for part of the run so a backlog forms; then
+the demo waits for every job to finish. The numbers come back from the queue: each job's result
+(model, cost, attempts, upstream latency, written by the worker), the queue's stats, and the
+worker's metrics. `run_demo` returns them as a `DemoSummary`; `show_demo` adds the live view and
+the printed summary.
+
+Modules: `demo_load` (the provider's models, tenants, job mix, arrivals), `demo_stats` (reading
+numbers back), `demo_view` (rich rendering).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import random
+import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
+from tidegate.demo_load import (
+    BUDGET_TENANT,
+    TENANTS,
+    Arrivals,
+    DemoSettings,
+    Workload,
+    budget_for,
+    demo_config,
+    estimated_capacity_per_s,
+    simulator_settings,
+)
+from tidegate.demo_stats import (
+    BudgetState,
+    DemoSummary,
+    GroupRow,
+    Harvester,
+    JobRecord,
+    MetricsReader,
+    Outcomes,
+    Snapshot,
+    group_rows,
+    live_rows,
+)
+from tidegate.demo_view import LiveView, render_summary
+from tidegate.dispatch.budget import BudgetLedger, budget_ledger_for
+from tidegate.dispatch.costs import micros_to_usd, usd_to_micros
+from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.errors import ConfigError
-from tidegate.jobs import Job, JobSpec, JobState, Priority
-from tidegate.queue import Queue, QueueSettings
+from tidegate.jobs import JobSpec, Priority
+from tidegate.providers.simulator import Simulator
+from tidegate.queue import Queue, QueueStats
+from tidegate.queue.base import redact_url
 
-__all__ = ["DEFAULT_DEMO_URL", "DemoSummary", "LevelRow", "ServedJob", "ensure_sqlite_folder",
-           "render_summary", "run_demo"]
+__all__ = [
+    "DEFAULT_DEMO_URL",
+    "DemoSettings",
+    "DemoSummary",
+    "GroupRow",
+    "JobRecord",
+    "Snapshot",
+    "ensure_sqlite_folder",
+    "render_summary",
+    "run_demo",
+    "show_demo",
+]
 
 DEFAULT_DEMO_PATH = Path(".tidegate") / "demo.db"
 DEFAULT_DEMO_URL = f"sqlite:///{DEFAULT_DEMO_PATH}"
-DEFAULT_JOBS = 2_000
+LOAD_TICK_S = 0.05  # timed load enqueues what is due this often, in one enqueue_many
+DRAIN_STALL_S = 120.0  # no job finishing for this long is a bug; say so instead of hanging
 
-# Share of the batch per level, in percent: little urgent work, a long tail of background work.
-MIX: dict[Priority, int] = {
-    Priority.CRITICAL: 3,
-    Priority.HIGH: 12,
-    Priority.NORMAL: 25,
-    Priority.LOW: 30,
-    Priority.BULK: 30,
-}
-TENANTS = ("acme", "globex", "initech", "umbrella")
-WORKERS = 4
-CLAIM_LIMIT = 16
-WORK_S = 0.001  # the "work" of one job; the demo is about ordering, not about the work
-FLAKY_RATE = 0.02  # these fail their first attempt and succeed on the retry
-POISON_RATE = 0.003  # these fail every attempt and end in the dead-letter queue
-POISON_MAX_ATTEMPTS = 2
-RETRY_IN_S = 0.05
-DRAIN_TIMEOUT_S = 120.0  # a stalled drain is a bug; say so instead of hanging
-
-
-@dataclass(frozen=True, slots=True)
-class ServedJob:
-    """One demo job as the workers saw it."""
-
-    n: int  # the demo's own sequence number, carried in the payload
-    priority: Priority
-    late: bool  # enqueued half way through the drain rather than in the first batch
-    position: int  # index of its first claim in the order jobs were served (0 = first)
-    wait_ms: float  # from the enqueue call to its first claim
-    attempts: int
-    state: JobState  # succeeded or dead
-
-
-@dataclass(frozen=True, slots=True)
-class LevelRow:
-    """The summary of one priority level (late critical jobs get a row of their own)."""
-
-    label: str
-    priority: Priority
-    late: bool
-    count: int
-    first_position: int
-    last_position: int
-    wait_p50_ms: float
-    wait_p99_ms: float
-    retries: int
-    dead: int
-
-
-@dataclass(frozen=True, slots=True)
-class DemoSummary:
-    """What a demo run measured; `served` is in the order the jobs were first claimed."""
-
-    url: str
-    workers: int
-    enqueue_ms: float  # the first batch's single enqueue_many call
-    elapsed_s: float  # from the first claim to the last job settled
-    served: tuple[ServedJob, ...]
-    rows: tuple[LevelRow, ...]
-
-    @property
-    def jobs(self) -> int:
-        """Jobs settled (succeeded or dead), late ones included."""
-        return len(self.served)
-
-    @property
-    def throughput_per_s(self) -> float:
-        """Jobs settled per second of draining."""
-        return self.jobs / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-
-# ---------------------------------------------------------------------- the run
+OnSnapshot = Callable[[Snapshot], None]
 
 
 async def run_demo(
     url: str | None = None,
+    settings: DemoSettings | None = None,
     *,
-    jobs: int = DEFAULT_JOBS,
-    workers: int = WORKERS,
-    seed: int = 7,
-    progress: Callable[[str], None] | None = None,
+    on_snapshot: OnSnapshot | None = None,
 ) -> DemoSummary:
     """Run the demo on `url` (default: a fresh `.tidegate/demo.db`) and return what it measured.
+    `on_snapshot` is called every `settings.refresh_s` with the live numbers.
 
     A queue given by URL must be empty: the demo never deletes data it did not create.
     """
-    if jobs < 1 or workers < 1:
-        raise ConfigError("the demo needs at least one job and one worker")
-    say = progress or (lambda _message: None)
+    settings = settings or DemoSettings()
+    _check(settings)
     if url is None:
         url = DEFAULT_DEMO_URL
         _remove_sqlite_files(DEFAULT_DEMO_PATH)
     ensure_sqlite_folder(url)
-    # Upkeep every 0.1 s brings failed attempts back quickly, so retries show within the run.
-    settings = QueueSettings(maintenance_interval_s=0.1)
-    async with Queue.from_url(url, settings) as queue:
+    arrivals = Arrivals(settings.seconds, estimated_capacity_per_s(settings))
+    budget_usd = budget_for(settings.jobs if settings.jobs is not None else arrivals.planned)
+    async with contextlib.AsyncExitStack() as stack:
+        queue = await stack.enter_async_context(Queue.from_url(url))
         await _require_empty(queue, url)
-        return await _Drain(queue, url, jobs, workers, random.Random(seed), say).run()
+        base_url = await stack.enter_async_context(Simulator(simulator_settings(settings)).running())
+        # A ledger of its own: a demo run on a given URL starts with the whole budget even when
+        # an earlier run spent today's under the default name.
+        ledger = await stack.enter_async_context(
+            budget_ledger_for(url, f"demo-{uuid.uuid4().hex[:12]}"))
+        metrics = DispatchMetrics()
+        worker_settings = WorkerSettings(worker_id="demo-worker", concurrency=settings.concurrency,
+                                         claim_wait_s=0.2, shutdown_grace_s=5.0)
+        worker = await stack.enter_async_context(
+            Worker(queue, demo_config(url, base_url, budget_usd), worker_settings,
+                   ledger=ledger, metrics=metrics))
+        run = _Run(_Parts(url, queue, worker, ledger, metrics), settings, arrivals, budget_usd,
+                   on_snapshot)
+        return await run.run()
 
 
-class _Drain:
-    """Producer, workers and bookkeeping of one demo run."""
+async def show_demo(url: str | None, settings: DemoSettings, console: Console, *,
+                    live: bool = True) -> DemoSummary:
+    """Run the demo with the live view on `console` (unless `live` is False), then print the
+    summary. Returns what `run_demo` returns."""
+    load = (f"{settings.seconds:g} s of load" if settings.timed
+            else f"a batch of {settings.jobs:,} jobs")
+    where = redact_url(url or DEFAULT_DEMO_URL)
+    console.print(f"[bold]tidegate demo[/]: a simulated provider on loopback, a queue at {where}, "
+                  f"one worker of {settings.concurrency} concurrent calls; {load} from "
+                  f"{len(TENANTS)} tenants, then the drain.", highlight=False)
+    # Redrawing needs a terminal; piped output gets the summary only.
+    view = LiveView(console, enabled=live and console.is_terminal)
+    with view.showing():
+        summary = await run_demo(url, settings, on_snapshot=view.update)
+    console.print()
+    render_summary(summary, console)
+    return summary
 
-    def __init__(self, queue: Queue, url: str, jobs: int, workers: int, rng: random.Random,
-                 say: Callable[[str], None]) -> None:
-        self.queue = queue
-        self.url = url
-        self.workers = workers
-        self.say = say
-        self.first = _first_batch(jobs, rng)
-        # Enough late critical jobs to see, few enough not to drown the table.
-        self.late = [_Spec(n=jobs + i, priority=Priority.CRITICAL, tenant=TENANTS[i % len(TENANTS)],
-                           late=True)
-                     for i in range(max(3, jobs // 100))]
-        self.tracks = {spec.n: _Track(spec) for spec in [*self.first, *self.late]}
-        self.claims = 0
-        self.settled = 0
-        self.claiming = asyncio.Lock()
-        self.halfway = asyncio.Event()
-        self.done = asyncio.Event()
-        self.started_at = 0.0
-        self.finished_at = 0.0
+
+def _check(settings: DemoSettings) -> None:
+    if settings.jobs is not None and settings.jobs < 1:
+        raise ConfigError("the demo needs at least one job")
+    if settings.seconds <= 0 or settings.concurrency < 1 or settings.refresh_s <= 0:
+        raise ConfigError("the demo needs seconds > 0, concurrency >= 1 and refresh_s > 0")
+    if not 0 <= settings.error_rate <= 1 or settings.latency_scale <= 0:
+        raise ConfigError("the demo needs 0 <= error_rate <= 1 and latency_scale > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What a run works with, opened by `run_demo`."""
+
+    url: str
+    queue: Queue
+    worker: Worker
+    ledger: BudgetLedger
+    metrics: DispatchMetrics
+
+
+class _Run:
+    """The load generator and the watcher of one run, beside the worker."""
+
+    def __init__(self, parts: _Parts, settings: DemoSettings, arrivals: Arrivals, budget_usd: Decimal,
+                 on_snapshot: OnSnapshot | None) -> None:
+        self.parts = parts
+        self.settings = settings
+        self.arrivals = arrivals
+        self.budget_usd = budget_usd
+        self.on_snapshot = on_snapshot
+        self.workload = Workload(settings.seed)
+        self.started = time.monotonic()
+        self.harvester = Harvester(parts.queue, datetime.now(UTC))
+        self.reader = MetricsReader(parts.metrics)
+        self.load_done = asyncio.Event()
+        self.load_s = 0.0
+        self.elapsed_s = 0.0
+        self.peak_backlog = 0
 
     async def run(self) -> DemoSummary:
-        enqueue_ms = await self._enqueue(self.first)
-        counts = ", ".join(f"{_count(self.first, p)} {p.name.lower()}" for p in Priority)
-        self.say(f"Enqueued {len(self.first):,} shuffled jobs from {len(TENANTS)} tenants with "
-                 f"enqueue_many in {enqueue_ms:.0f} ms: {counts}")
-        self.say(f"Draining with {self.workers} workers, claiming up to {CLAIM_LIMIT} jobs each...")
-        self.started_at = time.monotonic()
         try:
-            async with asyncio.timeout(DRAIN_TIMEOUT_S), asyncio.TaskGroup() as group:
-                group.create_task(self._inject_late())
-                for index in range(self.workers):
-                    group.create_task(self._work(f"demo-worker-{index}"))
-        except TimeoutError:
-            raise RuntimeError(f"demo drain stalled: {self.settled} of {len(self.tracks)} jobs "
-                               f"settled after {DRAIN_TIMEOUT_S:.0f}s") from None
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.parts.worker.run())
+                group.create_task(self._load())
+                group.create_task(self._watch())
         except ExceptionGroup as failures:
-            # One worker failing cancels the rest; its error is the one worth showing.
+            # One task failing cancels the others; its error is the one worth showing.
             raise failures.exceptions[0] from failures
-        elapsed_s = self.finished_at - self.started_at
-        served = _served(self.tracks.values())
-        return DemoSummary(self.url, self.workers, enqueue_ms, elapsed_s, served, _rows(served))
+        records = tuple(sorted(self.harvester.records, key=lambda r: r.finished_s))
+        by_priority, by_model = group_rows(records)
+        return DemoSummary(
+            url=self.parts.url, timed=self.settings.timed, concurrency=self.settings.concurrency,
+            capacity_per_s=self.arrivals.capacity_per_s, load_s=self.load_s,
+            elapsed_s=self.elapsed_s, peak_backlog=self.peak_backlog,
+            paced=self.reader.paced(), throttled=self.reader.throttled(), records=records,
+            by_priority=by_priority, by_model=by_model, budget=await self._budget(),
+        )
 
-    async def _enqueue(self, specs: Sequence[_Spec]) -> float:
-        """Enqueue in as few calls as max_batch allows; returns the time it took in ms."""
-        started = time.monotonic()
-        for spec in specs:
-            # Set before the call: a worker may claim the job before enqueue_many returns.
-            self.tracks[spec.n].enqueued_at = started
-        batch = [spec.job_spec() for spec in specs]
-        size = self.queue.settings.max_batch
-        for start in range(0, len(batch), size):
-            await self.queue.enqueue_many(batch[start:start + size])
-        return (time.monotonic() - started) * 1000
+    def _now(self) -> float:
+        return time.monotonic() - self.started
 
-    async def _inject_late(self) -> None:
-        await self.halfway.wait()
-        await self._enqueue(self.late)
-        self.say(f"Half way: enqueued {len(self.late)} more critical jobs; "
-                 "they are served next, ahead of the waiting backlog")
+    # -- the load
 
-    async def _work(self, worker_id: str) -> None:
-        while not self.done.is_set():
-            # Claims run one at a time and are numbered under the lock, so a position is the order
-            # the queue handed jobs out: answers to overlapping claims can arrive in any order.
-            # The work itself, completes and fails stay concurrent.
-            async with self.claiming:
-                claimed = await self.queue.claim(worker_id, limit=CLAIM_LIMIT, timeout_s=0.1)
-                claimed_at = time.monotonic()
-                for job in claimed:
-                    self._on_claim(job, claimed_at)
-            for job in claimed:
-                await asyncio.sleep(WORK_S)
-                await self._settle(job)
-
-    def _on_claim(self, job: Job, claimed_at: float) -> None:
-        n = job.payload.get("n")
-        track = self.tracks.get(n) if isinstance(n, int) else None
-        if track is None:
-            # Someone else's job: completing it would destroy their work.
-            raise ConfigError(f"job {job.id} is not one of the demo's; run the demo on its own queue")
-        track.attempts += 1
-        if track.position is None:
-            track.position = self.claims
-            track.wait_ms = (claimed_at - track.enqueued_at) * 1000
-        self.claims += 1
-        if self.claims >= len(self.first) // 2:
-            self.halfway.set()
-
-    async def _settle(self, job: Job) -> None:
-        track = self.tracks[job.payload["n"]]
-        if track.spec.poison or (track.spec.flaky and track.attempts == 1):
-            state = await self.queue.fail(job, "simulated upstream 503", retry_in_s=RETRY_IN_S)
-            if state is not JobState.DEAD:
-                return  # it comes back after RETRY_IN_S, at its own priority
+    async def _load(self) -> None:
+        if self.settings.jobs is not None:
+            await self._enqueue(self.workload.take(self.settings.jobs))
         else:
-            await self.queue.complete(job, {"ok": True})
-            state = JobState.SUCCEEDED
-        track.state = state
-        self.settled += 1
-        if self.settled == len(self.tracks):
-            self.finished_at = time.monotonic()
-            self.done.set()
+            sent = 0
+            while (t_s := self._now()) < self.arrivals.seconds:
+                due = self.arrivals.due(t_s)
+                await self._enqueue(self.workload.take(due - sent))
+                sent = due
+                await asyncio.sleep(LOAD_TICK_S)
+            await self._enqueue(self.workload.take(self.arrivals.planned - sent))
+        self.load_s = self._now()
+        self.load_done.set()
+
+    async def _enqueue(self, specs: list[JobSpec]) -> None:
+        size = self.parts.queue.settings.max_batch
+        for start in range(0, len(specs), size):
+            batch = specs[start:start + size]
+            ids = await self.parts.queue.enqueue_many(batch)
+            self.harvester.track(ids, [Priority.parse(spec.priority) for spec in batch])
+
+    # -- reading numbers back
+
+    async def _watch(self) -> None:
+        last_progress = time.monotonic()
+        while True:
+            await asyncio.sleep(self.settings.refresh_s)
+            outcomes = self.reader.outcomes()
+            if await self.harvester.sweep(outcomes.done()):
+                last_progress = time.monotonic()
+            stats = await self.parts.queue.stats()
+            self.peak_backlog = max(self.peak_backlog, stats.depth + stats.delayed)
+            finished = self.load_done.is_set() and self.harvester.outstanding == 0
+            if finished:
+                self.elapsed_s = self._now()
+            if self.on_snapshot is not None:
+                self.on_snapshot(await self._snapshot(stats, outcomes))
+            if finished:
+                break
+            if time.monotonic() - last_progress > DRAIN_STALL_S:
+                raise RuntimeError(f"demo stalled: no job finished for {DRAIN_STALL_S:.0f} s, "
+                                   f"{self.harvester.outstanding} still unfinished")
+        self.parts.worker.request_stop()
+
+    async def _snapshot(self, stats: QueueStats, outcomes: Outcomes) -> Snapshot:
+        t_s = self._now()
+        if self.settings.timed:
+            phase = self.arrivals.phase(t_s)
+            name, rate = phase.name, phase.rate_per_s
+        else:
+            name, rate = ("batch" if self.harvester.outstanding else "drain"), 0.0
+        rates = self.reader.rates(outcomes.done())
+        return Snapshot(
+            elapsed_s=t_s, phase=name, arrival_per_s=rate, served_per_s=sum(rates.values()),
+            rows=live_rows(self.harvester, stats, outcomes, rates),
+            backlog=stats.depth, delayed=stats.delayed,
+            spend_by_model=self.reader.spend_by_model(),
+            answered_by_model=self.reader.answered_by_model(), paced=self.reader.paced(),
+            throttled=self.reader.throttled(), budget=await self._budget(),
+        )
+
+    async def _budget(self) -> BudgetState:
+        limit = usd_to_micros(self.budget_usd)
+        status = await self.parts.ledger.status(BUDGET_TENANT, tenant_limit_micros=limit,
+                                                global_limit_micros=None)
+        mine = [r for r in self.harvester.records if r.tenant == BUDGET_TENANT]
+        return BudgetState(
+            tenant=BUDGET_TENANT, limit_usd=self.budget_usd,
+            spent_usd=micros_to_usd(status.tenant_spent_micros),
+            stepped_down=sum(1 for r in mine if r.stepped_down),
+            refused=sum(1 for r in mine if r.dead_cause == "budget"),
+        )
 
 
 async def _require_empty(queue: Queue, url: str) -> None:
@@ -243,121 +283,6 @@ async def _require_empty(queue: Queue, url: str) -> None:
     waiting = stats.depth + stats.in_flight + stats.delayed
     if waiting:
         raise ConfigError(f"the demo needs an empty queue, but {url} holds {waiting} unfinished jobs")
-
-
-# ---------------------------------------------------------------------- the batch
-
-
-@dataclass(slots=True)
-class _Spec:
-    n: int
-    priority: Priority
-    tenant: str
-    late: bool = False
-    flaky: bool = False
-    poison: bool = False
-
-    def job_spec(self) -> JobSpec:
-        payload = {"n": self.n, "task": "embed" if self.priority >= Priority.LOW else "chat"}
-        return JobSpec(payload=payload, priority=self.priority, tenant=self.tenant,
-                       max_attempts=POISON_MAX_ATTEMPTS if self.poison else None)
-
-
-@dataclass(slots=True)
-class _Track:
-    spec: _Spec
-    enqueued_at: float = 0.0
-    position: int | None = None
-    wait_ms: float = 0.0
-    attempts: int = 0
-    state: JobState | None = None
-
-
-def _first_batch(jobs: int, rng: random.Random) -> list[_Spec]:
-    levels = [p for p, share in MIX.items() for _ in range(share)]
-    priorities = [levels[i * len(levels) // jobs] for i in range(jobs)]
-    rng.shuffle(priorities)
-    specs = [_Spec(n=n, priority=priority, tenant=rng.choice(TENANTS))
-             for n, priority in enumerate(priorities)]
-    # Fixed counts rather than a coin per job, so every run shows some retries and dead letters.
-    unlucky = rng.sample(specs, round(jobs * POISON_RATE) + round(jobs * FLAKY_RATE))
-    for index, spec in enumerate(unlucky):
-        if index < round(jobs * POISON_RATE):
-            spec.poison = True
-        else:
-            spec.flaky = True
-    return specs
-
-
-def _count(specs: Sequence[_Spec], priority: Priority) -> int:
-    return sum(1 for spec in specs if spec.priority is priority)
-
-
-# ---------------------------------------------------------------------- the summary
-
-
-def _served(tracks: Iterable[_Track]) -> tuple[ServedJob, ...]:
-    served = []
-    for track in tracks:
-        if track.position is None or track.state is None:
-            raise RuntimeError(f"demo job {track.spec.n} was never settled")
-        served.append(ServedJob(n=track.spec.n, priority=track.spec.priority, late=track.spec.late,
-                                position=track.position, wait_ms=track.wait_ms,
-                                attempts=track.attempts, state=track.state))
-    return tuple(sorted(served, key=lambda job: job.position))
-
-
-def _rows(served: Sequence[ServedJob]) -> tuple[LevelRow, ...]:
-    rows = []
-    for priority in Priority:
-        for late in (False, True):
-            group = [job for job in served if job.priority is priority and job.late is late]
-            if not group:
-                continue
-            waits = sorted(job.wait_ms for job in group)
-            label = priority.name.lower() + (" (late)" if late else "")
-            rows.append(LevelRow(
-                label=label, priority=priority, late=late, count=len(group),
-                first_position=min(job.position for job in group),
-                last_position=max(job.position for job in group),
-                wait_p50_ms=_percentile(waits, 50), wait_p99_ms=_percentile(waits, 99),
-                retries=sum(job.attempts - 1 for job in group),
-                dead=sum(1 for job in group if job.state is JobState.DEAD),
-            ))
-    return tuple(rows)
-
-
-def _percentile(ordered: Sequence[float], q: float) -> float:
-    # Nearest rank: always a value that was measured, and well defined for tiny groups.
-    rank = max(math.ceil(q / 100 * len(ordered)), 1)
-    return ordered[min(rank, len(ordered)) - 1]
-
-
-def render_summary(summary: DemoSummary, console: Console) -> None:
-    """Print the per-priority table and the throughput line."""
-    table = Table(title="Served order and wait by priority", box=box.SIMPLE_HEAD)
-    table.add_column("priority")
-    table.add_column("jobs", justify="right")
-    table.add_column("served #", justify="right")
-    table.add_column("wait p50", justify="right")
-    table.add_column("wait p99", justify="right")
-    table.add_column("retries", justify="right")
-    table.add_column("dead", justify="right")
-    for row in summary.rows:
-        table.add_row(row.label, f"{row.count:,}", f"{row.first_position:,}-{row.last_position:,}",
-                      _ms(row.wait_p50_ms), _ms(row.wait_p99_ms), str(row.retries), str(row.dead))
-    console.print(table)
-    console.print("served # is the position of each job's first claim in the order the workers got "
-                  "them; wait is from the enqueue call to that claim. Retries and dead letters come "
-                  "from attempts the demo fails on purpose.")
-    console.print(f"Drained [bold]{summary.jobs:,}[/] jobs in {summary.elapsed_s:.2f} s with "
-                  f"{summary.workers} workers: [bold]{summary.throughput_per_s:,.0f} jobs/s[/]")
-    console.print(f"Look inside: tidegate queue stats --queue {summary.url}  "
-                  f"(and queue dlq, queue redrive)", highlight=False)
-
-
-def _ms(value: float) -> str:
-    return f"{value:,.0f} ms" if value >= 10 else f"{value:.1f} ms"
 
 
 # ---------------------------------------------------------------------- files

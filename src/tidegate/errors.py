@@ -9,6 +9,7 @@
     ├── QueueFull                   admission control: a priority level is at its max depth
     ├── LeaseLost                   a stale lease token: the job was recovered, re-claimed or cancelled
     ├── JobNotFound                 no job with that id (or not visible to the caller)
+    ├── TenantNotFound              no tenant with that name (a key was asked for an unknown tenant)
     ├── QueueClosed                 the queue was closed, or used before it was opened
     ├── QueueUnavailable            the backend cannot be reached (driver errors are translated)
     ├── ClientClosed                an upstream client used before it was opened or after it was closed
@@ -67,6 +68,10 @@ class LeaseLost(TidegateError):
 
 class JobNotFound(TidegateError):
     """No job with that id."""
+
+
+class TenantNotFound(TidegateError):
+    """No tenant with that name: a key cannot be created for it."""
 
 
 class QueueClosed(TidegateError):

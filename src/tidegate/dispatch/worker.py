@@ -241,16 +241,17 @@ class Worker:
             await self._settle_failure(call, f"invalid AI job: {exc}", retry=False)
             return
         estimated_input = estimate_input_tokens(request.kind, request.body)
+        fraction_left = await self._budget_fraction_left(job.tenant)
+        failing = self._health.failing()
         try:
-            route = self.router.route(
-                kind=request.kind,
-                requested_model=request.requested_model,
-                priority=job.priority,
-                estimated_input_tokens=estimated_input,
-                budget_fraction_left=await self._budget_fraction_left(job.tenant),
-                allowed_models=request.allowed_models,
-                exclude=self._health.failing(),
-            )
+            try:
+                route = self._route(request, job, estimated_input, fraction_left, failing)
+            except RoutingError:
+                if not failing:
+                    raise
+                # Every candidate is cooling down after failures: try the tier's best again
+                # rather than dead-letter a job that a healthy provider could still serve.
+                route = self._route(request, job, estimated_input, fraction_left, frozenset())
         except RoutingError as exc:
             await self._settle_failure(call, str(exc), retry=False)
             return
@@ -260,6 +261,20 @@ class Worker:
         if not await self._pace(call, route.model, request, estimated_input):
             return
         await self._call_upstream(call, route, request)
+
+    def _route(
+        self, request: AIRequest, job: Job, estimated_input: int, fraction_left: float | None,
+        exclude: frozenset[str],
+    ) -> RouteDecision:
+        return self.router.route(
+            kind=request.kind,
+            requested_model=request.requested_model,
+            priority=job.priority,
+            estimated_input_tokens=estimated_input,
+            budget_fraction_left=fraction_left,
+            allowed_models=request.allowed_models,
+            exclude=exclude,
+        )
 
     async def _reserve_budget(self, call: _Call, route: RouteDecision, request: AIRequest) -> bool:
         if self._ledger is None:
