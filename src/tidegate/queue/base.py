@@ -7,9 +7,9 @@ import abc
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -229,7 +229,8 @@ class Queue(abc.ABC):
             raise type(exc)(f"job {index} of the batch: {exc}") from exc
 
     def _prepare_spec(self, spec: JobSpec, now: int) -> NewJob:
-        if not isinstance(spec.payload, Mapping):
+        # dict first: the ABC check behind Mapping costs more than the rest of this line.
+        if not isinstance(spec.payload, dict | Mapping):
             raise InvalidJob(f"payload must be a JSON object, got {type(spec.payload).__name__}")
         try:
             payload = orjson.dumps(spec.payload)
@@ -247,7 +248,7 @@ class Queue(abc.ABC):
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidJob(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         return NewJob(
-            id=uuid.uuid4().hex,
+            id=os.urandom(16).hex(),  # 128 random bits, as uuid4 has, at a third of the cost
             priority=int(priority),
             payload=payload,
             tenant=tenant or "default",
