@@ -19,6 +19,8 @@ from tidegate.dispatch.callbacks import SIGNATURE_HEADER, CallbackSender, verify
 from tidegate.dispatch.costs import usd_to_micros
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import WorkerSettings
+from tidegate.gateway.tenant_store import tenant_store_for
+from tidegate.gateway.tenants import Tenant
 from tidegate.jobs import JobState, Priority
 from tidegate.providers.sim_settings import SimulatorSettings
 from tidegate.providers.simulator import InjectedFault, Simulator
@@ -304,3 +306,21 @@ async def test_a_tier_whose_every_model_is_cooling_down_still_serves_its_jobs(
     # Then its jobs are retried on it rather than dead-lettered for want of a model
     assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 3, [job.errors for job in jobs]
     assert all(job.result["model"] == "deepseek-v3.2" for job in jobs)
+
+
+async def test_a_tenant_s_own_daily_budget_from_the_tenant_store_is_enforced(
+    queue_factory: QueueFactory, queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    _, base_url = simulator
+    url = queue_url_of(queue_factory)
+    config = sim_config(base_url, queue_url=url, budgets=BudgetConfig(on_exhausted="reject"))
+    async with tenant_store_for(url) as tenants, budget_ledger_for(url) as ledger:
+        await tenants.put_tenant(Tenant(name="frugal", daily_budget_usd=Decimal("0")))
+        broke = await queue.enqueue(chat(), tenant="frugal")
+        other = await queue.enqueue(chat(), tenant="someone-else")
+        async with running_worker(queue, config, tenants=tenants, ledger=ledger):
+            jobs = await wait_final(queue, [broke, other])
+        spent = await ledger.spend_today()
+    assert jobs[0].state is JobState.DEAD and "budget exhausted" in (jobs[0].last_error or "")
+    assert jobs[1].state is JobState.SUCCEEDED
+    assert spent["someone-else"] == jobs[1].result["cost_micros"]  # spend is tracked without a budget

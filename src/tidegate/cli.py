@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -17,9 +18,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from tidegate import __version__
-from tidegate.demo import DEFAULT_JOBS, ensure_sqlite_folder, render_summary, run_demo
+from tidegate.demo import DemoSettings, ensure_sqlite_folder, show_demo
 from tidegate.errors import TidegateError
-from tidegate.jobs import Job
+from tidegate.gateway.tenant_store import tenant_store_for
+from tidegate.gateway.tenants import ApiKeyInfo, Tenant, TenantStore
+from tidegate.jobs import Job, Priority
 from tidegate.queue import Queue, QueueStats
 
 __all__ = ["DEFAULT_QUEUE_URL", "app"]
@@ -81,14 +84,21 @@ def demo(
         typer.Option("--queue", "-q", help="Queue URL (must be empty); default: a fresh "
                      ".tidegate/demo.db."),
     ] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-n", min=1, max=100_000,
-                                      help="Jobs in the first batch.")] = DEFAULT_JOBS,
+    seconds: Annotated[float, typer.Option("--seconds", "-s", min=1, max=3600,
+                                           help="How long jobs keep arriving, before the drain.")] = 20.0,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-n", min=1, max=100_000,
+                                             help="Enqueue this many jobs at once instead of timed "
+                                             "load.")] = None,
+    live: Annotated[bool, typer.Option("--live/--no-live",
+                                       help="Redraw the numbers while the demo runs.")] = True,
+    concurrency: Annotated[int, typer.Option(min=1, max=1024,
+                                             help="The worker's calls in flight.")] = 32,
+    seed: Annotated[int, typer.Option(help="Seed of the job mix and the simulator.")] = 7,
 ) -> None:
-    """Enqueue a mixed-priority batch, drain it with concurrent workers, show the served order."""
-    console = Console()
-    summary = _run(run_demo(queue, jobs=jobs, progress=console.print))
-    console.print()
-    render_summary(summary, console)
+    """Run a simulated provider, a worker and a load generator in one process, show the queue live,
+    then summarise waits, latency and spend per priority and per model."""
+    settings = DemoSettings(seconds=seconds, jobs=jobs, concurrency=concurrency, seed=seed)
+    _run(show_demo(queue, settings, Console(), live=live))
 
 
 @queue_app.command("stats")
@@ -250,3 +260,222 @@ def worker(
             lease_s=lease_s, shutdown_grace_s=grace_s,
         )
     _run(run_worker(settings, worker_settings))
+
+
+@app.command()
+def gateway(
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    host: Annotated[str, typer.Option(help="Address to bind. Anything but loopback needs an API key "
+                                      "to exist (see `tidegate keys create`).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="Port to listen on.")] = 8080,
+    config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
+                                               help="The tidegate.toml to read (providers, models, "
+                                               "callbacks).")] = None,
+    timeout_s: Annotated[float | None, typer.Option(
+        "--timeout-s", min=0.001, help="How long a chat or embeddings call waits for its result before "
+        "answering 504 with the job id.")] = None,
+    max_body_bytes: Annotated[int | None, typer.Option(min=1, help="Largest request body.")] = None,
+    max_messages: Annotated[int | None, typer.Option(
+        min=1, help="Most messages in one chat request.")] = None,
+    max_batch: Annotated[int | None, typer.Option(min=1, help="Most jobs in one POST /v1/jobs.")] = None,
+) -> None:
+    """Serve the HTTP API (OpenAI-compatible, jobs, admin, metrics) until SIGTERM or SIGINT.
+
+    Bound to loopback with no tenant or key in the store, requests without a key are served as a
+    built-in local tenant; once a key exists a valid key is required. Point any number of gateways
+    and workers at one Redis queue to scale out."""
+    import logging
+    import os
+
+    from tidegate.config import TidegateConfig
+    from tidegate.gateway.serve import serve_gateway
+    from tidegate.gateway.settings import GatewaySettings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with _errors_as_exit():
+        if config is not None:
+            os.environ["TIDEGATE_CONFIG"] = config
+        ensure_sqlite_folder(queue)
+        settings = TidegateConfig.load(queue_url=queue)
+        options: dict[str, Any] = {"host": host, "port": port, "request_timeout_s": timeout_s,
+                                   "max_body_bytes": max_body_bytes, "max_messages": max_messages,
+                                   "max_batch": max_batch}
+        # Flags left out fall back to TIDEGATE_GATEWAY_* variables, then the defaults.
+        given = {name: value for name, value in options.items() if value is not None}
+        gateway_settings = GatewaySettings(**given)
+    _run(serve_gateway(settings, gateway_settings))
+
+
+# ---------------------------------------------------------------------- tenants and API keys
+
+tenants_app = typer.Typer(help="Tenants: who may call the gateway, and within which limits.",
+                          no_args_is_help=True)
+keys_app = typer.Typer(help="Tenants' API keys (only a digest of each secret is stored).",
+                       no_args_is_help=True)
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(keys_app, name="keys")
+
+
+def _tenant_store(url: str) -> TenantStore:
+    ensure_sqlite_folder(url)
+    # A one-shot command authenticates nothing: no cache to keep.
+    return tenant_store_for(url, auth_cache_s=0)
+
+
+def _tenant_from_options(name: str, *, max_priority: str, default_priority: str, rpm: int | None,
+                         daily_budget_usd: str | None, models: str | None, admin: bool) -> Tenant:
+    """The Tenant the `tenants put` options describe; BadParameter names what is wrong."""
+    from pydantic import ValidationError
+
+    budget: Decimal | None = None
+    if daily_budget_usd is not None:
+        try:
+            budget = Decimal(daily_budget_usd)
+        except InvalidOperation:
+            raise typer.BadParameter(f"not an amount in USD: {daily_budget_usd!r}",
+                                     param_hint="--daily-budget-usd") from None
+    allowed: tuple[str, ...] | None = None
+    if models is not None:
+        allowed = tuple(model.strip() for model in models.split(",") if model.strip())
+        if not allowed:
+            raise typer.BadParameter("name at least one model, or leave --models out to allow all",
+                                     param_hint="--models")
+    try:
+        tenant = Tenant(name=name, max_priority=Priority.parse(max_priority),
+                        default_priority=Priority.parse(default_priority), rpm=rpm,
+                        daily_budget_usd=budget, allowed_models=allowed, admin=admin)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+                             for error in exc.errors())
+        raise typer.BadParameter(problems) from None
+    if not tenant.may_use(tenant.default_priority):
+        # Every request that names no priority would be refused.
+        raise typer.BadParameter(
+            f"default priority {tenant.default_priority.name.lower()} is more urgent than max "
+            f"priority {tenant.max_priority.name.lower()}", param_hint="--default-priority")
+    return tenant
+
+
+@tenants_app.command("put")
+def tenants_put(
+    name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, '_', '.', '-'.")],
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    max_priority: Annotated[str, typer.Option(
+        help="The most urgent priority it may ask for (a more urgent request is refused).")] = "high",
+    default_priority: Annotated[str, typer.Option(
+        help="The priority of its requests that name none.")] = "normal",
+    rpm: Annotated[int | None, typer.Option(
+        min=1, help="Requests per minute over all its keys [default: no limit].")] = None,
+    daily_budget_usd: Annotated[str | None, typer.Option(
+        help="Daily spend limit in USD, e.g. 10 or 2.50 [default: no limit].")] = None,
+    models: Annotated[str | None, typer.Option(
+        help="Comma-separated models it may use [default: every configured model].")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="May call the admin API.")] = False,
+) -> None:
+    """Create or replace a tenant: settings left out take their defaults, not their old values."""
+    with _errors_as_exit():
+        tenant = _tenant_from_options(name, max_priority=max_priority, default_priority=default_priority,
+                                      rpm=rpm, daily_budget_usd=daily_budget_usd, models=models,
+                                      admin=admin)
+
+    async def main() -> None:
+        async with _tenant_store(queue) as store:
+            await store.put_tenant(tenant)
+
+    _run(main())
+    typer.echo(f"Saved tenant {tenant.name}.")
+
+
+@tenants_app.command("list")
+def tenants_list(queue: QueueUrl = DEFAULT_QUEUE_URL) -> None:
+    """Every tenant and its limits."""
+
+    async def main() -> list[Tenant]:
+        async with _tenant_store(queue) as store:
+            return await store.list_tenants()
+
+    tenants = _run(main())
+    console = Console()
+    if not tenants:
+        console.print("No tenants.")
+        return
+    table = Table(title="Tenants")
+    table.add_column("name", no_wrap=True)
+    for column in ("max priority", "default priority"):
+        table.add_column(column)
+    for column in ("rpm", "daily budget (USD)"):
+        table.add_column(column, justify="right")
+    table.add_column("models", overflow="fold")
+    table.add_column("admin")
+    for tenant in tenants:
+        table.add_row(
+            escape(tenant.name), tenant.max_priority.name.lower(), tenant.default_priority.name.lower(),
+            "no limit" if tenant.rpm is None else f"{tenant.rpm:,}",
+            "no limit" if tenant.daily_budget_usd is None else f"{tenant.daily_budget_usd:,}",
+            "all" if tenant.allowed_models is None else escape(", ".join(tenant.allowed_models)),
+            "yes" if tenant.admin else "",
+        )
+    console.print(table)
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Argument(help="The tenant the key acts for.")],
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+) -> None:
+    """Create an API key and print it: the only time the full key is shown."""
+
+    async def main() -> tuple[ApiKeyInfo, str]:
+        async with _tenant_store(queue) as store:
+            return await store.create_key(tenant)
+
+    info, api_key = _run(main())
+    Console(stderr=True).print(
+        f"Created key [bold]{info.key_id}[/] for tenant {escape(info.tenant)}. "
+        "[yellow]Copy it now: it is not shown again[/] (only a digest is stored).",
+        highlight=False, soft_wrap=True,
+    )
+    typer.echo(api_key)  # alone on stdout, unwrapped, so `KEY=$(tidegate keys create …)` works
+
+
+@keys_app.command("list")
+def keys_list(
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
+) -> None:
+    """API keys, newest first: ids, tenants and dates (never secrets)."""
+
+    async def main() -> list[ApiKeyInfo]:
+        async with _tenant_store(queue) as store:
+            return await store.list_keys(tenant)
+
+    keys = _run(main())
+    console = Console()
+    if not keys:
+        console.print("No keys.")
+        return
+    table = Table(title="API keys")
+    table.add_column("key id", no_wrap=True)  # copied into `keys revoke`: keep it whole
+    for column in ("tenant", "created (UTC)", "revoked (UTC)"):
+        table.add_column(column)
+    for key in keys:
+        revoked = key.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if key.revoked_at else ""
+        table.add_row(key.key_id, escape(key.tenant), key.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                      revoked)
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (the 12 characters after 'tg_').")],
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+) -> None:
+    """Revoke an API key. Gateways refuse it within their authentication cache time (1 s)."""
+
+    async def main() -> None:
+        async with _tenant_store(queue) as store:
+            if not await store.revoke_key(key_id):
+                raise TidegateError(f"no active key with id {key_id!r} (unknown or already revoked)")
+
+    _run(main())
+    typer.echo(f"Revoked key {key_id}.")

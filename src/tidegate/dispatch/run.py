@@ -7,11 +7,13 @@ import logging
 import os
 
 from tidegate.config import TidegateConfig
+from tidegate.dispatch.budget import budget_ledger_for
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.relay import relay_for
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.errors import ConfigError
+from tidegate.gateway.tenant_store import tenant_store_for
 from tidegate.queue import Queue
 from tidegate.queue.base import redact_url
 
@@ -37,8 +39,12 @@ async def run_worker(
             callbacks = await stack.enter_async_context(CallbackSender(config.callbacks, secret.encode()))
         relay = relay_for(config.queue_url)
         stack.push_async_callback(relay.close)
+        tenants = await stack.enter_async_context(tenant_store_for(config.queue_url))
+        # A ledger always, so spend is tracked per tenant and model even where no budget is set.
+        ledger = await stack.enter_async_context(budget_ledger_for(config.queue_url))
         worker = await stack.enter_async_context(
-            Worker(queue, config, settings, metrics=metrics, callbacks=callbacks, relay=relay)
+            Worker(queue, config, settings, metrics=metrics, callbacks=callbacks, relay=relay,
+                   tenants=tenants, ledger=ledger)
         )
         worker.install_signal_handlers()
         log.info("worker %s serving %s", worker.worker_id, redact_url(config.queue_url))

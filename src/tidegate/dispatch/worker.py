@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -45,9 +45,13 @@ from tidegate.jobs import Job, JobState, Priority
 from tidegate.providers.client import UpstreamClient, UpstreamError, UpstreamResponse
 from tidegate.queue import Queue
 
+if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gateway layer
+    from tidegate.gateway.tenants import TenantStore
+
 log = logging.getLogger("tidegate.worker")
 
 QUEUE_RETRY_S = 1.0  # pause before claiming again after the queue failed to answer
+TENANT_CACHE_S = 5.0  # how long a tenant's budget is reused before it is read again
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +70,11 @@ class WorkerSettings:
 
 @dataclass(slots=True)
 class _Relayed:
-    """How many chunks of an attempt reached the relay (and so, perhaps, the client)."""
+    """How many chunks of an attempt reached the relay (and so, perhaps, the client), and when the
+    first content arrived."""
 
     chunks: int = 0
+    ttft_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -96,6 +102,7 @@ class Worker:
         metrics: DispatchMetrics | None = None,
         callbacks: CallbackSender | None = None,
         relay: ChunkRelay | None = None,
+        tenants: TenantStore | None = None,
     ) -> None:
         self.queue = queue
         self.config = config
@@ -108,6 +115,8 @@ class Worker:
         self._ledger = ledger
         self._callbacks = callbacks
         self._relay = relay
+        self._tenants = tenants
+        self._tenant_budgets: dict[str, tuple[float, Decimal | None]] = {}  # name → (read at, budget)
         self._concurrency = AdaptiveConcurrency()
         self._health = ModelHealth(config.routing.fallback_after_failures, self.settings.model_cooldown_s)
         self._clients: dict[str, UpstreamClient] = {}
@@ -281,7 +290,7 @@ class Worker:
             return True
         job = call.job
         amount = estimate_cost_micros(route.model, request.kind, request.body)
-        tenant_limit, global_limit = self._limits(job.tenant)
+        tenant_limit, global_limit = await self._limits(job.tenant)
         try:
             call.reservation = await self._ledger.reserve(
                 job.tenant, amount, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit,
@@ -350,7 +359,7 @@ class Worker:
             return
         finally:
             self.metrics.in_flight.labels(model.name).dec()
-        await self._on_success(call, route, response)
+        await self._on_success(call, route, response, relayed.ttft_ms)
 
     async def _stream(
         self, job: Job, client: UpstreamClient, body: dict[str, Any], relayed: _Relayed
@@ -375,8 +384,8 @@ class Worker:
             }],
             "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                       "total_tokens": usage.total_tokens},
-            "ttft_ms": summary.ttft_ms,
         }
+        relayed.ttft_ms = summary.ttft_ms
         return UpstreamResponse(
             status=summary.status, body=document, headers=summary.headers,
             latency_ms=summary.latency_ms, usage=usage, rate_limit=summary.rate_limit,
@@ -390,7 +399,9 @@ class Worker:
             )
         await self._relay.finish(job_id)
 
-    async def _on_success(self, call: _Call, route: RouteDecision, response: UpstreamResponse) -> None:
+    async def _on_success(
+        self, call: _Call, route: RouteDecision, response: UpstreamResponse, ttft_ms: float | None
+    ) -> None:
         job, model = call.job, route.model
         usage = response.usage
         spent = cost_micros(model, usage.prompt_tokens, usage.completion_tokens)
@@ -417,6 +428,8 @@ class Worker:
             "attempts": job.attempts,
             "worker_id": self.worker_id,
         }
+        if ttft_ms is not None:
+            result["ttft_ms"] = round(ttft_ms, 3)
         priority = job.priority.name.lower()
         self.metrics.upstream_latency.labels(priority, model.name).observe(response.latency_ms / 1000)
         self.metrics.tokens.labels(model.name, "input").inc(usage.prompt_tokens)
@@ -513,18 +526,33 @@ class Worker:
             or budgets.default_tenant_daily_usd is not None
         )
 
-    def _limits(self, tenant: str) -> tuple[int | None, int | None]:
+    async def _limits(self, tenant: str) -> tuple[int | None, int | None]:
+        """Daily limits in micros: the tenant's own budget (tenant store) wins over the config."""
         budgets = self.config.budgets
-        tenant_usd: Decimal | None = budgets.tenant_daily_usd.get(tenant, budgets.default_tenant_daily_usd)
+        tenant_usd = await self._tenant_budget(tenant)
+        if tenant_usd is None:
+            tenant_usd = budgets.tenant_daily_usd.get(tenant, budgets.default_tenant_daily_usd)
         return (
             None if tenant_usd is None else usd_to_micros(tenant_usd),
             None if budgets.global_daily_usd is None else usd_to_micros(budgets.global_daily_usd),
         )
 
+    async def _tenant_budget(self, tenant: str) -> Decimal | None:
+        if self._tenants is None:
+            return None
+        now = time.monotonic()
+        cached = self._tenant_budgets.get(tenant)
+        if cached is not None and now - cached[0] < TENANT_CACHE_S:
+            return cached[1]
+        record = await self._tenants.get_tenant(tenant)
+        budget = None if record is None else record.daily_budget_usd
+        self._tenant_budgets[tenant] = (now, budget)
+        return budget
+
     async def _budget_fraction_left(self, tenant: str) -> float | None:
         if self._ledger is None:
             return None
-        tenant_limit, global_limit = self._limits(tenant)
+        tenant_limit, global_limit = await self._limits(tenant)
         status = await self._ledger.status(
             tenant, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit
         )

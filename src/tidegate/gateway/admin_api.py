@@ -1,0 +1,175 @@
+"""The admin API (admin tenants only; 403 for others): queue statistics, the dead-letter queue,
+tenants and their API keys."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Query, Response
+from pydantic import ValidationError
+
+from tidegate.dispatch.costs import micros_to_usd
+from tidegate.gateway.auth import AdminDep, StateDep
+from tidegate.gateway.errors import ERROR_RESPONSES, ApiError, ErrorResponse
+from tidegate.gateway.metrics import Percentiles
+from tidegate.gateway.schemas import (
+    DeadLetterPage,
+    KeyCreated,
+    KeyView,
+    LatencyView,
+    LevelView,
+    PurgeResult,
+    RedriveRequest,
+    RedriveResult,
+    StatsView,
+    TenantBody,
+    TenantView,
+)
+from tidegate.gateway.tenants import Tenant
+from tidegate.gateway.views import job_view, key_view, tenant_view
+from tidegate.jobs import Priority
+
+__all__ = ["router"]
+
+_NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"model": ErrorResponse, "description": "Not found."}}
+
+router = APIRouter(prefix="/v1", tags=["Admin"], responses=ERROR_RESPONSES)
+
+
+def _latency(values: Percentiles) -> LatencyView:
+    return LatencyView(p50=values.p50, p99=values.p99, count=values.count)
+
+
+@router.get("/stats", response_model=StatsView, summary="Queue and traffic statistics")
+async def stats(state: StateDep, _: AdminDep) -> StatsView:
+    """Depth, oldest wait and in-flight jobs per priority; throughput and p50/p99 waits over the
+    recent jobs this gateway has seen; spend today per tenant (the shared ledger) and per model."""
+    snapshot = await state.queue.stats()
+    spend = await state.ledger.spend_today()
+    recent = state.recent
+    return StatsView(
+        levels={
+            priority.name.lower(): LevelView(depth=level.depth, oldest_wait_s=level.oldest_wait_s,
+                                             in_flight=level.in_flight)
+            for priority, level in sorted(snapshot.levels.items())
+        },
+        depth=snapshot.depth,
+        in_flight=snapshot.in_flight,
+        delayed=snapshot.delayed,
+        dead=snapshot.dead,
+        throughput_last_minute=recent.throughput(60.0),
+        queue_wait_ms=_latency(recent.queue_wait_ms()),
+        upstream_latency_ms=_latency(recent.upstream_latency_ms()),
+        spend_today_usd={tenant: micros_to_usd(micros) for tenant, micros in sorted(spend.items())},
+        spend_today_by_model_usd={
+            model: micros_to_usd(micros) for model, micros in sorted(recent.spend_by_model_micros().items())
+        },
+    )
+
+
+# ---------------------------------------------------------------------- dead letters
+
+
+@router.get("/dlq", response_model=DeadLetterPage, summary="List dead letters")
+async def list_dead_letters(
+    state: StateDep,
+    _: AdminDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> DeadLetterPage:
+    """Dead jobs, most recent first, with their errors."""
+    dead = await state.queue.dead_letters(limit=limit, offset=offset)
+    return DeadLetterPage(data=[job_view(job) for job in dead], limit=limit, offset=offset)
+
+
+@router.post("/dlq/redrive", response_model=RedriveResult, summary="Redrive dead letters")
+async def redrive(body: RedriveRequest, state: StateDep, _: AdminDep) -> RedriveResult:
+    """Put dead jobs (the `ids`, or `all`) back in the queue at their own priority."""
+    if body.all == (body.ids is not None):
+        raise ApiError(400, "give `ids` or `all: true` (one of them)", code="invalid_request")
+    return RedriveResult(redriven=await state.queue.redrive(None if body.all else body.ids))
+
+
+@router.delete("/dlq", response_model=PurgeResult, summary="Purge dead letters")
+async def purge(
+    state: StateDep,
+    _: AdminDep,
+    ids: Annotated[list[str] | None, Query(description="Dead job ids to delete.")] = None,
+    older_than_s: Annotated[float | None, Query(ge=0, description="Delete those dead for longer.")] = None,
+    all_: Annotated[bool, Query(alias="all", description="Delete every dead letter.")] = False,
+) -> PurgeResult:
+    """Delete dead letters: the `ids`, those older than `older_than_s`, or `all`."""
+    chosen = sum((ids is not None, older_than_s is not None, all_))
+    if chosen != 1:
+        raise ApiError(400, "give exactly one of `ids`, `older_than_s` or `all=true`", code="invalid_request")
+    return PurgeResult(purged=await state.queue.purge_dead(ids, older_than_s=older_than_s))
+
+
+# ---------------------------------------------------------------------- tenants and keys
+
+
+@router.get("/admin/tenants", response_model=list[TenantView], summary="List tenants")
+async def list_tenants(state: StateDep, _: AdminDep) -> list[TenantView]:
+    """Every tenant, by name."""
+    return [tenant_view(tenant) for tenant in await state.tenants.list_tenants()]
+
+
+@router.get("/admin/tenants/{name}", response_model=TenantView, summary="Get a tenant",
+            responses=_NOT_FOUND)
+async def get_tenant(name: str, state: StateDep, _: AdminDep) -> TenantView:
+    """One tenant."""
+    tenant = await state.tenants.get_tenant(name)
+    if tenant is None:
+        raise ApiError(404, f"no tenant named {name!r}", code="tenant_not_found")
+    return tenant_view(tenant)
+
+
+@router.put("/admin/tenants/{name}", response_model=TenantView, summary="Create or replace a tenant")
+async def put_tenant(
+    name: str, body: Annotated[TenantBody, Body()], state: StateDep, _: AdminDep
+) -> TenantView:
+    """Create the tenant, or replace all its settings."""
+    try:
+        tenant = Tenant(
+            name=name,
+            max_priority=Priority.parse(body.max_priority),
+            default_priority=Priority.parse(body.default_priority),
+            rpm=body.rpm,
+            daily_budget_usd=body.daily_budget_usd,
+            allowed_models=None if body.allowed_models is None else tuple(body.allowed_models),
+            admin=body.admin,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ApiError(400, f"invalid tenant: {problems}", code="invalid_tenant") from None
+    if not tenant.may_use(tenant.default_priority):
+        raise ApiError(400, "default_priority must not be above max_priority", code="invalid_tenant",
+                       param="default_priority")
+    await state.tenants.put_tenant(tenant)
+    return tenant_view(tenant)
+
+
+@router.post("/admin/tenants/{name}/keys", status_code=201, response_model=KeyCreated,
+             summary="Create an API key", responses=_NOT_FOUND)
+async def create_key(name: str, state: StateDep, _: AdminDep) -> KeyCreated:
+    """A new key for the tenant. The full key is in this answer only: it is never stored."""
+    info, api_key = await state.tenants.create_key(name)
+    return KeyCreated(**key_view(info).model_dump(), api_key=api_key)
+
+
+@router.get("/admin/keys", response_model=list[KeyView], summary="List API keys")
+async def list_keys(
+    state: StateDep,
+    _: AdminDep,
+    tenant: Annotated[str | None, Query(description="Only this tenant's keys.")] = None,
+) -> list[KeyView]:
+    """Keys, newest first, without their secrets."""
+    return [key_view(info) for info in await state.tenants.list_keys(tenant)]
+
+
+@router.delete("/admin/keys/{key_id}", status_code=204, summary="Revoke an API key", responses=_NOT_FOUND)
+async def revoke_key(key_id: str, state: StateDep, _: AdminDep) -> Response:
+    """Revoke a key: it stops working at once on this gateway, within seconds on the others."""
+    if not await state.tenants.revoke_key(key_id):
+        raise ApiError(404, f"no active key with id {key_id!r}", code="key_not_found")
+    return Response(status_code=204)

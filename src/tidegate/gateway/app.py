@@ -1,0 +1,58 @@
+"""The gateway's FastAPI application, built around an open GatewayState.
+
+    async with GatewayState.open(config) as state:
+        app = create_app(state)          # serve with uvicorn, or test with httpx's ASGITransport
+
+The app owns nothing: whoever opened the state closes it, so tests and `tidegate up` can share
+their queue, relay and metrics with in-process workers.
+
+Authentication (see tidegate.gateway.auth): `Authorization: Bearer <key>`. In embedded mode (a
+loopback bind and no tenant or key in the store) requests without a key are served as the
+built-in local tenant; once a key exists, or on any other bind, a valid key is required.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from tidegate import __version__
+from tidegate.gateway import admin_api, jobs_api, openai_api, ops
+from tidegate.gateway.errors import install_error_handlers
+from tidegate.gateway.middleware import BodyLimit, RequestMetrics
+from tidegate.gateway.state import GatewayState
+
+__all__ = ["create_app"]
+
+_DESCRIPTION = """\
+An OpenAI-compatible gateway in front of a durable priority queue.
+
+* **OpenAI-compatible**: point an OpenAI SDK at `/v1`. Each call is queued at its priority
+  (`X-Priority` header or `priority` body field: critical, high, normal, low, bulk or 0-4) and
+  answered with the provider's response plus `X-Tidegate-*` headers.
+* **Jobs**: enqueue work (one job or a batch) and fetch, long-poll or cancel it later.
+* **Admin**: queue statistics, dead letters, tenants and API keys (admin tenants only).
+
+Authenticate with `Authorization: Bearer <api key>`. A gateway bound to loopback with no tenant
+or key configured serves requests without a key (embedded mode).
+"""
+
+_TAGS = [
+    {"name": "OpenAI-compatible", "description": "Chat completions, embeddings and models."},
+    {"name": "Jobs", "description": "Asynchronous jobs: enqueue, poll, cancel."},
+    {"name": "Admin", "description": "Statistics, dead letters, tenants and keys (admin only)."},
+    {"name": "Operations", "description": "Metrics, liveness and readiness."},
+]
+
+
+def create_app(state: GatewayState) -> FastAPI:
+    """The gateway application serving `state`."""
+    app = FastAPI(title="tidegate gateway", version=__version__, description=_DESCRIPTION,
+                  openapi_tags=_TAGS)
+    app.state.gateway = state
+    install_error_handlers(app)
+    for module in (openai_api, jobs_api, admin_api, ops):
+        app.include_router(module.router)
+    # The last added runs first: metrics see every answer, including a 413.
+    app.add_middleware(BodyLimit, max_bytes=state.settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=state.metrics)
+    return app

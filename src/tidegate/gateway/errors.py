@@ -1,0 +1,240 @@
+"""Every error the gateway answers is OpenAI-shaped: `{"error": {"message", "type", "code"}}`
+with the status an OpenAI client expects, so the official SDKs raise their usual exception types.
+
+Three sources feed one response builder: `ApiError` (a refusal the gateway decides itself), the
+TidegateError tree (mapped by class in `TIDEGATE_ERRORS`), and FastAPI's own validation and
+routing errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tidegate.errors import (
+    BudgetExhausted,
+    CallbackRefused,
+    DispatchClosed,
+    DispatchUnavailable,
+    InvalidJob,
+    InvalidPriority,
+    JobNotFound,
+    PayloadTooLarge,
+    QueueClosed,
+    QueueFull,
+    QueueUnavailable,
+    RoutingError,
+    TenantNotFound,
+    TidegateError,
+    UpstreamError,
+)
+
+__all__ = [
+    "ERROR_RESPONSES",
+    "ApiError",
+    "ErrorBody",
+    "ErrorResponse",
+    "error_response",
+    "install_error_handlers",
+    "retry_after_header",
+]
+
+log = logging.getLogger("tidegate.gateway")
+
+
+class ErrorBody(BaseModel):
+    """The inside of an error answer."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "message": "priority 'critical' is above this key's maximum 'high'",
+        "type": "permission_error", "code": "priority_not_allowed", "param": None,
+    }]})
+
+    message: str
+    type: str
+    code: str | None = None
+    param: str | None = None
+    job_id: str | None = Field(None, description="The job concerned, when there is one (504: poll it).")
+
+
+class ErrorResponse(BaseModel):
+    """An error answer, as OpenAI's API shapes it."""
+
+    error: ErrorBody
+
+
+_DEFAULT_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class ApiError(Exception):
+    """A refusal decided by the gateway: its HTTP status, OpenAI error type and code, and any
+    headers (Retry-After). Not part of the TidegateError tree: it exists only at the HTTP edge."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        type_: str | None = None,
+        param: str | None = None,
+        job_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_ or _DEFAULT_TYPES.get(status, "api_error")
+        self.code = code
+        self.param = param
+        self.job_id = job_id
+        self.headers = dict(headers or {})
+
+    def located(self, where: str) -> ApiError:
+        """The same error, its message and param prefixed with where it was found ("jobs.3")."""
+        param = where if self.param is None else f"{where}.{self.param}"
+        return ApiError(self.status, f"{where}: {self.message}", code=self.code, type_=self.type,
+                        param=param, job_id=self.job_id, headers=self.headers)
+
+
+def retry_after_header(seconds: float) -> dict[str, str]:
+    """Retry-After in whole seconds, rounded up and at least 1 (a 0 invites a busy loop)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+# Most specific first: the first class a raised error is an instance of decides.
+TIDEGATE_ERRORS: Sequence[tuple[type[TidegateError], int, str, str]] = (
+    (InvalidPriority, 400, "invalid_request_error", "invalid_priority"),
+    (PayloadTooLarge, 413, "invalid_request_error", "payload_too_large"),
+    (InvalidJob, 400, "invalid_request_error", "invalid_job"),
+    (CallbackRefused, 400, "invalid_request_error", "callback_refused"),
+    (RoutingError, 400, "invalid_request_error", "model_not_available"),
+    (QueueFull, 429, "rate_limit_error", "queue_full"),
+    (BudgetExhausted, 429, "insufficient_quota", "budget_exhausted"),
+    (JobNotFound, 404, "not_found_error", "job_not_found"),
+    (TenantNotFound, 404, "not_found_error", "tenant_not_found"),
+    (QueueUnavailable, 503, "service_unavailable", "queue_unavailable"),
+    (QueueClosed, 503, "service_unavailable", "queue_closed"),
+    (DispatchUnavailable, 503, "service_unavailable", "store_unavailable"),
+    (DispatchClosed, 503, "service_unavailable", "store_closed"),
+    (UpstreamError, 502, "upstream_error", "upstream_error"),
+)
+
+
+def api_error_from(exc: TidegateError) -> ApiError:
+    """The answer for an error of the TidegateError tree."""
+    for cls, status, type_, code in TIDEGATE_ERRORS:
+        if isinstance(exc, cls):
+            headers = retry_after_header(exc.retry_after_s) if isinstance(exc, QueueFull) else None
+            return ApiError(status, str(exc), code=code, type_=type_, headers=headers)
+    return ApiError(500, str(exc), code="internal_error", type_="api_error")
+
+
+def error_response(error: ApiError) -> Response:
+    """The HTTP response for an ApiError."""
+    body: dict[str, Any] = {"message": error.message, "type": error.type, "code": error.code,
+                            "param": error.param}
+    if error.job_id is not None:
+        body["job_id"] = error.job_id
+    headers = dict(error.headers)
+    if error.job_id is not None:
+        headers.setdefault("X-Tidegate-Job-Id", error.job_id)
+    return Response(orjson.dumps({"error": body}), status_code=error.status, headers=headers,
+                    media_type="application/json")
+
+
+# Parts of a validation error's location that name no field of the request: FastAPI's "body" and
+# the tags of the job-or-batch union (see schemas.JobsRequest).
+_NOT_FIELDS = frozenset({"body", "single-job", "job-batch"})
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One readable sentence naming each bad field, and the first field as `param`."""
+    problems: list[str] = []
+    first: str | None = None
+    for error in exc.errors():
+        kind = error.get("type", "")
+        if kind == "json_invalid":
+            detail = error.get("ctx", {}).get("error", "")
+            return f"the request body is not valid JSON: {detail}".strip(), None
+        # FastAPI prefixes "body"; a tagged union adds its tag. Neither is the caller's field.
+        loc = [str(part) for part in error.get("loc", ()) if part not in _NOT_FIELDS]
+        where = ".".join(loc) or "body"
+        first = first or where
+        if kind == "missing" and not loc:
+            problems.append("a JSON request body is required")
+        elif not loc:
+            problems.append("the request body must be a JSON object")
+        else:
+            problems.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(problems[:10]), first
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error the app raises in the OpenAI shape."""
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return error_response(exc)
+
+    async def on_tidegate_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, TidegateError)
+        error = api_error_from(exc)
+        if error.status >= 500:
+            log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        return error_response(error)
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        message, param = _validation_message(exc)
+        return error_response(ApiError(400, message, code="invalid_request", param=param))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = f"unknown URL {request.method} {request.url.path}"
+        return error_response(ApiError(exc.status_code, message, code=code,
+                                       headers=dict(exc.headers or {})))
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(TidegateError, on_tidegate_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+
+
+def _described(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+# The error answers every API route may give, for the OpenAPI document.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _described("Malformed JSON, wrong types, unknown priority or too many messages; "
+                    "nothing was queued."),
+    401: _described("Missing or invalid API key."),
+    403: _described("The key's tenant may not use this priority or model, or this endpoint."),
+    413: _described("The request body is over the configured limit."),
+    429: _described("Tenant rate limit or queue admission control: retry after `Retry-After` seconds."),
+    503: _described("The queue's backend cannot be reached."),
+}

@@ -1,0 +1,168 @@
+"""The OpenAI-compatible API: POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models.
+
+An OpenAI SDK pointed at `http://host:port/v1` works unchanged. Each call becomes a job at the
+caller's priority and waits for its result; the answer is the provider's own, plus X-Tidegate-*
+headers (job id, model, queue wait, cost). `stream: true` relays the provider's chunks as
+server-sent events while the worker receives them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from tidegate.dispatch.requests import Kind
+from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
+from tidegate.gateway.errors import ERROR_RESPONSES, ApiError, ErrorResponse
+from tidegate.gateway.intake import (
+    IdempotencyHeader,
+    PriorityHeader,
+    TimeoutHeader,
+    draft_job,
+    enqueue,
+    resolve_priority,
+    scoped_idempotency_key,
+    wait_timeout_s,
+)
+from tidegate.gateway.outcomes import failure_of, result_headers
+from tidegate.gateway.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Embeddings,
+    EmbeddingsRequest,
+    ModelList,
+    ModelView,
+)
+from tidegate.gateway.state import GatewayState
+from tidegate.gateway.streaming import stream_job
+from tidegate.gateway.tenants import Tenant
+from tidegate.jobs import JobState
+
+__all__ = ["router"]
+
+_WAIT_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "Unknown model."},
+    409: {"model": ErrorResponse, "description": "The job was cancelled while the call waited."},
+    502: {"model": ErrorResponse, "description": "The provider failed after every attempt."},
+    504: {"model": ErrorResponse, "description": "No result in time: `error.job_id` names the job, "
+          "which goes on; poll GET /v1/jobs/{id}."},
+}
+_RESULT_HEADERS = {
+    name: {"description": text, "schema": {"type": "string"}}
+    for name, text in (("X-Tidegate-Job-Id", "The job that served the call."),
+                       ("X-Tidegate-Model", "The model that answered."),
+                       ("X-Tidegate-Queue-Wait-Ms", "Time the job waited in the queue."),
+                       ("X-Tidegate-Cost-Usd", "What the call cost."))
+}
+
+router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"], responses=ERROR_RESPONSES)
+
+
+@router.post(
+    "/chat/completions",
+    response_model=ChatCompletion,
+    summary="Create a chat completion",
+    responses={**_WAIT_ERRORS, 200: {
+        "headers": _RESULT_HEADERS,
+        "content": {"text/event-stream": {
+            "schema": {"type": "string"},
+            "example": 'data: {"object": "chat.completion.chunk", "choices": [...]}\n\ndata: [DONE]\n\n',
+        }},
+        "description": "The provider's completion; with `stream: true`, its chunks as server-sent events.",
+    }},
+)
+async def chat_completions(
+    body: ChatCompletionRequest,
+    state: StateDep,
+    tenant: MeteredTenantDep,
+    x_priority: PriorityHeader = None,
+    x_tidegate_timeout: TimeoutHeader = None,
+    idempotency_key: IdempotencyHeader = None,
+) -> Response:
+    """Queue the completion at the caller's priority and answer with the provider's result."""
+    started = time.perf_counter()
+    return await _call(state, tenant, "chat", body.model_dump(exclude_unset=True), started=started,
+                       priority=x_priority, timeout_header=x_tidegate_timeout,
+                       idempotency_key=idempotency_key)
+
+
+@router.post(
+    "/embeddings",
+    response_model=Embeddings,
+    summary="Create embeddings",
+    responses={**_WAIT_ERRORS,
+               200: {"headers": _RESULT_HEADERS, "description": "The provider's embeddings."}},
+)
+async def embeddings(
+    body: EmbeddingsRequest,
+    state: StateDep,
+    tenant: MeteredTenantDep,
+    x_priority: PriorityHeader = None,
+    x_tidegate_timeout: TimeoutHeader = None,
+    idempotency_key: IdempotencyHeader = None,
+) -> Response:
+    """Queue the embeddings request at the caller's priority and answer with the provider's result."""
+    started = time.perf_counter()
+    return await _call(state, tenant, "embeddings", body.model_dump(exclude_unset=True), started=started,
+                       priority=x_priority, timeout_header=x_tidegate_timeout,
+                       idempotency_key=idempotency_key)
+
+
+async def _call(
+    state: GatewayState,
+    tenant: Tenant,
+    kind: Kind,
+    body: dict[str, Any],
+    *,
+    started: float,
+    priority: str | None,
+    timeout_header: str | None,
+    idempotency_key: str | None,
+) -> Response:
+    # Every check comes before the enqueue: a refused call leaves nothing queued.
+    timeout_s = wait_timeout_s(timeout_header, state)
+    chosen = resolve_priority(tenant, priority, body.get("priority"))
+    draft = draft_job(state, tenant, kind, body, priority=chosen,
+                      idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
+    [job_id] = await enqueue(state, tenant, [draft])
+    request_body: dict[str, Any] = draft.payload["body"]
+    if kind == "chat" and request_body.get("stream"):
+        return await stream_job(state, job_id, chosen, request_body, timeout_s=timeout_s, started=started)
+    job = await state.queue.wait(job_id, timeout_s)
+    if job.state is not JobState.SUCCEEDED:
+        raise failure_of(job, timeout_s)
+    state.recent.record(job)
+    response = job.result.get("response") if isinstance(job.result, dict) else None
+    if response is None:
+        raise ApiError(502, "the job succeeded without a provider response", code="upstream_error",
+                       job_id=job.id)
+    return Response(orjson.dumps(response), media_type="application/json", headers=result_headers(job))
+
+
+def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:
+    allowed = None if tenant.allowed_models is None else set(tenant.allowed_models)
+    return [
+        ModelView(id=name, owned_by="tidegate", kind=model.kind)
+        for name, model in sorted(state.models.items())
+        if allowed is None or name in allowed
+    ]
+
+
+@router.get("/models", response_model=ModelList, summary="List models")
+async def list_models(state: StateDep, tenant: TenantDep) -> ModelList:
+    """The models the caller may name ("auto" is always accepted and routes by priority)."""
+    return ModelList(data=_model_views(state, tenant))
+
+
+@router.get("/models/{model}", response_model=ModelView, summary="Retrieve a model",
+            responses={404: {"model": ErrorResponse, "description": "Unknown model."}})
+async def retrieve_model(model: str, state: StateDep, tenant: TenantDep) -> ModelView:
+    """One model the caller may name."""
+    for view in _model_views(state, tenant):
+        if view.id == model:
+            return view
+    raise ApiError(404, f"the model {model!r} does not exist", code="model_not_found", param="model")

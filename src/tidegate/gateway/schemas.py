@@ -1,0 +1,331 @@
+"""Request and response models of the HTTP API, for validation and for the OpenAPI document.
+
+The OpenAI-compatible request models name the fields the gateway reads and checks, and let every
+other field through untouched (`extra="allow"`): tools, response_format and whatever providers
+add next reach the provider as the client sent them. Types are strict: a string where a number
+belongs is refused, not coerced.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+
+__all__ = [
+    "ChatCompletion",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "DeadLetterPage",
+    "Embeddings",
+    "EmbeddingsRequest",
+    "JobBatch",
+    "JobRequest",
+    "JobView",
+    "JobsAccepted",
+    "JobsRequest",
+    "KeyCreated",
+    "KeyView",
+    "LevelView",
+    "ModelList",
+    "ModelView",
+    "PriorityValue",
+    "PurgeResult",
+    "RedriveRequest",
+    "RedriveResult",
+    "StatsView",
+    "TenantBody",
+    "TenantView",
+]
+
+PriorityValue = Annotated[
+    int | str,
+    Field(description="A priority name (critical, high, normal, low, bulk) or level 0-4; "
+          "0 = critical is served first.", examples=["high", 1]),
+]
+
+_PASS_THROUGH = ConfigDict(extra="allow", strict=True)
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation (any further OpenAI fields pass through)."""
+
+    model_config = _PASS_THROUGH
+
+    role: str = Field(min_length=1, examples=["user"])
+    content: str | list[dict[str, Any]] | None = Field(None, examples=["Say hello"])
+
+
+class ChatCompletionRequest(BaseModel):
+    """An OpenAI chat completion request. `model` may be "auto" (or left out) to let tidegate
+    route by priority, size and budget; `priority` is tidegate's and is removed before the body
+    reaches the provider."""
+
+    model_config = ConfigDict(
+        extra="allow", strict=True,
+        json_schema_extra={"examples": [{
+            "model": "auto", "priority": "high",
+            "messages": [{"role": "user", "content": "Summarise this ticket in one line."}],
+        }]},
+    )
+
+    model: str = Field("auto", min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = Field(None, ge=1)
+    user: str | None = None
+    priority: PriorityValue | None = None
+
+
+class EmbeddingsRequest(BaseModel):
+    """An OpenAI embeddings request; `model` may be "auto" (the configured embedding model)."""
+
+    model_config = ConfigDict(
+        extra="allow", strict=True,
+        json_schema_extra={"examples": [{"model": "text-embedding-3-small",
+                                         "input": ["red running shoes", "blue kettle"]}]},
+    )
+
+    model: str = Field("auto", min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    priority: PriorityValue | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: str | list[Any]) -> str | list[Any]:
+        if isinstance(value, list) and not value:
+            raise ValueError("input must not be an empty list")
+        return value
+
+
+class ChatCompletion(BaseModel):
+    """The provider's chat completion, as OpenAI shapes it (relayed unchanged)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+
+
+class Embeddings(BaseModel):
+    """The provider's embeddings answer, as OpenAI shapes it (relayed unchanged)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    object: str = "list"
+    data: list[dict[str, Any]]
+    model: str
+    usage: dict[str, Any] | None = None
+
+
+class JobRequest(BaseModel):
+    """One asynchronous AI job: the OpenAI request body of its kind, plus how to run it."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True,
+        json_schema_extra={"examples": [{
+            "kind": "chat", "priority": "bulk", "timeout_s": 3600,
+            "callback_url": "https://example.com/hooks/tidegate",
+            "body": {"model": "auto", "messages": [{"role": "user", "content": "Tag this product."}]},
+        }]},
+    )
+
+    kind: Literal["chat", "embeddings"]
+    body: dict[str, Any]
+    priority: PriorityValue | None = None
+    callback_url: str | None = Field(None, max_length=2048, description=(
+        "POSTed the finished job, signed (X-Tidegate-Signature). http(s) to a public address."))
+    timeout_s: float | None = Field(None, gt=0, description=(
+        "Deadline from now: a job not started by then is never dispatched (state expired)."))
+
+
+class JobBatch(BaseModel):
+    """Several jobs, enqueued atomically: all or none."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    jobs: list[JobRequest] = Field(min_length=1)
+
+
+def _job_or_batch(value: Any) -> str:
+    return "job-batch" if isinstance(value, dict) and "jobs" in value else "single-job"
+
+
+JobsRequest = Annotated[
+    Annotated[JobRequest, Tag("single-job")] | Annotated[JobBatch, Tag("job-batch")],
+    Discriminator(_job_or_batch),
+]
+"""The body of POST /v1/jobs: one job, or `{"jobs": [...]}`."""
+
+
+class JobsAccepted(BaseModel):
+    """Enqueued jobs, in the order given (an Idempotency-Key repeat gives the first job's id)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"ids": ["9f1c2e..."]}]})
+
+    ids: list[str]
+
+
+class JobView(BaseModel):
+    """A job as its tenant sees it."""
+
+    id: str
+    kind: str | None
+    state: str = Field(examples=["succeeded"], description=(
+        "queued, delayed, leased, succeeded, failed (waiting for a retry), dead, cancelled, expired"))
+    priority: str
+    tenant: str
+    created_at: datetime
+    finished_at: datetime | None = None
+    deadline: datetime | None = None
+    attempts: int
+    max_attempts: int
+    model: str | None = None
+    usage: dict[str, int] | None = None
+    cost_usd: Decimal | None = None
+    timings: dict[str, float] = Field(default_factory=dict, description=(
+        "queue_wait_ms, upstream_latency_ms, ttft_ms (streams), as known"))
+    result: Any = Field(None, description="The worker's full result; `result.response` is the "
+                        "provider's answer.")
+    last_error: str | None = None
+    errors: list[str] = Field(default_factory=list)
+
+
+class DeadLetterPage(BaseModel):
+    """A page of dead letters, most recent first."""
+
+    data: list[JobView]
+    limit: int
+    offset: int
+
+
+class RedriveRequest(BaseModel):
+    """Which dead letters to put back: `ids`, or `all: true`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True,
+                              json_schema_extra={"examples": [{"ids": ["9f1c2e..."]}, {"all": True}]})
+
+    ids: list[str] | None = None
+    all: bool = False
+
+
+class RedriveResult(BaseModel):
+    """How many dead letters went back into the queue."""
+
+    redriven: int
+
+
+class PurgeResult(BaseModel):
+    """How many dead letters were deleted."""
+
+    purged: int
+
+
+class LevelView(BaseModel):
+    """One priority level of the queue."""
+
+    depth: int
+    oldest_wait_s: float
+    in_flight: int
+
+
+class LatencyView(BaseModel):
+    """p50/p99 in milliseconds over `count` recent jobs (None without any)."""
+
+    p50: float | None
+    p99: float | None
+    count: int
+
+
+class StatsView(BaseModel):
+    """The queue now, and what this gateway has seen lately."""
+
+    levels: dict[str, LevelView]
+    depth: int
+    in_flight: int
+    delayed: int
+    dead: int
+    throughput_last_minute: int = Field(description=(
+        "Succeeded jobs seen by this gateway that finished in the last 60 s"))
+    queue_wait_ms: LatencyView
+    upstream_latency_ms: LatencyView
+    spend_today_usd: dict[str, Decimal] = Field(description=(
+        "Per tenant from the shared budget ledger ('*' is the total); empty when no budget is "
+        "configured, as workers then keep no ledger"))
+    spend_today_by_model_usd: dict[str, Decimal] = Field(description=(
+        "Per model, from the results this gateway has seen today"))
+
+
+class ModelView(BaseModel):
+    """A model, as OpenAI's GET /v1/models lists it."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str
+    kind: Literal["chat", "embeddings"]
+
+
+class ModelList(BaseModel):
+    """The models this deployment routes to."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelView]
+
+
+class TenantBody(BaseModel):
+    """A tenant's settings (its name is in the URL). PUT replaces them all: a field left out
+    takes its default."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "max_priority": "high", "default_priority": "normal", "rpm": 600,
+        "daily_budget_usd": "25.00", "allowed_models": ["gpt-4.1", "deepseek-v3.2"], "admin": False,
+    }]})
+
+    max_priority: PriorityValue = "high"
+    default_priority: PriorityValue = "normal"
+    rpm: int | None = Field(None, gt=0)
+    daily_budget_usd: Decimal | None = Field(None, ge=0)
+    allowed_models: list[str] | None = None
+    admin: bool = False
+
+
+class TenantView(BaseModel):
+    """A tenant as the admin API shows it."""
+
+    name: str
+    max_priority: str
+    default_priority: str
+    rpm: int | None
+    daily_budget_usd: Decimal | None
+    allowed_models: list[str] | None
+    admin: bool
+
+
+class KeyView(BaseModel):
+    """An API key as listed: never its secret."""
+
+    key_id: str
+    tenant: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class KeyCreated(KeyView):
+    """A new key. `api_key` is shown only in this answer: store it now."""
+
+    api_key: str

@@ -1,0 +1,128 @@
+"""What a gateway holds while it runs: the queue, the tenant store, the shared limiter, budget
+ledger and chunk relay, its metrics and settings. `create_app` takes one, so tests (and
+`tidegate up`, which shares a queue and relay with in-process workers) can build the app
+around components of their own."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlsplit
+
+from prometheus_client import CollectorRegistry
+
+from tidegate.config import ModelConfig, TidegateConfig, default_models
+from tidegate.dispatch.budget import BudgetLedger, budget_ledger_for
+from tidegate.dispatch.callbacks import CallbackSender
+from tidegate.dispatch.limiter import RateLimiter, rate_limiter_for
+from tidegate.dispatch.relay import ChunkRelay, relay_for
+from tidegate.gateway.metrics import GatewayMetrics, RecentResults
+from tidegate.gateway.settings import GatewaySettings, is_loopback_host
+from tidegate.gateway.tenant_store import tenant_store_for
+from tidegate.gateway.tenants import TenantStore
+from tidegate.queue import Queue
+
+__all__ = ["GatewayState"]
+
+
+@dataclass(eq=False)
+class GatewayState:
+    """The components one gateway serves from. Build it with `GatewayState.open(...)`."""
+
+    config: TidegateConfig
+    settings: GatewaySettings
+    queue: Queue
+    tenants: TenantStore
+    limiter: RateLimiter  # per-tenant RPM, keys "tenant:<name>"
+    ledger: BudgetLedger  # spend today, as the workers record it
+    relay: ChunkRelay  # streamed chunks, published by workers
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    # Registries exported by /metrics besides the gateway's own (e.g. DispatchMetrics of
+    # workers running in the same process).
+    extra_registries: tuple[CollectorRegistry, ...] = ()
+    recent: RecentResults = field(init=False)
+    models: dict[str, ModelConfig] = field(init=False)
+    _credentials_seen: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.recent = RecentResults(self.settings.stats_window)
+        # Without configured providers the workers serve the price table through the simulator
+        # (TidegateConfig.with_simulator), so that is what the gateway offers too.
+        served = [model for provider in self.config.providers for model in provider.models]
+        self.models = {}
+        for model in served or default_models():
+            self.models.setdefault(model.name, model)  # the first provider serving a name wins
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        config: TidegateConfig,
+        *,
+        settings: GatewaySettings | None = None,
+        queue: Queue | None = None,
+        tenants: TenantStore | None = None,
+        limiter: RateLimiter | None = None,
+        ledger: BudgetLedger | None = None,
+        relay: ChunkRelay | None = None,
+        metrics: GatewayMetrics | None = None,
+        extra_registries: Sequence[CollectorRegistry] = (),
+    ) -> AsyncIterator[GatewayState]:
+        """Open what was not given, from `config.queue_url`; close on exit only what it opened.
+
+        A relay must be shared with the workers: on SQLite (in-process MemoryRelay) pass the
+        workers' relay, or streamed chunks never reach this gateway."""
+        url = config.queue_url
+        async with contextlib.AsyncExitStack() as stack:
+            if queue is None:
+                queue = await stack.enter_async_context(Queue.from_url(url))
+            if tenants is None:
+                tenants = await stack.enter_async_context(tenant_store_for(url))
+            if limiter is None:
+                # Named after the queue, so gateways of one queue share their tenants' counts and
+                # gateways of another queue on the same Redis do not.
+                limiter = await stack.enter_async_context(rate_limiter_for(url, _queue_name(url)))
+            if ledger is None:
+                # The workers' own ledger (default name): spend today is what they recorded.
+                ledger = budget_ledger_for(url)
+                stack.push_async_callback(ledger.close)
+            if relay is None:
+                relay = relay_for(url)
+                stack.push_async_callback(relay.close)
+            yield cls(config=config, settings=settings or GatewaySettings(), queue=queue,
+                      tenants=tenants, limiter=limiter, ledger=ledger, relay=relay,
+                      metrics=metrics or GatewayMetrics(), extra_registries=tuple(extra_registries))
+
+    @property
+    def registries(self) -> tuple[CollectorRegistry, ...]:
+        """Every registry /metrics exports."""
+        return (self.metrics.registry, *self.extra_registries)
+
+    async def credentials_exist(self) -> bool:
+        """Whether the tenant store holds any tenant or key. Once true it stays true for this
+        process: a gateway never falls back to serving without keys."""
+        if not self._credentials_seen:
+            self._credentials_seen = bool(await self.tenants.list_tenants()) or bool(
+                await self.tenants.list_keys()
+            )
+        return self._credentials_seen
+
+    async def serves_without_keys(self) -> bool:
+        """Embedded mode: loopback bind, local access allowed, and no tenant or key exists."""
+        return (
+            self.settings.allow_unauthenticated_local
+            and is_loopback_host(self.settings.host)
+            and not await self.credentials_exist()
+        )
+
+    async def check_callback_url(self, url: str) -> None:
+        """Raise CallbackRefused for a URL the workers would refuse to call: not http(s), or a
+        non-public address unless the config allows private targets."""
+        # The sender's own check, so the gateway refuses exactly what a worker would; checking
+        # needs no session and no secret.
+        await CallbackSender(self.config.callbacks, b"").check_url(url)
+
+
+def _queue_name(url: str) -> str:
+    return dict(parse_qsl(urlsplit(url).query)).get("name", "default")
