@@ -7,6 +7,7 @@ with status 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
@@ -479,3 +480,47 @@ def keys_revoke(
 
     _run(main())
     typer.echo(f"Revoked key {key_id}.")
+
+
+@app.command()
+def up(
+    host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs an API key.")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Gateway port (0: any free port).")] = 8080,
+    concurrency: Annotated[int, typer.Option(min=1, help="The worker's calls in flight.")] = 32,
+    config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
+                                               help="The tidegate.toml to read.")] = None,
+) -> None:
+    """Run everything in one process: the embedded queue, a worker, the gateway and dashboard,
+    and the simulated provider when no provider is configured. Stop with Ctrl-C."""
+    import logging
+    import os
+
+    from tidegate.config import TidegateConfig
+    from tidegate.up import UpInfo, UpSettings, run_up
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console = Console()
+
+    def ready(info: UpInfo) -> None:
+        table = Table(show_header=False, box=None)
+        table.add_row("API (OpenAI base_url)", info.api_url)
+        table.add_row("Dashboard", info.dashboard_url)
+        table.add_row("Metrics", info.metrics_url)
+        table.add_row("Queue", info.queue_url)
+        table.add_row("Provider", (info.simulator_url and f"simulated, {info.simulator_url}")
+                      or "as configured")
+        console.print(table)
+        # On a line of its own and never folded, so it can be copied whole.
+        console.print("Admin API key (shown once; a new one each start):", highlight=False)
+        console.print(info.admin_key, soft_wrap=True, highlight=False, markup=False)
+        console.print("Press Ctrl-C to stop.")
+
+    with _errors_as_exit():
+        if config is not None:
+            os.environ["TIDEGATE_CONFIG"] = config
+        settings = TidegateConfig.load()
+        ensure_sqlite_folder(settings.queue_url)
+    with contextlib.suppress(KeyboardInterrupt):
+        _run(run_up(settings, UpSettings(host=host, port=port, concurrency=concurrency), on_ready=ready))
+    console.print("Stopped.")

@@ -1,0 +1,169 @@
+"""`tidegate up`: the whole system in one process on embedded defaults — the SQLite queue in
+`./.tidegate/`, a worker, the gateway with its dashboard, and the simulated provider when no real
+provider is configured. It binds loopback by default and creates an admin API key at start.
+
+Everything here is wiring: each part is the same code that runs on its own with
+`tidegate worker` and `tidegate gateway`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import uvicorn
+
+from tidegate.config import TidegateConfig
+from tidegate.dispatch.budget import budget_ledger_for
+from tidegate.dispatch.callbacks import CallbackSender
+from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.relay import relay_for
+from tidegate.dispatch.worker import Worker, WorkerSettings
+from tidegate.gateway.app import create_app
+from tidegate.gateway.serve import check_bind
+from tidegate.gateway.settings import GatewaySettings
+from tidegate.gateway.state import GatewayState
+from tidegate.gateway.tenant_store import tenant_store_for
+from tidegate.gateway.tenants import ADMIN_TENANT, Tenant, TenantStore
+from tidegate.jobs import Priority
+from tidegate.providers.sim_settings import SimulatorSettings
+from tidegate.providers.simulator import Simulator
+from tidegate.queue import Queue
+
+log = logging.getLogger("tidegate.up")
+
+
+@dataclass(frozen=True, slots=True)
+class UpSettings:
+    """What `tidegate up` starts."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    concurrency: int = 32  # the in-process worker's calls in flight
+    simulator: SimulatorSettings | None = None  # used when no provider is configured
+
+
+@dataclass(frozen=True, slots=True)
+class UpInfo:
+    """Where everything listens, and the admin key created for this run."""
+
+    api_url: str
+    dashboard_url: str
+    metrics_url: str
+    simulator_url: str | None
+    admin_key: str
+    queue_url: str
+
+
+async def run_up(
+    config: TidegateConfig,
+    settings: UpSettings,
+    *,
+    on_ready: Callable[[UpInfo], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM (or `stop` is set), then drain the worker and shut down."""
+    async with contextlib.AsyncExitStack() as stack:
+        simulator_url = None
+        if not config.providers:
+            simulator = Simulator(settings.simulator or SimulatorSettings())
+            simulator_url = await stack.enter_async_context(simulator.running())
+            config = config.with_simulator(simulator_url)
+        url = config.queue_url
+        queue = await stack.enter_async_context(Queue.from_url(url))
+        tenants = await stack.enter_async_context(tenant_store_for(url))
+        ledger = await stack.enter_async_context(budget_ledger_for(url))
+        relay = relay_for(url)  # shared: the worker publishes what the gateway streams
+        stack.push_async_callback(relay.close)
+        callbacks = None
+        if secret := os.environ.get(config.callbacks.secret_env):
+            callbacks = await stack.enter_async_context(CallbackSender(config.callbacks, secret.encode()))
+        dispatch_metrics = DispatchMetrics()
+        worker = await stack.enter_async_context(Worker(
+            queue, config, WorkerSettings(concurrency=settings.concurrency),
+            metrics=dispatch_metrics, ledger=ledger, relay=relay, tenants=tenants, callbacks=callbacks,
+        ))
+        state = await stack.enter_async_context(GatewayState.open(
+            config, settings=GatewaySettings(host=settings.host, port=settings.port), queue=queue,
+            tenants=tenants, ledger=ledger, relay=relay, extra_registries=[dispatch_metrics.registry],
+        ))
+        admin_key = await _create_admin_key(tenants)
+        await check_bind(state)
+        async with _serving(state, settings) as (server, port):
+            worker_task = asyncio.create_task(worker.run())
+            base = f"http://{_url_host(settings.host)}:{port}"
+            if on_ready is not None:
+                on_ready(UpInfo(
+                    api_url=f"{base}/v1", dashboard_url=f"{base}/dashboard", metrics_url=f"{base}/metrics",
+                    simulator_url=simulator_url, admin_key=admin_key, queue_url=url,
+                ))
+            stopper = asyncio.create_task(stop.wait()) if stop is not None else None
+            served = asyncio.create_task(server.main_loop_done.wait())
+            await asyncio.wait([t for t in (stopper, served) if t is not None],
+                               return_when=asyncio.FIRST_COMPLETED)
+            server.should_exit = True
+            worker.request_stop()
+            await worker_task
+            for task in (stopper, served):
+                if task is not None:
+                    task.cancel()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, telling when it has started and when its main loop has ended (Ctrl-C or
+    should_exit)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = asyncio.Event()
+        self.main_loop_done = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+    async def main_loop(self) -> None:
+        try:
+            await super().main_loop()
+        finally:
+            self.main_loop_done.set()
+
+
+@contextlib.asynccontextmanager
+async def _serving(state: GatewayState, settings: UpSettings) -> AsyncIterator[tuple[_Server, int]]:
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET,
+                         socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host.strip("[]"), settings.port))
+    port = int(sock.getsockname()[1])
+    server = _Server(uvicorn.Config(create_app(state), lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    ready = asyncio.create_task(server.ready.wait())
+    await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        ready.cancel()
+        await task  # raises what stopped it
+    try:
+        yield server, port
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+async def _create_admin_key(tenants: TenantStore) -> str:
+    if await tenants.get_tenant(ADMIN_TENANT) is None:
+        await tenants.put_tenant(Tenant(
+            name=ADMIN_TENANT, admin=True, max_priority=Priority.CRITICAL, default_priority=Priority.NORMAL,
+        ))
+    _, key = await tenants.create_key(ADMIN_TENANT)
+    return key
+
+
+def _url_host(host: str) -> str:
+    return f"[{host.strip('[]')}]" if ":" in host else host
