@@ -1,6 +1,6 @@
 # tidegate developer tasks (GNU make).
 #
-#   make demo     install the base package and run the queue demo (embedded SQLite, nothing to start)
+#   make demo     install the base package and run the demo (embedded queue, simulated provider)
 #   make test     install dev extras and test servers, run the whole test suite, then lint
 #   make lint     ruff + mypy
 #   make bench    install bench extras and run the queue benchmark
