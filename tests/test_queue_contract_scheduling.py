@@ -587,3 +587,19 @@ async def test_storage_stays_flat_when_every_job_has_a_new_tenant(
 
     # Then once their jobs are past retention, nothing of those tenants is kept
     assert footprints[2] <= footprints[0] + 5, footprints
+
+
+async def test_many_waiters_each_get_their_own_job_once_it_is_final(queue: Queue) -> None:
+    ids = await queue.enqueue_many({"payload": {"n": n}} for n in range(300))
+    waiters = [asyncio.create_task(queue.wait(job_id, 30)) for job_id in ids]
+    await asyncio.sleep(0.1)
+    jobs = await queue.claim("w", limit=300)
+    half = len(jobs) // 2
+    assert not await queue.complete_many((job, job.payload["n"]) for job in jobs[:half])
+    for job in jobs[half:]:
+        await queue.cancel(job.id)
+    finished = await asyncio.gather(*waiters)
+    assert [job.id for job in finished] == ids
+    assert all(job.is_final for job in finished)
+    assert sum(job.state is JobState.SUCCEEDED for job in finished) == half
+    assert all(job.result == job.payload["n"] for job in finished if job.state is JobState.SUCCEEDED)

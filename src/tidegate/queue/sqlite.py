@@ -8,8 +8,9 @@ woken through a `Doorbell` after commits, not by polling.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import sqlite3
-import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -92,6 +93,8 @@ class SqliteQueue(Queue):
         self._conn: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegate-sqlite")
         self._bell = Doorbell(path)
+        self._watched: dict[str, list[asyncio.Future[None]]] = {}  # job id → wait() callers
+        self._watcher: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -145,6 +148,10 @@ class SqliteQueue(Queue):
             raise QueueUnavailable(f"cannot open SQLite queue at {self.path}: {exc}") from exc
 
     async def _close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         self._bell.close()
 
         def disconnect(_: object) -> None:
@@ -454,14 +461,34 @@ class SqliteQueue(Queue):
 
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
         self._bell.listen()
-        give_up = time.monotonic() + timeout_s
-        while True:
-            marker = self._bell.done.marker()
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._watched.setdefault(job_id, []).append(finished)
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._watch_finishes())
+        try:
             job = await self._get(job_id)
-            remaining = give_up - time.monotonic()
-            if job is None or job.is_final or remaining <= 0:
+            if job is None or job.is_final:
                 return job
-            await Signal.wait(marker, min(remaining, SAFETY_WAKE_S))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(finished), timeout_s)
+            return await self._get(job_id)
+        finally:
+            waiters = self._watched.get(job_id, [])
+            if finished in waiters:
+                waiters.remove(finished)
+            if not waiters:
+                self._watched.pop(job_id, None)
+
+    async def _watch_finishes(self) -> None:
+        """One watcher per queue instance: on each finish signal it asks, in one query, which
+        watched jobs are final — so a thousand waiters cost one read per finish, not a thousand."""
+        while self._watched:
+            marker = self._bell.done.marker()
+            for job_id in await self._run(functools.partial(_final_ids, ids=list(self._watched))):
+                for waiter in self._watched.get(job_id, []):
+                    if not waiter.done():
+                        waiter.set_result(None)
+            await Signal.wait(marker, SAFETY_WAKE_S)
 
     async def _stats(self) -> QueueStats:
         def body(conn: sqlite3.Connection) -> QueueStats:
@@ -639,6 +666,18 @@ def _job(row: sqlite3.Row) -> Job:
     record = dict(row)
     record["errors"] = orjson.loads(row["errors"]) if row["errors"] else []
     return Job.from_record(record, row["payload"], row["result"])
+
+
+def _final_ids(conn: sqlite3.Connection, ids: list[str]) -> list[str]:
+    """Which of these jobs are in a final state."""
+    done: list[str] = []
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        marks = ",".join("?" * len(chunk))
+        done += [row[0] for row in conn.execute(
+            f"SELECT id FROM jobs WHERE id IN ({marks}) AND state IN"
+            " ('succeeded', 'dead', 'cancelled', 'expired')", chunk)]
+    return done
 
 
 def _append_error(errors_json: str | None, error: str) -> str:
