@@ -40,6 +40,7 @@ from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.relay import ChunkRelay
 from tidegate.dispatch.requests import AIRequest
 from tidegate.dispatch.router import RouteDecision, Router, RoutingError
+from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.providers.client import UpstreamClient, UpstreamError, UpstreamResponse
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gat
 log = logging.getLogger("tidegate.worker")
 
 QUEUE_RETRY_S = 1.0  # pause before claiming again after the queue failed to answer
+PARK_S = 0.05  # shortest park, and the re-check interval while a model's slots are all taken
 TENANT_CACHE_S = 5.0  # how long a tenant's budget is reused before it is read again
 
 
@@ -118,6 +120,7 @@ class Worker:
         self._tenants = tenants
         self._tenant_budgets: dict[str, tuple[float, Decimal | None]] = {}  # name → (read at, budget)
         self._concurrency = AdaptiveConcurrency()
+        self._turnstiles: dict[str, PriorityTurnstile] = {}  # per provider/model key
         self._health = ModelHealth(config.routing.fallback_after_failures, self.settings.model_cooldown_s)
         self._clients: dict[str, UpstreamClient] = {}
         self._active: dict[str, tuple[asyncio.Task[None], _Call]] = {}
@@ -307,27 +310,38 @@ class Worker:
         return True
 
     async def _pace(self, call: _Call, model: ModelConfig, request: AIRequest, estimated_input: int) -> bool:
-        """Wait briefly for the model's concurrency and rate limits, or park the job."""
+        """Wait briefly, most urgent job first, for the model's concurrency and rate limits; or
+        park the job in the queue when the wait would be long."""
         tokens = estimated_input + estimate_output_tokens(request.kind, request.body)
         give_up = time.monotonic() + self.settings.pace_wait_max_s
-        while True:
-            wait_s = 0.0
-            if not call.holds_model_slot:
-                call.holds_model_slot = self._concurrency.try_acquire(call.key, model.max_concurrency)
-                wait_s = 0.0 if call.holds_model_slot else 0.05
-            if call.holds_model_slot:
-                wait_s = await self._limiter.acquire(
-                    call.key, tokens=tokens, rpm=model.rpm, tpm=model.tpm, period_s=model.rate_window_s
-                )
-                if wait_s <= 0:
-                    return True
-            if time.monotonic() + wait_s > give_up:
-                self.metrics.deferred.labels("rate_limit").inc()
-                await self._release_budget(call)
-                self._release_model_slot(call)
-                await self.queue.release(call.job, delay_s=max(wait_s, 0.05))
-                return False
-            await asyncio.sleep(wait_s)
+        turnstile = self._turnstiles.setdefault(call.key, PriorityTurnstile())
+        if not await turnstile.acquire(int(call.job.priority), give_up - time.monotonic()):
+            await self._park(call, PARK_S)
+            return False
+        try:
+            while True:
+                wait_s = PARK_S
+                if not call.holds_model_slot:
+                    call.holds_model_slot = self._concurrency.try_acquire(call.key, model.max_concurrency)
+                if call.holds_model_slot:
+                    wait_s = await self._limiter.acquire(
+                        call.key, tokens=tokens, rpm=model.rpm, tpm=model.tpm, period_s=model.rate_window_s
+                    )
+                    if wait_s <= 0:
+                        return True
+                if time.monotonic() + wait_s > give_up:
+                    await self._park(call, max(wait_s, PARK_S))
+                    return False
+                await asyncio.sleep(wait_s)
+        finally:
+            turnstile.release()
+
+    async def _park(self, call: _Call, delay_s: float) -> None:
+        """Back to the queue as a delayed job, its attempt uncounted: nothing held meanwhile."""
+        self.metrics.deferred.labels("rate_limit").inc()
+        await self._release_budget(call)
+        self._release_model_slot(call)
+        await self.queue.release(call.job, delay_s=delay_s)
 
     async def _call_upstream(self, call: _Call, route: RouteDecision, request: AIRequest) -> None:
         model = route.model
