@@ -64,7 +64,9 @@ class WorkerSettings:
     priorities: tuple[int, ...] | None = None  # levels served; None = all
     concurrency: int = 16
     lease_s: float = 30.0
-    pace_wait_max_s: float = 0.5  # longer pacing waits park the job instead of holding a slot
+    # Longer pacing waits park the job instead of holding a slot. Short enough that jobs waiting
+    # for a paced model cannot fill every slot (at 200 req/s, 0.2 s is ~40 waiters).
+    pace_wait_max_s: float = 0.2
     shutdown_grace_s: float = 30.0
     claim_wait_s: float = 1.0  # a blocking claim's timeout; also how fast a stop is noticed
     model_cooldown_s: float = 30.0  # how long a model that keeps failing is skipped
