@@ -94,3 +94,12 @@ async def test_a_loopback_receiver_is_refused_at_connect_time_when_private_targe
     async with CallbackSender(CallbackConfig(max_attempts=2), SECRET) as sender:
         assert not await sender.send(url, {"id": "j1"})
     assert received == []
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "http://a:99999/", "http://a..b/", f"http://{'x' * 300}.com/"]
+)
+async def test_malformed_callback_urls_are_refused_not_crashed_on(url: str) -> None:
+    async with CallbackSender(CallbackConfig(), SECRET) as sender:
+        with pytest.raises(CallbackRefused):
+            await sender.check_url(url)

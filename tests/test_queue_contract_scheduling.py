@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tidegate import Job, JobNotFound, JobState, Priority, Queue, QueueFull
+from tidegate import InvalidJob, Job, JobNotFound, JobState, Priority, Queue, QueueFull
 
 # ---------------------------------------------------------------------- helpers
 
@@ -603,3 +603,18 @@ async def test_many_waiters_each_get_their_own_job_once_it_is_final(queue: Queue
     assert all(job.is_final for job in finished)
     assert sum(job.state is JobState.SUCCEEDED for job in finished) == half
     assert all(job.result == job.payload["n"] for job in finished if job.state is JobState.SUCCEEDED)
+
+
+@pytest.mark.parametrize("field", ["timeout_s", "delay_s"])
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 1e12, -1])
+async def test_relative_times_beyond_ten_years_are_refused_and_nothing_is_written(
+    queue: Queue, field: str, seconds: float
+) -> None:
+    with pytest.raises(InvalidJob):
+        await queue.enqueue({"n": 1}, **{field: seconds})
+    assert (await queue.stats()).depth == 0 and (await queue.stats()).delayed == 0
+
+
+async def test_purging_dead_letters_older_than_an_absurd_age_is_refused(queue: Queue) -> None:
+    with pytest.raises(ValueError):
+        await queue.purge_dead(older_than_s=5.5e307)

@@ -106,22 +106,24 @@ class CallbackSender:
 
     async def check_url(self, url: str) -> None:
         """Refuse a callback URL that is not http(s) or resolves to a non-public address."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname, parts.port  # .port raises on a port out of range
+        except ValueError as exc:
+            raise CallbackRefused(f"callback_url is not a valid URL: {exc}") from None
+        if parts.scheme not in ("http", "https") or not host:
             raise CallbackRefused(f"callback_url must be an http(s) URL, got {url!r}")
         if self.config.allow_private:
             return
         loop = asyncio.get_running_loop()
         try:
-            infos = await loop.getaddrinfo(parts.hostname, parts.port or 443, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise CallbackRefused(f"callback host {parts.hostname!r} does not resolve: {exc}") from exc
+            infos = await loop.getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            raise CallbackRefused(f"callback host {host!r} does not resolve: {exc}") from exc
         for info in infos:
             address = str(info[4][0])
             if not is_public_address(address):
-                raise CallbackRefused(
-                    f"callback host {parts.hostname!r} resolves to the non-public address {address}"
-                )
+                raise CallbackRefused(f"callback host {host!r} resolves to the non-public address {address}")
 
     def send_later(self, url: str, document: dict[str, Any]) -> None:
         """Deliver in the background (with retries) without holding the caller."""

@@ -42,6 +42,10 @@ __all__ = ["LevelStats", "MaintenanceReport", "NewJob", "Queue", "QueueSettings"
 
 log = logging.getLogger("tidegate.queue")
 
+# Longest relative delay, timeout or age accepted (ten years): beyond it a time no longer fits the
+# stores' integer milliseconds and calendars, and no job meant it.
+MAX_RELATIVE_S = 10 * 365 * 86_400
+
 ALL_LEVELS: tuple[int, ...] = tuple(int(p) for p in Priority)
 
 
@@ -388,6 +392,8 @@ class Queue(abc.ABC):
     async def purge_dead(self, ids: Sequence[str] | None = None, *, older_than_s: float | None = None) -> int:
         """Delete dead letters: the given ids, those older than `older_than_s`, or all."""
         self._check_open()
+        if older_than_s is not None and not 0 <= older_than_s <= MAX_RELATIVE_S:
+            raise ValueError(f"older_than_s must be from 0 to {MAX_RELATIVE_S}, got {older_than_s!r}")
         older_ms = None if older_than_s is None else _seconds_to_ms(older_than_s)
         return await self._purge_dead(None if ids is None else list(ids), older_ms)
 
@@ -510,8 +516,11 @@ def _resolve_time(abs_name: str, absolute: object, rel_name: str, relative: obje
             raise InvalidJob(f"{abs_name} must be a datetime, got {type(absolute).__name__}")
         return datetime_to_ms(absolute)
     if relative is not None:
-        if isinstance(relative, bool) or not isinstance(relative, int | float) or relative < 0:
-            raise InvalidJob(f"{rel_name} must be a number of seconds >= 0, got {relative!r}")
+        if (isinstance(relative, bool) or not isinstance(relative, int | float)
+                or not 0 <= relative <= MAX_RELATIVE_S):
+            raise InvalidJob(
+                f"{rel_name} must be a number of seconds from 0 to {MAX_RELATIVE_S}, got {relative!r}"
+            )
         return now + _seconds_to_ms(float(relative))
     return None
 
