@@ -14,9 +14,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-# Debian packages that hold the server binaries the test fixtures start on their own ports.
+# Debian packages that hold the server binaries the test fixtures start on their own ports, and
+# the headless browser the dashboard tests drive (Playwright with Debian's chromium: Playwright's
+# own browser downloads are never used).
 REDIS_PKG := redis-server
 POSTGRES_PKG := postgresql
+CHROMIUM_PKG := chromium
 
 .PHONY: help venv servers test lint demo bench clean
 
@@ -47,13 +50,15 @@ venv: $(VENV)/.stamp-dev
 
 # ---------------------------------------------------------------- server binaries
 
-# The tests start their own redis-server and PostgreSQL (initdb/pg_ctl) on free ports; this only
-# makes sure the binaries exist. `apt-get update` runs only when an install fails without it,
-# because on a machine with fresh package lists it is slow and useless.
+# The tests start their own redis-server and PostgreSQL (initdb/pg_ctl) on free ports and drive
+# /usr/bin/chromium headless; this only makes sure the binaries exist. `apt-get update` runs only
+# when an install fails without it, because on a machine with fresh package lists it is slow and
+# useless.
 servers:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing $(REDIS_PKG)"; \
 	compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing="$$missing $(POSTGRES_PKG)"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing $(CHROMIUM_PKG)"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then \
 		echo "missing test server packages:$$missing" >&2; \

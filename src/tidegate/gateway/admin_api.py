@@ -3,11 +3,16 @@ tenants and their API keys."""
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response
 from pydantic import ValidationError
 
+from tidegate.dispatch.budget import GLOBAL
 from tidegate.dispatch.costs import micros_to_usd
 from tidegate.gateway.auth import AdminDep, StateDep
 from tidegate.gateway.errors import ERROR_RESPONSES, ApiError, ErrorResponse
@@ -18,13 +23,16 @@ from tidegate.gateway.schemas import (
     KeyView,
     LatencyView,
     LevelView,
+    ModelDispatchView,
     PurgeResult,
     RedriveRequest,
     RedriveResult,
     StatsView,
     TenantBody,
+    TenantSpendView,
     TenantView,
 )
+from tidegate.gateway.state import GatewayState
 from tidegate.gateway.tenants import Tenant
 from tidegate.gateway.views import job_view, key_view, tenant_view
 from tidegate.jobs import Priority
@@ -42,15 +50,19 @@ def _latency(values: Percentiles) -> LatencyView:
 
 @router.get("/stats", response_model=StatsView, summary="Queue and traffic statistics")
 async def stats(state: StateDep, _: AdminDep) -> StatsView:
-    """Depth, oldest wait and in-flight jobs per priority; throughput and p50/p99 waits over the
-    recent jobs this gateway has seen; spend today per tenant (the shared ledger) and per model."""
+    """Depth, oldest wait and in-flight jobs per priority; throughput and p50/p99 waits (in all
+    and per priority) over the recent jobs this gateway has seen; spend today per tenant (the
+    shared ledger) against its budget, and per model; in-flight calls and 429s per model from
+    workers running in this process."""
     snapshot = await state.queue.stats()
     spend = await state.ledger.spend_today()
     recent = state.recent
     return StatsView(
         levels={
-            priority.name.lower(): LevelView(depth=level.depth, oldest_wait_s=level.oldest_wait_s,
-                                             in_flight=level.in_flight)
+            priority.name.lower(): LevelView(
+                depth=level.depth, oldest_wait_s=level.oldest_wait_s, in_flight=level.in_flight,
+                queue_wait_ms=_latency(recent.queue_wait_ms(int(priority))),
+            )
             for priority, level in sorted(snapshot.levels.items())
         },
         depth=snapshot.depth,
@@ -64,7 +76,79 @@ async def stats(state: StateDep, _: AdminDep) -> StatsView:
         spend_today_by_model_usd={
             model: micros_to_usd(micros) for model, micros in sorted(recent.spend_by_model_micros().items())
         },
+        budgets_today=await _budgets_today(state, spend),
+        dispatch_by_model=_dispatch_by_model(state),
     )
+
+
+async def _budgets_today(state: GatewayState, spend: dict[str, int]) -> dict[str, TenantSpendView]:
+    """Each tenant that spent today or has a budget, with the global total under GLOBAL."""
+    budgets = state.config.budgets
+
+    def limit(name: str, own: Decimal | None = None) -> Decimal | None:
+        # The order the workers apply: the tenant store's budget, then the config's.
+        if own is not None:
+            return own
+        return budgets.tenant_daily_usd.get(name, budgets.default_tenant_daily_usd)
+
+    limits = {tenant.name: limit(tenant.name, tenant.daily_budget_usd)
+              for tenant in await state.tenants.list_tenants()}
+    for name in (*budgets.tenant_daily_usd, *spend):
+        if name != GLOBAL and name not in limits:
+            limits[name] = limit(name)
+    rows = {
+        name: TenantSpendView(spent_usd=micros_to_usd(spend.get(name, 0)), daily_budget_usd=budget)
+        for name, budget in sorted(limits.items())
+        if budget is not None or name in spend
+    }
+    if budgets.global_daily_usd is not None or GLOBAL in spend:
+        rows[GLOBAL] = TenantSpendView(spent_usd=micros_to_usd(spend.get(GLOBAL, 0)),
+                                       daily_budget_usd=budgets.global_daily_usd)
+    return rows
+
+
+# Sample names of DispatchMetrics read by /v1/stats (prometheus_client adds _total to counters).
+_IN_FLIGHT = "tidegate_in_flight"
+_THROTTLED = "tidegate_upstream_429_total"
+_JOBS = "tidegate_jobs_total"
+_LIMIT = "tidegate_concurrency_limit"
+_PAUSED = "tidegate_limiter_paused_until_seconds"
+
+
+def _dispatch_by_model(state: GatewayState) -> dict[str, ModelDispatchView] | None:
+    """Per model, summed over the DispatchMetrics registries of the workers in this process
+    (None when there is none: a gateway alone cannot see workers elsewhere)."""
+    found = False
+    values: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
+    jobs: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for registry in state.extra_registries:
+        for family in registry.collect():
+            found = found or family.name == _IN_FLIGHT
+            for sample in family.samples:
+                model = sample.labels.get("model")
+                if model is None:
+                    continue
+                if sample.name == _JOBS:
+                    jobs[model][sample.labels["outcome"]] += int(sample.value)
+                elif sample.name in (_IN_FLIGHT, _THROTTLED, _LIMIT):
+                    values[model][sample.name] += sample.value  # several workers: their sum
+                elif sample.name == _PAUSED:
+                    values[model][_PAUSED] = max(values[model][_PAUSED], sample.value)
+    if not found:
+        return None
+    now = time.time()
+    views = {}
+    for model in sorted({*state.models, *values, *jobs}):
+        known = values[model]
+        paused = known.get(_PAUSED, 0.0)
+        views[model] = ModelDispatchView(
+            in_flight=int(known.get(_IN_FLIGHT, 0)),
+            throttled_429=int(known.get(_THROTTLED, 0)),
+            jobs=dict(jobs[model]),
+            concurrency_limit=known.get(_LIMIT),
+            paused_until=datetime.fromtimestamp(paused, UTC) if paused > now else None,
+        )
+    return views
 
 
 # ---------------------------------------------------------------------- dead letters
@@ -95,7 +179,8 @@ async def purge(
     state: StateDep,
     _: AdminDep,
     ids: Annotated[list[str] | None, Query(description="Dead job ids to delete.")] = None,
-    older_than_s: Annotated[float | None, Query(ge=0, description="Delete those dead for longer.")] = None,
+    older_than_s: Annotated[float | None, Query(ge=0, le=3650 * 86_400, description=(
+        "Delete those dead for longer (at most ten years)."))] = None,
     all_: Annotated[bool, Query(alias="all", description="Delete every dead letter.")] = False,
 ) -> PurgeResult:
     """Delete dead letters: the `ids`, those older than `older_than_s`, or `all`."""

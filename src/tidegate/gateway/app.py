@@ -16,7 +16,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from tidegate import __version__
-from tidegate.gateway import admin_api, jobs_api, openai_api, ops
+from tidegate.gateway import admin_api, dashboard, jobs_api, openai_api, ops
 from tidegate.gateway.errors import install_error_handlers
 from tidegate.gateway.middleware import BodyLimit, RequestMetrics
 from tidegate.gateway.state import GatewayState
@@ -31,6 +31,7 @@ An OpenAI-compatible gateway in front of a durable priority queue.
   answered with the provider's response plus `X-Tidegate-*` headers.
 * **Jobs**: enqueue work (one job or a batch) and fetch, long-poll or cancel it later.
 * **Admin**: queue statistics, dead letters, tenants and API keys (admin tenants only).
+  A live page of them is at `/dashboard`.
 
 Authenticate with `Authorization: Bearer <api key>`. A gateway bound to loopback with no tenant
 or key configured serves requests without a key (embedded mode).
@@ -50,7 +51,7 @@ def create_app(state: GatewayState) -> FastAPI:
                   openapi_tags=_TAGS)
     app.state.gateway = state
     install_error_handlers(app)
-    for module in (openai_api, jobs_api, admin_api, ops):
+    for module in (openai_api, jobs_api, admin_api, ops, dashboard):
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413.
     app.add_middleware(BodyLimit, max_bytes=state.settings.max_body_bytes)

@@ -60,6 +60,7 @@ class Percentiles:
 @dataclass(frozen=True, slots=True)
 class _Sample:
     finished_at_s: float  # epoch seconds
+    priority: int
     queue_wait_ms: float | None
     upstream_latency_ms: float | None
     model: str | None
@@ -85,7 +86,7 @@ class RecentResults:
             return
         result: dict[str, Any] = job.result
         finished = job.finished_at.timestamp() if job.finished_at else self._clock()
-        sample = _Sample(finished, _number(result.get("queue_wait_ms")),
+        sample = _Sample(finished, int(job.priority), _number(result.get("queue_wait_ms")),
                          _number(result.get("upstream_latency_ms")), _text(result.get("model")))
         cost = result.get("cost_micros")
         if job.id in self._samples:
@@ -106,9 +107,11 @@ class RecentResults:
         since = self._clock() - window_s
         return sum(1 for sample in self._samples.values() if sample.finished_at_s >= since)
 
-    def queue_wait_ms(self) -> Percentiles:
-        """p50/p99 of the queue wait of the jobs in the window."""
-        return _percentiles([s.queue_wait_ms for s in self._samples.values()])
+    def queue_wait_ms(self, priority: int | None = None) -> Percentiles:
+        """p50/p99 of the queue wait of the jobs in the window: all of them, or those of one
+        priority level."""
+        return _percentiles([s.queue_wait_ms for s in self._samples.values()
+                             if priority is None or s.priority == priority])
 
     def upstream_latency_ms(self) -> Percentiles:
         """p50/p99 of the provider latency of the jobs in the window."""

@@ -46,7 +46,8 @@ __all__ = ["router"]
 
 _WAIT_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "Unknown model."},
-    409: {"model": ErrorResponse, "description": "The job was cancelled while the call waited."},
+    409: {"model": ErrorResponse, "description": "The job was cancelled while the call waited, or "
+          "the Idempotency-Key was first used on the other endpoint (chat vs embeddings)."},
     502: {"model": ErrorResponse, "description": "The provider failed after every attempt."},
     504: {"model": ErrorResponse, "description": "No result in time: `error.job_id` names the job, "
           "which goes on; poll GET /v1/jobs/{id}."},
@@ -129,6 +130,8 @@ async def _call(
     draft = draft_job(state, tenant, kind, body, priority=chosen,
                       idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
     [job_id] = await enqueue(state, tenant, [draft])
+    if draft.idempotency_key is not None:
+        await _check_repeat_kind(state, job_id, kind)
     request_body: dict[str, Any] = draft.payload["body"]
     if kind == "chat" and request_body.get("stream"):
         return await stream_job(state, job_id, chosen, request_body, timeout_s=timeout_s, started=started)
@@ -141,6 +144,16 @@ async def _call(
         raise ApiError(502, "the job succeeded without a provider response", code="upstream_error",
                        job_id=job.id)
     return Response(orjson.dumps(response), media_type="application/json", headers=result_headers(job))
+
+
+async def _check_repeat_kind(state: GatewayState, job_id: str, kind: Kind) -> None:
+    """An Idempotency-Key repeat is answered with the first job's result, so that job must be of
+    this endpoint's kind: an embeddings result is no chat completion."""
+    job = await state.queue.get(job_id)
+    if job is not None and job.payload.get("kind") != kind:
+        raise ApiError(409, f"the Idempotency-Key was first used for a {job.payload.get('kind')} "
+                       f"request, not {kind}", code="idempotency_key_reused", param="Idempotency-Key",
+                       job_id=job_id)
 
 
 def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:

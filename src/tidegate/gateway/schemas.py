@@ -28,7 +28,9 @@ __all__ = [
     "JobsRequest",
     "KeyCreated",
     "KeyView",
+    "LatencyView",
     "LevelView",
+    "ModelDispatchView",
     "ModelList",
     "ModelView",
     "PriorityValue",
@@ -37,6 +39,7 @@ __all__ = [
     "RedriveResult",
     "StatsView",
     "TenantBody",
+    "TenantSpendView",
     "TenantView",
 ]
 
@@ -149,8 +152,10 @@ class JobRequest(BaseModel):
     priority: PriorityValue | None = None
     callback_url: str | None = Field(None, max_length=2048, description=(
         "POSTed the finished job, signed (X-Tidegate-Signature). http(s) to a public address."))
-    timeout_s: float | None = Field(None, gt=0, description=(
-        "Deadline from now: a job not started by then is never dispatched (state expired)."))
+    # Bounded: a deadline beyond what the queue can store and read back would poison it.
+    timeout_s: float | None = Field(None, gt=0, le=3650 * 86_400, description=(
+        "Deadline from now (at most ten years): a job not started by then is never dispatched "
+        "(state expired)."))
 
 
 class JobBatch(BaseModel):
@@ -235,20 +240,44 @@ class PurgeResult(BaseModel):
     purged: int
 
 
-class LevelView(BaseModel):
-    """One priority level of the queue."""
-
-    depth: int
-    oldest_wait_s: float
-    in_flight: int
-
-
 class LatencyView(BaseModel):
     """p50/p99 in milliseconds over `count` recent jobs (None without any)."""
 
     p50: float | None
     p99: float | None
     count: int
+
+
+def _no_latency() -> LatencyView:
+    return LatencyView(p50=None, p99=None, count=0)
+
+
+class LevelView(BaseModel):
+    """One priority level of the queue."""
+
+    depth: int
+    oldest_wait_s: float
+    in_flight: int
+    queue_wait_ms: LatencyView = Field(default_factory=_no_latency, description=(
+        "p50/p99 queue wait of this level's recent jobs seen by this gateway"))
+
+
+class ModelDispatchView(BaseModel):
+    """One model as the workers running in the gateway's process see it. Counts run from the
+    workers' start."""
+
+    in_flight: int = Field(description="Provider calls under way")
+    throttled_429: int = Field(description="429 answers from the provider")
+    jobs: dict[str, int] = Field(description="Jobs by outcome: succeeded, retried, dead, lease_lost")
+    concurrency_limit: float | None = Field(None, description="Adaptive concurrency limit, when known")
+    paused_until: datetime | None = Field(None, description="Paused after a 429 until then, if paused")
+
+
+class TenantSpendView(BaseModel):
+    """Spend today (UTC) against a daily budget."""
+
+    spent_usd: Decimal = Field(description="Spent or reserved today, from the shared budget ledger")
+    daily_budget_usd: Decimal | None = Field(description="The daily budget; None is unlimited")
 
 
 class StatsView(BaseModel):
@@ -268,6 +297,12 @@ class StatsView(BaseModel):
         "configured, as workers then keep no ledger"))
     spend_today_by_model_usd: dict[str, Decimal] = Field(description=(
         "Per model, from the results this gateway has seen today"))
+    budgets_today: dict[str, TenantSpendView] = Field(default_factory=dict, description=(
+        "Per tenant that spent today or has a daily budget (tenant store, else config), with the "
+        "global total and budget under '*'"))
+    dispatch_by_model: dict[str, ModelDispatchView] | None = Field(None, description=(
+        "In-flight calls, 429s and outcomes per model from the workers running in this gateway's "
+        "process (`tidegate up`); None when none does"))
 
 
 class ModelView(BaseModel):

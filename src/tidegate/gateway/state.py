@@ -17,6 +17,7 @@ from tidegate.dispatch.budget import BudgetLedger, budget_ledger_for
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.limiter import RateLimiter, rate_limiter_for
 from tidegate.dispatch.relay import ChunkRelay, relay_for
+from tidegate.errors import CallbackRefused
 from tidegate.gateway.metrics import GatewayMetrics, RecentResults
 from tidegate.gateway.settings import GatewaySettings, is_loopback_host
 from tidegate.gateway.tenant_store import tenant_store_for
@@ -121,7 +122,10 @@ class GatewayState:
         non-public address unless the config allows private targets."""
         # The sender's own check, so the gateway refuses exactly what a worker would; checking
         # needs no session and no secret.
-        await CallbackSender(self.config.callbacks, b"").check_url(url)
+        try:
+            await CallbackSender(self.config.callbacks, b"").check_url(url)
+        except ValueError as exc:  # urlsplit: a bad port or IPv6 host; idna: a host it cannot encode
+            raise CallbackRefused(f"callback_url {url!r} is not a valid URL: {exc}") from None
 
 
 def _queue_name(url: str) -> str:
