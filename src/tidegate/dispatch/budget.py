@@ -21,11 +21,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
+from tidegate._sqlite import connect as sqlite_connect
 from tidegate.dispatch._store import RedisStore, backend_of, without_query
 from tidegate.dispatch.costs import micros_to_usd
 from tidegate.errors import BudgetExhausted, BudgetScope, DispatchClosed, DispatchUnavailable
@@ -388,14 +388,7 @@ class SqliteBudgetLedger:
     def _connection(self) -> sqlite3.Connection:
         # Runs on the ledger's thread, the only one that ever touches the connection.
         if self._conn is None:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=30000")
-            conn.executescript(_SCHEMA)
-            self._conn = conn
+            self._conn = sqlite_connect(self.path, _SCHEMA)
         return self._conn
 
 

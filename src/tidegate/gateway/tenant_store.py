@@ -39,12 +39,12 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Self, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
+from tidegate._sqlite import connect as sqlite_connect
 from tidegate.dispatch._store import backend_of, without_query
 from tidegate.errors import ConfigError, MissingDependency, QueueClosed, QueueUnavailable, TenantNotFound
 from tidegate.gateway.tenants import ApiKeyInfo, Tenant, TenantStore
@@ -453,14 +453,7 @@ class SqliteTenantStore(_TenantStoreBase):
     def _connection(self) -> sqlite3.Connection:
         # Runs on the store's thread, the only one that ever touches the connection.
         if self._conn is None:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=30000")
-            conn.executescript(_SCHEMA)
-            self._conn = conn
+            self._conn = sqlite_connect(self.path, _SCHEMA)
         return self._conn
 
 

@@ -13,11 +13,11 @@ import functools
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
+from tidegate._sqlite import connect as sqlite_connect
 from tidegate.errors import LeaseLost, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority, now_ms
 from tidegate.queue._signals import DONE, WORK, Doorbell, Signal
@@ -127,18 +127,9 @@ class SqliteQueue(Queue):
         return await self._run(lambda conn: self._transaction(conn, body))
 
     async def _open(self) -> None:
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-
         def connect(_: object) -> None:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            conn = sqlite_connect(self.path, _SCHEMA)
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL survives any process crash; only an OS crash or power loss can drop
-            # the last commits.
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=30000")
-            conn.executescript(_SCHEMA)
             self._conn = conn
 
         loop = asyncio.get_running_loop()
