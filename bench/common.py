@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SINGLE = "single"
 BATCHED = "batched"
+BATCHED_EACH = "batched/each"  # tidegate only: batched, but each job completed on its own
 ROUND_TRIP = "round trip"
 
 
@@ -28,6 +29,8 @@ class Result:
     seconds: float
     p50_ms: float | None = None
     p99_ms: float | None = None
+    # Set on a summary of several rounds: the lowest and highest rate among them.
+    spread: tuple[float, float] | None = None
 
     @property
     def rate(self) -> float:
@@ -49,12 +52,12 @@ def percentile(samples_s: Sequence[float], fraction: float) -> float:
 
 
 def median_result(results: Sequence[Result]) -> Result:
-    """The run with the median rate (the lower one for an even count): robust to one slow or
-    lucky repeat, and always a run that really happened."""
+    """The run with the median rate (the lower one for an even count), carrying the spread of
+    all the runs: robust to one slow or lucky round, and always a run that really happened."""
     if not results:
         raise ValueError("no results")
     ordered = sorted(results, key=lambda r: r.rate)
-    return ordered[(len(ordered) - 1) // 2]
+    return replace(ordered[(len(ordered) - 1) // 2], spread=(ordered[0].rate, ordered[-1].rate))
 
 
 def check_count(system: str, path: str, what: str, expected: int, got: int) -> None:

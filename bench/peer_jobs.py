@@ -8,7 +8,10 @@ slow the peers down compared with tidegate's no-op path).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from saq.types import Context
 
 
 class Tally:
@@ -38,7 +41,7 @@ class Tally:
 TALLY = Tally()
 
 
-async def saq_noop(ctx: dict[str, Any], *, n: int) -> None:
+async def saq_noop(ctx: Context, *, n: int) -> None:
     """SAQ job: SAQ calls `fn(ctx, **kwargs)`."""
     TALLY.record(n)
 

@@ -30,6 +30,7 @@ class RedisServer:
     host: str
     port: int
     version: str
+    pid: int
 
     @property
     def url(self) -> str:
@@ -82,7 +83,7 @@ def private_redis(binary: str = "redis-server") -> Iterator[RedisServer]:
         )
         try:
             _wait_until_ready(host, port, process, log_file)
-            yield RedisServer(host=host, port=port, version=redis_server_version(path))
+            yield RedisServer(host=host, port=port, version=redis_server_version(path), pid=process.pid)
         finally:
             process.terminate()
             try:
@@ -106,7 +107,9 @@ def _wait_until_ready(host: str, port: int, process: subprocess.Popen[bytes], lo
             except redis.ConnectionError:
                 pass
             if time.monotonic() > deadline:
-                raise BenchmarkError(f"redis-server did not answer on {host}:{port} within {START_TIMEOUT_S}s")
+                raise BenchmarkError(
+                    f"redis-server did not answer on {host}:{port} within {START_TIMEOUT_S}s"
+                )
             time.sleep(0.02)
     finally:
         client.close()
