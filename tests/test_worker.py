@@ -71,8 +71,12 @@ async def test_a_429_pauses_the_model_and_the_job_waits_out_retry_after_in_the_q
                    "models": {"gpt-4.1": {"rpm": 1}}})
     ids = [await queue.enqueue(chat(model="gpt-4.1")) for _ in range(2)]
     # When a worker that does not know that limit sends both
-    async with running_worker(queue, sim_config(base_url)):
+    metrics = DispatchMetrics()
+    async with running_worker(queue, sim_config(base_url), metrics=metrics):
         jobs = await wait_final(queue, ids)
+    assert metrics.registry.get_sample_value("tidegate_upstream_429_total", {"model": "gpt-4.1"}) == 1
+    assert (metrics.registry.get_sample_value(
+        "tidegate_limiter_paused_until_seconds", {"model": "gpt-4.1"}) or 0) > 0
     # Then the 429 sent one job back to wait, and the pause kept everyone off the model meanwhile
     assert all(job.state is JobState.SUCCEEDED for job in jobs), [job.errors for job in jobs]
     retried = [job for job in jobs if job.attempts == 2]

@@ -426,6 +426,7 @@ class Worker:
             call.reservation = None
         await self._observe_rate_limits(call.key, response)
         self._concurrency.on_success(call.key)
+        self.metrics.concurrency_limit.labels(model.name).set(self._concurrency.limit(call.key))
         self._health.success(model.name)
         result = {
             "response": response.body,
@@ -469,7 +470,9 @@ class Worker:
             pause_s = exc.retry_after_s if exc.retry_after_s is not None else 1.0
             self.metrics.throttled.labels(model).inc()
             await self._limiter.pause(call.key, pause_s)
+            self.metrics.paused_until.labels(model).set(time.time() + pause_s)
             self._concurrency.on_throttled(call.key)
+            self.metrics.concurrency_limit.labels(model).set(self._concurrency.limit(call.key))
             # The whole wait is spent in the queue, not in this worker's slot.
             await self._settle_failure(call, message, retry=True, retry_in_s=pause_s, model=model)
         elif exc.retryable:
