@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 30_000
 _SETUP_ATTEMPTS = 50
@@ -36,3 +40,16 @@ def connect(path: str, schema: str) -> sqlite3.Connection:
                 raise
             time.sleep(_SETUP_PAUSE_S)
     raise AssertionError("unreachable")
+
+
+def immediate(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+    """Run `body` in one BEGIN IMMEDIATE transaction: the write lock is taken before the reads a
+    change depends on, so two processes never both read the same state and then both write."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        value = body(conn)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return value

@@ -26,6 +26,7 @@ from typing import Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
 from tidegate._sqlite import connect as sqlite_connect
+from tidegate._sqlite import immediate as sqlite_immediate
 from tidegate.dispatch._store import RedisStore, backend_of, without_query
 from tidegate.dispatch.costs import micros_to_usd
 from tidegate.errors import BudgetExhausted, BudgetScope, DispatchClosed, DispatchUnavailable
@@ -371,19 +372,7 @@ class SqliteBudgetLedger:
             raise DispatchUnavailable(f"SQLite budget ledger at {self.path}: {exc}") from exc
 
     async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        def transaction(conn: sqlite3.Connection) -> T:
-            # IMMEDIATE takes the write lock before reading the totals, so two processes never
-            # both see room for the last reservation.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                value = body(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return value
-
-        return await self._run(transaction)
+        return await self._run(lambda conn: sqlite_immediate(conn, body))
 
     def _connection(self) -> sqlite3.Connection:
         # Runs on the ledger's thread, the only one that ever touches the connection.

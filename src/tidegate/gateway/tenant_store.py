@@ -45,6 +45,7 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 
 from tidegate._sqlite import connect as sqlite_connect
+from tidegate._sqlite import immediate as sqlite_immediate
 from tidegate.dispatch._store import backend_of, without_query
 from tidegate.errors import ConfigError, MissingDependency, QueueClosed, QueueUnavailable, TenantNotFound
 from tidegate.gateway.tenants import ApiKeyInfo, Tenant, TenantStore
@@ -437,18 +438,7 @@ class SqliteTenantStore(_TenantStoreBase):
             raise QueueUnavailable(f"SQLite {self._what} at {self.path}: {exc}") from exc
 
     async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        def transaction(conn: sqlite3.Connection) -> T:
-            # IMMEDIATE takes the write lock before the reads a change depends on.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                value = body(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return value
-
-        return await self._run(transaction)
+        return await self._run(lambda conn: sqlite_immediate(conn, body))
 
     def _connection(self) -> sqlite3.Connection:
         # Runs on the store's thread, the only one that ever touches the connection.

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import orjson
 
 from tidegate._sqlite import connect as sqlite_connect
+from tidegate._sqlite import immediate as sqlite_immediate
 from tidegate.errors import LeaseLost, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority, now_ms
 from tidegate.queue._signals import DONE, WORK, Doorbell, Signal
@@ -110,21 +111,8 @@ class SqliteQueue(Queue):
         assert self._conn is not None
         return fn(self._conn)
 
-    @staticmethod
-    def _transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
-        # IMMEDIATE takes the write lock up front, so two processes never both read a job as
-        # free and then both write it.
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            value = body(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return value
-
     async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._run(lambda conn: self._transaction(conn, body))
+        return await self._run(lambda conn: sqlite_immediate(conn, body))
 
     async def _open(self) -> None:
         def connect(_: object) -> None:
