@@ -3,7 +3,7 @@
 #   make demo     install the base package and run the demo (embedded queue, simulated provider)
 #   make test     install dev extras and test servers, run the whole test suite, then lint
 #   make lint     ruff + mypy
-#   make bench    install bench extras and run the queue benchmark
+#   make bench    install bench extras and run the queue, dispatch and HTTP client benchmarks
 #   make clean    remove the virtualenv, caches and local data
 
 SHELL := /bin/bash
@@ -91,6 +91,8 @@ demo: $(VENV)/.stamp-base
 
 bench: $(VENV)/.stamp-bench servers
 	$(BIN)/python bench/queue.py
+	$(BIN)/python bench/dispatch.py
+	$(BIN)/python bench/http_client.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist
