@@ -254,7 +254,9 @@ async def test_the_dashboard_shows_the_queue_and_redrives_a_dead_letter(
         assert by_model["gpt-4.1"]["throttled_429"] == 1
         for model, view in by_model.items():
             row = f'#models tr[data-model="{model}"]'
-            assert await cell(page, row, "in-flight") == str(view["in_flight"]), model
+            limit = view.get("concurrency_limit")  # shown as "in flight / limit" once known
+            expected = f"{view['in_flight']} / {limit}" if limit else str(view["in_flight"])
+            assert await cell(page, row, "in-flight") == expected, model
             assert await cell(page, row, "throttled") == str(view["throttled_429"]), model
             assert await cell(page, row, "succeeded") == str(view["jobs"].get("succeeded", 0)), model
         for model, usd in stats["spend_today_by_model_usd"].items():

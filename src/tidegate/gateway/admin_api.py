@@ -145,7 +145,7 @@ def _dispatch_by_model(state: GatewayState) -> dict[str, ModelDispatchView] | No
             in_flight=int(known.get(_IN_FLIGHT, 0)),
             throttled_429=int(known.get(_THROTTLED, 0)),
             jobs=dict(jobs[model]),
-            concurrency_limit=known.get(_LIMIT),
+            concurrency_limit=None if known.get(_LIMIT) is None else int(known[_LIMIT]),
             paused_until=datetime.fromtimestamp(paused, UTC) if paused > now else None,
         )
     return views

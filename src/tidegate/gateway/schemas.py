@@ -269,7 +269,7 @@ class ModelDispatchView(BaseModel):
     in_flight: int = Field(description="Provider calls under way")
     throttled_429: int = Field(description="429 answers from the provider")
     jobs: dict[str, int] = Field(description="Jobs by outcome: succeeded, retried, dead, lease_lost")
-    concurrency_limit: float | None = Field(None, description="Adaptive concurrency limit, when known")
+    concurrency_limit: int | None = Field(None, description="Adaptive concurrency limit, when known")
     paused_until: datetime | None = Field(None, description="Paused after a 429 until then, if paused")
 
 
