@@ -1,4 +1,4 @@
-"""Opening the embedded SQLite file the same way everywhere (queue, budget ledger, tenant store).
+"""Using the embedded SQLite file the same way everywhere (queue, budget ledger, tenant store).
 
 WAL lets readers and one writer work at once across processes; NORMAL synchronisation survives
 any process crash (only an OS crash or power loss can drop the last commits). Switching a new file
@@ -8,9 +8,11 @@ several processes or instances open one new file at the same moment the switch i
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -53,3 +55,55 @@ def immediate(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T])
         raise
     conn.execute("COMMIT")
     return value
+
+
+class SqliteThread:
+    """One SQLite connection used only on a thread of its own, so the event loop never waits on
+    the disk or on another process's write lock. Connects on first use (or `open()`); driver
+    errors leave as what `error` makes of them."""
+
+    def __init__(
+        self, path: str, schema: str, *, name: str, error: Callable[[sqlite3.Error], Exception],
+        row_factory: type[sqlite3.Row] | None = None,
+    ) -> None:
+        self.path = path
+        self._schema = schema
+        self._error = error
+        self._row_factory = row_factory
+        self._conn: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tidegate-{name}")
+
+    async def open(self) -> None:
+        """Connect now, so a file that cannot be opened fails here rather than at first use."""
+        await self.run(lambda _: None)
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn(connection)` on the connection's thread."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._thread, lambda: fn(self._connection()))
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+
+    async def write(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """`body(connection)` in one BEGIN IMMEDIATE transaction on the connection's thread."""
+        return await self.run(lambda conn: immediate(conn, body))
+
+    async def close(self) -> None:
+        """Close the connection, then let the thread go."""
+
+        def disconnect() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._thread, disconnect)
+        self._thread.shutdown(wait=False)
+
+    def _connection(self) -> sqlite3.Connection:
+        # Runs on the thread, the only one that ever touches the connection.
+        if self._conn is None:
+            self._conn = connect(self.path, self._schema)
+            if self._row_factory is not None:
+                self._conn.row_factory = self._row_factory
+        return self._conn

@@ -14,19 +14,16 @@ KEEP_DAYS, so nothing grows without bound. Money is integer micro-dollars.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from types import TracebackType
 from typing import Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
-from tidegate._sqlite import connect as sqlite_connect
-from tidegate._sqlite import immediate as sqlite_immediate
+from tidegate._sqlite import SqliteThread
 from tidegate.dispatch._store import RedisStore, backend_of, without_query
 from tidegate.dispatch.costs import micros_to_usd
 from tidegate.errors import BudgetExhausted, BudgetScope, DispatchClosed, DispatchUnavailable
@@ -232,8 +229,10 @@ class SqliteBudgetLedger:
         self.path = path
         self.name = name
         self._today = today
-        self._conn: sqlite3.Connection | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegate-budget")
+        self._db = SqliteThread(
+            path, _SCHEMA, name="budget",
+            error=lambda exc: DispatchUnavailable(f"SQLite budget ledger at {path}: {exc}"),
+        )
         self._closed = False
         self._purged_before: str | None = None  # the cutoff of the last purge of old days
 
@@ -328,14 +327,7 @@ class SqliteBudgetLedger:
         if self._closed:
             return
         self._closed = True
-
-        def disconnect() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        await asyncio.get_running_loop().run_in_executor(self._thread, disconnect)
-        self._thread.shutdown(wait=False)
+        await self._db.close()
 
     async def __aenter__(self) -> Self:
         if self._closed:
@@ -365,20 +357,12 @@ class SqliteBudgetLedger:
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._closed:
             raise DispatchClosed("this budget ledger was closed; create a new one")
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._thread, lambda: fn(self._connection()))
-        except sqlite3.Error as exc:
-            raise DispatchUnavailable(f"SQLite budget ledger at {self.path}: {exc}") from exc
+        return await self._db.run(fn)
 
     async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._run(lambda conn: sqlite_immediate(conn, body))
-
-    def _connection(self) -> sqlite3.Connection:
-        # Runs on the ledger's thread, the only one that ever touches the connection.
-        if self._conn is None:
-            self._conn = sqlite_connect(self.path, _SCHEMA)
-        return self._conn
+        if self._closed:
+            raise DispatchClosed("this budget ledger was closed; create a new one")
+        return await self._db.write(body)
 
 
 # ---------------------------------------------------------------------- Redis

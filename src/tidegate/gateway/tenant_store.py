@@ -26,7 +26,6 @@ everywhere and bogus keys cannot fill the cache.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -36,7 +35,6 @@ import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
@@ -44,8 +42,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
-from tidegate._sqlite import connect as sqlite_connect
-from tidegate._sqlite import immediate as sqlite_immediate
+from tidegate._sqlite import SqliteThread
 from tidegate.dispatch._store import backend_of, without_query
 from tidegate.errors import ConfigError, MissingDependency, QueueClosed, QueueUnavailable, TenantNotFound
 from tidegate.gateway.tenants import ApiKeyInfo, Tenant, TenantStore
@@ -344,8 +341,10 @@ class SqliteTenantStore(_TenantStoreBase):
                  auth_cache_s: float = DEFAULT_AUTH_CACHE_S, clock: Clock = time.monotonic) -> None:
         super().__init__(name, auth_cache_s, clock)
         self.path = path
-        self._conn: sqlite3.Connection | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegate-tenants")
+        self._db = SqliteThread(
+            path, _SCHEMA, name="tenants",
+            error=lambda exc: QueueUnavailable(f"SQLite {self._what} at {path}: {exc}"),
+        )
 
     def __repr__(self) -> str:
         return f"SqliteTenantStore(path={self.path!r}, name={self.name!r})"
@@ -419,32 +418,17 @@ class SqliteTenantStore(_TenantStoreBase):
         return [_sqlite_record(row) for row in rows]
 
     async def _close(self) -> None:
-        def disconnect() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        await asyncio.get_running_loop().run_in_executor(self._thread, disconnect)
-        self._thread.shutdown(wait=False)
+        await self._db.close()
 
     # -- plumbing
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         self._check_open()
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._thread, lambda: fn(self._connection()))
-        except sqlite3.Error as exc:
-            raise QueueUnavailable(f"SQLite {self._what} at {self.path}: {exc}") from exc
+        return await self._db.run(fn)
 
     async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._run(lambda conn: sqlite_immediate(conn, body))
-
-    def _connection(self) -> sqlite3.Connection:
-        # Runs on the store's thread, the only one that ever touches the connection.
-        if self._conn is None:
-            self._conn = sqlite_connect(self.path, _SCHEMA)
-        return self._conn
+        self._check_open()
+        return await self._db.write(body)
 
 
 # ---------------------------------------------------------------------- Redis

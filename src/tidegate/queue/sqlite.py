@@ -12,13 +12,11 @@ import contextlib
 import functools
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import orjson
 
-from tidegate._sqlite import connect as sqlite_connect
-from tidegate._sqlite import immediate as sqlite_immediate
+from tidegate._sqlite import SqliteThread
 from tidegate.errors import LeaseLost, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority, now_ms
 from tidegate.queue._signals import DONE, WORK, Doorbell, Signal
@@ -91,8 +89,10 @@ class SqliteQueue(Queue):
     def __init__(self, path: str, settings: QueueSettings | None = None) -> None:
         super().__init__(settings)
         self.path = path
-        self._conn: sqlite3.Connection | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegate-sqlite")
+        self._db = SqliteThread(
+            path, _SCHEMA, name="sqlite", row_factory=sqlite3.Row,
+            error=lambda exc: QueueUnavailable(f"SQLite queue at {path}: {exc}"),
+        )
         self._bell = Doorbell(path)
         self._watched: dict[str, list[asyncio.Future[None]]] = {}  # job id → wait() callers
         self._watcher: asyncio.Task[None] | None = None
@@ -100,31 +100,13 @@ class SqliteQueue(Queue):
     # ------------------------------------------------------------------ plumbing
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn` on the connection's thread; driver errors become QueueUnavailable."""
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._thread, self._call, fn)
-        except sqlite3.Error as exc:
-            raise QueueUnavailable(f"SQLite queue at {self.path}: {exc}") from exc
-
-    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        assert self._conn is not None
-        return fn(self._conn)
+        return await self._db.run(fn)
 
     async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._run(lambda conn: sqlite_immediate(conn, body))
+        return await self._db.write(body)
 
     async def _open(self) -> None:
-        def connect(_: object) -> None:
-            conn = sqlite_connect(self.path, _SCHEMA)
-            conn.row_factory = sqlite3.Row
-            self._conn = conn
-
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._thread, connect, None)
-        except sqlite3.Error as exc:
-            raise QueueUnavailable(f"cannot open SQLite queue at {self.path}: {exc}") from exc
+        await self._db.open()
 
     async def _close(self) -> None:
         if self._watcher is not None:
@@ -132,14 +114,7 @@ class SqliteQueue(Queue):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
         self._bell.close()
-
-        def disconnect(_: object) -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        await asyncio.get_running_loop().run_in_executor(self._thread, disconnect, None)
-        self._thread.shutdown(wait=False)
+        await self._db.close()
 
     # ------------------------------------------------------------------ tenant round-robin
 
