@@ -18,7 +18,12 @@
     ├── RoutingError                no configured model may serve a request (unknown, not allowed, too big)
     ├── BudgetExhausted             a daily budget (tenant or global) has no room for a reservation
     ├── DispatchUnavailable         the rate limiter's or budget ledger's store cannot be reached
-    └── DispatchClosed              a rate limiter or budget ledger used after close()
+    ├── DispatchClosed              a rate limiter or budget ledger used after close()
+    ├── InvalidChange               a row or change event that cannot be turned into a Change
+    ├── SourceError                 the change source (replication, outbox) failed or is misconfigured
+    ├── BusUnavailable              the event bus cannot be reached or answered with an error
+    ├── CacheUnavailable            the entity cache's store cannot be reached
+    └── VersionConflict             an optimistic update whose expected revision is not current
 """
 
 from __future__ import annotations
@@ -161,3 +166,32 @@ class DispatchUnavailable(TidegateError):
 
 class DispatchClosed(TidegateError):
     """A rate limiter or budget ledger was used after `close()`."""
+
+
+# -- change flow -------------------------------------------------------------------------------
+
+
+class InvalidChange(TidegateError, ValueError):
+    """A row value, key or change event that cannot become a `Change`; the message names the field."""
+
+
+class SourceError(TidegateError):
+    """The change source failed: replication connection, slot or publication, or the SQLite outbox."""
+
+
+class BusUnavailable(TidegateError):
+    """The event bus (Redis Streams, Kafka) cannot be reached or answered with an error."""
+
+
+class CacheUnavailable(TidegateError):
+    """The entity cache's store cannot be reached or answered with an error."""
+
+
+class VersionConflict(TidegateError):
+    """An optimistic update expected a revision that is no longer current; nothing was written.
+
+    `current_revision` is the entry's revision now (0 when the entity is not cached)."""
+
+    def __init__(self, message: str, *, current_revision: int) -> None:
+        super().__init__(message)
+        self.current_revision = current_revision

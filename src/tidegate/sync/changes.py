@@ -1,0 +1,178 @@
+"""`Change`: one committed row change, the same whatever source produced it.
+
+A change's `version` is (commit position, ordinal within the transaction). PostgreSQL gives the
+commit LSN; several rows of one transaction share it, so the ordinal orders them. The SQLite outbox
+gives its sequence number as the position. Versions order every change to one entity: the cache
+applies a change only when its version is newer than what it holds.
+
+Rows arrive canonical (see `tidegate.sync.values`): the after-image of inserts and updates, the
+before-image where the source has one (REPLICA IDENTITY FULL, the outbox's OLD row), and the key
+columns always. `checksum` is the SHA-256 of the canonical JSON of the after-image, or of the
+before-image/key for a delete, so a replayed change can be recognised and a cache compared with
+its database.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+import orjson
+
+from tidegate.errors import InvalidChange
+from tidegate.sync.values import JsonValue, Row, canonical, canonical_json, checksum
+
+__all__ = ["Change", "Op", "Version", "entity_id_of"]
+
+
+class Op(enum.StrEnum):
+    """What happened to the row."""
+
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+    TRUNCATE = "truncate"  # the whole table: entity_id is "*" and there is no row
+
+
+class Version(NamedTuple):
+    """(commit position, ordinal in the transaction); tuples order them."""
+
+    lsn: int
+    ordinal: int
+
+    @property
+    def key(self) -> str:
+        """Fixed-width hex that sorts like the version, for stores that compare strings (Lua
+        numbers are doubles and would lose LSN bits above 2**53)."""
+        return f"{self.lsn:016x}{self.ordinal:08x}"
+
+    @classmethod
+    def from_key(cls, key: str) -> Version:
+        """The inverse of `key`."""
+        if len(key) != 24:
+            raise InvalidChange(f"{key!r} is not a version key (24 hex digits)")
+        try:
+            return cls(int(key[:16], 16), int(key[16:], 16))
+        except ValueError as exc:
+            raise InvalidChange(f"{key!r} is not a version key (24 hex digits)") from exc
+
+    def __str__(self) -> str:
+        return f"{self.lsn >> 32:X}/{self.lsn & 0xFFFFFFFF:X}#{self.ordinal}"
+
+
+TRUNCATED = "*"
+
+
+def entity_id_of(key: Mapping[str, JsonValue], key_columns: Sequence[str]) -> str:
+    """The id of the row with primary-key values `key`: the value itself for a one-column key,
+    the canonical JSON array of the values (in key-column order) for a composite one."""
+    if not key_columns:
+        raise InvalidChange("a row needs at least one key column to have an entity id")
+    missing = [c for c in key_columns if key.get(c) is None]
+    if missing:
+        raise InvalidChange(f"key column(s) {', '.join(missing)} missing or NULL")
+    if len(key_columns) == 1:
+        value = key[key_columns[0]]
+        return value if isinstance(value, str) else canonical_json(value).decode()
+    return canonical_json([key[c] for c in key_columns]).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One committed change of one row (or a whole table for TRUNCATE)."""
+
+    entity_type: str  # the table (schema-qualified when not in the default schema)
+    entity_id: str
+    op: Op
+    key: Row
+    after: Row | None
+    before: Row | None
+    commit_time: datetime  # UTC, timezone-aware
+    version: Version
+    xid: int | None = None
+    checksum: str = ""
+    # When the change was seen by the source (epoch seconds, this host's clock): with commit_time
+    # it gives the freshness figures; not part of the row and not compared.
+    captured_at: float = field(default=0.0, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.commit_time.tzinfo is None:
+            raise InvalidChange("a change's commit_time must be timezone-aware")
+        if self.commit_time.utcoffset():
+            object.__setattr__(self, "commit_time", self.commit_time.astimezone(UTC))
+        if self.op in (Op.INSERT, Op.UPDATE) and self.after is None:
+            raise InvalidChange(f"an {self.op} change needs an after-image")
+        if not self.checksum:
+            object.__setattr__(self, "checksum", checksum(self.image))
+
+    @property
+    def image(self) -> Row | None:
+        """The row this change leaves behind, or for a delete the row it removed (or its key)."""
+        if self.op is Op.TRUNCATE:
+            return None
+        if self.op is Op.DELETE:
+            return self.before if self.before is not None else self.key
+        return self.after
+
+    @classmethod
+    def of_row(cls, *, entity_type: str, op: Op, key_columns: Sequence[str], version: Version,
+               commit_time: datetime, after: Mapping[str, Any] | None = None,
+               before: Mapping[str, Any] | None = None, xid: int | None = None,
+               captured_at: float = 0.0) -> Change:
+        """A Change from raw row values (made canonical here); the key is taken from the
+        after-image, else the before-image."""
+        after_row = canonical(after) if after is not None else None
+        before_row = canonical(before) if before is not None else None
+        source = after_row if after_row is not None else before_row
+        if op is Op.TRUNCATE:
+            return cls(entity_type, TRUNCATED, op, {}, None, None, commit_time, version, xid,
+                       captured_at=captured_at)
+        if source is None:
+            raise InvalidChange(f"a {op} change of {entity_type} has no row to take its key from")
+        key = {c: source.get(c) for c in key_columns}
+        return cls(entity_type, entity_id_of(key, key_columns), op, key, after_row, before_row,
+                   commit_time, version, xid, captured_at=captured_at)
+
+    def to_json(self) -> bytes:
+        """The change as JSON bytes, the form every bus carries."""
+        return orjson.dumps({
+            "entity_type": self.entity_type, "entity_id": self.entity_id, "op": self.op.value,
+            "key": self.key, "after": self.after, "before": self.before,
+            "commit_time": self.commit_time.isoformat(timespec="microseconds"),
+            "version": self.version.key, "xid": self.xid, "checksum": self.checksum,
+            "captured_at": self.captured_at,
+        })
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Change:
+        """The inverse of `to_json`; a malformed event raises InvalidChange naming the field."""
+        try:
+            raw = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidChange(f"a change event is not JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise InvalidChange("a change event must be a JSON object")
+        try:
+            return cls(
+                entity_type=_str(raw, "entity_type"), entity_id=_str(raw, "entity_id"),
+                op=Op(raw["op"]), key=raw["key"], after=raw.get("after"), before=raw.get("before"),
+                commit_time=datetime.fromisoformat(_str(raw, "commit_time")),
+                version=Version.from_key(_str(raw, "version")), xid=raw.get("xid"),
+                checksum=_str(raw, "checksum"), captured_at=float(raw.get("captured_at") or 0.0),
+            )
+        except KeyError as exc:
+            raise InvalidChange(f"a change event lacks the field {exc.args[0]!r}") from exc
+        except ValueError as exc:
+            if isinstance(exc, InvalidChange):
+                raise
+            raise InvalidChange(f"a change event has an invalid field: {exc}") from exc
+
+
+def _str(raw: Mapping[str, Any], name: str) -> str:
+    value = raw[name]
+    if not isinstance(value, str):
+        raise InvalidChange(f"a change event's {name!r} must be a string")
+    return value
