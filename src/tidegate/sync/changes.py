@@ -14,6 +14,7 @@ its database.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +95,11 @@ class Change:
     version: Version
     xid: int | None = None
     checksum: str = ""
+    # Columns the source did not send because they are unchanged (PostgreSQL's unchanged TOAST
+    # values) and could not fill from a before-image: they are missing from `after` until the
+    # pipeline fills them from the entity's cached row (`with_columns`), and the checksum covers
+    # the row only once they are filled.
+    unchanged: tuple[str, ...] = ()
     # When the change was seen by the source (epoch seconds, this host's clock): with commit_time
     # it gives the freshness figures; not part of the row and not compared.
     captured_at: float = field(default=0.0, compare=False)
@@ -117,11 +123,25 @@ class Change:
             return self.before if self.before is not None else self.key
         return self.after
 
+    def with_columns(self, values: Mapping[str, JsonValue]) -> Change:
+        """This change with unchanged columns filled in from `values` (canonical), checksum
+        recomputed; columns `values` lacks stay listed in `unchanged`."""
+        if self.after is None or not self.unchanged:
+            return self
+        after = dict(self.after)
+        still = []
+        for column in self.unchanged:
+            if column in values:
+                after[column] = values[column]
+            else:
+                still.append(column)
+        return dataclasses.replace(self, after=after, unchanged=tuple(still), checksum="")
+
     @classmethod
     def of_row(cls, *, entity_type: str, op: Op, key_columns: Sequence[str], version: Version,
                commit_time: datetime, after: Mapping[str, Any] | None = None,
                before: Mapping[str, Any] | None = None, xid: int | None = None,
-               captured_at: float = 0.0) -> Change:
+               captured_at: float = 0.0, unchanged: Sequence[str] = ()) -> Change:
         """A Change from raw row values (made canonical here); the key is taken from the
         after-image, else the before-image."""
         after_row = canonical(after) if after is not None else None
@@ -134,7 +154,7 @@ class Change:
             raise InvalidChange(f"a {op} change of {entity_type} has no row to take its key from")
         key = {c: source.get(c) for c in key_columns}
         return cls(entity_type, entity_id_of(key, key_columns), op, key, after_row, before_row,
-                   commit_time, version, xid, captured_at=captured_at)
+                   commit_time, version, xid, unchanged=tuple(unchanged), captured_at=captured_at)
 
     def to_json(self) -> bytes:
         """The change as JSON bytes, the form every bus carries."""
@@ -143,7 +163,7 @@ class Change:
             "key": self.key, "after": self.after, "before": self.before,
             "commit_time": self.commit_time.isoformat(timespec="microseconds"),
             "version": self.version.key, "xid": self.xid, "checksum": self.checksum,
-            "captured_at": self.captured_at,
+            "unchanged": list(self.unchanged), "captured_at": self.captured_at,
         })
 
     @classmethod
@@ -161,7 +181,8 @@ class Change:
                 op=Op(raw["op"]), key=raw["key"], after=raw.get("after"), before=raw.get("before"),
                 commit_time=datetime.fromisoformat(_str(raw, "commit_time")),
                 version=Version.from_key(_str(raw, "version")), xid=raw.get("xid"),
-                checksum=_str(raw, "checksum"), captured_at=float(raw.get("captured_at") or 0.0),
+                checksum=_str(raw, "checksum"), unchanged=tuple(raw.get("unchanged") or ()),
+                captured_at=float(raw.get("captured_at") or 0.0),
             )
         except KeyError as exc:
             raise InvalidChange(f"a change event lacks the field {exc.args[0]!r}") from exc

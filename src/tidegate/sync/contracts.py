@@ -53,6 +53,9 @@ class Transaction:
     changes: tuple[Change, ...]
     position: int | None
     commit_time: datetime | None = None
+    # Snapshot batches: the source's own progress marker (e.g. table and last key copied), handed
+    # back through `confirm_snapshot` once the batch is applied, so a crash resumes after it.
+    snapshot_mark: JsonValue = None
 
 
 @runtime_checkable
@@ -70,6 +73,10 @@ class ChangeSource(Protocol):
 
     async def confirm(self, position: int) -> None:
         """Every change up to `position` is durably applied: the source may forget it."""
+        ...
+
+    async def confirm_snapshot(self, mark: JsonValue) -> None:
+        """Every snapshot batch up to the one carrying `mark` is durably applied."""
         ...
 
 
