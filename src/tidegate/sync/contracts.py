@@ -9,8 +9,9 @@
   the cache ignores versions it already has).
 - A `Bus` carries changes durably: once `publish` returns, the changes survive a crash of the
   publisher, and a change stays pending for its consumer group until it is acked.
-- A `Sink` applies changes durably: once `apply` returns, they survive a crash of the process.
-  Sinks see changes of one entity in version order, but must accept duplicates and older
+- The `EntityCache` applies each change first (compare-and-set on the version); `Sink`s follow
+  with its results. Both apply durably: once `apply` returns, the changes survive a crash of the
+  process. They see an entity's changes in version order but must accept duplicates and older
   versions (a replay after a crash, a redelivery after a reclaim) without regressing.
 """
 
@@ -124,11 +125,13 @@ class Bus(Protocol):
 
 
 class Sink(Protocol):
-    """Something changes are applied to (the entity cache, AI refresh rules, the recommender)."""
+    """What follows the entity cache (AI refresh rules, the recommender): it gets each batch with
+    what the cache did, so it sees the previous row even without a before-image, and can skip
+    changes the cache found stale."""
 
     name: str
 
-    async def apply(self, changes: Sequence[Change]) -> None:
+    async def apply(self, results: Sequence[ApplyResult]) -> None:
         """Apply in order, durably; duplicates and older versions must not regress state."""
         ...
 

@@ -1,0 +1,217 @@
+"""The sync pipeline: source → bus → entity cache → sinks, and positions confirmed back.
+
+Two tasks share one tracker:
+
+- the producer takes committed transactions from the source, fills columns the source could not
+  send (unchanged TOAST values) from the entity's latest row, and publishes them on the bus;
+- the consumer fetches from the bus as a member of the pipeline's consumer group, applies each
+  batch to the cache (compare-and-set on versions) and then to the sinks with the cache's results,
+  acks the batch, and confirms to the source every position whose transaction and all before it
+  are applied.
+
+So a crash anywhere loses nothing: unconfirmed positions are replayed by the source, unacked
+deliveries stay on the bus, and replays are harmless because the cache ignores versions it has.
+Other processes (a recommender in each gateway) may consume the same bus with their own groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tidegate.sync.changes import Change, Op
+from tidegate.sync.contracts import (
+    ApplyOutcome,
+    Bus,
+    ChangeSource,
+    EntityCache,
+    Sink,
+    Subscription,
+    Transaction,
+)
+from tidegate.sync.metrics import SyncMetrics
+from tidegate.sync.tracker import PositionTracker
+from tidegate.sync.values import Row
+
+__all__ = ["Pipeline", "PipelineSettings", "default_consumer_name"]
+
+log = logging.getLogger("tidegate.sync")
+
+
+def default_consumer_name() -> str:
+    """A consumer name unique to this process on this host."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    """How the pipeline batches and how far it lets the source run ahead of the sinks."""
+
+    group: str = "tidegate-sync"
+    consumer: str = dataclasses.field(default_factory=default_consumer_name)
+    batch_size: int = 500  # deliveries fetched and applied together
+    max_pending_changes: int = 20_000  # published, not yet applied: the producer waits beyond this
+    fetch_timeout_s: float = 0.5
+    drain_timeout_s: float = 10.0  # on stop: how long to let the consumer apply what is in flight
+    recent_rows: int = 20_000  # latest rows kept to fill unchanged columns of the next change
+
+
+class Pipeline:
+    """Runs one source into the bus and the bus into the cache and sinks; see the module doc."""
+
+    def __init__(self, source: ChangeSource, bus: Bus, cache: EntityCache, entity_types: Sequence[str], *,
+                 sinks: Sequence[Sink] = (), settings: PipelineSettings | None = None,
+                 metrics: SyncMetrics | None = None) -> None:
+        self.source = source
+        self.bus = bus
+        self.cache = cache
+        self.sinks = tuple(sinks)
+        self.entity_types = tuple(entity_types)
+        self.settings = settings or PipelineSettings()
+        self.metrics = metrics or SyncMetrics()
+        self._tracker = PositionTracker()
+        self._room = asyncio.Condition()
+        self._recent: OrderedDict[tuple[str, str], Row] = OrderedDict()
+        self._producing = True
+        self.applied_changes = 0  # applied by the cache and every sink, stale ones included
+        self.last_confirmed: int | None = None
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Run until `stop` is set (then drain what is in flight) or a part fails (raised)."""
+        subscription = self.bus.subscribe(self.settings.group, self.settings.consumer, self.entity_types)
+        async with subscription:
+            producer = asyncio.create_task(self._produce(), name="sync-producer")
+            consumer = asyncio.create_task(self._consume(subscription), name="sync-consumer")
+            stopper = asyncio.create_task((stop or asyncio.Event()).wait(), name="sync-stop")
+            try:
+                done, _ = await asyncio.wait({producer, consumer, stopper},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done & {producer, consumer}:
+                    task.result()  # a failed part fails the pipeline
+                await self._stop_producer(producer)
+                await self._drain(consumer)
+            finally:
+                for task in (producer, consumer, stopper):
+                    task.cancel()
+                await asyncio.gather(producer, consumer, stopper, return_exceptions=True)
+
+    async def _stop_producer(self, producer: asyncio.Task[None]) -> None:
+        self._producing = False
+        producer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await producer
+
+    async def _drain(self, consumer: asyncio.Task[None]) -> None:
+        """Let the consumer apply what was published (bounded by drain_timeout_s)."""
+        async def applied_all() -> None:
+            async with self._room:
+                await self._room.wait_for(lambda: self._tracker.pending_changes == 0)
+
+        waiter = asyncio.create_task(applied_all())
+        await asyncio.wait({waiter, consumer}, timeout=self.settings.drain_timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if consumer.done():
+            consumer.result()
+        await self._confirm()
+
+    # -- producer ---------------------------------------------------------------------------
+
+    async def _produce(self) -> None:
+        async for transaction in self.source.transactions():
+            transaction = await self._fill_unchanged(transaction)
+            async with self._room:
+                await self._room.wait_for(
+                    lambda: self._tracker.pending_changes < self.settings.max_pending_changes)
+            self._tracker.add(transaction)
+            self.metrics.pending.set(self._tracker.pending_changes)
+            if not transaction.changes:  # a heartbeat or an empty commit: nothing to wait for
+                await self._confirm()
+                continue
+            await self.bus.publish(transaction.changes)
+            if transaction.snapshot_mark is None:
+                now = time.time()
+                for change in transaction.changes:
+                    self.metrics.commit_to_bus.labels(change.entity_type).observe(
+                        max(0.0, now - change.commit_time.timestamp()))
+
+    async def _fill_unchanged(self, transaction: Transaction) -> Transaction:
+        """Fill unchanged (TOAST) columns from the entity's latest row: one published earlier in
+        this run (it may still be on its way to the cache), else the cached row."""
+        filled: list[Change] = []
+        for change in transaction.changes:
+            ident = (change.entity_type, change.entity_id)
+            if change.unchanged:
+                latest = self._recent.get(ident)
+                if latest is None:
+                    entry = await self.cache.get(*ident)
+                    latest = entry.data if entry is not None else None
+                change = change.with_columns(latest or {})
+                if change.unchanged:
+                    self.metrics.unresolved_unchanged.labels(change.entity_type).inc(len(change.unchanged))
+                    log.warning("%s %s: unchanged column(s) %s not known from a before-image or the cache; "
+                                "the row is cached without them until they change",
+                                change.entity_type, change.entity_id, ", ".join(change.unchanged))
+            self._remember(ident, change)
+            filled.append(change)
+        if all(a is b for a, b in zip(filled, transaction.changes, strict=True)):
+            return transaction
+        return dataclasses.replace(transaction, changes=tuple(filled))
+
+    def _remember(self, ident: tuple[str, str], change: Change) -> None:
+        if change.op is Op.TRUNCATE:
+            for key in [k for k in self._recent if k[0] == change.entity_type]:
+                del self._recent[key]
+            return
+        if change.after is None:
+            self._recent.pop(ident, None)
+            return
+        self._recent[ident] = change.after
+        self._recent.move_to_end(ident)
+        while len(self._recent) > self.settings.recent_rows:
+            self._recent.popitem(last=False)
+
+    # -- consumer ---------------------------------------------------------------------------
+
+    async def _consume(self, subscription: Subscription) -> None:
+        while True:
+            deliveries = await subscription.fetch(self.settings.batch_size, self.settings.fetch_timeout_s)
+            if not deliveries:
+                continue
+            results = await self.cache.apply([d.change for d in deliveries])
+            for sink in self.sinks:
+                await sink.apply(results)
+            await subscription.ack(deliveries)
+            now = time.time()
+            for result in results:
+                change = result.change
+                streamed = self._tracker.applied(change)
+                self.metrics.events.labels(change.entity_type, change.op.value).inc()
+                if result.outcome is ApplyOutcome.STALE:
+                    self.metrics.stale.labels(change.entity_type).inc()
+                if streamed:
+                    age = max(0.0, now - change.commit_time.timestamp())
+                    self.metrics.commit_to_applied.labels(change.entity_type).observe(age)
+                    self.metrics.lag_seconds.set(age)
+            self.applied_changes += len(results)
+            self.metrics.pending.set(self._tracker.pending_changes)
+            async with self._room:
+                self._room.notify_all()
+            await self._confirm()
+
+    async def _confirm(self) -> None:
+        confirmable = self._tracker.take_confirmable()
+        for mark in confirmable.snapshot_marks:
+            await self.source.confirm_snapshot(mark)
+        if confirmable.position is not None:
+            await self.source.confirm(confirmable.position)
+            self.last_confirmed = confirmable.position
+            self.metrics.confirmed_position.set(confirmable.position)
