@@ -116,6 +116,43 @@ class CallbackConfig(BaseModel):
     timeout_s: float = Field(10.0, gt=0)
 
 
+class RefreshRule(BaseModel):
+    """An AI refresh rule of the change flow: when one of `columns` of an `entity_type` row
+    changes (or the row is inserted), enqueue an embedding of `text` (a format string over the
+    row's columns) at `priority`. Jobs carry an idempotency key derived from (entity, version),
+    so a replayed change never enqueues twice."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    entity_type: str = Field(min_length=1)
+    columns: tuple[str, ...] = Field(min_length=1)
+    text: str = Field(min_length=1)  # e.g. "{name}\n{description}"
+    priority: Priority = Priority.LOW
+    model: str | None = None  # None: the routing's embedding model
+    tenant: str = "tidegate-sync"
+
+
+class SyncConfig(BaseModel):
+    """The change flow: where changes come from, travel and land."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source_url: str = "sqlite:///.tidegate/shop.db"  # or postgresql://user@host:port/db
+    bus_url: str = "memory://"  # redis://… (Streams) or kafka://host:port
+    cache_url: str = "memory://"  # or redis://…
+    tables: tuple[str, ...] = ("products", "users", "interactions")
+    slot: str = Field("tidegate", pattern=r"^[a-z0-9_]+$")  # PostgreSQL replication slot
+    publication: str = Field("tidegate", pattern=r"^[a-z0-9_]+$")
+    prefix: str = Field("tidegate", pattern=r"^[A-Za-z0-9_.-]+$")  # bus topics and cache keys
+    group: str = Field("tidegate-sync", min_length=1)  # the pipeline's consumer group on the bus
+    source_timezone: str = "UTC"  # the zone naive timestamps of the source are read in
+    heartbeat_s: float | None = Field(10.0, gt=0)  # PostgreSQL: keeps an idle slot from pinning WAL
+    tombstone_ttl_s: float = Field(86_400.0, gt=0)  # how late a change may arrive after a delete
+    entry_ttl_s: float | None = Field(None, gt=0)
+    batch_size: int = Field(500, ge=1)
+    refresh: tuple[RefreshRule, ...] = ()
+
+
 def default_models() -> tuple[ModelConfig, ...]:
     """The shipped price table (USD per 1M tokens); input prices are configurable."""
     return (
@@ -148,6 +185,7 @@ class TidegateConfig(BaseSettings):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
     callbacks: CallbackConfig = Field(default_factory=CallbackConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
 
     @classmethod
     def settings_customise_sources(
