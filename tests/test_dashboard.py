@@ -2,9 +2,10 @@
 fills its tables from the admin API with the numbers the API gives, redrives a dead letter with a
 click, and asks for an admin key when the gateway is not in embedded mode.
 
-The gateway runs as in `tidegate up`: one process with a worker and the simulated provider, on
-SQLite (the page only reads the API, so one backend is enough). The worker serves critical, high
-and normal only, so low and bulk jobs stay queued and the page has depths to show.
+The gateway runs as in `tidegate up`: one process with a worker and the simulated provider. The
+browser tests run on SQLite and on Redis, where the API's numbers come from another backend's
+stats, ledger and dead-letter queue. The worker serves critical, high and normal only, so low and
+bulk jobs stay queued and the page has depths to show.
 """
 
 from __future__ import annotations
@@ -57,19 +58,22 @@ needs_chromium = pytest.mark.skipif(
 
 @contextlib.asynccontextmanager
 async def gateway_with_worker(
-    tmp_path: Path, *, tenants: bool, budgets: BudgetConfig
+    factory: QueueFactory, *, tenants: bool, budgets: BudgetConfig
 ) -> AsyncIterator[Gateway]:
-    """A gateway on SQLite with the simulator and an in-process worker for SERVED priorities,
-    whose DispatchMetrics the gateway reads, as under `tidegate up`."""
-    factory = QueueFactory("sqlite", f"sqlite:///{tmp_path / 'queue.db'}")
+    """A gateway on the factory's queue with the simulator and an in-process worker for SERVED
+    priorities, whose DispatchMetrics the gateway reads, as under `tidegate up`."""
     fast = {"maintenance_interval_s": 0.2, "retry_base_s": 0.02, "retry_max_s": 0.05}
     sim = Simulator(SimulatorSettings(seed=3, window_s=1.0))
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(factory.aclose)
         sim_url = await stack.enter_async_context(sim.running())
         config = sim_config(sim_url, queue_url=queue_url_of(factory), budgets=budgets)
         relay = relay_for(config.queue_url)
         stack.push_async_callback(relay.close)
+        # On SQLite the relay lives in process memory, so the worker must publish on the gateway's;
+        # on Redis the worker has its own, as a worker process would.
+        worker_relay = relay if factory.backend == "sqlite" else relay_for(config.queue_url)
+        if worker_relay is not relay:
+            stack.push_async_callback(worker_relay.close)
         metrics = DispatchMetrics()
         state = await stack.enter_async_context(GatewayState.open(
             config, queue=await factory.open(**fast), relay=relay, extra_registries=[metrics.registry]))
@@ -78,7 +82,7 @@ async def gateway_with_worker(
             await factory.open(**fast), config,
             WorkerSettings(priorities=tuple(int(p) for p in SERVED), concurrency=8, lease_s=5.0,
                            claim_wait_s=0.1),
-            relay=relay, metrics=metrics, tenants=state.tenants))
+            relay=worker_relay, metrics=metrics, tenants=state.tenants))
         url = await stack.enter_async_context(serving(state))
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=20.0))
         yield Gateway(state, url, http, sim, keys, metrics)
@@ -178,8 +182,11 @@ async def admin_json(gw: Gateway, path: str, headers: dict[str, str] | None = No
 # ---------------------------------------------------------------------- tests
 
 
-async def test_the_page_is_served_self_contained_and_outside_the_api_schema(tmp_path: Path) -> None:
-    async with gateway_with_worker(tmp_path, tenants=True, budgets=BudgetConfig()) as gw:
+@pytest.mark.sqlite_only  # how the page is served does not depend on the backend
+async def test_the_page_is_served_self_contained_and_outside_the_api_schema(
+    queue_factory: QueueFactory,
+) -> None:
+    async with gateway_with_worker(queue_factory, tenants=True, budgets=BudgetConfig()) as gw:
         page = await gw.http.get("/dashboard")  # no key: the page holds no data, the API does
         script = await gw.http.get("/dashboard/dashboard.js")
         style = await gw.http.get("/dashboard/dashboard.css")
@@ -204,10 +211,10 @@ async def test_the_page_is_served_self_contained_and_outside_the_api_schema(tmp_
 
 @needs_chromium
 async def test_the_dashboard_shows_the_queue_and_redrives_a_dead_letter(
-    tmp_path: Path, browser: Browser
+    queue_factory: QueueFactory, tmp_path: Path, browser: Browser
 ) -> None:
     budgets = BudgetConfig(default_tenant_daily_usd=Decimal("1.00"), global_daily_usd=Decimal("5.00"))
-    async with gateway_with_worker(tmp_path, tenants=False, budgets=budgets) as gw:
+    async with gateway_with_worker(queue_factory, tenants=False, budgets=budgets) as gw:
         # Given succeeded jobs at three priorities, a 429 on gpt-4.1 (retried, then served),
         # two dead letters (a 400 from the provider) and low and bulk jobs no worker takes
         gw.sim.inject("gpt-4.1", InjectedFault("status", status=429, times=1))
@@ -310,9 +317,11 @@ async def test_the_dashboard_shows_the_queue_and_redrives_a_dead_letter(
 
 
 @needs_chromium
-async def test_without_embedded_mode_the_page_asks_for_an_admin_key(tmp_path: Path, browser: Browser) -> None:
+async def test_without_embedded_mode_the_page_asks_for_an_admin_key(
+    queue_factory: QueueFactory, browser: Browser
+) -> None:
     budgets = BudgetConfig(tenant_daily_usd={"globex": Decimal("0")}, on_exhausted="reject")
-    async with gateway_with_worker(tmp_path, tenants=True, budgets=budgets) as gw:
+    async with gateway_with_worker(queue_factory, tenants=True, budgets=budgets) as gw:
         # Given a served job and one refused by a budget of 0, on a gateway with tenants and keys
         await chat(gw, "high", "deepseek-v3.2", headers=gw.auth("acme"))
         refused = await enqueue(gw, "normal", headers=gw.auth("globex"))

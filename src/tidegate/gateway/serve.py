@@ -3,8 +3,11 @@ SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+import signal
+from collections.abc import Iterator, Sequence
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -19,6 +22,28 @@ from tidegate.queue.base import redact_url
 __all__ = ["check_bind", "serve_gateway"]
 
 log = logging.getLogger("tidegate.gateway")
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn that returns after its graceful shutdown on SIGTERM or SIGINT.
+
+    uvicorn's own handling re-raises the signal once it has shut down, which ends the process
+    right there: the gateway's state is never closed and the exit status says "killed" instead
+    of 0, as `tidegate worker` gives after its drain."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in _STOP_SIGNALS:
+            # handle_exit: the first signal starts the graceful shutdown, a second SIGINT forces it.
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in _STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
 
 
 async def check_bind(state: GatewayState) -> None:
@@ -47,7 +72,7 @@ async def serve_gateway(
         await check_bind(state)
         app = create_app(state)
         # The state is opened and closed here, around the server: no ASGI lifespan is needed.
-        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
-                                               lifespan="off", log_level="info"))
+        server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                        lifespan="off", log_level="info"))
         log.info("gateway serving %s on %s:%d", redact_url(config.queue_url), settings.host, settings.port)
         await server.serve()
