@@ -290,12 +290,17 @@ async def test_redis_day_keys_expire(redis_server: str) -> None:
 async def test_the_factory_follows_the_queue_url(tmp_path: Path) -> None:
     local = budget_ledger_for(f"sqlite:///{tmp_path / 'queue.db'}")
     shared = budget_ledger_for("redis://127.0.0.1:1/0", "jobs")
+    named = budget_ledger_for("redis://127.0.0.1:1/0?name=team-a")
     try:
         assert isinstance(local, SqliteBudgetLedger) and local.path == str(tmp_path / "queue.db")
+        assert local.name == "default"
         assert isinstance(shared, RedisBudgetLedger) and shared.name == "jobs"
+        # Queues sharing one server never share their spend: the ledger takes the queue's name.
+        assert isinstance(named, RedisBudgetLedger) and named.name == "team-a"
     finally:
         await local.close()
         await shared.close()
+        await named.close()
 
 
 # ---------------------------------------------------------------------- costs

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from types import TracebackType
 from typing import Protocol, Self, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from tidegate._sqlite import SqliteThread
 from tidegate.dispatch._store import RedisStore, backend_of, without_query
@@ -155,9 +155,12 @@ class BudgetLedger(Protocol):
     ) -> None: ...
 
 
-def budget_ledger_for(queue_url: str, name: str = "default", *, today: Today = utc_today) -> BudgetLedger:
+def budget_ledger_for(queue_url: str, name: str | None = None, *, today: Today = utc_today) -> BudgetLedger:
     """The ledger that fits a queue: the same Redis server (keys under `name`), or the same
-    SQLite file (its own tables, rows under `name`)."""
+    SQLite file (its own tables, rows under `name`). `name` defaults to the queue's `?name=`
+    ("default" without one), so queues sharing a server never share their spend."""
+    if name is None:
+        name = dict(parse_qsl(urlsplit(queue_url).query)).get("name", "default")
     if backend_of(queue_url) == "redis":
         return RedisBudgetLedger(without_query(queue_url), name, today=today)
     parts = urlsplit(queue_url)
