@@ -3,17 +3,27 @@ simulated provider behind it, on both queue backends."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import openai
 import pytest
 from openai import AsyncStream
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from conftest import QueueFactory
+from dispatch_support import running_worker
 from gateway_support import open_gateway
 from tidegate.jobs import JobState, Priority
 from tidegate.providers.simulator import InjectedFault
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello"}]
+
+
+def error_of(exc: openai.APIStatusError) -> dict[str, Any]:
+    """The `error` object of the answer, as the gateway sent it (the SDK prefixes its message)."""
+    error: dict[str, Any] = exc.response.json()["error"]
+    return error
 
 
 async def test_a_chat_completion_returns_the_providers_answer_with_tidegate_headers(
@@ -173,15 +183,75 @@ async def test_a_tenant_over_its_rate_gets_429_with_retry_after(queue_factory: Q
 
 async def test_a_dead_job_answers_with_the_providers_error(queue_factory: QueueFactory) -> None:
     async with open_gateway(queue_factory) as gw, gw.openai("acme") as client:
-        # A client error is not retried and keeps its status
+        # A client error is not retried and keeps its status and the provider's own words
         gw.sim.inject("gpt-4.1", InjectedFault("status", status=400, message="context too long"))
-        with pytest.raises(openai.BadRequestError, match="context too long") as bad:
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.chat.completions.create(model="gpt-4.1", messages=HELLO)
+        gw.sim.inject("gpt-4.1", InjectedFault("status", status=404, message="no such deployment"))
+        with pytest.raises(openai.NotFoundError) as missing:
             await client.chat.completions.create(model="gpt-4.1", messages=HELLO)
         # A server error is retried; after the last attempt it is a 502
         gw.sim.inject("gpt-4.1", InjectedFault("error", times=3))
         with pytest.raises(openai.InternalServerError) as failed:
             await client.chat.completions.create(model="gpt-4.1", messages=HELLO)
 
+        assert error_of(bad.value)["message"] == "context too long"
+        assert (bad.value.type, bad.value.code) == ("invalid_request_error", "upstream_client_error")
+        assert error_of(missing.value)["message"] == "no such deployment"
         assert failed.value.status_code == 502
+        assert failed.value.code == "upstream_error"
+        assert error_of(failed.value)["message"].startswith("the job failed after 3 attempt(s): gpt-4.1: ")
         dead = await gw.queue.get(bad.value.response.headers["X-Tidegate-Job-Id"])
         assert dead is not None and dead.state is JobState.DEAD
+
+
+async def test_a_dead_job_shows_its_structured_failure(queue_factory: QueueFactory) -> None:
+    async with open_gateway(queue_factory) as gw, gw.openai("acme") as client:
+        gw.sim.inject("gpt-4.1", InjectedFault("status", status=404, message="no such deployment"))
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client.chat.completions.create(model="gpt-4.1", messages=HELLO)
+        job_id = missing.value.response.headers["X-Tidegate-Job-Id"]
+
+        view = (await gw.http.get(f"/v1/jobs/{job_id}", headers=gw.auth("acme"))).json()
+        letters = (await gw.http.get("/v1/dlq", headers=gw.auth("ops"))).json()["data"]
+
+        expected = {"status": 404, "type": "invalid_request_error", "code": "upstream_client_error",
+                    "message": "no such deployment", "param": None, "upstream_status": 404,
+                    "model": "gpt-4.1"}
+        assert view["state"] == "dead"
+        assert view["failure"] == expected
+        assert [letter["failure"] for letter in letters if letter["id"] == job_id] == [expected]
+
+
+async def test_a_job_the_workers_router_refuses_answers_with_the_refusal(queue_factory: QueueFactory) -> None:
+    async with open_gateway(queue_factory, worker=False) as gw, gw.openai("acme") as client:
+        # Given workers whose config no longer serves a model the gateway still lists (a rolling
+        # change of config)
+        config = gw.state.config
+        [provider] = config.providers
+        kept = tuple(model for model in provider.models if model.name != "gpt-4.1")
+        shrunk = config.model_copy(update={"providers": (provider.model_copy(update={"models": kept}),)})
+        worker_queue = await queue_factory.open(maintenance_interval_s=0.2)
+        async with running_worker(worker_queue, shrunk):
+            # When a call names it, then it is answered with the router's refusal, not a 502
+            with pytest.raises(openai.NotFoundError, match=r"'gpt-4\.1' is unknown") as refused:
+                await client.chat.completions.create(model="gpt-4.1", messages=HELLO)
+
+        assert (refused.value.code, refused.value.param) == ("model_not_found", "model")
+        assert gw.sim.stats().get("gpt-4.1") is None or gw.sim.stats()["gpt-4.1"].received == 0
+
+
+async def test_a_job_dead_without_a_recorded_failure_answers_502_with_its_last_error(
+    queue_factory: QueueFactory,
+) -> None:
+    async with open_gateway(queue_factory, worker=False, queue_settings={"default_max_attempts": 1}) as gw, \
+            gw.openai("acme") as client:
+        # Given a worker that takes the job's only attempt and vanishes: its lease runs out
+        vanished = asyncio.create_task(gw.queue.claim("vanished", lease_s=0.1, timeout_s=10))
+        with pytest.raises(openai.InternalServerError) as failed:
+            await client.chat.completions.create(model="gpt-4.1", messages=HELLO)
+        assert len(await vanished) == 1
+
+        assert failed.value.status_code == 502
+        assert failed.value.code == "job_failed"
+        assert "lease expired: worker vanished" in error_of(failed.value)["message"]

@@ -6,6 +6,8 @@ the `queue_factory` fixture; the `queue` fixture has background upkeep off, so t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 
 from tidegate import InvalidJob, Job, JobState, LeaseLost, Priority, Queue
+from tidegate.jobs import JobFailure
 
 # ---------------------------------------------------------------------- helpers
 
@@ -318,6 +321,80 @@ async def test_fail_without_a_delay_uses_backoff_and_keeps_the_job(queue_factory
     assert await q.fail(job, "transient") is JobState.FAILED
     retried = await q.claim("w", timeout_s=5)
     assert [j.id for j in retried] == [job_id]
+
+
+async def test_a_dead_job_keeps_the_structured_failure_it_died_with(queue: Queue) -> None:
+    refused: JobFailure = {"status": 404, "type": "invalid_request_error", "code": "model_not_found",
+                           "message": "The model 'gpt-9' does not exist.", "param": "model"}
+    job_id = await queue.enqueue({"n": 1}, max_attempts=3)
+
+    # A retried attempt keeps its error text only: the failure speaks for a dead job
+    job = await claim_one(queue, job_id)
+    assert await queue.fail(job, "try again", retry_in_s=0, failure=refused) is JobState.FAILED
+    assert (await stored(queue, job_id)).failure is None
+
+    # The attempt that kills the job stores its failure, seen by get() and in the dead letters
+    job = await claim_one(queue, job_id)
+    assert await queue.fail(job, "answered HTTP 404", retry=False, failure=refused) is JobState.DEAD
+    dead = await stored(queue, job_id)
+    assert dead.failure == refused
+    assert dead.last_error == "answered HTTP 404"
+    [letter] = await queue.dead_letters()
+    assert letter.failure == refused
+    assert (await queue.wait(job_id, 0)).failure == refused
+
+
+async def test_a_job_that_dies_from_used_attempts_keeps_its_failure_and_redrive_clears_it(
+    queue: Queue,
+) -> None:
+    exhausted: JobFailure = {"status": 502, "type": "upstream_error", "code": "upstream_error",
+                             "message": "the job failed after 1 attempt(s)", "upstream_status": 500}
+    job_id = await queue.enqueue({"n": 1}, max_attempts=1)
+    job = await claim_one(queue, job_id)
+    assert await queue.fail(job, "HTTP 500", retry_in_s=0, failure=exhausted) is JobState.DEAD
+    assert (await stored(queue, job_id)).failure == exhausted
+
+    assert await queue.redrive([job_id]) == 1
+    assert (await stored(queue, job_id)).failure is None
+    # Dying again without one leaves none from the first death
+    job = await claim_one(queue, job_id)
+    assert await queue.fail(job, "HTTP 500 again", retry=False) is JobState.DEAD
+    assert (await stored(queue, job_id)).failure is None
+
+
+@pytest.mark.sqlite_only
+async def test_a_sqlite_file_made_before_failures_were_stored_gains_the_column(queue_factory: Any) -> None:
+    # Given a file whose jobs table has no failure column, holding a job
+    old = await queue_factory.open(maintenance_interval_s=None)
+    job_id = await old.enqueue({"n": 1})
+    await old.close()
+    path = queue_factory.url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("ALTER TABLE jobs DROP COLUMN failure")
+
+    # When a queue opens it, then the job is read and can die with a failure
+    q = await queue_factory.open(maintenance_interval_s=None)
+    job = await claim_one(q, job_id)
+    assert job.failure is None
+    failure: JobFailure = {"status": 400, "type": "invalid_request_error", "code": "bad", "message": "no"}
+    assert await q.fail(job, "no", retry=False, failure=failure) is JobState.DEAD
+    assert (await stored(q, job_id)).failure == failure
+
+
+async def test_a_failure_that_is_not_a_json_object_is_refused_and_changes_nothing(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1})
+    job = await claim_one(queue, job_id)
+    not_an_object: Any = ["not", "an", "object"]
+    not_json: Any = {"status": 500, "when": object()}
+    too_long: JobFailure = {"status": 500, "type": "api_error", "code": "x", "message": "x" * 20_000}
+
+    for failure, problem in ((not_an_object, "must be a JSON object"), (not_json, "not JSON-serialisable"),
+                             (too_long, "over the limit")):
+        with pytest.raises(InvalidJob, match=problem):
+            await queue.fail(job, "boom", retry=False, failure=failure)
+
+    current = await stored(queue, job_id)
+    assert (current.state, current.failure) == (JobState.LEASED, None)
 
 
 async def test_redrive_puts_chosen_dead_letters_back_at_their_own_priority(queue: Queue) -> None:

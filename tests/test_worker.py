@@ -88,9 +88,9 @@ async def test_a_429_pauses_the_model_and_the_job_waits_out_retry_after_in_the_q
     assert accepted[1] - accepted[0] >= 0.9  # the retry waited for the provider's window
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
-async def test_client_errors_dead_letter_at_once_with_the_provider_s_message(
-    queue: Queue, simulator: tuple[Simulator, str], status: int
+@pytest.mark.parametrize(("status", "answered"), [(400, 400), (401, 502), (403, 502), (404, 404), (422, 422)])
+async def test_client_errors_dead_letter_at_once_with_the_provider_s_status_and_message(
+    queue: Queue, simulator: tuple[Simulator, str], status: int, answered: int
 ) -> None:
     sim, base_url = simulator
     sim.inject("gemini-2.5-flash", InjectedFault("status", status=status, message=f"nope {status}"))
@@ -101,6 +101,59 @@ async def test_client_errors_dead_letter_at_once_with_the_provider_s_message(
     assert job.attempts == 1
     assert f"nope {status}" in (job.last_error or "")
     assert sim.stats()["gemini-2.5-flash"].received == 1
+    # The failure keeps the provider's status, except one refusing tidegate's own key or account
+    failure = job.failure
+    assert failure is not None
+    assert (failure["status"], failure.get("upstream_status"), failure.get("model")) == (
+        answered, status, "gemini-2.5-flash")
+    assert f"nope {status}" in failure["message"]
+    if answered == status:
+        assert failure["type"] == "invalid_request_error"
+    else:
+        assert (failure["type"], failure["code"]) == ("upstream_error", "upstream_auth_error")
+
+
+async def test_a_provider_refusal_keeps_its_openai_type_code_and_param(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    _, base_url = simulator
+    # The simulator refuses an unknown model the way OpenAI does: 404 model_not_found on `model`
+    config = sim_config(base_url, model_overrides={"gpt-4.1": {"name": "gpt-4.1-preview"}})
+    job_id = await queue.enqueue(chat(model="gpt-4.1-preview"))
+    async with running_worker(queue, config):
+        [job] = await wait_final(queue, [job_id])
+
+    assert job.state is JobState.DEAD
+    failure = job.failure
+    assert failure is not None
+    assert failure["status"] == failure.get("upstream_status") == 404
+    assert (failure["type"], failure["code"], failure.get("param")) == (
+        "invalid_request_error", "model_not_found", "model")
+    assert "gpt-4.1-preview" in failure["message"]
+    assert "answered HTTP" not in failure["message"]  # the provider's words, not tidegate's wrapping
+
+
+async def test_routing_and_budget_refusals_record_their_status(
+    queue_factory: QueueFactory, queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    _, base_url = simulator
+    config = sim_config(base_url, queue_url=queue_url_of(queue_factory),
+                        budgets=BudgetConfig(tenant_daily_usd={"broke": Decimal("0")}, on_exhausted="reject"))
+    unknown = await queue.enqueue(chat(model="gpt-9"))
+    forbidden = await queue.enqueue({**chat(model="gpt-4.1"), "allowed_models": ["deepseek-v3.2"]})
+    wrong_kind = await queue.enqueue(chat(model="text-embedding-3-small"))
+    broke = await queue.enqueue(chat(model="gpt-4.1"), tenant="broke")
+    invalid = await queue.enqueue({"kind": "chat", "body": {"messages": "hi"}})
+    async with running_worker(queue, config):
+        jobs = await wait_final(queue, [unknown, forbidden, wrong_kind, broke, invalid])
+
+    assert [job.state for job in jobs] == [JobState.DEAD] * 5
+    failures = [job.failure for job in jobs]
+    assert all(failure is not None for failure in failures)
+    assert [(f["status"], f["code"]) for f in failures if f is not None] == [
+        (404, "model_not_found"), (403, "model_not_allowed"), (400, "wrong_model_kind"),
+        (429, "budget_exhausted"), (400, "invalid_request")]
+    assert [job.last_error for job in jobs] == [f["message"] for f in failures if f is not None]
 
 
 async def test_server_errors_retry_with_backoff_then_dead_letter_with_the_history(
@@ -116,6 +169,11 @@ async def test_server_errors_retry_with_backoff_then_dead_letter_with_the_histor
     assert len(job.errors) == 3
     assert all(error.startswith("gpt-4.1:") and "500" in error for error in job.errors)
     assert job.last_error == job.errors[-1]
+    failure = job.failure
+    assert failure is not None
+    assert (failure["status"], failure["code"]) == (502, "upstream_error")
+    assert failure.get("upstream_status") == 500
+    assert failure["message"] == f"the job failed after 3 attempt(s): {job.last_error}"
 
 
 async def test_a_model_that_keeps_failing_falls_back_to_the_next_of_the_tier(

@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -109,14 +110,26 @@ class ClientClosed(TidegateError):
     cannot be reopened: make a new one)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderErrorBody:
+    """What a provider's error answer said, in OpenAI's fields: its message (whitespace collapsed,
+    truncated, never the API key), and its error type, code and param when it gave them."""
+
+    message: str
+    type: str | None = None
+    code: str | None = None
+    param: str | None = None
+
+
 class UpstreamError(TidegateError):
     """A call to an AI provider failed.
 
     `kind` says how (see UpstreamErrorKind); `retryable` is False only for "client" errors, where
     sending the same request again cannot help; `retry_after_s` is the provider's own wait hint
     (Retry-After, else its rate-limit reset headers) when it gave one; `rate_limit` is what its
-    headers said, when there was a response. The message carries the provider's own error message
-    (truncated) and never the API key.
+    headers said, when there was a response; `body` is the provider's own error, when it answered
+    with an error status. The message carries the provider's own error message (truncated) and
+    never the API key.
     """
 
     def __init__(
@@ -127,6 +140,7 @@ class UpstreamError(TidegateError):
         status: int | None = None,
         retry_after_s: float | None = None,
         rate_limit: RateLimitInfo | None = None,
+        body: ProviderErrorBody | None = None,
     ) -> None:
         super().__init__(message)
         self.kind: UpstreamErrorKind = kind
@@ -134,10 +148,23 @@ class UpstreamError(TidegateError):
         self.retryable = kind in RETRYABLE_UPSTREAM_KINDS
         self.retry_after_s = retry_after_s
         self.rate_limit = rate_limit
+        self.body = body
+
+
+RoutingRefusal = Literal[
+    "model_not_found", "model_not_allowed", "wrong_model_kind", "invalid_request", "model_not_available"
+]
+"""Why the router refused: the model named is not configured, not allowed for the tenant, or serves
+the other kind of request; the request kind is unknown; or no model of the tier may serve it."""
 
 
 class RoutingError(TidegateError):
-    """No configured model may serve the request; the message names the model and why."""
+    """No configured model may serve the request; the message names the model and why, and
+    `refusal` says which rule refused it."""
+
+    def __init__(self, message: str, *, refusal: RoutingRefusal = "model_not_available") -> None:
+        super().__init__(message)
+        self.refusal: RoutingRefusal = refusal
 
 
 BudgetScope = Literal["tenant", "global"]

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 import orjson
 
@@ -38,7 +38,8 @@ class Priority(IntEnum):
                 return cls(value)
         elif isinstance(value, str):
             text = value.strip()
-            if text.isdigit() and 0 <= int(text) <= 4:
+            # isdigit() alone also passes "²", which int() refuses.
+            if text.isascii() and text.isdigit() and 0 <= int(text) <= 4:
                 return cls(int(text))
             member = cls.__members__.get(text.upper())
             if member is not None:
@@ -82,6 +83,25 @@ def datetime_to_ms(value: datetime) -> int:
     return int(value.timestamp() * 1000)
 
 
+class JobFailure(TypedDict):
+    """How a job failed for good, recorded by the worker with the dead job: what an
+    OpenAI-compatible API answers a caller who waited for it.
+
+    `status` is the HTTP status to answer: the provider's own for a request it refused (4xx),
+    the router's or the budget's refusal (403, 404, 400, 429), 502 when retries ran out.
+    `type`, `code` and `message` are the OpenAI error's fields; `param` names the refused
+    parameter when known, `upstream_status` is what the provider answered, if it answered.
+    """
+
+    status: int
+    type: str
+    code: str
+    message: str
+    param: NotRequired[str]
+    upstream_status: NotRequired[int]
+    model: NotRequired[str]
+
+
 @dataclass(slots=True)
 class Job:
     """A job as stored: what was asked, where it is, and the lease a worker holds on it."""
@@ -106,6 +126,7 @@ class Job:
     lease_expires_at: datetime | None = None
     ready_at: datetime | None = None  # when it last became claimable: the start of its queue wait
     errors: list[str] = field(default_factory=list)  # every attempt's error, oldest first
+    failure: JobFailure | None = None  # a dead job's structured failure, when its worker gave one
 
     @property
     def is_final(self) -> bool:
@@ -140,6 +161,7 @@ class Job:
             lease_expires_at=ms_to_datetime(_opt_int(record.get("lease_expires_ms"))),
             ready_at=ms_to_datetime(_opt_int(record.get("ready_ms"))),
             errors=list(record.get("errors") or []),
+            failure=_opt_failure(record.get("failure")),
         )
 
 
@@ -148,6 +170,15 @@ def _opt_int(value: Any) -> int | None:
     if value is None or value == "" or value is False:
         return None
     return int(value)
+
+
+def _opt_failure(value: Any) -> JobFailure | None:
+    # Stored as JSON text (a SQLite column, a string in the Redis record); readers check the
+    # fields they use, since a record may predate a field.
+    if value is None or value == "" or value is False:
+        return None
+    decoded = orjson.loads(value)
+    return cast(JobFailure, decoded) if isinstance(decoded, dict) else None
 
 
 def _opt_str(value: Any) -> str | None:

@@ -67,7 +67,8 @@ class Router:
     ) -> RouteDecision:
         """Choose the model for one job; RoutingError when none may serve it."""
         if kind not in ("chat", "embeddings"):
-            raise RoutingError(f"cannot route request kind {kind!r}: use 'chat' or 'embeddings'")
+            raise RoutingError(f"cannot route request kind {kind!r}: use 'chat' or 'embeddings'",
+                               refusal="invalid_request")
         explicit = requested_model not in (None, "", AUTO)
         if explicit:
             assert requested_model is not None
@@ -84,13 +85,15 @@ class Router:
         if served is None:
             known = ", ".join(self._served) or "none"
             raise RoutingError(
-                f"model {name!r} is unknown: no configured provider serves it (known: {known})"
+                f"model {name!r} is unknown: no configured provider serves it (known: {known})",
+                refusal="model_not_found",
             )
         provider, model = served
         if model.kind != kind:
-            raise RoutingError(f"model {name!r} serves {model.kind} requests, not {kind}")
+            raise RoutingError(f"model {name!r} serves {model.kind} requests, not {kind}",
+                               refusal="wrong_model_kind")
         if allowed is not None and name not in allowed:
-            raise RoutingError(f"model {name!r} is not allowed for this tenant")
+            raise RoutingError(f"model {name!r} is not allowed for this tenant", refusal="model_not_allowed")
         return RouteDecision(provider, model, reason, ())
 
     # ------------------------------------------------------------------ auto

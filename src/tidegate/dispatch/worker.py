@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from tidegate.config import ModelConfig, TidegateConfig
+from tidegate.dispatch import failures
 from tidegate.dispatch.budget import BudgetExhausted, BudgetLedger, Reservation, budget_ledger_for
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.costs import (
@@ -42,7 +43,7 @@ from tidegate.dispatch.requests import AIRequest
 from tidegate.dispatch.router import RouteDecision, Router, RoutingError
 from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
-from tidegate.jobs import Job, JobState, Priority
+from tidegate.jobs import Job, JobFailure, JobState, Priority
 from tidegate.providers.client import UpstreamClient, UpstreamError, UpstreamResponse
 from tidegate.queue import Queue
 
@@ -239,8 +240,10 @@ class Worker:
             raise
         except Exception as exc:  # a bug must not strand the job: fail it, the queue retries
             log.exception("job %s: unexpected error", job.id)
+            error = f"internal error: {type(exc).__name__}: {exc}"
             try:
-                await self._settle_failure(call, f"internal error: {type(exc).__name__}: {exc}", retry=True)
+                await self._settle_failure(call, error, retry=True,
+                                           failure=failures.internal_error(error, job.attempts))
             except Exception:
                 # The queue itself is failing; the job's lease runs out and upkeep recovers it.
                 log.exception("job %s: could not record the failure", job.id)
@@ -252,7 +255,8 @@ class Worker:
         try:
             request = AIRequest.from_payload(job.payload)
         except InvalidJob as exc:
-            await self._settle_failure(call, f"invalid AI job: {exc}", retry=False)
+            error = f"invalid AI job: {exc}"
+            await self._settle_failure(call, error, retry=False, failure=failures.invalid_job(error))
             return
         estimated_input = estimate_input_tokens(request.kind, request.body)
         fraction_left = await self._budget_fraction_left(job.tenant)
@@ -267,7 +271,7 @@ class Worker:
                 # rather than dead-letter a job that a healthy provider could still serve.
                 route = self._route(request, job, estimated_input, fraction_left, frozenset())
         except RoutingError as exc:
-            await self._settle_failure(call, str(exc), retry=False)
+            await self._settle_failure(call, str(exc), retry=False, failure=failures.routing_refused(exc))
             return
         call.key = f"{route.provider.name}/{route.model.name}"
         if not await self._reserve_budget(call, route, request):
@@ -307,7 +311,8 @@ class Worker:
                 self.metrics.deferred.labels("budget").inc()
                 await self.queue.release(job, delay_s=budgets.defer_s)
             else:
-                await self._settle_failure(call, f"budget exhausted: {exc}", retry=False)
+                await self._settle_failure(call, f"budget exhausted: {exc}", retry=False,
+                                           failure=failures.budget_exhausted(exc))
             return False
         return True
 
@@ -368,8 +373,9 @@ class Worker:
                 # The client already holds part of an answer; a retry would send it a second
                 # one, so the error ends its stream and the job.
                 await self._end_stream(call.job.id, error=str(exc))
-                await self._settle_failure(call, f"{model.name}: {exc} (after {relayed.chunks} chunks)",
-                                           retry=False, model=model.name)
+                error = f"{model.name}: {exc} (after {relayed.chunks} chunks)"
+                await self._settle_failure(call, error, retry=False, model=model.name,
+                                           failure=failures.stream_cut(error, model.name))
                 return
             await self._on_upstream_error(call, route, exc)
             return
@@ -466,6 +472,9 @@ class Worker:
         model = route.model.name
         await self._release_budget(call)
         message = f"{model}: {exc}"
+        # Kept only if this attempt was the job's last (see Queue.fail).
+        exhausted = failures.retries_exhausted(message, call.job.attempts, model=model,
+                                               upstream_status=exc.status)
         if exc.kind == "rate_limited":
             pause_s = exc.retry_after_s if exc.retry_after_s is not None else 1.0
             self.metrics.throttled.labels(model).inc()
@@ -474,29 +483,34 @@ class Worker:
             self._concurrency.on_throttled(call.key)
             self.metrics.concurrency_limit.labels(model).set(self._concurrency.limit(call.key))
             # The whole wait is spent in the queue, not in this worker's slot.
-            await self._settle_failure(call, message, retry=True, retry_in_s=pause_s, model=model)
+            await self._settle_failure(call, message, retry=True, retry_in_s=pause_s, model=model,
+                                       failure=exhausted)
         elif exc.retryable:
             self._health.failure(model)
-            await self._settle_failure(call, message, retry=True, model=model)
+            await self._settle_failure(call, message, retry=True, model=model, failure=exhausted)
         else:
-            await self._settle_failure(call, message, retry=False, model=model)
+            await self._settle_failure(call, message, retry=False, model=model,
+                                       failure=failures.upstream_refused(exc, model))
 
     # ------------------------------------------------------------------ settling
 
     async def _settle_failure(
-        self, call: _Call, error: str, *, retry: bool, retry_in_s: float | None = None, model: str = ""
+        self, call: _Call, error: str, *, retry: bool, failure: JobFailure, retry_in_s: float | None = None,
+        model: str = "",
     ) -> None:
+        """Record the attempt's failure: `error` for the job's history, and `failure`, what a
+        caller is answered should the job be dead now."""
         job = call.job
         await self._release_budget(call)
         try:
-            state = await self.queue.fail(job, error, retry_in_s, retry=retry)
+            state = await self.queue.fail(job, error, retry_in_s, retry=retry, failure=failure)
         except LeaseLost as exc:
             log.warning("job %s: failure not recorded, lease lost: %s", job.id, exc)
             return
         outcome = "dead" if state is JobState.DEAD else "retried"
         self.metrics.jobs.labels(outcome, job.priority.name.lower(), model or "none").inc()
         if state is JobState.DEAD:
-            self._callback(job, JobState.DEAD, error=error)
+            self._callback(job, JobState.DEAD, error=error, failure=failure)
 
     async def _give_back(self, call: _Call) -> None:
         """A cancelled attempt (shutdown, lost lease): undo its reservation, return the job."""
@@ -524,7 +538,8 @@ class Worker:
             reset_tokens_s=info.reset_tokens_s,
         )
 
-    def _callback(self, job: Job, state: JobState, *, result: Any = None, error: str | None = None) -> None:
+    def _callback(self, job: Job, state: JobState, *, result: Any = None, error: str | None = None,
+                  failure: JobFailure | None = None) -> None:
         if job.callback_url is None or self._callbacks is None:
             return
         document: dict[str, Any] = {"id": job.id, "state": state.value, "tenant": job.tenant,
@@ -533,6 +548,8 @@ class Worker:
             document["result"] = result
         if error is not None:
             document["error"] = error
+        if failure is not None:
+            document["failure"] = failure
         self._callbacks.send_later(job.callback_url, document)
 
     # ------------------------------------------------------------------ budgets

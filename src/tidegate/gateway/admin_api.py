@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from tidegate.dispatch.budget import GLOBAL
 from tidegate.dispatch.costs import micros_to_usd
 from tidegate.gateway.auth import AdminDep, StateDep
-from tidegate.gateway.errors import ERROR_RESPONSES, ApiError, ErrorResponse
+from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.metrics import Percentiles
 from tidegate.gateway.schemas import (
     DeadLetterPage,
@@ -39,9 +39,10 @@ from tidegate.jobs import Priority
 
 __all__ = ["router"]
 
-_NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"model": ErrorResponse, "description": "Not found."}}
+_NOT_FOUND = error_responses(404)
 
-router = APIRouter(prefix="/v1", tags=["Admin"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["Admin"], responses=error_responses(401, 403, 503, described={
+    403: "The key's tenant is not an admin."}))
 
 
 def _latency(values: Percentiles) -> LatencyView:
@@ -154,7 +155,8 @@ def _dispatch_by_model(state: GatewayState) -> dict[str, ModelDispatchView] | No
 # ---------------------------------------------------------------------- dead letters
 
 
-@router.get("/dlq", response_model=DeadLetterPage, summary="List dead letters")
+@router.get("/dlq", response_model=DeadLetterPage, summary="List dead letters",
+            responses=error_responses(400))
 async def list_dead_letters(
     state: StateDep,
     _: AdminDep,
@@ -166,7 +168,8 @@ async def list_dead_letters(
     return DeadLetterPage(data=[job_view(job) for job in dead], limit=limit, offset=offset)
 
 
-@router.post("/dlq/redrive", response_model=RedriveResult, summary="Redrive dead letters")
+@router.post("/dlq/redrive", response_model=RedriveResult, summary="Redrive dead letters",
+             responses=error_responses(400, 413))
 async def redrive(body: RedriveRequest, state: StateDep, _: AdminDep) -> RedriveResult:
     """Put dead jobs (the `ids`, or `all`) back in the queue at their own priority."""
     if body.all == (body.ids is not None):
@@ -174,7 +177,8 @@ async def redrive(body: RedriveRequest, state: StateDep, _: AdminDep) -> Redrive
     return RedriveResult(redriven=await state.queue.redrive(None if body.all else body.ids))
 
 
-@router.delete("/dlq", response_model=PurgeResult, summary="Purge dead letters")
+@router.delete("/dlq", response_model=PurgeResult, summary="Purge dead letters",
+               responses=error_responses(400))
 async def purge(
     state: StateDep,
     _: AdminDep,
@@ -209,7 +213,8 @@ async def get_tenant(name: str, state: StateDep, _: AdminDep) -> TenantView:
     return tenant_view(tenant)
 
 
-@router.put("/admin/tenants/{name}", response_model=TenantView, summary="Create or replace a tenant")
+@router.put("/admin/tenants/{name}", response_model=TenantView, summary="Create or replace a tenant",
+            responses=error_responses(400, 413))
 async def put_tenant(
     name: str, body: Annotated[TenantBody, Body()], state: StateDep, _: AdminDep
 ) -> TenantView:

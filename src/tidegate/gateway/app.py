@@ -19,6 +19,7 @@ from tidegate import __version__
 from tidegate.gateway import admin_api, dashboard, jobs_api, openai_api, ops
 from tidegate.gateway.errors import install_error_handlers
 from tidegate.gateway.middleware import BodyLimit, RequestMetrics
+from tidegate.gateway.openapi import install_openapi
 from tidegate.gateway.state import GatewayState
 
 __all__ = ["create_app"]
@@ -28,7 +29,9 @@ An OpenAI-compatible gateway in front of a durable priority queue.
 
 * **OpenAI-compatible**: point an OpenAI SDK at `/v1`. Each call is queued at its priority
   (`X-Priority` header or `priority` body field: critical, high, normal, low, bulk or 0-4) and
-  answered with the provider's response plus `X-Tidegate-*` headers.
+  answered with the provider's response plus `X-Tidegate-*` headers, or with an OpenAI-shaped
+  error (`{"error": {"message", "type", "code"}}`) saying why not: invalid requests answer 400,
+  never 422, and a job that died answers the status its worker recorded.
 * **Jobs**: enqueue work (one job or a batch) and fetch, long-poll or cancel it later.
 * **Admin**: queue statistics, dead letters, tenants and API keys (admin tenants only).
   A live page of them is at `/dashboard`.
@@ -51,6 +54,7 @@ def create_app(state: GatewayState) -> FastAPI:
                   openapi_tags=_TAGS)
     app.state.gateway = state
     install_error_handlers(app)
+    install_openapi(app)
     for module in (openai_api, jobs_api, admin_api, ops, dashboard):
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413.

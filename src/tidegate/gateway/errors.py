@@ -39,11 +39,12 @@ from tidegate.errors import (
 )
 
 __all__ = [
-    "ERROR_RESPONSES",
+    "ERROR_DESCRIPTIONS",
     "ApiError",
     "ErrorBody",
     "ErrorResponse",
     "error_response",
+    "error_responses",
     "install_error_handlers",
     "retry_after_header",
 ]
@@ -224,17 +225,36 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http_error)
 
 
-def _described(description: str) -> dict[str, Any]:
-    return {"model": ErrorResponse, "description": description}
-
-
-# The error answers every API route may give, for the OpenAPI document.
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: _described("Malformed JSON, wrong types, unknown priority or too many messages; "
-                    "nothing was queued."),
-    401: _described("Missing or invalid API key."),
-    403: _described("The key's tenant may not use this priority or model, or this endpoint."),
-    413: _described("The request body is over the configured limit."),
-    429: _described("Tenant rate limit or queue admission control: retry after `Retry-After` seconds."),
-    503: _described("The queue's backend cannot be reached."),
+# What each error status means, for the OpenAPI document; a route may say more of its own case.
+ERROR_DESCRIPTIONS: Mapping[int | str, str] = {
+    400: "The request is malformed or refused as it stands (bad JSON, a wrong type, an unknown "
+         "priority, a bad header); the message names what is wrong and nothing was queued.",
+    401: "Missing or invalid API key.",
+    403: "The key's tenant may not do this: use this priority or model, or call the admin API.",
+    404: "Not found.",
+    409: "The request conflicts with the state of a job.",
+    413: "The request body is over the configured limit.",
+    429: "Over the tenant's rate limit or the queue's admission limit: retry after `Retry-After` seconds.",
+    502: "The provider failed.",
+    503: "The queue's backend or another shared store cannot be reached.",
+    504: "No answer in time.",
 }
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again (a 429 about "
+                                "a spent daily budget has none).",
+                                "schema": {"type": "integer", "minimum": 1}}}
+
+
+def error_responses(
+    *statuses: int | str, described: Mapping[int | str, str] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of these error statuses, each answering an ErrorResponse, with the
+    route's own description where `described` gives one (a status only described is included)."""
+    own = dict(described or {})
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status in dict.fromkeys([*statuses, *own]):
+        response: dict[str, Any] = {"model": ErrorResponse,
+                                    "description": own.get(status) or ERROR_DESCRIPTIONS[status]}
+        if status == 429:
+            response["headers"] = _RETRY_AFTER
+        responses[status] = response
+    return responses

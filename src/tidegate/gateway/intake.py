@@ -1,14 +1,18 @@
-"""From an HTTP request to queued jobs: priority, entitlements, limits and the job payload.
+"""From an HTTP request to queued jobs: headers, priority, entitlements, limits and the job payload.
 
 Everything is checked before anything is written, and a batch is enqueued in one atomic call,
 so a refused request leaves nothing in the queue.
+
+The request headers tidegate reads are checked against the same constants their OpenAPI schemas
+are made of (HEADER_SCHEMAS), so the document says exactly what is accepted.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from fastapi import Header
 from pydantic import BaseModel, ValidationError
@@ -20,8 +24,13 @@ from tidegate.gateway.schemas import ChatCompletionRequest, EmbeddingsRequest, J
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.tenants import Tenant
 from tidegate.jobs import Priority
+from tidegate.queue.base import MAX_RELATIVE_S
 
 __all__ = [
+    "HEADER_SCHEMAS",
+    "IDEMPOTENCY_HEADER",
+    "PRIORITY_HEADER",
+    "TIMEOUT_HEADER",
     "IdempotencyHeader",
     "JobDraft",
     "PriorityHeader",
@@ -29,22 +38,54 @@ __all__ = [
     "draft_from_job_request",
     "draft_job",
     "enqueue",
+    "header_priority",
     "resolve_priority",
     "scoped_idempotency_key",
     "wait_timeout_s",
 ]
 
-MAX_IDEMPOTENCY_KEY_CHARS = 255
+PRIORITY_HEADER: Final = "X-Priority"
+TIMEOUT_HEADER: Final = "X-Tidegate-Timeout"
+IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
+
+MAX_IDEMPOTENCY_KEY_CHARS: Final = 255
+MAX_TIMEOUT_HEADER_S: Final = MAX_RELATIVE_S  # ten years, like every relative time tidegate takes
+
+
+def _any_case(word: str) -> str:
+    # JSON Schema patterns (ECMA 262) have no case-insensitive flag: spell each letter both ways.
+    return "".join(f"[{char.lower()}{char.upper()}]" if char.isalpha() else re.escape(char) for char in word)
+
+
+_PRIORITY_NAMES: Final = tuple(priority.name.lower() for priority in Priority)
+# A name in any case, or a level as one digit.
+PRIORITY_HEADER_PATTERN: Final = (
+    "^(?:" + "|".join(map(_any_case, _PRIORITY_NAMES)) + f"|[{min(Priority):d}-{max(Priority):d}])$"
+)
+# Visible ASCII, no spaces: what survives every proxy and HTTP library unchanged.
+IDEMPOTENCY_KEY_PATTERN: Final = f"^[!-~]{{1,{MAX_IDEMPOTENCY_KEY_CHARS}}}$"
+# A JSON number that is not negative (the range is checked on its value).
+_SECONDS_PATTERN: Final = r"^[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?$"
+
+HEADER_SCHEMAS: Final[Mapping[str, Mapping[str, Any]]] = {
+    PRIORITY_HEADER: {"type": "string", "pattern": PRIORITY_HEADER_PATTERN, "examples": ["high", "0"]},
+    TIMEOUT_HEADER: {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_HEADER_S,
+                     "examples": [30]},
+    IDEMPOTENCY_HEADER: {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS,
+                         "pattern": IDEMPOTENCY_KEY_PATTERN, "examples": ["order-1234-summary"]},
+}
+"""The OpenAPI schema of each request header, built from the constants its check uses."""
 
 PriorityHeader = Annotated[str | None, Header(
-    alias="X-Priority", description="critical, high, normal, low, bulk or 0-4 (wins over the body's "
-    "`priority`). Default: the API key's tenant's default priority.")]
+    alias=PRIORITY_HEADER, description="critical, high, normal, low or bulk (any case), or the level "
+    "0-4; wins over the body's `priority`. Default: the API key's tenant's default priority.")]
 TimeoutHeader = Annotated[str | None, Header(
-    alias="X-Tidegate-Timeout", description="Seconds to wait for the result before answering 504 "
-    "with the job id (capped by the gateway's maximum).")]
+    alias=TIMEOUT_HEADER, description="Seconds to wait for the result before answering 504 with the "
+    "job id: a number above 0 and at most ten years, capped by the gateway's maximum wait.")]
 IdempotencyHeader = Annotated[str | None, Header(
-    alias="Idempotency-Key", description="The same key (per tenant) gives the same job: a retried "
-    "request waits for the first one's result instead of calling the provider again.")]
+    alias=IDEMPOTENCY_HEADER, description="The same key (per tenant) gives the same job: a retried "
+    f"request waits for the first one's result instead of calling the provider again. 1-"
+    f"{MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters, no spaces.")]
 
 _BODY_MODELS: Mapping[str, type[BaseModel]] = {"chat": ChatCompletionRequest,
                                                 "embeddings": EmbeddingsRequest}
@@ -68,6 +109,18 @@ class JobDraft:
                 "timeout_s": self.timeout_s}
 
 
+def header_priority(value: str | None) -> Priority | None:
+    """The priority X-Priority names, or None without the header; 400 for anything else than
+    PRIORITY_HEADER_PATTERN allows."""
+    if value is None:
+        return None
+    if re.fullmatch(PRIORITY_HEADER_PATTERN, value) is None:
+        raise ApiError(400, f"invalid priority {value!r} in {PRIORITY_HEADER}: use one of "
+                       f"{', '.join(_PRIORITY_NAMES)} (any case) or {min(Priority):d}-{max(Priority):d}",
+                       code="invalid_priority", param=PRIORITY_HEADER)
+    return Priority.parse(value)
+
+
 def resolve_priority(tenant: Tenant, *candidates: object) -> Priority:
     """The first priority given among `candidates` (header, body field, …), else the tenant's
     default. A priority above the tenant's maximum is refused with 403, never downgraded."""
@@ -87,9 +140,10 @@ def scoped_idempotency_key(key: str | None, tenant: Tenant) -> str | None:
     never see each other's job."""
     if key is None:
         return None
-    if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
-        raise ApiError(400, f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} characters",
-                       code="invalid_idempotency_key")
+    if re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key) is None:
+        raise ApiError(400, f"{IDEMPOTENCY_HEADER} must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII "
+                       f"characters without spaces, got {len(key)} character(s)",
+                       code="invalid_idempotency_key", param=IDEMPOTENCY_HEADER)
     return f"{tenant.name}:{key}"
 
 
@@ -99,13 +153,11 @@ def wait_timeout_s(header: str | None, state: GatewayState) -> float:
     settings = state.settings
     if header is None:
         return settings.request_timeout_s
-    try:
-        seconds = float(header)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise ApiError(400, f"X-Tidegate-Timeout must be a number of seconds > 0, got {header!r}",
-                       code="invalid_timeout")
+    seconds = float(header) if re.fullmatch(_SECONDS_PATTERN, header) else -1.0
+    if not 0 < seconds <= MAX_TIMEOUT_HEADER_S:
+        raise ApiError(400, f"{TIMEOUT_HEADER} must be a number of seconds above 0 and at most "
+                       f"{MAX_TIMEOUT_HEADER_S}, got {header!r}", code="invalid_timeout",
+                       param=TIMEOUT_HEADER)
     return min(seconds, settings.max_request_timeout_s)
 
 
@@ -176,7 +228,7 @@ def draft_from_job_request(
     job: JobRequest,
     *,
     where: str,
-    fallback_priority: str | None,
+    fallback_priority: Priority | None,
     idempotency_key: str | None,
 ) -> JobDraft:
     """A job of POST /v1/jobs: its body validated like the OpenAI endpoint's, its priority from

@@ -13,12 +13,13 @@ from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel
 
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
-from tidegate.gateway.errors import ERROR_RESPONSES, ApiError, ErrorResponse
+from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.intake import (
     IdempotencyHeader,
     PriorityHeader,
     draft_from_job_request,
     enqueue,
+    header_priority,
     scoped_idempotency_key,
 )
 from tidegate.gateway.schemas import JobBatch, JobRequest, JobsAccepted, JobsRequest, JobView
@@ -29,11 +30,9 @@ from tidegate.jobs import Job
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/jobs", tags=["Jobs"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1/jobs", tags=["Jobs"], responses=error_responses(401, 503))
 
-_NOT_FOUND: dict[int | str, dict[str, object]] = {
-    404: {"model": ErrorResponse, "description": "No such job for this tenant."},
-}
+_NOT_FOUND: dict[int | str, str] = {404: "No such job for this tenant."}
 
 
 class CancelResult(BaseModel):
@@ -44,7 +43,8 @@ class CancelResult(BaseModel):
     state: str
 
 
-@router.post("", status_code=202, response_model=JobsAccepted, summary="Enqueue jobs")
+@router.post("", status_code=202, response_model=JobsAccepted, summary="Enqueue jobs",
+             responses=error_responses(400, 403, 413, 429, described={404: "A job names an unknown model."}))
 async def create_jobs(
     request: Annotated[JobsRequest, Body(openapi_examples={
         "one": {"summary": "One job", "value": {
@@ -69,11 +69,12 @@ async def create_jobs(
         raise ApiError(400, f"batch of {len(jobs)} jobs is over the limit of {state.settings.max_batch}",
                        code="batch_too_large", param="jobs")
     key = scoped_idempotency_key(idempotency_key, tenant)
+    fallback_priority = header_priority(x_priority)
     batch = isinstance(request, JobBatch)
     drafts = [
         draft_from_job_request(
             state, tenant, job, where=f"jobs.{index}" if batch else "",
-            fallback_priority=x_priority,
+            fallback_priority=fallback_priority,
             idempotency_key=None if key is None else (f"{key}:{index}" if batch else key),
         )
         for index, job in enumerate(jobs)
@@ -89,7 +90,8 @@ async def visible_job(state: GatewayState, tenant: Tenant, job_id: str) -> Job:
     return job
 
 
-@router.get("/{job_id}", response_model=JobView, summary="Get a job", responses=_NOT_FOUND)
+@router.get("/{job_id}", response_model=JobView, summary="Get a job",
+            responses=error_responses(400, described=_NOT_FOUND))
 async def get_job(
     job_id: str,
     state: StateDep,
@@ -106,7 +108,8 @@ async def get_job(
     return job_view(job)
 
 
-@router.delete("/{job_id}", response_model=CancelResult, summary="Cancel a job", responses=_NOT_FOUND)
+@router.delete("/{job_id}", response_model=CancelResult, summary="Cancel a job",
+               responses=error_responses(described=_NOT_FOUND))
 async def cancel_job(job_id: str, state: StateDep, tenant: TenantDep) -> CancelResult:
     """Cancel a job that has not finished; a running call's result is then discarded."""
     await visible_job(state, tenant, job_id)

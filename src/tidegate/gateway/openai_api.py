@@ -17,13 +17,14 @@ from fastapi.responses import Response
 
 from tidegate.dispatch.requests import Kind
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
-from tidegate.gateway.errors import ERROR_RESPONSES, ApiError, ErrorResponse
+from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.intake import (
     IdempotencyHeader,
     PriorityHeader,
     TimeoutHeader,
     draft_job,
     enqueue,
+    header_priority,
     resolve_priority,
     scoped_idempotency_key,
     wait_timeout_s,
@@ -44,14 +45,17 @@ from tidegate.jobs import JobState
 
 __all__ = ["router"]
 
-_WAIT_ERRORS: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorResponse, "description": "Unknown model."},
-    409: {"model": ErrorResponse, "description": "The job was cancelled while the call waited, or "
-          "the Idempotency-Key was first used on the other endpoint (chat vs embeddings)."},
-    502: {"model": ErrorResponse, "description": "The provider failed after every attempt."},
-    504: {"model": ErrorResponse, "description": "No result in time: `error.job_id` names the job, "
-          "which goes on; poll GET /v1/jobs/{id}."},
-}
+# A synchronous call answers how its job ended: refused at the door, or dead (the failure its
+# worker recorded: the provider's own 4xx, a routing or budget refusal, 502), cancelled or late.
+_WAIT_ERRORS = error_responses(400, 403, 413, 429, described={
+    404: "Unknown model, or the provider answered 404 for it.",
+    409: "The job was cancelled while the call waited, or the Idempotency-Key was first used on the "
+         "other endpoint (chat vs embeddings).",
+    "4XX": "The provider refused the request with another client error (such as 422): its status "
+           "and its own message, type and code, relayed.",
+    502: "The provider failed after every attempt, or refused tidegate's own credentials.",
+    504: "No result in time: `error.job_id` names the job, which goes on; poll GET /v1/jobs/{id}.",
+})
 _RESULT_HEADERS = {
     name: {"description": text, "schema": {"type": "string"}}
     for name, text in (("X-Tidegate-Job-Id", "The job that served the call."),
@@ -60,7 +64,17 @@ _RESULT_HEADERS = {
                        ("X-Tidegate-Cost-Usd", "What the call cost."))
 }
 
-router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"], responses=ERROR_RESPONSES)
+# Before OpenAPI 3.2 an event stream's schema describes each of its events.
+_SSE_EVENT = {
+    "type": "object",
+    "description": "One server-sent event. Its `data` is a chat.completion.chunk as JSON, and `[DONE]` "
+                   "last; a stream that fails after its first chunk ends with an OpenAI-shaped error "
+                   "(`{\"error\": {...}}`) instead of `[DONE]`.",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+    "required": ["data"],
+}
+
+router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"], responses=error_responses(401, 503))
 
 
 @router.post(
@@ -70,7 +84,7 @@ router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"], responses=ERROR_RES
     responses={**_WAIT_ERRORS, 200: {
         "headers": _RESULT_HEADERS,
         "content": {"text/event-stream": {
-            "schema": {"type": "string"},
+            "schema": _SSE_EVENT,
             "example": 'data: {"object": "chat.completion.chunk", "choices": [...]}\n\ndata: [DONE]\n\n',
         }},
         "description": "The provider's completion; with `stream: true`, its chunks as server-sent events.",
@@ -126,7 +140,7 @@ async def _call(
 ) -> Response:
     # Every check comes before the enqueue: a refused call leaves nothing queued.
     timeout_s = wait_timeout_s(timeout_header, state)
-    chosen = resolve_priority(tenant, priority, body.get("priority"))
+    chosen = resolve_priority(tenant, header_priority(priority), body.get("priority"))
     draft = draft_job(state, tenant, kind, body, priority=chosen,
                       idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
     [job_id] = await enqueue(state, tenant, [draft])
@@ -172,7 +186,7 @@ async def list_models(state: StateDep, tenant: TenantDep) -> ModelList:
 
 
 @router.get("/models/{model}", response_model=ModelView, summary="Retrieve a model",
-            responses={404: {"model": ErrorResponse, "description": "Unknown model."}})
+            responses=error_responses(described={404: "Unknown model."}))
 async def retrieve_model(model: str, state: StateDep, tenant: TenantDep) -> ModelView:
     """One model the caller may name."""
     for view in _model_views(state, tenant):

@@ -3,25 +3,13 @@ or an OpenAI-shaped error that says how the job ended."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from tidegate.gateway.errors import ApiError
+from tidegate.gateway.views import failure_view
 from tidegate.jobs import Job, JobState
 
 __all__ = ["failure_of", "result_headers"]
-
-# The worker keeps only the text of a job's last error. These are the parts of that text that are
-# stable: the upstream client's "answered HTTP <status>", and the router's refusals.
-_UPSTREAM_STATUS = re.compile(r"answered HTTP (\d{3})")
-_ROUTER_REFUSALS: tuple[tuple[str, int, str], ...] = (
-    ("is not allowed for this tenant", 403, "model_not_allowed"),
-    ("is unknown: no configured provider", 404, "model_not_found"),
-    ("invalid AI job", 400, "invalid_request"),
-    ("budget exhausted", 429, "budget_exhausted"),
-)
-# 4xx statuses that a retry could have cured: not the client's fault, so they answer 502.
-_NOT_CLIENT_ERRORS = frozenset({408, 409, 429})
 
 
 def result_headers(job: Job) -> dict[str, str]:
@@ -40,18 +28,16 @@ def result_headers(job: Job) -> dict[str, str]:
 
 
 def _dead(job: Job) -> ApiError:
-    error = job.last_error or "the job failed"
-    for phrase, status, code in _ROUTER_REFUSALS:
-        if phrase in error:
-            return ApiError(status, error, code=code, job_id=job.id)
-    match = _UPSTREAM_STATUS.search(error)
-    if match is not None:
-        status = int(match[1])
-        if 400 <= status < 500 and status not in _NOT_CLIENT_ERRORS:
-            return ApiError(status, error, code="upstream_client_error", type_="invalid_request_error",
-                            job_id=job.id)
-    return ApiError(502, f"the job failed after {job.attempts} attempt(s): {error}", code="upstream_error",
-                    job_id=job.id)
+    """The failure the worker recorded with the job (see tidegate.dispatch.failures). A job dead
+    without one (its lease ran out on its last attempt, or it died before failures were
+    recorded) answers 502 with its last error."""
+    failure = failure_view(job)
+    if failure is not None:
+        return ApiError(failure.status, failure.message, code=failure.code, type_=failure.type,
+                        param=failure.param, job_id=job.id)
+    error = job.last_error or "no error recorded"
+    return ApiError(502, f"the job failed after {job.attempts} attempt(s): {error}", code="job_failed",
+                    type_="upstream_error", job_id=job.id)
 
 
 def failure_of(job: Job, waited_s: float) -> ApiError:

@@ -22,6 +22,7 @@ __all__ = [
     "Embeddings",
     "EmbeddingsRequest",
     "JobBatch",
+    "JobFailureView",
     "JobRequest",
     "JobView",
     "JobsAccepted",
@@ -185,6 +186,27 @@ class JobsAccepted(BaseModel):
     ids: list[str]
 
 
+class JobFailureView(BaseModel):
+    """How a dead job failed, as its worker recorded it: the status and OpenAI-shaped error that a
+    synchronous call waiting for it is answered."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "status": 404, "type": "invalid_request_error", "code": "model_not_found",
+        "message": "The model 'gpt-9' does not exist.", "param": "model", "upstream_status": 404,
+        "model": "gpt-9",
+    }]})
+
+    status: int = Field(ge=400, le=599, description=(
+        "The HTTP status: the provider's own for a request it refused, 403/404/400 for a routing "
+        "refusal, 429 for a spent budget, 502 when retries ran out"))
+    type: str
+    code: str
+    message: str
+    param: str | None = None
+    upstream_status: int | None = Field(None, description="What the provider answered, if it answered")
+    model: str | None = Field(None, description="The model that was called, if one was")
+
+
 class JobView(BaseModel):
     """A job as its tenant sees it."""
 
@@ -208,6 +230,8 @@ class JobView(BaseModel):
                         "provider's answer.")
     last_error: str | None = None
     errors: list[str] = Field(default_factory=list)
+    failure: JobFailureView | None = Field(None, description=(
+        "A dead job's structured failure, when its worker recorded one"))
 
 
 class DeadLetterPage(BaseModel):

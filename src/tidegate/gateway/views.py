@@ -5,11 +5,13 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from tidegate.gateway.schemas import JobView, KeyView, TenantView
+from pydantic import ValidationError
+
+from tidegate.gateway.schemas import JobFailureView, JobView, KeyView, TenantView
 from tidegate.gateway.tenants import ApiKeyInfo, Tenant
 from tidegate.jobs import Job
 
-__all__ = ["job_view", "key_view", "tenant_view"]
+__all__ = ["failure_view", "job_view", "key_view", "tenant_view"]
 
 _TIMINGS = ("queue_wait_ms", "upstream_latency_ms", "ttft_ms")
 
@@ -45,7 +47,19 @@ def job_view(job: Job) -> JobView:
         result=job.result,
         last_error=job.last_error,
         errors=list(job.errors),
+        failure=failure_view(job),
     )
+
+
+def failure_view(job: Job) -> JobFailureView | None:
+    """The dead job's structured failure, or None when it has none that reads as one (a job
+    dead by lease expiry has none; a stored record is checked, not trusted)."""
+    if job.failure is None:
+        return None
+    try:
+        return JobFailureView.model_validate(job.failure)
+    except ValidationError:
+        return None
 
 
 def _decimal(value: object) -> Decimal | None:

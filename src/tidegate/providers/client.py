@@ -24,7 +24,7 @@ from pydantic import SecretStr
 from yarl import URL
 
 from tidegate.config import ProviderConfig
-from tidegate.errors import ClientClosed, ConfigError, UpstreamError, UpstreamErrorKind
+from tidegate.errors import ClientClosed, ConfigError, ProviderErrorBody, UpstreamError, UpstreamErrorKind
 from tidegate.providers.ratelimit import RateLimitInfo, parse_retry_after
 
 # The errors and rate-limit types are re-exported: a caller of the client needs them all.
@@ -53,6 +53,7 @@ _DONE: Final = b"[DONE]"
 # What sending or reading can raise when the network or the provider fails (not our bugs).
 _TRANSPORT_ERRORS: Final = (TimeoutError, aiohttp.ClientError)
 _EXCERPT_BYTES: Final = 4096  # of an error body read for its message; error pages can be huge
+_FIELD_LIMIT: Final = 100  # characters kept of a provider error's type, code or param
 
 
 # ---------------------------------------------------------------------------- results
@@ -274,9 +275,12 @@ class UpstreamClient:
     # -- turning failures into UpstreamError
 
     def _error(self, message: str, *, kind: UpstreamErrorKind, status: int | None = None,
-               retry_after_s: float | None = None, rate_limit: RateLimitInfo | None = None) -> UpstreamError:
+               retry_after_s: float | None = None, rate_limit: RateLimitInfo | None = None,
+               body: ProviderErrorBody | None = None) -> UpstreamError:
+        if body is not None:
+            body = ProviderErrorBody(self._scrub(body.message), body.type, body.code, body.param)
         error = UpstreamError(self._scrub(message), kind=kind, status=status,
-                              retry_after_s=retry_after_s, rate_limit=rate_limit)
+                              retry_after_s=retry_after_s, rate_limit=rate_limit, body=body)
         logger.debug("upstream call failed (%s): %s", kind, error)
         return error
 
@@ -310,9 +314,10 @@ class UpstreamClient:
             kind = "server"
         else:
             kind = "client"
-        message = f"{self.provider.name}: POST {path} answered HTTP {status}: {_provider_message(raw)}"
+        body = _provider_error(raw)
+        message = f"{self.provider.name}: POST {path} answered HTTP {status}: {body.message}"
         return self._error(message, kind=kind, status=status, retry_after_s=retry_after_s,
-                           rate_limit=rate_limit)
+                           rate_limit=rate_limit, body=body)
 
     def _parse_body(self, path: str, raw: bytes, headers: Mapping[str, str], *,
                     expect: str) -> dict[str, Any]:
@@ -341,6 +346,23 @@ def _retry_after_s(headers: Mapping[str, str]) -> float | None:
             if milliseconds >= 0:
                 return milliseconds / 1000.0
     return parse_retry_after(headers.get("retry-after"))
+
+
+def _provider_error(raw: bytes) -> ProviderErrorBody:
+    """The provider's error: its message (see _provider_message), and the type, code and param of
+    an OpenAI-shaped `{"error": {...}}` when they are strings."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    fields = error if isinstance(error, dict) else {}
+
+    def text(name: str) -> str | None:
+        value = fields.get(name)
+        return value[:_FIELD_LIMIT] if isinstance(value, str) and value else None
+
+    return ProviderErrorBody(_provider_message(raw), text("type"), text("code"), text("param"))
 
 
 def _provider_message(raw: bytes) -> str:

@@ -29,6 +29,7 @@ from tidegate.errors import (
 )
 from tidegate.jobs import (
     Job,
+    JobFailure,
     JobSpec,
     JobState,
     Priority,
@@ -47,6 +48,8 @@ log = logging.getLogger("tidegate.queue")
 MAX_RELATIVE_S = 10 * 365 * 86_400
 
 ALL_LEVELS: tuple[int, ...] = tuple(int(p) for p in Priority)
+# A failure record is a status and a message, not a log: its JSON is bounded like an error text.
+MAX_FAILURE_BYTES = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,21 +317,31 @@ class Queue(abc.ABC):
         await self._complete(job.id, _token(job), encoded)
 
     async def fail(
-        self, job: Job, error: str, retry_in_s: float | None = None, *, retry: bool = True
+        self,
+        job: Job,
+        error: str,
+        retry_in_s: float | None = None,
+        *,
+        retry: bool = True,
+        failure: JobFailure | None = None,
     ) -> JobState:
         """Record a failed attempt. The job is retried later at its own priority (after
         `retry_in_s`, or exponential backoff with full jitter) until it has used `max_attempts`;
         then it is dead with this error. With `retry=False` (an error no retry can fix) it is
-        dead at once. Returns the job's new state."""
+        dead at once. `failure`, the structured account of the error, is kept with the job if
+        this attempt makes it dead (`Job.failure`); a retried attempt has only its `error` text.
+        Returns the job's new state."""
         self._check_open()
+        encoded = None if failure is None else _encode_failure(failure)
         if not retry:
-            return await self._fail(job.id, _token(job), str(error), None)
+            return await self._fail(job.id, _token(job), str(error), None, encoded)
         if retry_in_s is None:
             # The exponent is capped: 2**1024 overflows a float, and 2**30 is past any ceiling.
             backoff_s = self.settings.retry_base_s * 2 ** min(max(job.attempts - 1, 0), 30)
             ceiling = min(self.settings.retry_max_s, backoff_s)
             retry_in_s = random.uniform(0, ceiling)
-        return await self._fail(job.id, _token(job), str(error), _seconds_to_ms(max(retry_in_s, 0.0)))
+        return await self._fail(job.id, _token(job), str(error), _seconds_to_ms(max(retry_in_s, 0.0)),
+                                encoded)
 
     async def complete_many(self, done: Iterable[tuple[Job, Any]]) -> list[str]:
         """Record the results of many leased jobs in one round trip. Jobs whose lease is stale
@@ -440,8 +453,11 @@ class Queue(abc.ABC):
     async def _complete_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[str]: ...
 
     @abc.abstractmethod
-    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int | None) -> JobState:
-        """`retry_delay_ms` None: dead now, whatever attempts are left."""
+    async def _fail(
+        self, job_id: str, token: int, error: str, retry_delay_ms: int | None, failure: bytes | None
+    ) -> JobState:
+        """`retry_delay_ms` None: dead now, whatever attempts are left. `failure` (JSON of an
+        object, or None) is stored only if the job becomes dead."""
 
     @abc.abstractmethod
     async def _release(self, job_id: str, token: int, delay_ms: int) -> None: ...
@@ -492,6 +508,18 @@ def _token(job: Job) -> int:
     if job.lease_token is None:
         raise InvalidJob(f"job {job.id} carries no lease token: pass the Job returned by claim()")
     return job.lease_token
+
+
+def _encode_failure(failure: JobFailure) -> bytes:
+    if not isinstance(failure, dict):
+        raise InvalidJob(f"failure must be a JSON object, got {type(failure).__name__}")
+    try:
+        encoded = orjson.dumps(failure)
+    except TypeError as exc:
+        raise InvalidJob(f"failure is not JSON-serialisable: {exc}") from exc
+    if len(encoded) > MAX_FAILURE_BYTES:
+        raise InvalidJob(f"failure is {len(encoded)} bytes of JSON, over the limit of {MAX_FAILURE_BYTES}")
+    return encoded
 
 
 def _checked_text(name: str, value: object, *, required: bool = False) -> str | None:

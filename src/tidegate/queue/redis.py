@@ -167,9 +167,12 @@ class RedisQueue(Queue):
         lost = await self._call("complete", *args)
         return [reason.decode().removeprefix("LEASE_LOST ") for reason in lost]
 
-    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int | None) -> JobState:
+    async def _fail(
+        self, job_id: str, token: int, error: str, retry_delay_ms: int | None, failure: bytes | None
+    ) -> JobState:
         delay = -1 if retry_delay_ms is None else retry_delay_ms
-        return JobState((await self._call("fail", job_id, token, error, delay)).decode())
+        state = await self._call("fail", job_id, token, error, delay, failure or b"")
+        return JobState(state.decode())
 
     async def _release(self, job_id: str, token: int, delay_ms: int) -> None:
         await self._call("release", job_id, token, delay_ms)

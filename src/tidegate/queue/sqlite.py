@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     idempotency_key TEXT UNIQUE,
     callback_url TEXT,
     last_error TEXT,
-    errors TEXT
+    errors TEXT,
+    failure BLOB                             -- a dead job's structured failure (JSON), if given
 );
 CREATE INDEX IF NOT EXISTS jobs_ready ON jobs(level, rr_round, seq) WHERE state = 'queued';
 CREATE INDEX IF NOT EXISTS jobs_due ON jobs(not_before_ms) WHERE state IN ('delayed', 'failed');
@@ -79,8 +80,11 @@ CREATE TABLE IF NOT EXISTS level_turns (
 _JOB_COLUMNS = (
     "id, priority, tenant, state, payload, result, created_ms, ready_ms, not_before_ms, "
     "deadline_ms, finished_ms, attempts, max_attempts, lease_token, worker_id, lease_expires_ms, "
-    "idempotency_key, callback_url, last_error, errors, level, rr_round, seq"
+    "idempotency_key, callback_url, last_error, errors, failure, level, rr_round, seq"
 )
+# Columns added after the first release, with their definitions: a file made before gets them
+# when it is opened (CREATE TABLE IF NOT EXISTS leaves an existing table as it is).
+_ADDED_COLUMNS = (("failure", "BLOB"),)
 
 
 class SqliteQueue(Queue):
@@ -107,6 +111,8 @@ class SqliteQueue(Queue):
 
     async def _open(self) -> None:
         await self._db.open()
+        if await self._run(_missing_columns):
+            await self._write(_add_missing_columns)
 
     async def _close(self) -> None:
         if self._watcher is not None:
@@ -345,7 +351,9 @@ class SqliteQueue(Queue):
             self._bell.ring(DONE)
         return lost
 
-    async def _fail(self, job_id: str, token: int, error: str, retry_delay_ms: int | None) -> JobState:
+    async def _fail(
+        self, job_id: str, token: int, error: str, retry_delay_ms: int | None, failure: bytes | None
+    ) -> JobState:
         def body(conn: sqlite3.Connection) -> JobState:
             row = self._leased(conn, job_id, token, "attempts, max_attempts, errors")
             now = now_ms()
@@ -353,8 +361,8 @@ class SqliteQueue(Queue):
             if retry_delay_ms is None or row["attempts"] >= row["max_attempts"]:
                 conn.execute(
                     "UPDATE jobs SET state = 'dead', finished_ms = ?, last_error = ?, errors = ?,"
-                    " worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
-                    (now, error, errors, job_id),
+                    " failure = ?, worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
+                    (now, error, errors, failure, job_id),
                 )
                 return JobState.DEAD
             conn.execute(
@@ -489,7 +497,7 @@ class SqliteQueue(Queue):
             now = now_ms()
             sql = (
                 "UPDATE jobs SET state = 'queued', attempts = 0, level = priority, ready_ms = ?,"
-                " finished_ms = NULL, not_before_ms = NULL WHERE state = 'dead'"
+                " finished_ms = NULL, not_before_ms = NULL, failure = NULL WHERE state = 'dead'"
             )
             rows: list[sqlite3.Row] = []
             if ids is None:
@@ -620,6 +628,18 @@ def _job(row: sqlite3.Row) -> Job:
     record = dict(row)
     record["errors"] = orjson.loads(row["errors"]) if row["errors"] else []
     return Job.from_record(record, row["payload"], row["result"])
+
+
+def _missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """Columns of _ADDED_COLUMNS that the jobs table of this file lacks."""
+    present = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    return [(name, kind) for name, kind in _ADDED_COLUMNS if name not in present]
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    # Checked again under the write lock: another process may have added them meanwhile.
+    for name, kind in _missing_columns(conn):
+        conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
 
 
 def _final_ids(conn: sqlite3.Connection, ids: list[str]) -> list[str]:

@@ -2,7 +2,8 @@
 -- used its attempts.
 -- KEYS: the queue's key set (see _common.lua).
 -- ARGV[4] job id, ARGV[5] lease token, ARGV[6] error, ARGV[7] retry delay ms (-1: dead now,
--- whatever attempts are left).
+-- whatever attempts are left), ARGV[8] the failure as JSON, kept only if the job dies ('' = none;
+-- stored as a string, never decoded here).
 -- Returns the new state ("failed" or "dead"), or the error "LEASE_LOST ..." with nothing changed.
 local job, err = leased_job(ARGV[4], ARGV[5])
 if not job then return redis.error_reply(err) end
@@ -11,6 +12,7 @@ detach(job)
 add_error(job, ARGV[6])
 local delay = tonumber(ARGV[7])
 if delay < 0 or job.attempts >= job.max_attempts then
+  if ARGV[8] ~= '' then job.failure = ARGV[8] end
   finish(job, 'dead', now)
   announce()
   return 'dead'

@@ -17,6 +17,7 @@ for _, id in ipairs(ids) do
     detach(job)
     job.attempts = 0
     job.finished_ms = nil
+    job.failure = nil
     job.level = job.priority
     make_ready(job, now, wake)
     save(job)

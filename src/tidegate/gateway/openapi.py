@@ -1,0 +1,51 @@
+"""The gateway's OpenAPI document, made to say what the gateway does where FastAPI's generated one
+says otherwise.
+
+- No 422: FastAPI documents its validation error (422, `HTTPValidationError`) on every route with
+  parameters or a body, but the gateway answers such requests 400 with an OpenAI-shaped error
+  (see errors.install_error_handlers), which each route documents.
+- Request headers carry the schema their check uses (intake.HEADER_SCHEMAS): FastAPI would
+  describe them as free strings, or null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+
+from tidegate.gateway.intake import HEADER_SCHEMAS
+
+__all__ = ["install_openapi"]
+
+_VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Make `app.openapi()` (and so /openapi.json and /docs) serve the corrected document."""
+    generate: Callable[[], dict[str, Any]] = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = generate()  # FastAPI's, which it caches in app.openapi_schema
+            correct(document)
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def correct(document: dict[str, Any]) -> None:
+    """Remove the 422 answers and their schemas; give each known header its real schema."""
+    for path_item in document.get("paths", {}).values():
+        for operation in path_item.values():
+            if not isinstance(operation, dict):
+                continue
+            operation.get("responses", {}).pop("422", None)
+            for parameter in operation.get("parameters", ()):
+                schema = HEADER_SCHEMAS.get(parameter.get("name", ""))
+                if parameter.get("in") == "header" and schema is not None:
+                    parameter["schema"] = dict(schema)
+    schemas = document.get("components", {}).get("schemas", {})
+    for name in _VALIDATION_SCHEMAS:
+        schemas.pop(name, None)
