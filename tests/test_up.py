@@ -1,5 +1,5 @@
 """`tidegate up`: one process serving the OpenAI-compatible API on the embedded queue with the
-simulated provider, reachable with the admin key it printed."""
+simulated provider, reachable with the admin key it printed (and only the latest one)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import httpx
 import openai
 
 from tidegate.config import TidegateConfig
-from tidegate.up import UpInfo, UpSettings, run_up
+from tidegate.gateway.tenant_store import tenant_store_for
+from tidegate.gateway.tenants import Tenant
+from tidegate.jobs import Priority
+from tidegate.providers.sim_settings import SimulatorSettings
+from tidegate.up import UP_TENANT, UpInfo, UpSettings, run_up, with_simulator_limits
 
 
 async def test_up_serves_the_sdk_with_the_admin_key_it_created(tmp_path: Path) -> None:
@@ -35,3 +39,59 @@ async def test_up_serves_the_sdk_with_the_admin_key_it_created(tmp_path: Path) -
     finally:
         stop.set()
         await asyncio.wait_for(running, 30)
+
+
+async def _start(config: TidegateConfig) -> tuple[asyncio.Task[None], asyncio.Event, UpInfo]:
+    stop = asyncio.Event()
+    ready: asyncio.Future[UpInfo] = asyncio.get_running_loop().create_future()
+    running = asyncio.create_task(run_up(config, UpSettings(port=0), on_ready=ready.set_result, stop=stop))
+    info = await asyncio.wait_for(asyncio.shield(ready), 20)
+    return running, stop, info
+
+
+async def _status(info: UpInfo, api_key: str) -> int:
+    async with httpx.AsyncClient() as http:
+        answer = await http.get(f"{info.api_url}/models", headers={"Authorization": f"Bearer {api_key}"})
+    return answer.status_code
+
+
+async def test_each_start_revokes_the_admin_key_of_the_start_before(tmp_path: Path) -> None:
+    config = TidegateConfig(queue_url=f"sqlite:///{tmp_path}/tidegate.db")
+    # Given a first start, and an admin key created by hand beside it
+    running, stop, first = await _start(config)
+    try:
+        async with tenant_store_for(config.queue_url) as store:
+            await store.put_tenant(Tenant(name="ops", admin=True, max_priority=Priority.CRITICAL))
+            _, by_hand = await store.create_key("ops")
+        assert await _status(first, first.admin_key) == 200
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+
+    # When up starts again on the same queue
+    running, stop, second = await _start(config)
+    try:
+        # Then the first start's key is refused, the new one and the hand-made one work
+        assert second.admin_key != first.admin_key
+        assert await _status(second, first.admin_key) == 401
+        assert await _status(second, second.admin_key) == 200
+        assert await _status(second, by_hand) == 200
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+
+    async with tenant_store_for(config.queue_url) as store:
+        keys = await store.list_keys(UP_TENANT)
+    assert [key.revoked_at is None for key in keys] == [True, False]  # newest first
+
+
+def test_the_worker_paces_under_the_limits_the_simulator_enforces() -> None:
+    simulator = SimulatorSettings(window_s=10.0, models={"gpt-4.1": {"rpm": 5, "tpm": 900}})
+    config = with_simulator_limits(TidegateConfig(queue_url="sqlite:///unused.db")
+                                   .with_simulator("http://127.0.0.1:1/v1"), simulator)
+
+    found = config.find_model("gpt-4.1")
+    other = config.find_model("deepseek-v3.2")
+    assert found is not None and other is not None
+    assert (found[1].rpm, found[1].tpm, found[1].rate_window_s) == (5, 900, 10.0)
+    assert (other[1].rpm, other[1].tpm) == (None, None)  # the simulator limits it by nothing

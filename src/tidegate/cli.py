@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tidegate import __version__
-from tidegate.demo import DemoSettings, ensure_sqlite_folder, show_demo
+from tidegate.demo import ensure_sqlite_folder
 from tidegate.errors import TidegateError
 from tidegate.gateway.tenant_store import tenant_store_for
 from tidegate.gateway.tenants import ApiKeyInfo, Tenant, TenantStore
@@ -80,26 +80,34 @@ def version() -> None:
 
 @app.command()
 def demo(
-    queue: Annotated[
-        str | None,
-        typer.Option("--queue", "-q", help="Queue URL (must be empty); default: a fresh "
-                     ".tidegate/demo.db."),
-    ] = None,
-    seconds: Annotated[float, typer.Option("--seconds", "-s", min=1, max=3600,
-                                           help="How long jobs keep arriving, before the drain.")] = 20.0,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-n", min=1, max=100_000,
-                                             help="Enqueue this many jobs at once instead of timed "
-                                             "load.")] = None,
+    duration: Annotated[float, typer.Option("--duration", "-d", min=2, max=3600,
+                                            help="Seconds the whole run takes: the load (its first "
+                                            "80 %), then the drain.")] = 60.0,
+    rate: Annotated[float, typer.Option("--rate", "-r", min=0.5, max=2000,
+                                        help="Mean requests per second sent during the load.")] = 40.0,
+    concurrency: Annotated[int, typer.Option(min=1, max=1024,
+                                             help="The worker's calls in flight.")] = 6,
+    port: Annotated[int, typer.Option(min=0, max=65535,
+                                      help="Gateway and dashboard port (0: any free port).")] = 0,
     live: Annotated[bool, typer.Option("--live/--no-live",
                                        help="Redraw the numbers while the demo runs.")] = True,
-    concurrency: Annotated[int, typer.Option(min=1, max=1024,
-                                             help="The worker's calls in flight.")] = 32,
-    seed: Annotated[int, typer.Option(help="Seed of the job mix and the simulator.")] = 7,
+    seed: Annotated[int, typer.Option(help="Seed of the request mix and the simulator.")] = 7,
 ) -> None:
-    """Run a simulated provider, a worker and a load generator in one process, show the queue live,
-    then summarise waits, latency and spend per priority and per model."""
-    settings = DemoSettings(seconds=seconds, jobs=jobs, concurrency=concurrency, seed=seed)
-    _run(show_demo(queue, settings, Console(), live=live))
+    """Run `tidegate up` (simulated provider, a fresh .tidegate/demo.db) and send it a mix of
+    priorities through the HTTP API, over capacity for a while; show the numbers live, then
+    summarise waits, latency, errors and spend per priority and per model."""
+    import logging
+
+    from tidegate.demo import DemoInterrupted, DemoSettings, show_demo
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = DemoSettings(duration_s=duration, rate_per_s=rate, concurrency=concurrency, seed=seed)
+    console = Console()
+    try:
+        _run(show_demo(settings, console, live=live, port=port))
+    except DemoInterrupted as stopped:
+        console.print(f"Demo {stopped}.", highlight=False)
+        raise typer.Exit(130) from None
 
 
 @queue_app.command("stats")
@@ -512,7 +520,7 @@ def up(
                       or "as configured")
         console.print(table)
         # On a line of its own and never folded, so it can be copied whole.
-        console.print("Admin API key (shown once; a new one each start):", highlight=False)
+        console.print("Admin API key (shown once; the next start revokes it):", highlight=False)
         console.print(info.admin_key, soft_wrap=True, highlight=False, markup=False)
         console.print("Press Ctrl-C to stop.")
 
@@ -524,3 +532,9 @@ def up(
     with contextlib.suppress(KeyboardInterrupt):
         _run(run_up(settings, UpSettings(host=host, port=port, concurrency=concurrency), on_ready=ready))
     console.print("Stopped.")
+
+
+# Registered last: `tidegate sync` lives in its own module, which uses this module's helpers.
+from tidegate.cli_sync import sync_app  # noqa: E402
+
+app.add_typer(sync_app, name="sync")

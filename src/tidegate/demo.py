@@ -1,288 +1,313 @@
-"""The dispatch demo behind `make demo` and `tidegate demo`: everything in one process, nothing
-to start.
+"""The demo behind `make demo` and `tidegate demo`: `tidegate up` plus a load generator that goes
+through the HTTP API, with a live view and a final summary.
 
-It serves a simulated OpenAI-compatible provider on a free loopback port (per-model latency,
-requests-per-minute limits, 1 % of calls answered 503), opens an embedded SQLite queue in
-`.tidegate/demo.db` (fresh each run), and runs one worker against both. A load generator sends a
-mix of priorities from four tenants, over capacity for part of the run so a backlog forms; then
-the demo waits for every job to finish. The numbers come back from the queue: each job's result
-(model, cost, attempts, upstream latency, written by the worker), the queue's stats, and the
-worker's metrics. `run_demo` returns them as a `DemoSummary`; `show_demo` adds the live view and
-the printed summary.
+It starts what `tidegate up` starts (`up.run_up`): the simulated provider (per-model latency and
+request limits, 1 % of calls answered 503), a fresh SQLite queue in `.tidegate/demo.db`, the
+tenant store, one worker, and the gateway with its dashboard on loopback. Then, as an
+application would, it creates four tenants and their keys through the admin API and sends a mix
+of priorities with their keys: OpenAI-style chat calls (some streamed), embeddings, and batches
+of async jobs (POST /v1/jobs, long-polled to their end), over the worker's capacity for part of
+the run so a backlog forms. When the load ends it waits until every request has its final
+outcome. The queue's numbers come from GET /v1/stats with the admin key.
 
-Modules: `demo_load` (the provider's models, tenants, job mix, arrivals), `demo_stats` (reading
-numbers back), `demo_view` (rich rendering).
+`run_demo` returns what it measured as a `DemoSummary`; `show_demo` adds the live view and the
+printed summary. Modules: `demo_load` (the provider's models, tenants, request mix, arrivals),
+`demo_http` (the client side), `demo_stats` (outcomes and numbers), `demo_view` (rich rendering).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from decimal import Decimal
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from rich.console import Console
 
+from tidegate.demo_http import DemoClient
 from tidegate.demo_load import (
     BUDGET_TENANT,
     TENANTS,
     Arrivals,
     DemoSettings,
+    Planned,
     Workload,
     budget_for,
     demo_config,
     estimated_capacity_per_s,
     simulator_settings,
 )
-from tidegate.demo_stats import (
-    BudgetState,
-    DemoSummary,
-    GroupRow,
-    Harvester,
-    JobRecord,
-    MetricsReader,
-    Outcomes,
-    Snapshot,
-    group_rows,
-    live_rows,
-)
-from tidegate.demo_view import LiveView, render_summary
-from tidegate.dispatch.budget import BudgetLedger, budget_ledger_for
-from tidegate.dispatch.costs import micros_to_usd, usd_to_micros
-from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.worker import Worker, WorkerSettings
+from tidegate.demo_stats import DemoSummary, GatewayReading, Outcome, Snapshot, Tally, by_model, by_priority
+from tidegate.demo_view import LiveView, render_ready, render_summary
 from tidegate.errors import ConfigError
-from tidegate.jobs import JobSpec, Priority
-from tidegate.providers.simulator import Simulator
-from tidegate.queue import Queue, QueueStats
-from tidegate.queue.base import redact_url
+from tidegate.up import UpInfo, UpSettings, run_up
 
 __all__ = [
-    "DEFAULT_DEMO_URL",
+    "DEFAULT_FOLDER",
+    "DemoInterrupted",
     "DemoSettings",
     "DemoSummary",
-    "GroupRow",
-    "JobRecord",
-    "Snapshot",
     "ensure_sqlite_folder",
-    "render_summary",
     "run_demo",
     "show_demo",
 ]
 
-DEFAULT_DEMO_PATH = Path(".tidegate") / "demo.db"
-DEFAULT_DEMO_URL = f"sqlite:///{DEFAULT_DEMO_PATH}"
-LOAD_TICK_S = 0.05  # timed load enqueues what is due this often, in one enqueue_many
-DRAIN_STALL_S = 120.0  # no job finishing for this long is a bug; say so instead of hanging
+DEFAULT_FOLDER = Path(".tidegate")
+DEMO_DB = "demo.db"
+LOAD_TICK_S = 0.05  # the load sends what is due this often
+BATCH_EVERY_S = 1.0  # async jobs due are sent as one batch per tenant this often
+START_TIMEOUT_S = 60.0
+SHUTDOWN_GRACE_S = 1
+DRAIN_STALL_S = 120.0  # no outcome for this long is a bug; say so instead of hanging
 
 OnSnapshot = Callable[[Snapshot], None]
+OnReady = Callable[[UpInfo], None]
+
+
+class DemoInterrupted(Exception):
+    """Ctrl-C stopped the demo before every request had its outcome."""
+
+    def __init__(self, elapsed_s: float, sent: int, finished: int) -> None:
+        super().__init__(f"interrupted after {elapsed_s:.1f} s: {sent:,} requests sent, "
+                         f"{finished:,} with their outcome")
+        self.elapsed_s = elapsed_s
+        self.sent = sent
+        self.finished = finished
 
 
 async def run_demo(
-    url: str | None = None,
     settings: DemoSettings | None = None,
     *,
+    folder: Path = DEFAULT_FOLDER,
+    port: int = 0,
+    on_ready: OnReady | None = None,
     on_snapshot: OnSnapshot | None = None,
 ) -> DemoSummary:
-    """Run the demo on `url` (default: a fresh `.tidegate/demo.db`) and return what it measured.
-    `on_snapshot` is called every `settings.refresh_s` with the live numbers.
-
-    A queue given by URL must be empty: the demo never deletes data it did not create.
-    """
+    """Run the demo with its database in `folder` (fresh: an earlier demo's file is removed) and
+    the gateway on 127.0.0.1:`port` (0: any free port); return what it measured. `on_ready` is
+    called once everything listens; `on_snapshot` every `settings.refresh_s` with the live
+    numbers."""
     settings = settings or DemoSettings()
     _check(settings)
-    if url is None:
-        url = DEFAULT_DEMO_URL
-        _remove_sqlite_files(DEFAULT_DEMO_PATH)
+    path = folder / DEMO_DB
+    _remove_sqlite_files(path)
+    url = f"sqlite:///{path}"
     ensure_sqlite_folder(url)
-    arrivals = Arrivals(settings.seconds, estimated_capacity_per_s(settings))
-    budget_usd = budget_for(settings.jobs if settings.jobs is not None else arrivals.planned)
-    async with contextlib.AsyncExitStack() as stack:
-        queue = await stack.enter_async_context(Queue.from_url(url))
-        await _require_empty(queue, url)
-        base_url = await stack.enter_async_context(Simulator(simulator_settings(settings)).running())
-        # A ledger of its own: a demo run on a given URL starts with the whole budget even when
-        # an earlier run spent today's under the default name.
-        ledger = await stack.enter_async_context(
-            budget_ledger_for(url, f"demo-{uuid.uuid4().hex[:12]}"))
-        metrics = DispatchMetrics()
-        worker_settings = WorkerSettings(worker_id="demo-worker", concurrency=settings.concurrency,
-                                         claim_wait_s=0.2, shutdown_grace_s=5.0)
-        worker = await stack.enter_async_context(
-            Worker(queue, demo_config(url, base_url, budget_usd), worker_settings,
-                   ledger=ledger, metrics=metrics))
-        run = _Run(_Parts(url, queue, worker, ledger, metrics), settings, arrivals, budget_usd,
-                   on_snapshot)
-        return await run.run()
+    # A short grace: when the demo stops early its own calls are closed, so none is waited for.
+    up_settings = UpSettings(host="127.0.0.1", port=port, concurrency=settings.concurrency,
+                             simulator=simulator_settings(settings), shutdown_grace_s=SHUTDOWN_GRACE_S)
+    stop = asyncio.Event()
+    ready: asyncio.Future[UpInfo] = asyncio.get_running_loop().create_future()
+    up = asyncio.create_task(run_up(demo_config(url), up_settings, on_ready=ready.set_result, stop=stop))
+    try:
+        info = await _started(up, ready)
+        if on_ready is not None:
+            on_ready(info)
+        run = _Run(info, up, settings, on_snapshot)
+        with _interrupt_on_sigint(run.interrupted):
+            async with DemoClient(info.api_url, info.admin_key, run.now) as client:
+                return await run.run(client)
+    finally:
+        stop.set()
+        await up
 
 
-async def show_demo(url: str | None, settings: DemoSettings, console: Console, *,
-                    live: bool = True) -> DemoSummary:
-    """Run the demo with the live view on `console` (unless `live` is False), then print the
-    summary. Returns what `run_demo` returns."""
-    load = (f"{settings.seconds:g} s of load" if settings.timed
-            else f"a batch of {settings.jobs:,} jobs")
-    where = redact_url(url or DEFAULT_DEMO_URL)
-    console.print(f"[bold]tidegate demo[/]: a simulated provider on loopback, a queue at {where}, "
-                  f"one worker of {settings.concurrency} concurrent calls; {load} from "
-                  f"{len(TENANTS)} tenants, then the drain.", highlight=False)
-    # Redrawing needs a terminal; piped output gets the summary only.
+@contextlib.contextmanager
+def _interrupt_on_sigint(interrupted: asyncio.Event) -> Iterator[None]:
+    """Ctrl-C sets `interrupted` for the block, so the run stops its load and closes its calls
+    before `up` shuts down (the gateway then has no open call to wait for). It takes SIGINT
+    over from the gateway's server, which installed its own handler when it started."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    except (NotImplementedError, RuntimeError):  # no signals here (not the main thread, Windows)
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def show_demo(settings: DemoSettings, console: Console, *, live: bool = True,
+                    folder: Path = DEFAULT_FOLDER, port: int = 0) -> DemoSummary:
+    """Run the demo with the live view on `console` (unless `live` is False or the console is
+    no terminal: then a progress line now and then), then print the summary."""
+    console.print(
+        f"[bold]tidegate demo[/]: tidegate up (simulated provider, SQLite queue in "
+        f"{folder / DEMO_DB}, one worker of {settings.concurrency} concurrent calls, the gateway "
+        f"and its dashboard), then {settings.load_s:g} s of load through the HTTP API at "
+        f"{settings.rate_per_s:g} requests/s on average from {len(TENANTS)} tenants, then the drain.",
+        highlight=False)
     view = LiveView(console, enabled=live and console.is_terminal)
-    with view.showing():
-        summary = await run_demo(url, settings, on_snapshot=view.update)
+
+    def ready(info: UpInfo) -> None:
+        render_ready(info, console)
+        view.start()
+
+    try:
+        summary = await run_demo(settings, folder=folder, port=port, on_ready=ready,
+                                 on_snapshot=view.update)
+    finally:
+        view.stop()
     console.print()
     render_summary(summary, console)
     return summary
 
 
 def _check(settings: DemoSettings) -> None:
-    if settings.jobs is not None and settings.jobs < 1:
-        raise ConfigError("the demo needs at least one job")
-    if settings.seconds <= 0 or settings.concurrency < 1 or settings.refresh_s <= 0:
-        raise ConfigError("the demo needs seconds > 0, concurrency >= 1 and refresh_s > 0")
+    if settings.duration_s <= 0 or settings.rate_per_s <= 0 or settings.refresh_s <= 0:
+        raise ConfigError("the demo needs duration_s > 0, rate_per_s > 0 and refresh_s > 0")
+    if settings.concurrency < 1 or not 0 < settings.load_share <= 1:
+        raise ConfigError("the demo needs concurrency >= 1 and 0 < load_share <= 1")
     if not 0 <= settings.error_rate <= 1 or settings.latency_scale <= 0:
         raise ConfigError("the demo needs 0 <= error_rate <= 1 and latency_scale > 0")
 
 
-@dataclass(frozen=True, slots=True)
-class _Parts:
-    """What a run works with, opened by `run_demo`."""
-
-    url: str
-    queue: Queue
-    worker: Worker
-    ledger: BudgetLedger
-    metrics: DispatchMetrics
+async def _started(up: asyncio.Task[None], ready: asyncio.Future[UpInfo]) -> UpInfo:
+    """UpInfo once `up` listens; what stopped it if it ended first."""
+    waiting: set[asyncio.Future[Any]] = {up, ready}
+    done, _ = await asyncio.wait(waiting, timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+    if ready in done:
+        return ready.result()
+    if up in done:
+        await up  # raises what stopped it
+        raise RuntimeError("tidegate up ended before it was ready")
+    raise RuntimeError(f"tidegate up was not ready within {START_TIMEOUT_S:.0f} s")
 
 
 class _Run:
-    """The load generator and the watcher of one run, beside the worker."""
+    """The load generator and the watcher of one run, beside `tidegate up`."""
 
-    def __init__(self, parts: _Parts, settings: DemoSettings, arrivals: Arrivals, budget_usd: Decimal,
+    def __init__(self, info: UpInfo, up: asyncio.Task[None], settings: DemoSettings,
                  on_snapshot: OnSnapshot | None) -> None:
-        self.parts = parts
+        self.info = info
+        self.up = up
         self.settings = settings
-        self.arrivals = arrivals
-        self.budget_usd = budget_usd
         self.on_snapshot = on_snapshot
+        self.arrivals = Arrivals(settings.load_s, settings.rate_per_s)
+        self.capacity_per_s = estimated_capacity_per_s(settings)
         self.workload = Workload(settings.seed)
+        self.tally = Tally()
         self.started = time.monotonic()
-        self.harvester = Harvester(parts.queue, datetime.now(UTC))
-        self.reader = MetricsReader(parts.metrics)
         self.load_done = asyncio.Event()
+        self.interrupted = asyncio.Event()
         self.load_s = 0.0
         self.elapsed_s = 0.0
         self.peak_backlog = 0
+        self._waiting: defaultdict[str, list[Planned]] = defaultdict(list)  # async jobs, per tenant
 
-    async def run(self) -> DemoSummary:
+    def now(self) -> float:
+        """Seconds since the run started."""
+        return time.monotonic() - self.started
+
+    async def run(self, client: DemoClient) -> DemoSummary:
+        await client.create_tenants(TENANTS, budget_for(self.arrivals.planned))
+        self.started = time.monotonic()
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self.parts.worker.run())
-                group.create_task(self._load())
-                group.create_task(self._watch())
+                group.create_task(self._load(client, group))
+                group.create_task(self._watch(client))
         except ExceptionGroup as failures:
             # One task failing cancels the others; its error is the one worth showing.
             raise failures.exceptions[0] from failures
-        records = tuple(sorted(self.harvester.records, key=lambda r: r.finished_s))
-        by_priority, by_model = group_rows(records)
+        gateway = GatewayReading.parse(await client.stats(), BUDGET_TENANT)
+        outcomes = tuple(sorted(self.tally.outcomes, key=lambda o: o.number))
         return DemoSummary(
-            url=self.parts.url, timed=self.settings.timed, concurrency=self.settings.concurrency,
-            capacity_per_s=self.arrivals.capacity_per_s, load_s=self.load_s,
-            elapsed_s=self.elapsed_s, peak_backlog=self.peak_backlog,
-            paced=self.reader.paced(), throttled=self.reader.throttled(), records=records,
-            by_priority=by_priority, by_model=by_model, budget=await self._budget(),
+            dashboard_url=self.info.dashboard_url, queue_url=self.info.queue_url,
+            concurrency=self.settings.concurrency, rate_per_s=self.settings.rate_per_s,
+            capacity_per_s=self.capacity_per_s, load_s=self.load_s, elapsed_s=self.elapsed_s,
+            peak_backlog=self.peak_backlog, sent=dict(self.tally.sent),
+            sent_by_mode=dict(self.tally.sent_by_mode), batches=self.tally.batches,
+            outcomes=outcomes, by_priority=by_priority(outcomes), by_model=by_model(outcomes),
+            gateway=gateway,
         )
-
-    def _now(self) -> float:
-        return time.monotonic() - self.started
 
     # -- the load
 
-    async def _load(self) -> None:
-        if self.settings.jobs is not None:
-            await self._enqueue(self.workload.take(self.settings.jobs))
-        else:
-            sent = 0
-            while (t_s := self._now()) < self.arrivals.seconds:
-                due = self.arrivals.due(t_s)
-                await self._enqueue(self.workload.take(due - sent))
-                sent = due
-                await asyncio.sleep(LOAD_TICK_S)
-            await self._enqueue(self.workload.take(self.arrivals.planned - sent))
-        self.load_s = self._now()
+    async def _load(self, client: DemoClient, group: asyncio.TaskGroup) -> None:
+        sent = 0
+        next_batch_s = BATCH_EVERY_S
+        while (t_s := self.now()) < self.arrivals.load_s:
+            due = self.arrivals.due(t_s)
+            self._send(client, group, self.workload.take(due - sent))
+            sent = due
+            if t_s >= next_batch_s:
+                self._flush(client, group)
+                next_batch_s += BATCH_EVERY_S
+            await asyncio.sleep(LOAD_TICK_S)
+        self._send(client, group, self.workload.take(self.arrivals.planned - sent))
+        self._flush(client, group)
+        self.load_s = self.now()
         self.load_done.set()
 
-    async def _enqueue(self, specs: list[JobSpec]) -> None:
-        size = self.parts.queue.settings.max_batch
-        for start in range(0, len(specs), size):
-            batch = specs[start:start + size]
-            ids = await self.parts.queue.enqueue_many(batch)
-            self.harvester.track(ids, [Priority.parse(spec.priority) for spec in batch])
+    def _send(self, client: DemoClient, group: asyncio.TaskGroup, planned: list[Planned]) -> None:
+        for request in planned:
+            if request.mode == "async":
+                self._waiting[request.tenant].append(request)
+            else:
+                self.tally.record_sent(request.priority, request.mode)
+                group.create_task(self._call(client, request))
 
-    # -- reading numbers back
+    def _flush(self, client: DemoClient, group: asyncio.TaskGroup) -> None:
+        for batch in self._waiting.values():
+            if batch:
+                for request in batch:
+                    self.tally.record_sent(request.priority, request.mode)
+                self.tally.batches += 1
+                group.create_task(self._batch(client, list(batch)))
+                batch.clear()
 
-    async def _watch(self) -> None:
-        last_progress = time.monotonic()
+    async def _call(self, client: DemoClient, request: Planned) -> None:
+        self.tally.record(await client.call(request))
+
+    async def _batch(self, client: DemoClient, batch: list[Planned]) -> None:
+        accepted = await client.submit(batch)
+        for request, entry in zip(batch, accepted, strict=True):
+            if isinstance(entry, Outcome):
+                self.tally.record(entry)  # the batch was refused
+            else:  # its job id
+                # One job after another: a level is served in order, so each long-poll mostly
+                # finds its job finished or nearly so.
+                self.tally.record(await client.poll(request, entry))
+
+    # -- watching
+
+    async def _watch(self, client: DemoClient) -> None:
+        last_progress, last_count = time.monotonic(), 0
         while True:
-            await asyncio.sleep(self.settings.refresh_s)
-            outcomes = self.reader.outcomes()
-            if await self.harvester.sweep(outcomes.done()):
-                last_progress = time.monotonic()
-            stats = await self.parts.queue.stats()
-            self.peak_backlog = max(self.peak_backlog, stats.depth + stats.delayed)
-            finished = self.load_done.is_set() and self.harvester.outstanding == 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.interrupted.wait(), self.settings.refresh_s)
+            if self.interrupted.is_set():
+                raise DemoInterrupted(self.now(), self.tally.total_sent, len(self.tally.outcomes))
+            if self.up.done():
+                await self.up  # raises what stopped it
+                raise RuntimeError("tidegate up stopped while the demo ran")
+            gateway = GatewayReading.parse(await client.stats(), BUDGET_TENANT)
+            self.peak_backlog = max(self.peak_backlog, sum(gateway.depth.values()) + gateway.delayed)
+            finished = self.load_done.is_set() and self.tally.outstanding == 0
             if finished:
-                self.elapsed_s = self._now()
+                self.elapsed_s = self.now()
             if self.on_snapshot is not None:
-                self.on_snapshot(await self._snapshot(stats, outcomes))
+                self.on_snapshot(self._snapshot(gateway))
             if finished:
-                break
-            if time.monotonic() - last_progress > DRAIN_STALL_S:
-                raise RuntimeError(f"demo stalled: no job finished for {DRAIN_STALL_S:.0f} s, "
-                                   f"{self.harvester.outstanding} still unfinished")
-        self.parts.worker.request_stop()
+                return
+            if len(self.tally.outcomes) != last_count:
+                last_progress, last_count = time.monotonic(), len(self.tally.outcomes)
+            elif time.monotonic() - last_progress > DRAIN_STALL_S:
+                raise RuntimeError(f"demo stalled: no outcome for {DRAIN_STALL_S:.0f} s, "
+                                   f"{self.tally.outstanding} requests still unanswered")
 
-    async def _snapshot(self, stats: QueueStats, outcomes: Outcomes) -> Snapshot:
-        t_s = self._now()
-        if self.settings.timed:
-            phase = self.arrivals.phase(t_s)
-            name, rate = phase.name, phase.rate_per_s
-        else:
-            name, rate = ("batch" if self.harvester.outstanding else "drain"), 0.0
-        rates = self.reader.rates(outcomes.done())
-        return Snapshot(
-            elapsed_s=t_s, phase=name, arrival_per_s=rate, served_per_s=sum(rates.values()),
-            rows=live_rows(self.harvester, stats, outcomes, rates),
-            backlog=stats.depth, delayed=stats.delayed,
-            spend_by_model=self.reader.spend_by_model(),
-            answered_by_model=self.reader.answered_by_model(), paced=self.reader.paced(),
-            throttled=self.reader.throttled(), budget=await self._budget(),
-        )
-
-    async def _budget(self) -> BudgetState:
-        limit = usd_to_micros(self.budget_usd)
-        status = await self.parts.ledger.status(BUDGET_TENANT, tenant_limit_micros=limit,
-                                                global_limit_micros=None)
-        mine = [r for r in self.harvester.records if r.tenant == BUDGET_TENANT]
-        return BudgetState(
-            tenant=BUDGET_TENANT, limit_usd=self.budget_usd,
-            spent_usd=micros_to_usd(status.tenant_spent_micros),
-            stepped_down=sum(1 for r in mine if r.stepped_down),
-            refused=sum(1 for r in mine if r.dead_cause == "budget"),
-        )
-
-
-async def _require_empty(queue: Queue, url: str) -> None:
-    stats = await queue.stats()
-    waiting = stats.depth + stats.in_flight + stats.delayed
-    if waiting:
-        raise ConfigError(f"the demo needs an empty queue, but {url} holds {waiting} unfinished jobs")
+    def _snapshot(self, gateway: GatewayReading) -> Snapshot:
+        t_s = self.now()
+        phase = self.arrivals.phase(t_s)
+        return Snapshot.of(self.tally, gateway, elapsed_s=t_s, phase=phase.name,
+                           arrival_per_s=phase.rate_per_s, capacity_per_s=self.capacity_per_s)
 
 
 # ---------------------------------------------------------------------- files
@@ -304,6 +329,6 @@ def ensure_sqlite_folder(url: str) -> None:
 
 
 def _remove_sqlite_files(path: Path) -> None:
-    # Only ever called on the demo's own default file: a fresh run, with the journal files too.
+    # Only ever called on the demo's own file: a fresh run, with the journal files too.
     for suffix in ("", "-wal", "-shm", "-journal"):
         path.with_name(path.name + suffix).unlink(missing_ok=True)

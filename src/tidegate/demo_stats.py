@@ -1,174 +1,102 @@
-"""What the demo measures, read back from the queue: each finished job's result (the worker writes
-its model, cost, attempts and upstream latency there), the queue's stats, and the worker's metrics
-for what results cannot show yet (retries of jobs still running, pacing, 429s)."""
+"""What the demo measures: each request's final outcome as the client saw it (status, queue wait
+from the X-Tidegate-Queue-Wait-Ms header or the job's result, end-to-end latency, model, cost),
+and the gateway's own numbers from GET /v1/stats (queue depth per level, retries, 429s, budgets).
+"""
 
 from __future__ import annotations
 
 import math
-import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal
+from typing import Any
 
-from prometheus_client import Counter
-
-from tidegate.dispatch.costs import micros_to_usd
-from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.jobs import Job, JobState, Priority
-from tidegate.queue import Queue, QueueStats
+from tidegate.demo_load import Mode
+from tidegate.jobs import Priority
 
 __all__ = [
     "NO_MODEL",
+    "OK",
     "BudgetState",
-    "DeadCause",
     "DemoSummary",
+    "GatewayReading",
     "GroupRow",
-    "Harvester",
-    "JobRecord",
     "LiveRow",
-    "MetricsReader",
-    "Outcomes",
+    "Outcome",
     "Snapshot",
-    "group_rows",
-    "live_rows",
+    "Tally",
     "percentile",
 ]
 
-# A sweep reads each level's oldest unfinished jobs; after this many that are still unfinished,
-# the rest of that level is left for the next sweep.
-MISSES_BEFORE_NEXT_LEVEL = 4
-THROUGHPUT_WINDOW_S = 3.0
+OK = "ok"
 NO_MODEL = "(no answer)"
-
-DeadCause = Literal["refused", "budget", "other"]
+THROUGHPUT_WINDOW_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
-class JobRecord:
-    """One demo job once final, as read back from the queue."""
+class Outcome:
+    """One request's final outcome, as the client saw it.
 
-    id: str
+    `result` is "ok", or what went wrong: the HTTP status of a refused or failed call ("403",
+    "429", "502", ...), the final state of an async job that did not succeed ("dead",
+    "expired", "cancelled"), "stream error" for a stream that ended in an error event, or
+    "connection error"."""
+
+    number: int
+    mode: Mode
     priority: Priority
     tenant: str
-    state: JobState
-    attempts: int
-    model: str | None  # the model that answered; None when none did
-    # Queue wait as the worker records it (`queue_wait_ms`): from when the job last became
-    # claimable to its claim, for the attempt that answered. None when no attempt answered.
-    wait_ms: float | None
-    latency_ms: float | None  # the answering call's upstream latency
-    to_result_ms: float  # from enqueue to final: waits, pacing, retries and the call itself
-    cost_micros: int
-    route: str
-    error: str | None
-    finished_s: float  # seconds after the run started
+    result: str
+    model: str | None = None
+    cost_usd: Decimal = Decimal(0)
+    wait_ms: float | None = None  # queue wait of the attempt that answered
+    e2e_ms: float | None = None  # sync: request to full answer; async: accepted to finished
+    finished_s: float = 0.0  # seconds after the run started
+    error: str | None = None  # the gateway's message, for errors
 
     @property
-    def retries(self) -> int:
-        """Attempts beyond the first."""
-        return max(self.attempts - 1, 0)
+    def ok(self) -> bool:
+        """Whether the request was answered."""
+        return self.result == OK
+
+
+class Tally:
+    """Requests sent and their outcomes, as they come in."""
+
+    def __init__(self) -> None:
+        self.sent: Counter[Priority] = Counter()
+        self.sent_by_mode: Counter[Mode] = Counter()
+        self.batches = 0
+        self.outcomes: list[Outcome] = []
+        self._numbers: set[int] = set()
+
+    def record_sent(self, priority: Priority, mode: Mode) -> None:
+        """Count a request as sent."""
+        self.sent[priority] += 1
+        self.sent_by_mode[mode] += 1
+
+    def record(self, outcome: Outcome) -> None:
+        """Record a request's final outcome. A second outcome for one request is a bug."""
+        if outcome.number in self._numbers:
+            raise RuntimeError(f"request {outcome.number} got two outcomes")
+        self._numbers.add(outcome.number)
+        self.outcomes.append(outcome)
 
     @property
-    def stepped_down(self) -> bool:
-        """Routed to a cheaper model because its tenant's budget ran low."""
-        return "budget low" in self.route
-
-    @property
-    def dead_cause(self) -> DeadCause | None:
-        """Why a dead job died (None for any other state), read from its last error."""
-        if self.state is not JobState.DEAD:
-            return None
-        error = self.error or ""
-        if error.startswith("budget exhausted"):
-            return "budget"
-        if " answered HTTP 4" in error:
-            return "refused"  # a request the provider refuses is not retried
-        return "other"
-
-    @classmethod
-    def from_job(cls, job: Job, started_at: datetime) -> JobRecord:
-        """The record of a final job."""
-        finished = job.finished_at or job.created_at
-        result = job.result if isinstance(job.result, dict) and job.state is JobState.SUCCEEDED else {}
-        model = result.get("model")
-        return cls(
-            id=job.id,
-            priority=job.priority,
-            tenant=job.tenant,
-            state=job.state,
-            attempts=job.attempts,
-            model=model if isinstance(model, str) else None,
-            wait_ms=_number(result.get("queue_wait_ms")),
-            latency_ms=_number(result.get("upstream_latency_ms")),
-            to_result_ms=(finished - job.created_at).total_seconds() * 1000,
-            cost_micros=int(result.get("cost_micros") or 0),
-            route=str(result.get("route") or ""),
-            error=job.last_error,
-            finished_s=(finished - started_at).total_seconds(),
-        )
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
-
-
-class Harvester:
-    """Reads back the demo's jobs as they finish. It looks at each level's oldest unfinished jobs
-    first (the queue serves a level in order), and only at levels where the worker's metrics say
-    jobs finished since, so reading stays cheap however long the backlog grows."""
-
-    def __init__(self, queue: Queue, started_at: datetime) -> None:
-        self.queue = queue
-        self.started_at = started_at
-        self.records: list[JobRecord] = []
-        self.enqueued: dict[Priority, int] = dict.fromkeys(Priority, 0)
-        self.finished: dict[Priority, int] = dict.fromkeys(Priority, 0)
-        self._pending: dict[Priority, list[str]] = {p: [] for p in Priority}
-
-    def track(self, ids: Iterable[str], priorities: Iterable[Priority]) -> None:
-        """Remember jobs just enqueued."""
-        for job_id, priority in zip(ids, priorities, strict=True):
-            self._pending[priority].append(job_id)
-            self.enqueued[priority] += 1
+    def total_sent(self) -> int:
+        """Requests sent so far."""
+        return sum(self.sent.values())
 
     @property
     def outstanding(self) -> int:
-        """Jobs enqueued and not read back final yet."""
-        return sum(len(ids) for ids in self._pending.values())
+        """Requests sent without a final outcome yet."""
+        return self.total_sent - len(self.outcomes)
 
-    async def sweep(self, settled: Mapping[Priority, int]) -> int:
-        """Read back jobs that finished since the last sweep, given how many the worker has
-        settled per level; returns how many were found."""
-        found = 0
-        for priority, ids in self._pending.items():
-            # The metrics can lag behind a job finished by something other than the worker (a
-            # lease recovered without attempts left), so one job is always looked at.
-            wanted = max(settled.get(priority, 0) - self.finished[priority], 1)
-            found += await self._sweep_level(priority, ids, wanted)
-        return found
-
-    async def _sweep_level(self, priority: Priority, ids: list[str], wanted: int) -> int:
-        # Jobs finish roughly in order; a few misses in a row (a retry waiting for its backoff)
-        # are looked past, and then the rest are younger still.
-        keep: list[str] = []
-        found = misses = 0
-        for index, job_id in enumerate(ids):
-            if found >= wanted or misses >= MISSES_BEFORE_NEXT_LEVEL:
-                keep.extend(ids[index:])
-                break
-            job = await self.queue.get(job_id)
-            if job is not None and job.is_final:
-                self.records.append(JobRecord.from_job(job, self.started_at))
-                found += 1
-            else:
-                keep.append(job_id)
-                misses += 1
-        self._pending[priority] = keep
-        self.finished[priority] += found
-        return found
+    def answered_per_s(self, now_s: float) -> float:
+        """Outcomes per second over the last few seconds."""
+        recent = sum(1 for o in self.outcomes[-2000:] if o.finished_s > now_s - THROUGHPUT_WINDOW_S)
+        return recent / min(THROUGHPUT_WINDOW_S, max(now_s, 1e-3))
 
 
 # ---------------------------------------------------------------------- numbers
@@ -185,56 +113,103 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class GroupRow:
-    """Finished jobs of one priority level or one model."""
+    """The outcomes of one priority level or one model."""
 
     label: str
     count: int
-    succeeded: int
-    dead: int
-    retries: int
+    answered: int
+    errors: dict[str, int]  # by result, e.g. {"403": 2}
     wait_p50_ms: float | None
     wait_p99_ms: float | None
-    latency_p50_ms: float | None
-    latency_p99_ms: float | None
-    to_result_p99_ms: float | None  # enqueue to final, every job
+    e2e_p50_ms: float | None
+    e2e_p99_ms: float | None
     cost_usd: Decimal
 
     @classmethod
-    def of(cls, label: str, records: Sequence[JobRecord]) -> GroupRow:
-        """Summarise `records`; waits and latencies count answered jobs only."""
-        answered = [r for r in records if r.state is JobState.SUCCEEDED]
-        waits = [r.wait_ms for r in answered if r.wait_ms is not None]
-        latencies = [r.latency_ms for r in answered if r.latency_ms is not None]
+    def of(cls, label: str, outcomes: Sequence[Outcome]) -> GroupRow:
+        """Summarise `outcomes`; waits and latencies count answered requests only."""
+        answered = [o for o in outcomes if o.ok]
+        waits = [o.wait_ms for o in answered if o.wait_ms is not None]
+        e2e = [o.e2e_ms for o in answered if o.e2e_ms is not None]
         return cls(
             label=label,
-            count=len(records),
-            succeeded=len(answered),
-            dead=sum(1 for r in records if r.state is JobState.DEAD),
-            retries=sum(r.retries for r in records),
+            count=len(outcomes),
+            answered=len(answered),
+            errors=dict(sorted(Counter(o.result for o in outcomes if not o.ok).items())),
             wait_p50_ms=percentile(waits, 50),
             wait_p99_ms=percentile(waits, 99),
-            latency_p50_ms=percentile(latencies, 50),
-            latency_p99_ms=percentile(latencies, 99),
-            to_result_p99_ms=percentile([r.to_result_ms for r in records], 99),
-            cost_usd=micros_to_usd(sum(r.cost_micros for r in records)),
+            e2e_p50_ms=percentile(e2e, 50),
+            e2e_p99_ms=percentile(e2e, 99),
+            cost_usd=sum((o.cost_usd for o in outcomes), Decimal(0)),
         )
 
 
-def group_rows(records: Sequence[JobRecord]) -> tuple[tuple[GroupRow, ...], tuple[GroupRow, ...]]:
-    """Rows per priority level (every level, in order) and per model (by spend, largest first;
-    jobs no model answered last, under NO_MODEL)."""
-    by_priority: dict[Priority, list[JobRecord]] = defaultdict(list)
-    by_model: dict[str, list[JobRecord]] = defaultdict(list)
-    for record in records:
-        by_priority[record.priority].append(record)
-        by_model[record.model or NO_MODEL].append(record)
-    levels = tuple(GroupRow.of(p.name.lower(), by_priority[p]) for p in Priority)
-    models = sorted((GroupRow.of(name, rows) for name, rows in by_model.items()),
-                    key=lambda row: (row.label == NO_MODEL, -row.cost_usd, row.label))
-    return levels, tuple(models)
+def by_priority(outcomes: Iterable[Outcome]) -> tuple[GroupRow, ...]:
+    """A row per priority level, every level, CRITICAL first."""
+    groups: dict[Priority, list[Outcome]] = defaultdict(list)
+    for outcome in outcomes:
+        groups[outcome.priority].append(outcome)
+    return tuple(GroupRow.of(p.name.lower(), groups[p]) for p in Priority)
 
 
-# ---------------------------------------------------------------------- the live view's numbers
+def by_model(outcomes: Iterable[Outcome]) -> tuple[GroupRow, ...]:
+    """A row per model, over the answered requests, largest spend first (an answer whose model
+    the client could not learn last, under NO_MODEL)."""
+    groups: dict[str, list[Outcome]] = defaultdict(list)
+    for outcome in outcomes:
+        if outcome.ok:
+            groups[outcome.model or NO_MODEL].append(outcome)
+    rows = (GroupRow.of(name, rows) for name, rows in groups.items())
+    return tuple(sorted(rows, key=lambda row: (row.label == NO_MODEL, -row.cost_usd, row.label)))
+
+
+# ---------------------------------------------------------------------- the gateway's numbers
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetState:
+    """The budget tenant's day so far, from the gateway."""
+
+    tenant: str
+    limit_usd: Decimal
+    spent_usd: Decimal  # settled, plus what is reserved for calls under way
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayReading:
+    """What GET /v1/stats says: the queue now, and the in-process worker's counts."""
+
+    depth: dict[Priority, int] = field(default_factory=dict)  # waiting to be claimed, per level
+    in_flight: int = 0
+    delayed: int = 0  # parked (paced, or waiting out a retry's backoff) until their time
+    dead: int = 0
+    retried: int = 0  # failed attempts retried (the provider's 503s, 429s)
+    throttled: int = 0  # 429s from the provider
+    budget: BudgetState | None = None
+
+    @classmethod
+    def parse(cls, stats: Mapping[str, Any], budget_tenant: str) -> GatewayReading:
+        """Read the parts the demo shows out of a GET /v1/stats answer."""
+        depth = {Priority.parse(name): int(level["depth"])
+                 for name, level in (stats.get("levels") or {}).items()}
+        models = (stats.get("dispatch_by_model") or {}).values()
+        budget = None
+        row = (stats.get("budgets_today") or {}).get(budget_tenant)
+        if row is not None and row.get("daily_budget_usd") is not None:
+            budget = BudgetState(budget_tenant, Decimal(str(row["daily_budget_usd"])),
+                                 Decimal(str(row["spent_usd"])))
+        return cls(
+            depth=depth,
+            in_flight=int(stats.get("in_flight", 0)),
+            delayed=int(stats.get("delayed", 0)),
+            dead=int(stats.get("dead", 0)),
+            retried=sum(int(model.get("jobs", {}).get("retried", 0)) for model in models),
+            throttled=sum(int(model.get("throttled_429", 0)) for model in models),
+            budget=budget,
+        )
+
+
+# ---------------------------------------------------------------------- live and final
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,143 +217,10 @@ class LiveRow:
     """One priority level right now."""
 
     priority: Priority
-    enqueued: int
+    sent: int
     done: int
-    queued: int
-    oldest_wait_ms: float  # how long the oldest queued job has waited so far
-    running: int
-    per_s: float
-    retries: int
-    dead: int
-    wait_p50_ms: float | None
-    wait_p99_ms: float | None
-    latency_p50_ms: float | None
-    latency_p99_ms: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class Outcomes:
-    """Jobs by (outcome, priority) as the worker counted them: succeeded, dead, retried."""
-
-    counts: dict[tuple[str, Priority], int]
-
-    def __call__(self, outcome: str, priority: Priority) -> int:
-        return self.counts.get((outcome, priority), 0)
-
-    def done(self) -> dict[Priority, int]:
-        """Jobs settled (succeeded or dead) per level."""
-        return {p: self("succeeded", p) + self("dead", p) for p in Priority}
-
-
-class MetricsReader:
-    """Counts from the worker's Prometheus metrics, which move the moment a job settles, and
-    throughput over the last few seconds."""
-
-    def __init__(self, metrics: DispatchMetrics) -> None:
-        self.metrics = metrics
-        self._history: deque[tuple[float, dict[Priority, int]]] = deque()
-
-    def outcomes(self) -> Outcomes:
-        """Jobs by (outcome, priority): succeeded, dead, retried, lease_lost."""
-        counts: dict[tuple[str, Priority], int] = defaultdict(int)
-        for family in self.metrics.jobs.collect():
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    key = (sample.labels["outcome"], Priority.parse(sample.labels["priority"]))
-                    counts[key] += int(sample.value)
-        return Outcomes(counts)
-
-    def answered_by_model(self) -> dict[str, int]:
-        """Jobs answered per model so far."""
-        answered: dict[str, int] = defaultdict(int)
-        for family in self.metrics.jobs.collect():
-            for sample in family.samples:
-                if sample.name.endswith("_total") and sample.labels["outcome"] == "succeeded":
-                    answered[sample.labels["model"]] += int(sample.value)
-        return dict(answered)
-
-    def spend_by_model(self) -> dict[str, float]:
-        """USD spent per model so far (floats: for display only; the summary adds exact micros)."""
-        spend: dict[str, float] = defaultdict(float)
-        for family in self.metrics.cost_usd.collect():
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    spend[sample.labels["model"]] += sample.value
-        return dict(spend)
-
-    def paced(self) -> int:
-        """Jobs parked because a model's rate limit had no room for them soon enough."""
-        return self._total(self.metrics.deferred, reason="rate_limit")
-
-    def throttled(self) -> int:
-        """429 answers from the provider."""
-        return self._total(self.metrics.throttled)
-
-    def rates(self, done: dict[Priority, int]) -> dict[Priority, float]:
-        """Jobs finished per second per level over the last THROUGHPUT_WINDOW_S."""
-        now = time.monotonic()
-        self._history.append((now, done))
-        while len(self._history) > 2 and now - self._history[1][0] >= THROUGHPUT_WINDOW_S:
-            self._history.popleft()
-        then, before = self._history[0]
-        span = now - then
-        if span <= 0:
-            return dict.fromkeys(Priority, 0.0)
-        return {p: (done[p] - before.get(p, 0)) / span for p in Priority}
-
-    @staticmethod
-    def _total(metric: Counter, **labels: str) -> int:
-        total = 0.0
-        for family in metric.collect():
-            for sample in family.samples:
-                if sample.name.endswith("_total") and all(sample.labels.get(k) == v
-                                                          for k, v in labels.items()):
-                    total += sample.value
-        return int(total)
-
-
-def live_rows(
-    harvester: Harvester, stats: QueueStats, outcomes: Outcomes,
-    rates: dict[Priority, float],
-) -> tuple[LiveRow, ...]:
-    """Every level's live row."""
-    by_priority: dict[Priority, list[JobRecord]] = defaultdict(list)
-    for record in harvester.records:
-        by_priority[record.priority].append(record)
-    rows = []
-    for priority in Priority:
-        group = GroupRow.of(priority.name.lower(), by_priority[priority])
-        level = stats.levels.get(priority)
-        rows.append(LiveRow(
-            priority=priority,
-            enqueued=harvester.enqueued[priority],
-            done=outcomes("succeeded", priority) + outcomes("dead", priority),
-            queued=level.depth if level else 0,
-            oldest_wait_ms=level.oldest_wait_s * 1000 if level else 0.0,
-            running=level.in_flight if level else 0,
-            per_s=rates[priority],
-            retries=outcomes("retried", priority),
-            dead=outcomes("dead", priority),
-            wait_p50_ms=group.wait_p50_ms,
-            wait_p99_ms=group.wait_p99_ms,
-            latency_p50_ms=group.latency_p50_ms,
-            latency_p99_ms=group.latency_p99_ms,
-        ))
-    return tuple(rows)
-
-
-# ---------------------------------------------------------------------- snapshots and the summary
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetState:
-    """The budget tenant's day so far."""
-
-    tenant: str
-    limit_usd: Decimal
-    spent_usd: Decimal  # settled, plus what is reserved for calls under way
-    stepped_down: int  # its jobs routed to a cheaper model because the budget ran low
-    refused: int  # its jobs refused once the budget was spent
+    queued: int  # waiting in the queue, from the gateway
+    row: GroupRow  # the outcomes so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,61 +228,73 @@ class Snapshot:
     """Everything the live view shows at one moment."""
 
     elapsed_s: float
-    phase: str  # "steady", "surge", "quiet" for timed load; "batch"; then "drain"
+    phase: str  # "steady", "surge", "quiet", then "drain"
     arrival_per_s: float
-    served_per_s: float  # jobs finished per second, lately
+    answered_per_s: float
+    capacity_per_s: float
     rows: tuple[LiveRow, ...]
-    backlog: int  # jobs waiting to be claimed
-    delayed: int  # jobs parked (paced, in retry backoff) until their time
-    spend_by_model: dict[str, float]
-    answered_by_model: dict[str, int]
-    paced: int
-    throttled: int
-    budget: BudgetState
+    models: tuple[GroupRow, ...]
+    gateway: GatewayReading
+    outstanding: int
+
+    @classmethod
+    def of(cls, tally: Tally, gateway: GatewayReading, *, elapsed_s: float, phase: str,
+           arrival_per_s: float, capacity_per_s: float) -> Snapshot:
+        """The live numbers from the outcomes so far and the gateway's last reading."""
+        levels = by_priority(tally.outcomes)
+        rows = tuple(LiveRow(p, tally.sent[p], levels[p].count, gateway.depth.get(p, 0), levels[p])
+                     for p in Priority)
+        return cls(elapsed_s=elapsed_s, phase=phase, arrival_per_s=arrival_per_s,
+                   answered_per_s=tally.answered_per_s(elapsed_s), capacity_per_s=capacity_per_s,
+                   rows=rows, models=by_model(tally.outcomes), gateway=gateway,
+                   outstanding=tally.outstanding)
 
 
 @dataclass(frozen=True, slots=True)
 class DemoSummary:
-    """What a demo run measured, from every job's final state and result."""
+    """What a demo run measured: every request's outcome, and the gateway's last numbers."""
 
-    url: str
-    timed: bool
+    dashboard_url: str
+    queue_url: str
     concurrency: int
-    capacity_per_s: float  # the estimate the timed load was scaled to
-    load_s: float  # from the start until the last job was enqueued
-    elapsed_s: float  # from the start until the last job was final
-    peak_backlog: int
-    paced: int
-    throttled: int
-    records: tuple[JobRecord, ...]
+    rate_per_s: float
+    capacity_per_s: float  # the estimate shown; the worker's concurrency bounds it
+    load_s: float  # from the start until the last request was sent
+    elapsed_s: float  # from the start until the last outcome
+    peak_backlog: int  # most jobs waiting in the queue (and parked) at one reading
+    sent: dict[Priority, int]
+    sent_by_mode: dict[Mode, int]
+    batches: int
+    outcomes: tuple[Outcome, ...]
     by_priority: tuple[GroupRow, ...]  # every level, CRITICAL first
     by_model: tuple[GroupRow, ...]  # largest spend first
-    budget: BudgetState
+    gateway: GatewayReading  # the last reading, after the drain
 
     @property
-    def jobs(self) -> int:
-        """Jobs enqueued, all final."""
-        return len(self.records)
+    def total_sent(self) -> int:
+        """Requests sent (each job of a batch counts)."""
+        return sum(self.sent.values())
+
+    @property
+    def lost(self) -> int:
+        """Requests sent without a final outcome: zero, unless something is broken."""
+        return self.total_sent - len(self.outcomes)
+
+    @property
+    def answered(self) -> int:
+        """Requests answered."""
+        return sum(1 for o in self.outcomes if o.ok)
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Requests not answered, by result."""
+        return dict(sorted(Counter(o.result for o in self.outcomes if not o.ok).items()))
 
     @property
     def total_cost_usd(self) -> Decimal:
-        """Exact spend of the run."""
-        return micros_to_usd(sum(record.cost_micros for record in self.records))
-
-    @property
-    def throughput_per_s(self) -> float:
-        """Jobs finished per second over the run."""
-        return self.jobs / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """What the answered requests cost."""
+        return sum((o.cost_usd for o in self.outcomes), Decimal(0))
 
     def level(self, priority: Priority) -> GroupRow:
         """The row of one priority level."""
         return self.by_priority[int(priority)]
-
-    def retries(self) -> int:
-        """Attempts beyond the first, over every job."""
-        return sum(record.retries for record in self.records)
-
-    def dead(self, cause: DeadCause | None = None) -> int:
-        """Dead jobs (of one cause, or all)."""
-        return sum(1 for record in self.records
-                   if record.dead_cause is not None and cause in (None, record.dead_cause))

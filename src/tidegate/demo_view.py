@@ -1,10 +1,10 @@
-"""How the demo looks: the live view (redrawn with rich.live while it runs) and the final summary,
-tables and a paragraph that reads them in plain words."""
+"""How the demo looks: where to look while it runs, the live view (redrawn with rich.live on a
+terminal, a progress line now and then otherwise), and the final summary: tables and a paragraph
+that reads them in plain words."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -12,11 +12,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tidegate.demo_stats import DemoSummary, GroupRow, Snapshot
+from tidegate.demo_load import PHASES
+from tidegate.demo_stats import DemoSummary, GatewayReading, GroupRow, Snapshot
 from tidegate.jobs import Priority
-from tidegate.queue.base import redact_url
+from tidegate.up import UpInfo
 
-__all__ = ["LiveView", "reading", "render_summary", "snapshot_view"]
+__all__ = ["LiveView", "reading", "render_ready", "render_summary", "snapshot_view"]
+
+PROGRESS_EVERY_S = 10.0  # without a terminal: one progress line this often
 
 _STYLE = {
     Priority.CRITICAL: "bold red",
@@ -25,109 +28,125 @@ _STYLE = {
     Priority.LOW: "cyan",
     Priority.BULK: "blue",
 }
+_TIMES = ("wait\np50", "wait\np99", "e2e\np50", "e2e\np99")
+MAX_MESSAGE_CHARS = 160  # of an error message quoted in the summary
 
 
-_TIMES = ("wait\np50", "wait\np99", "latency\np50", "latency\np99")
+def render_ready(info: UpInfo, console: Console) -> None:
+    """Where everything listens, and the admin key to open the dashboard with."""
+    table = Table(show_header=False, box=None, padding=(0, 1))
+    table.add_row("Dashboard", info.dashboard_url)
+    table.add_row("API (OpenAI base_url)", info.api_url)
+    table.add_row("Provider", f"simulated, {info.simulator_url}")
+    console.print(table)
+    console.print("Admin API key (paste it into the dashboard; valid until the next demo or up):",
+                  highlight=False)
+    # On a line of its own and never folded, so it can be copied whole.
+    console.print(info.admin_key, soft_wrap=True, highlight=False, markup=False)
+    console.print()
 
 
 # ---------------------------------------------------------------------- live
 
 
 class LiveView:
-    """The live view on a console; `update` redraws it with a new snapshot. Does nothing when
-    `enabled` is False, so a caller need not care whether it is shown."""
+    """The live view on a console; `update` redraws it with a new snapshot. When not `enabled`
+    (no terminal), `update` prints one progress line every PROGRESS_EVERY_S instead."""
 
     def __init__(self, console: Console, *, enabled: bool = True) -> None:
         self.console = console
         self.enabled = enabled
         self._live: Live | None = None
+        self._next_progress_s = PROGRESS_EVERY_S
 
-    @contextmanager
-    def showing(self) -> Iterator[LiveView]:
-        """Show the view for the block; the last frame stays on screen."""
-        if not self.enabled:
-            yield self
-            return
-        # Redrawn on each update (several times a second), not on rich's own timer.
-        with Live(Text("starting the simulated provider and the worker..."), console=self.console,
-                  auto_refresh=False, transient=False) as live:
-            self._live = live
-            try:
-                yield self
-            finally:
-                self._live = None
+    def start(self) -> None:
+        """Start redrawing (a no-op when not enabled)."""
+        if self.enabled and self._live is None:
+            # Redrawn on each update, not on rich's own timer; the last frame stays on screen.
+            self._live = Live(Text("starting the load..."), console=self.console, auto_refresh=False,
+                              transient=False)
+            self._live.start()
+
+    def stop(self) -> None:
+        """Stop redrawing."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
     def update(self, snapshot: Snapshot) -> None:
-        """Redraw with `snapshot`."""
+        """Redraw with `snapshot`, or print a progress line when one is due."""
         if self._live is not None:
             self._live.update(snapshot_view(snapshot), refresh=True)
+        elif not self.enabled and snapshot.elapsed_s >= self._next_progress_s:
+            self._next_progress_s += PROGRESS_EVERY_S
+            self.console.print(_progress(snapshot), highlight=False)
+
+
+def _progress(snapshot: Snapshot) -> str:
+    sent = sum(row.sent for row in snapshot.rows)
+    done = sum(row.done for row in snapshot.rows)
+    return (f"{snapshot.elapsed_s:5.1f} s  {snapshot.phase}: {sent:,} sent, {done:,} with an outcome, "
+            f"{sum(row.queued for row in snapshot.rows):,} in the queue")
 
 
 def snapshot_view(snapshot: Snapshot) -> RenderableType:
     """One frame of the live view."""
-    table = _table(None, "priority", "done", "queued", "jobs/s", *_TIMES, "retries", "dead")
-    for row in snapshot.rows:
+    table = _table(None, "priority", "sent", "done", "queued", *_TIMES, "errors")
+    for live in snapshot.rows:
+        row = live.row
         table.add_row(
-            Text(row.priority.name.lower(), style=_STYLE[row.priority]),
-            f"{row.done:,}", f"{row.queued:,}", f"{row.per_s:,.0f}",
-            _ms(row.wait_p50_ms), _ms(row.wait_p99_ms), _ms(row.latency_p50_ms),
-            _ms(row.latency_p99_ms), f"{row.retries:,}", f"{row.dead:,}",
+            Text(live.priority.name.lower(), style=_STYLE[live.priority]),
+            f"{live.sent:,}", f"{live.done:,}", f"{live.queued:,}", *_times(row), _errors(row.errors),
         )
-    return Group(_headline(snapshot), table, _spend(snapshot), _footer(snapshot))
+    return Group(_headline(snapshot), table, _models(snapshot.models), _footer(snapshot.gateway))
 
 
 def _table(title: str | None, *columns: str) -> Table:
-    # Narrow enough for an 80-column terminal.
+    # Narrow enough for an 80-column terminal; only the errors column may wrap.
     table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
                   padding=(0, 1), pad_edge=False, show_edge=False, collapse_padding=True)
     table.add_column(columns[0], no_wrap=True)
     for column in columns[1:]:
-        table.add_column(column, justify="right", no_wrap=True)
+        table.add_column(column, justify="right", no_wrap=column != "errors")
     return table
 
 
 def _headline(snapshot: Snapshot) -> Text:
     text = Text.assemble(("tidegate demo", "bold"), f"  {snapshot.elapsed_s:5.1f} s  ")
-    if snapshot.phase in ("drain", "batch"):
-        text.append(snapshot.phase, style="bold")
-        text.append(": no new jobs")
+    if snapshot.phase == "drain":
+        text.append("drain", style="bold")
+        text.append(": no new requests")
     else:
-        over = snapshot.arrival_per_s > snapshot.served_per_s * 1.1
+        over = snapshot.arrival_per_s > snapshot.capacity_per_s
         text.append(snapshot.phase, style="bold magenta" if over else "bold")
-        text.append(f": {snapshot.arrival_per_s:,.0f} jobs/s arriving")
-    text.append(f", {snapshot.served_per_s:,.0f}/s served\n")
-    text.append(f"queued {snapshot.backlog:,}", style="bold" if snapshot.backlog else "")
-    text.append(f"   in flight {sum(row.running for row in snapshot.rows):,}"
-                f"   parked (paced or retrying) {snapshot.delayed:,}")
-    # Waits above count jobs once claimed; the backlog's own wait shows here while it grows.
-    oldest = [f"{row.priority.name.lower()} {_ms(row.oldest_wait_ms)}"
-              for row in snapshot.rows if row.queued]
-    if oldest:
-        text.append(f"\noldest queued job, waiting: {', '.join(oldest)}")
+        text.append(f": {snapshot.arrival_per_s:,.0f} requests/s arriving")
+    text.append(f" (capacity about {snapshot.capacity_per_s:,.0f}/s), "
+                f"{snapshot.answered_per_s:,.0f}/s answered\n")
+    gateway = snapshot.gateway
+    queued = sum(gateway.depth.values())
+    text.append(f"queue: {queued:,} waiting", style="bold" if queued else "")
+    text.append(f", {gateway.in_flight:,} in flight, {gateway.delayed:,} parked (paced or retrying)"
+                f"   requests without an answer yet: {snapshot.outstanding:,}")
     return text
 
 
-def _spend(snapshot: Snapshot) -> Table:
-    table = _table(None, "model", "answered", "spend USD")
-    spend = sorted(snapshot.spend_by_model.items(), key=lambda item: -item[1])
-    for model, usd in spend:
-        table.add_row(model, f"{snapshot.answered_by_model.get(model, 0):,}", f"{usd:.4f}")
+def _models(models: tuple[GroupRow, ...]) -> Table:
+    table = _table(None, "model", "answered", "cost USD")
+    for row in models:
+        table.add_row(row.label, f"{row.answered:,}", f"{row.cost_usd:.4f}")
     table.add_section()
-    table.add_row("all", f"{sum(snapshot.answered_by_model.values()):,}",
-                  f"{sum(usd for _, usd in spend):.4f}")
+    table.add_row("all", f"{sum(row.answered for row in models):,}",
+                  f"{sum(row.cost_usd for row in models):.4f}")
     return table
 
 
-def _footer(snapshot: Snapshot) -> Text:
-    budget = snapshot.budget
-    text = Text(f"pacing: jobs parked {snapshot.paced:,} times under a model's requests-per-minute "
-                f"limit   429s from the provider: {snapshot.throttled:,}\n")
-    text.append(f"budget: {budget.tenant} has spent ${budget.spent_usd:.4f} of "
-                f"${budget.limit_usd:.4f} today; ")
-    text.append(f"{budget.stepped_down:,} of its jobs stepped down to cheaper models",
-                style="bold" if budget.stepped_down else "")
-    if budget.refused:
-        text.append(f", {budget.refused:,} refused")
+def _footer(gateway: GatewayReading) -> Text:
+    text = Text(f"provider: {gateway.retried:,} failed attempts retried by the worker, "
+                f"{gateway.throttled:,} answered 429")
+    if gateway.budget is not None:
+        budget = gateway.budget
+        text.append(f"\nbudget: {budget.tenant} has spent ${budget.spent_usd:.4f} of "
+                    f"${budget.limit_usd:.4f} today")
     return text
 
 
@@ -135,101 +154,106 @@ def _footer(snapshot: Snapshot) -> Text:
 
 
 def render_summary(summary: DemoSummary, console: Console) -> None:
-    """Print the final tables, the reading and where to look next."""
-    levels = _table("By priority", "priority", "jobs", "dead", "retries", *_TIMES, "cost USD")
+    """Print the final tables, the accounting, the reading and where to look next."""
+    levels = _table("By priority", "priority", "sent", "ok", *_TIMES, "errors", "cost USD")
     for row in summary.by_priority:
-        levels.add_row(Text(row.label, style=_STYLE[Priority.parse(row.label)]), f"{row.count:,}",
-                       f"{row.dead:,}", f"{row.retries:,}", *_times(row), f"{row.cost_usd:.4f}")
+        priority = Priority.parse(row.label)
+        levels.add_row(Text(row.label, style=_STYLE[priority]), f"{summary.sent.get(priority, 0):,}",
+                       f"{row.answered:,}", *_times(row), _errors(row.errors), f"{row.cost_usd:.4f}")
+    levels.add_section()
+    levels.add_row("all", f"{summary.total_sent:,}", f"{summary.answered:,}", "", "", "", "",
+                   _errors(summary.errors), f"{summary.total_cost_usd:.4f}")
     console.print(levels)
     console.print()
-    models = _table("By model", "model", "jobs", *_TIMES, "cost USD")
+    models = _table("By model", "model", "answered", *_TIMES, "cost USD")
     for row in summary.by_model:
-        models.add_row(row.label, f"{row.count:,}", *_times(row), f"{row.cost_usd:.4f}")
-    models.add_section()
-    models.add_row("all", f"{summary.jobs:,}", "", "", "", "", f"{summary.total_cost_usd:.4f}")
+        models.add_row(row.label, f"{row.answered:,}", *_times(row), f"{row.cost_usd:.4f}")
     console.print(models)
     console.print()
-    console.print(f"{summary.jobs:,} jobs in {summary.elapsed_s:.1f} s "
-                  f"({summary.throughput_per_s:,.0f} jobs/s), one worker of {summary.concurrency} "
-                  f"concurrent calls, peak backlog {summary.peak_backlog:,}. Wait: from claimable to "
-                  "claimed; latency: the provider call.", highlight=False)
+    console.print(accounting(summary), highlight=False)
     console.print()
     console.print(reading(summary), highlight=False)
     console.print()
-    console.print(f"Look inside: tidegate queue stats --queue {redact_url(summary.url)}  "
-                  "(and queue dlq, queue redrive)", highlight=False)
+    console.print(f"Wait: in the queue, from the X-Tidegate-Queue-Wait-Ms header or the job's result. "
+                  f"e2e: request to answer as the client saw it (async jobs: accepted to finished). "
+                  f"Look inside: tidegate queue stats --queue {summary.queue_url}  (and queue dlq)",
+                  highlight=False)
 
 
-def _times(row: GroupRow) -> tuple[str, str, str, str]:
-    return (_ms(row.wait_p50_ms), _ms(row.wait_p99_ms), _ms(row.latency_p50_ms),
-            _ms(row.latency_p99_ms))
+def accounting(summary: DemoSummary) -> str:
+    """Every request sent and its outcome, in one sentence: nothing lost, or what was."""
+    modes = summary.sent_by_mode
+    parts = [f"{modes.get('sync', 0):,} calls", f"{modes.get('stream', 0):,} streamed",
+             f"{modes.get('async', 0):,} async jobs in {summary.batches:,} batches"]
+    text = (f"Sent {summary.total_sent:,} requests ({', '.join(parts)}) in {summary.load_s:.1f} s; "
+            f"after {summary.elapsed_s:.1f} s ")
+    errors = summary.errors
+    refused = "; ".join(f"{count:,} {result} ({_example(summary, result)})"
+                        for result, count in errors.items())
+    if summary.lost == 0:
+        text += (f"every one has a final outcome: {summary.answered:,} answered, "
+                 f"{sum(errors.values()):,} errors{': ' + refused if refused else ''}. Nothing lost.")
+    else:
+        text += (f"{len(summary.outcomes):,} have a final outcome and {summary.lost:,} DO NOT "
+                 f"({summary.answered:,} answered, {sum(errors.values()):,} errors).")
+    return text
+
+
+def _example(summary: DemoSummary, result: str) -> str:
+    """The first error message of `result`, for a reader to see what it was."""
+    message = next((o.error for o in summary.outcomes if o.result == result and o.error), None)
+    if message is None:
+        return "no message"
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS - 3] + "..."
 
 
 def reading(summary: DemoSummary) -> str:
     """The summary in plain words: one paragraph."""
     critical, bulk = summary.level(Priority.CRITICAL), summary.level(Priority.BULK)
-    load = ("arrivals ran well over what the worker could serve for part of the run"
-            if summary.timed else f"all {summary.jobs:,} jobs arrived at once")
+    peak = summary.rate_per_s * max(factor for _, factor, _ in PHASES)
     sentences = [
-        f"While {load}, up to {summary.peak_backlog:,} jobs waited in the queue, yet critical "
-        f"jobs waited {_ms(critical.wait_p99_ms)} at p99 while bulk jobs waited "
-        f"{_ms(bulk.wait_p99_ms)}: the queue hands out the highest priority first, so the backlog "
-        "piled up at the bottom.",
-        _latency_sentence(summary),
-        _failure_sentence(summary),
+        f"Requests arrived at up to {peak:,.0f}/s against a capacity of about "
+        f"{summary.capacity_per_s:,.0f}/s, and up to {summary.peak_backlog:,} jobs waited in the "
+        f"queue; yet critical requests waited {_ms(critical.wait_p99_ms)} at p99 while bulk jobs "
+        f"waited {_ms(bulk.wait_p99_ms)}: the queue serves the highest priority first, so the "
+        "backlog piled up at the bottom.",
+        _provider_sentence(summary.gateway),
         _money_sentence(summary),
     ]
     return " ".join(sentence for sentence in sentences if sentence)
 
 
-def _latency_sentence(summary: DemoSummary) -> str:
-    answered = [row for row in summary.by_model if row.latency_p50_ms is not None]
-    if not answered:
-        return ""
-    fastest = min(answered, key=lambda row: row.latency_p50_ms or 0.0)
-    slowest = max(answered, key=lambda row: row.latency_p50_ms or 0.0)
-    return (f"Upstream latency is the provider's own and depends on the model, not the priority "
-            f"(p50 from {_ms(fastest.latency_p50_ms)} for {fastest.label} to "
-            f"{_ms(slowest.latency_p50_ms)} for {slowest.label}).")
-
-
-def _failure_sentence(summary: DemoSummary) -> str:
-    errors = "503s and 429s" if summary.throttled else "503s"
-    parts = [f"{_count(summary.retries(), 'attempt')} failed (the provider's {errors}) and "
-             f"{'was' if summary.retries() == 1 else 'were'} retried"]
-    if summary.paced:
-        parts.append(f"jobs were parked {_count(summary.paced, 'time')} rather than sent past a "
-                     "model's requests-per-minute limit")
-    parts.append(f"the provider answered 429 {_count(summary.throttled, 'time')}" if summary.throttled
-                 else "pacing kept the provider from ever answering 429")
-    sentence = "; ".join(parts) + "."
-    causes = [(summary.dead("refused"), "the provider refused as invalid, dead at once since no "
-                                        "retry can fix that"),
-              (summary.dead("budget"), "refused once their tenant's budget was spent"),
-              (summary.dead("other"), "out of attempts")]
-    dead = [f"{_count(count, 'request')} {why}" for count, why in causes if count]
-    if dead:
-        sentence += f" In the dead-letter queue: {'; '.join(dead)}."
-    return sentence[0].upper() + sentence[1:]
+def _provider_sentence(gateway: GatewayReading) -> str:
+    attempts = f"{gateway.retried:,} provider attempt{'' if gateway.retried == 1 else 's'}"
+    sentence = (f"{attempts} failed (503s{' and 429s' if gateway.throttled else ''}) and "
+                f"{'was' if gateway.retried == 1 else 'were'} retried by the worker: the callers saw "
+                "only a little more latency")
+    if not gateway.throttled:
+        sentence += ", and pacing under each model's request limit kept the provider from ever answering 429"
+    return sentence + "."
 
 
 def _money_sentence(summary: DemoSummary) -> str:
-    budget = summary.budget
     top = summary.by_model[0] if summary.by_model else None
     share = (f", {top.cost_usd / summary.total_cost_usd:.0%} of it on {top.label}"
              if top is not None and summary.total_cost_usd > 0 else "")
     sentence = f"The run cost ${summary.total_cost_usd:.4f}{share}."
-    if budget.stepped_down:
-        sentence += (f" {budget.tenant.capitalize()}'s daily budget of ${budget.limit_usd:.4f} "
-                     f"ran low, so {budget.stepped_down:,} of its jobs went to cheaper models "
-                     "instead of the ones their priority would get")
-        sentence += (f"; then it ran out, and {budget.refused:,} more were refused (critical jobs "
-                     "never are)." if budget.refused else ".")
+    budget = summary.gateway.budget
+    if budget is not None:
+        refused = sum(1 for o in summary.outcomes if o.tenant == budget.tenant and o.result == "429")
+        sentence += (f" {budget.tenant.capitalize()} spent ${budget.spent_usd:.4f} of its daily "
+                     f"budget of ${budget.limit_usd:.4f}")
+        sentence += (f"; once it was spent, {refused:,} of its requests were refused (429)."
+                     if refused else ".")
     return sentence
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+def _times(row: GroupRow) -> tuple[str, str, str, str]:
+    return _ms(row.wait_p50_ms), _ms(row.wait_p99_ms), _ms(row.e2e_p50_ms), _ms(row.e2e_p99_ms)
+
+
+def _errors(errors: Mapping[str, int]) -> str:
+    return " ".join(f"{result}:{count:,}" for result, count in errors.items()) or "-"
 
 
 def _ms(value: float | None) -> str:

@@ -2,6 +2,10 @@
 `./.tidegate/`, a worker, the gateway with its dashboard, and the simulated provider when no real
 provider is configured. It binds loopback by default and creates an admin API key at start.
 
+That key belongs to a tenant of its own, `UP_TENANT`: each start revokes the keys of that tenant
+(the ones earlier starts printed) before creating the new one, so a key printed by an old run
+stops working, while admin keys created with `tidegate keys create` for any other tenant stay.
+
 Everything here is wiring: each part is the same code that runs on its own with
 `tidegate worker` and `tidegate gateway`.
 """
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from tidegate.config import TidegateConfig
+from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.dispatch.budget import budget_ledger_for
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
@@ -29,13 +33,16 @@ from tidegate.gateway.serve import check_bind
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.tenant_store import tenant_store_for
-from tidegate.gateway.tenants import ADMIN_TENANT, Tenant, TenantStore
+from tidegate.gateway.tenants import Tenant, TenantStore
 from tidegate.jobs import Priority
-from tidegate.providers.sim_settings import SimulatorSettings
+from tidegate.providers.sim_settings import ServedModel, SimulatorSettings
 from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
 
 log = logging.getLogger("tidegate.up")
+
+# The tenant whose key `up` prints: its keys are `up`'s own, revoked at the next start.
+UP_TENANT = "tidegate-up"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,9 @@ class UpSettings:
     port: int = 8080
     concurrency: int = 32  # the in-process worker's calls in flight
     simulator: SimulatorSettings | None = None  # used when no provider is configured
+    # On stop, how long calls still open may finish (the worker serving them meanwhile) before
+    # the gateway cuts them; their jobs stay queued.
+    shutdown_grace_s: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +83,7 @@ async def run_up(
         if not config.providers:
             simulator = Simulator(settings.simulator or SimulatorSettings())
             simulator_url = await stack.enter_async_context(simulator.running())
-            config = config.with_simulator(simulator_url)
+            config = with_simulator_limits(config.with_simulator(simulator_url), simulator.settings)
         url = config.queue_url
         queue = await stack.enter_async_context(Queue.from_url(url))
         tenants = await stack.enter_async_context(tenant_store_for(url))
@@ -94,7 +104,7 @@ async def run_up(
         ))
         admin_key = await _create_admin_key(tenants)
         await check_bind(state)
-        async with _serving(state, settings) as (server, port):
+        async with _serving(state, settings) as (server, port, serving):
             worker_task = asyncio.create_task(worker.run())
             base = f"http://{_url_host(settings.host)}:{port}"
             if on_ready is not None:
@@ -106,7 +116,10 @@ async def run_up(
             served = asyncio.create_task(server.main_loop_done.wait())
             await asyncio.wait([t for t in (stopper, served) if t is not None],
                                return_when=asyncio.FIRST_COMPLETED)
+            # The gateway stops first, so calls still waiting for a result can get it from the
+            # worker within the grace time; then the worker drains.
             server.should_exit = True
+            await asyncio.wait([serving])
             worker.request_stop()
             await worker_task
             for task in (stopper, served):
@@ -135,13 +148,18 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def _serving(state: GatewayState, settings: UpSettings) -> AsyncIterator[tuple[_Server, int]]:
+async def _serving(
+    state: GatewayState, settings: UpSettings,
+) -> AsyncIterator[tuple[_Server, int, asyncio.Task[None]]]:
+    """The gateway serving on its socket: the server, its port and the task that serves until
+    `should_exit` (awaited, and its error raised, on leaving)."""
     sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET,
                          socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((settings.host.strip("[]"), settings.port))
     port = int(sock.getsockname()[1])
-    server = _Server(uvicorn.Config(create_app(state), lifespan="off", log_level="warning"))
+    server = _Server(uvicorn.Config(create_app(state), lifespan="off", log_level="warning",
+                                    timeout_graceful_shutdown=settings.shutdown_grace_s))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     ready = asyncio.create_task(server.ready.wait())
     await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
@@ -149,19 +167,40 @@ async def _serving(state: GatewayState, settings: UpSettings) -> AsyncIterator[t
         ready.cancel()
         await task  # raises what stopped it
     try:
-        yield server, port
+        yield server, port, task
     finally:
         server.should_exit = True
         await task
         sock.close()
 
 
+def with_simulator_limits(config: TidegateConfig, simulator: SimulatorSettings) -> TidegateConfig:
+    """`config` (its provider the simulator) with each model's rate limits set to those the
+    simulator enforces, as a deployment copies its provider's published limits into its config:
+    the worker then paces under exactly the limits it will meet."""
+    served = simulator.served_models()
+    provider = config.providers[0]
+    models = tuple(_limited(model, served.get(model.name), simulator.window_s) for model in provider.models)
+    return config.model_copy(update={"providers": (provider.model_copy(update={"models": models}),)})
+
+
+def _limited(model: ModelConfig, served: ServedModel | None, window_s: float) -> ModelConfig:
+    if served is None:
+        return model
+    behaviour = served.behaviour
+    return model.model_copy(update={"rpm": behaviour.rpm, "tpm": behaviour.tpm, "rate_window_s": window_s})
+
+
 async def _create_admin_key(tenants: TenantStore) -> str:
-    if await tenants.get_tenant(ADMIN_TENANT) is None:
+    """A fresh admin key of UP_TENANT, after revoking the keys earlier starts created."""
+    if await tenants.get_tenant(UP_TENANT) is None:
         await tenants.put_tenant(Tenant(
-            name=ADMIN_TENANT, admin=True, max_priority=Priority.CRITICAL, default_priority=Priority.NORMAL,
+            name=UP_TENANT, admin=True, max_priority=Priority.CRITICAL, default_priority=Priority.NORMAL,
         ))
-    _, key = await tenants.create_key(ADMIN_TENANT)
+    for earlier in await tenants.list_keys(UP_TENANT):
+        if earlier.revoked_at is None:
+            await tenants.revoke_key(earlier.key_id)
+    _, key = await tenants.create_key(UP_TENANT)
     return key
 
 

@@ -1,0 +1,146 @@
+"""`tidegate sync`: run the change flow, or show where it stands (`tidegate sync status`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tidegate.cli import _errors_as_exit, _run
+from tidegate.config import SyncConfig, TidegateConfig
+
+__all__ = ["sync_app"]
+
+sync_app = typer.Typer(
+    help="The change flow: database changes → event bus → entity cache (and AI refresh jobs).",
+    invoke_without_command=True,
+)
+
+ConfigFile = Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
+                                                help="The tidegate.toml to read.")]
+SourceUrl = Annotated[str | None, typer.Option(
+    "--source", help="postgresql://user@host:port/db or sqlite:///shop.db (default: the config's).")]
+BusUrl = Annotated[str | None, typer.Option("--bus", help="memory://, redis://host:port/db or kafka://host:port.")]
+CacheUrl = Annotated[str | None, typer.Option("--cache", help="memory:// or redis://host:port/db.")]
+Tables = Annotated[str | None, typer.Option("--tables", help="Comma-separated tables to capture.")]
+
+
+def _config(config: str | None, **overrides: Any) -> TidegateConfig:
+    with _errors_as_exit():
+        if config is not None:
+            os.environ["TIDEGATE_CONFIG"] = config
+        loaded = TidegateConfig.load()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if isinstance(given.get("tables"), str):
+        given["tables"] = tuple(t.strip() for t in given["tables"].split(",") if t.strip())
+    sync = SyncConfig.model_validate({**loaded.sync.model_dump(), **given})
+    return loaded.model_copy(update={"sync": sync})
+
+
+@sync_app.callback()
+def sync(
+    ctx: typer.Context,
+    source: SourceUrl = None,
+    bus: BusUrl = None,
+    cache: CacheUrl = None,
+    tables: Tables = None,
+    config: ConfigFile = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Serve Prometheus metrics on 127.0.0.1 at this port.")] = None,
+) -> None:
+    """Capture changes until Ctrl-C/SIGTERM: creates the publication and replication slot when
+    missing (PostgreSQL) or installs the outbox triggers (SQLite), takes the initial snapshot,
+    then streams. Restarting resumes from the last position every sink applied."""
+    if ctx.invoked_subcommand is not None:
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = _config(config, source_url=source, bus_url=bus, cache_url=cache, tables=tables)
+    _run(_sync_until_stopped(settings, metrics_port))
+
+
+async def _sync_until_stopped(config: TidegateConfig, metrics_port: int | None) -> None:
+    from tidegate.sync.metrics import SyncMetrics
+    from tidegate.sync.run import open_sync
+
+    log = logging.getLogger("tidegate.sync")
+    metrics = SyncMetrics()
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with open_sync(config, metrics=metrics) as pipeline:
+        log.info("syncing %s from %s through %s into %s", ", ".join(pipeline.entity_types),
+                 _redacted(config.sync.source_url), _redacted(config.sync.bus_url),
+                 _redacted(config.sync.cache_url))
+        reporter = asyncio.create_task(_report(pipeline, log))
+        try:
+            await pipeline.run(stop)
+        finally:
+            reporter.cancel()
+    log.info("stopped after applying %d change(s)", pipeline.applied_changes)
+
+
+async def _report(pipeline: Any, log: logging.Logger) -> None:
+    """A progress line every 10 s while changes flow."""
+    last, started = 0, time.monotonic()
+    while True:
+        await asyncio.sleep(10)
+        if pipeline.applied_changes != last:
+            rate = (pipeline.applied_changes - last) / 10
+            last = pipeline.applied_changes
+            log.info("applied %d change(s) (%.0f/s), confirmed position %s, up %.0f s",
+                     last, rate, pipeline.last_confirmed, time.monotonic() - started)
+
+
+def _redacted(url: str) -> str:
+    from tidegate.queue.base import redact_url
+
+    return redact_url(url)
+
+
+@sync_app.command("status")
+def status(
+    source: SourceUrl = None,
+    cache: CacheUrl = None,
+    tables: Tables = None,
+    config: ConfigFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Where the change flow stands: slot position and lag (PostgreSQL) or outbox backlog
+    (SQLite), and per table the rows in the source next to the entries in the cache (a shared
+    cache such as Redis; a memory cache lives only inside its process)."""
+    from tidegate.sync.run import sync_status
+
+    settings = _config(config, source_url=source, cache_url=cache, tables=tables)
+    report = _run(sync_status(settings.sync))
+    if as_json:
+        typer.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+        return
+    console = Console()
+    overview = Table(show_header=False, box=None, title="source")
+    for key, value in report["source"].items():
+        if key not in ("table_rows",):
+            overview.add_row(key, str(value))
+    console.print(overview)
+    rows = report["source"].get("table_rows") or {}
+    per_table = Table(title="tables")
+    per_table.add_column("table")
+    per_table.add_column("rows in source", justify="right")
+    per_table.add_column("live in cache", justify="right")
+    for entity_type, cached in report["cache"].items():
+        per_table.add_row(entity_type, str(rows.get(entity_type, "?")), str(cached))
+    with contextlib.suppress(BrokenPipeError):
+        console.print(per_table)
