@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tidegate.errors import TidegateError
 from tidegate.sync.changes import Change, Op
 from tidegate.sync.contracts import (
     ApplyOutcome,
@@ -62,6 +63,7 @@ class PipelineSettings:
     fetch_timeout_s: float = 0.5
     drain_timeout_s: float = 10.0  # on stop: how long to let the consumer apply what is in flight
     recent_rows: int = 20_000  # latest rows kept to fill unchanged columns of the next change
+    status_interval_s: float = 5.0  # how often the source's status (slot, lag) feeds the metrics
 
 
 class Pipeline:
@@ -91,6 +93,7 @@ class Pipeline:
             producer = asyncio.create_task(self._produce(), name="sync-producer")
             consumer = asyncio.create_task(self._consume(subscription), name="sync-consumer")
             stopper = asyncio.create_task((stop or asyncio.Event()).wait(), name="sync-stop")
+            monitor = asyncio.create_task(self._monitor(), name="sync-monitor")
             try:
                 done, _ = await asyncio.wait({producer, consumer, stopper},
                                              return_when=asyncio.FIRST_COMPLETED)
@@ -99,9 +102,9 @@ class Pipeline:
                 await self._stop_producer(producer)
                 await self._drain(consumer)
             finally:
-                for task in (producer, consumer, stopper):
+                for task in (producer, consumer, stopper, monitor):
                     task.cancel()
-                await asyncio.gather(producer, consumer, stopper, return_exceptions=True)
+                await asyncio.gather(producer, consumer, stopper, monitor, return_exceptions=True)
 
     async def _stop_producer(self, producer: asyncio.Task[None]) -> None:
         self._producing = False
@@ -123,25 +126,75 @@ class Pipeline:
             consumer.result()
         await self._confirm()
 
+    async def _monitor(self) -> None:
+        """Replication lag and slot state from the source's status, when it has one."""
+        status = getattr(self.source, "status", None)
+        if status is None:
+            return
+        while True:
+            await asyncio.sleep(self.settings.status_interval_s)
+            try:
+                report = await status()
+            except TidegateError as exc:
+                log.warning("cannot read the change source's status: %s", exc)
+                continue
+            values = report.to_dict() if hasattr(report, "to_dict") else report
+            if isinstance(values.get("lag_bytes"), int):
+                self.metrics.lag_bytes.set(values["lag_bytes"])
+            if "active" in values:
+                self.metrics.slot_active.set(1 if values["active"] else 0)
+
     # -- producer ---------------------------------------------------------------------------
 
     async def _produce(self) -> None:
-        async for transaction in self.source.transactions():
-            transaction = await self._fill_unchanged(transaction)
-            async with self._room:
-                await self._room.wait_for(
-                    lambda: self._tracker.pending_changes < self.settings.max_pending_changes)
-            self._tracker.add(transaction)
-            self.metrics.pending.set(self._tracker.pending_changes)
-            if not transaction.changes:  # a heartbeat or an empty commit: nothing to wait for
-                await self._confirm()
-                continue
-            await self.bus.publish(transaction.changes)
-            if transaction.snapshot_mark is None:
-                now = time.time()
+        """Read the source on a task of its own and publish what it read meanwhile in one call:
+        one bus round trip per batch rather than per transaction, which matters because a
+        transaction often holds a few changes and a round trip to Redis or Kafka costs more than
+        they do. A batch ends at the first transaction that reaches `batch_size` changes."""
+        ready: asyncio.Queue[Transaction | None] = asyncio.Queue()  # None: the source ended
+        reader = asyncio.create_task(self._read_source(ready), name="sync-source")
+        try:
+            while (first := await ready.get()) is not None:
+                batch, size = [first], len(first.changes)
+                while size < self.settings.batch_size and not ready.empty():
+                    transaction = ready.get_nowait()
+                    if transaction is None:
+                        ready.put_nowait(None)  # the end, seen after this batch
+                        break
+                    batch.append(transaction)
+                    size += len(transaction.changes)
+                await self._publish(batch)
+            await reader  # the source ended: its failure, if it failed, is the producer's
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_source(self, ready: asyncio.Queue[Transaction | None]) -> None:
+        try:
+            async for transaction in self.source.transactions():
+                transaction = await self._fill_unchanged(transaction)
+                async with self._room:
+                    await self._room.wait_for(
+                        lambda: self._tracker.pending_changes < self.settings.max_pending_changes)
+                self._tracker.add(transaction)
+                self.metrics.pending.set(self._tracker.pending_changes)
+                ready.put_nowait(transaction)
+        finally:
+            ready.put_nowait(None)
+
+    async def _publish(self, batch: Sequence[Transaction]) -> None:
+        changes = [change for transaction in batch for change in transaction.changes]
+        if changes:
+            await self.bus.publish(changes)
+            now = time.time()
+            for transaction in batch:
+                if transaction.snapshot_mark is not None:
+                    continue
                 for change in transaction.changes:
                     self.metrics.commit_to_bus.labels(change.entity_type).observe(
                         max(0.0, now - change.commit_time.timestamp()))
+        if len(changes) < len(batch) or not all(transaction.changes for transaction in batch):
+            await self._confirm()  # a heartbeat or an empty commit: nothing to wait for
 
     async def _fill_unchanged(self, transaction: Transaction) -> Transaction:
         """Fill unchanged (TOAST) columns from the entity's latest row: one published earlier in

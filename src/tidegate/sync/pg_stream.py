@@ -1,0 +1,351 @@
+"""The PostgreSQL replication stream: pgoutput messages → committed `Transaction`s, read on a
+thread of its own (psycopg2 blocks) and handed to asyncio with backpressure.
+
+`TransactionAssembler` is pure: it turns decoded messages into transactions and can be fed
+messages from anywhere (the tests feed it bytes captured from a server). `ReplicationReader`
+owns the replication connection, its feedback (the flush position the pipeline confirmed) and
+the optional heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import select
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import tzinfo
+from typing import Any
+
+from tidegate.errors import SourceError
+from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.contracts import Transaction
+from tidegate.sync.pg_catalog import TableInfo
+from tidegate.sync.pg_driver import psycopg2
+from tidegate.sync.pg_types import Decoder, decoder_for
+from tidegate.sync.pgoutput import (
+    BINARY,
+    NULL,
+    TEXT,
+    Begin,
+    Column,
+    Commit,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Message,
+    Relation,
+    Truncate,
+    TupleData,
+    Update,
+    decode_message,
+)
+
+__all__ = ["HEARTBEAT_PREFIX", "ReplicationReader", "TransactionAssembler"]
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_PREFIX = "tidegate.heartbeat"
+POLL_S = 0.2  # longest the reader sleeps on an idle socket before looking at stop/feedback/heartbeat
+# While the consumer is behind and the reader waits for room, it still tells the server it is
+# alive this often, so wal_sender_timeout does not end the connection.
+BLOCKED_FEEDBACK_S = 1.0
+# A restarted source may find the slot still held by its predecessor's walsender, which exits a
+# moment after its connection closes: wait this long for it before failing.
+SLOT_BUSY_WAIT_S = 10.0
+
+
+@dataclass(slots=True)
+class _RelationState:
+    table: TableInfo | None  # None: a relation the source was not configured for
+    columns: tuple[Column, ...]
+    decoders: tuple[Decoder, ...]  # per column, by its type (domains resolved to their base)
+
+
+@dataclass(slots=True)
+class _OpenTransaction:
+    begin: Begin
+    changes: list[Change] = field(default_factory=list)
+
+
+class TransactionAssembler:
+    """Turns pgoutput messages into committed transactions of `Change`s.
+
+    Versions are (the commit record's LSN from Begin, the change's index in the transaction);
+    each transaction's position is its Commit's end LSN. Changes to relations not configured
+    are dropped, but their transaction still yields (empty) so its position can be confirmed.
+    """
+
+    def __init__(self, tables: Sequence[TableInfo], zone: tzinfo,
+                 base_types: Mapping[int, int] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._tables = {(table.schema, table.name): table for table in tables}
+        self._zone = zone
+        self._base_types = dict(base_types or {})
+        self._clock = clock
+        self._relations: dict[int, _RelationState] = {}
+        self._open: _OpenTransaction | None = None
+
+    def feed(self, message: Message) -> Transaction | None:
+        """Take one message; returns a transaction when it completes one."""
+        if isinstance(message, Begin):
+            if self._open is not None:
+                raise SourceError("pgoutput Begin inside an open transaction")
+            self._open = _OpenTransaction(message)
+        elif isinstance(message, Commit):
+            return self._commit(message)
+        elif isinstance(message, Relation):
+            self._relation(message)
+        elif isinstance(message, Insert | Update | Delete | Truncate):
+            self._change(message)
+        elif isinstance(message, LogicalMessage):
+            return self._logical_message(message)
+        # Origin and Type messages carry nothing the changes need.
+        return None
+
+    # ------------------------------------------------------------------ messages
+
+    def _commit(self, commit: Commit) -> Transaction:
+        if self._open is None:
+            raise SourceError("pgoutput Commit without a Begin")
+        changes, self._open = tuple(self._open.changes), None
+        return Transaction(changes, position=commit.end_lsn, commit_time=commit.commit_time)
+
+    def _relation(self, relation: Relation) -> None:
+        table = self._tables.get((relation.namespace or "pg_catalog", relation.name))
+        decoders = tuple(decoder_for(self._base_types.get(c.type_oid, c.type_oid), self._zone)
+                         for c in relation.columns)
+        self._relations[relation.relation_id] = _RelationState(table, relation.columns, decoders)
+
+    def _logical_message(self, message: LogicalMessage) -> Transaction | None:
+        # A transactional heartbeat arrives inside its own Begin..Commit, which yields the empty
+        # transaction; a non-transactional one stands alone at its LSN.
+        if message.prefix == HEARTBEAT_PREFIX and not message.transactional:
+            return Transaction((), position=message.lsn)
+        return None
+
+    def _change(self, message: Insert | Update | Delete | Truncate) -> None:
+        if self._open is None:
+            raise SourceError(f"pgoutput {type(message).__name__} outside a transaction")
+        if isinstance(message, Truncate):
+            for relation_id in message.relation_ids:
+                state = self._state(relation_id)
+                if state.table is not None:
+                    self._emit(state.table, Op.TRUNCATE)
+            return
+        state = self._state(message.relation_id)
+        if state.table is None:
+            return
+        if isinstance(message, Insert):
+            after, _ = self._row(state, message.new)
+            self._emit(state.table, Op.INSERT, after=after)
+        elif isinstance(message, Update):
+            self._update(state, state.table, message)
+        else:
+            before, _ = self._row(state, message.old)
+            if message.old_kind == "K":
+                before = {c: before.get(c) for c in state.table.key_columns}
+            self._emit(state.table, Op.DELETE, before=before)
+
+    def _update(self, state: _RelationState, table: TableInfo, message: Update) -> None:
+        after, unchanged = self._row(state, message.new)
+        before: dict[str, object] | None = None
+        if message.old is not None:
+            before, _ = self._row(state, message.old)
+            if message.old_kind == "O":
+                # REPLICA IDENTITY FULL: the old row is complete (PostgreSQL inlines its TOASTed
+                # values), so unchanged ones are taken from it.
+                for column in list(unchanged):
+                    if column in before:
+                        after[column] = before[column]
+                        unchanged.remove(column)
+            else:
+                before = {c: before.get(c) for c in table.key_columns}
+        if before is not None and any(before.get(c) != after.get(c) for c in table.key_columns):
+            # The key changed: the entity under the old key is gone. Its removal comes first, so
+            # a reader of this transaction never sees two rows for one database row.
+            self._emit(table, Op.DELETE, before=before)
+        self._emit(table, Op.UPDATE, after=after, before=before, unchanged=unchanged)
+
+    # ------------------------------------------------------------------ rows
+
+    def _state(self, relation_id: int) -> _RelationState:
+        state = self._relations.get(relation_id)
+        if state is None:
+            raise SourceError(f"pgoutput change for relation {relation_id} before its Relation message")
+        return state
+
+    def _row(self, state: _RelationState, data: TupleData) -> tuple[dict[str, object], list[str]]:
+        """Values of the columns sent (naive timestamps made aware in the source zone, so that
+        `Change.of_row` canonicalises them right), and the names of the unchanged TOAST ones."""
+        if len(data) != len(state.columns):
+            raise SourceError(
+                f"pgoutput tuple has {len(data)} columns, its relation {len(state.columns)}"
+            )
+        row: dict[str, object] = {}
+        unchanged: list[str] = []
+        for column, decode, (kind, raw) in zip(state.columns, state.decoders, data, strict=True):
+            if kind == TEXT and raw is not None:
+                row[column.name] = decode(raw.decode("utf-8"))
+            elif kind == NULL:
+                row[column.name] = None
+            elif kind == BINARY:
+                raise SourceError("binary column values arrived, but the source asks for text")
+            else:
+                unchanged.append(column.name)
+        return row, unchanged
+
+    def _emit(self, table: TableInfo, op: Op, *, after: Mapping[str, object] | None = None,
+              before: Mapping[str, object] | None = None, unchanged: Sequence[str] = ()) -> None:
+        assert self._open is not None
+        begin = self._open.begin
+        version = Version(begin.final_lsn, len(self._open.changes))
+        self._open.changes.append(Change.of_row(
+            entity_type=table.entity_type, op=op, key_columns=table.key_columns, version=version,
+            commit_time=begin.commit_time, after=after, before=before, xid=begin.xid,
+            captured_at=self._clock(), unchanged=unchanged,
+        ))
+
+
+class ReplicationReader:
+    """Reads the slot on a thread of its own and puts each committed transaction on `queue`.
+
+    The put blocks while the queue is full (the consumer is behind), so at most the queue's size
+    of transactions wait in memory. A failure is put on the queue as the exception itself, after
+    the transactions that came before it.
+    """
+
+    def __init__(self, *, connect: Callable[[bool], Any], slot_name: str, publication: str,
+                 assembler: TransactionAssembler, loop: asyncio.AbstractEventLoop,
+                 queue: asyncio.Queue[Transaction | BaseException], status_interval_s: float,
+                 heartbeat_s: float | None) -> None:
+        self._connect = connect
+        self._slot_name = slot_name
+        self._publication = publication
+        self._assembler = assembler
+        self._loop = loop
+        self._queue = queue
+        self._status_interval_s = status_interval_s
+        self._heartbeat_s = heartbeat_s
+        self._stopping = threading.Event()
+        self._pending_put: concurrent.futures.Future[None] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"pg-replication-{slot_name}",
+                                        daemon=True)
+        # Written by the asyncio side, read by the thread (a plain int: assignment is atomic).
+        self.confirmed_lsn = 0
+        self._received_lsn = 0
+        self._reported = (0, 0)
+
+    def start(self) -> None:
+        """Start reading."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to finish (it closes its connections); `join` waits for it."""
+        self._stopping.set()
+        pending = self._pending_put
+        if pending is not None:
+            pending.cancel()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for the thread to end."""
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    # ------------------------------------------------------------------ thread
+
+    def _run(self) -> None:
+        conn = heartbeat_conn = None
+        try:
+            conn = self._connect(True)
+            cursor = self._start(conn)
+            if self._heartbeat_s is not None:
+                heartbeat_conn = self._connect(False)
+            next_heartbeat = time.monotonic() + (self._heartbeat_s or 0.0)
+            while not self._stopping.is_set():
+                self._feedback(cursor)
+                if heartbeat_conn is not None and time.monotonic() >= next_heartbeat:
+                    self._heartbeat(heartbeat_conn)
+                    next_heartbeat = time.monotonic() + (self._heartbeat_s or 0.0)
+                message = cursor.read_message()
+                if message is None:
+                    select.select([conn], [], [], POLL_S)
+                    continue
+                transaction = self._assembler.feed(decode_message(message.payload))
+                if transaction is not None:
+                    self._hand_over(transaction, cursor)
+        except BaseException as exc:  # every failure must reach the consumer, not die here
+            if not self._stopping.is_set():
+                self._hand_over(exc, None)
+        finally:
+            for connection in (conn, heartbeat_conn):
+                if connection is not None:
+                    try:
+                        connection.close()
+                    except Exception:  # closing a broken connection: nothing left to save
+                        logger.debug("closing a replication connection failed", exc_info=True)
+
+    def _start(self, conn: Any) -> Any:
+        deadline = time.monotonic() + SLOT_BUSY_WAIT_S
+        while True:
+            cursor = conn.cursor()
+            try:
+                cursor.start_replication(
+                    slot_name=self._slot_name, decode=False,
+                    status_interval=self._status_interval_s,
+                    options={"proto_version": "1", "publication_names": self._publication,
+                             "messages": "true"},
+                )
+                return cursor
+            except psycopg2.errors.ObjectInUse:
+                if time.monotonic() >= deadline or self._stopping.is_set():
+                    raise
+                time.sleep(POLL_S)
+
+    def _feedback(self, cursor: Any) -> None:
+        """Hand psycopg2 the positions to report. It sends them every status interval and
+        whenever the server asks for a reply; the flush position is only ever what the pipeline
+        confirmed. (psycopg2 also moves it up to a keepalive's WAL end once every message it
+        returned is confirmed: nothing the pipeline still has to apply lies below that point.)"""
+        flush = self.confirmed_lsn
+        write = max(self._received_lsn, flush)
+        if (write, flush) != self._reported:
+            cursor.send_feedback(write_lsn=write, flush_lsn=flush)
+            self._reported = (write, flush)
+
+    def _heartbeat(self, conn: Any) -> None:
+        # Transactional, so its transaction's commit flushes the WAL: a non-transactional
+        # message alone is not flushed (before PostgreSQL 17) and so never reaches the slot on an
+        # idle server — exactly when a heartbeat is needed.
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_logical_emit_message(true, %s, now()::text)", (HEARTBEAT_PREFIX,))
+
+    def _hand_over(self, item: Transaction | BaseException, cursor: Any) -> None:
+        if isinstance(item, Transaction) and item.position is not None:
+            self._received_lsn = max(self._received_lsn, item.position)
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._queue.put(item), self._loop)
+        except RuntimeError:  # the event loop is gone: nobody is left to consume
+            self._stopping.set()
+            return
+        self._pending_put = future
+        try:
+            while True:
+                try:
+                    future.result(timeout=BLOCKED_FEEDBACK_S)
+                    return
+                except concurrent.futures.TimeoutError:
+                    if self._stopping.is_set():
+                        future.cancel()
+                        return
+                    if cursor is not None:
+                        self._feedback(cursor)
+                        cursor.send_feedback(force=True)
+        except concurrent.futures.CancelledError:
+            return
+        finally:
+            self._pending_put = None
+

@@ -1,0 +1,542 @@
+"""The PostgreSQL change source: an initial snapshot, then logical replication (pgoutput).
+
+    setup()        publication FOR TABLE the configured tables; the slot, created together with
+                   an exported snapshot when the checkpoint store has no record of it
+    snapshot       every row of every table in key order, in batches, versioned just below the
+                   slot's consistent point; resumable from the last batch confirmed
+    stream         committed transactions from the slot, read on a thread (psycopg2 blocks)
+    confirm(lsn)   the only way the slot's flush position moves
+
+The checkpoint `pg:<slot>` in the checkpoint store (kept next to the cache) records the slot's
+consistent point and the snapshot's progress. Without it the cache cannot be trusted to hold the
+snapshot, so the slot is dropped and everything is read again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from typing import Any, Self
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tidegate.errors import ConfigError, InvalidChange, SourceError
+from tidegate.sync import pg_catalog
+from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.contracts import CheckpointStore, Transaction
+from tidegate.sync.pg_catalog import SlotInfo, TableInfo
+from tidegate.sync.pg_driver import psycopg2, sql
+from tidegate.sync.pg_stream import ReplicationReader, TransactionAssembler
+from tidegate.sync.pg_types import SESSION_OPTIONS, decode_text
+from tidegate.sync.pgoutput import format_lsn, parse_lsn
+from tidegate.sync.values import JsonValue, source_zone
+
+__all__ = ["PostgresSource", "PostgresSourceSettings", "SourceStatus"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_PREFIX = "pg:"
+# Longest close() waits for the replication thread (it notices a stop within a poll interval,
+# unless a call to an unresponsive server holds it; it is a daemon thread and dies with the process).
+READER_STOP_TIMEOUT_S = 10.0
+# Tables already warned about in this process (slot, table): the warning is for start-up, not
+# for every restart of the source after a lost connection.
+_warned_toast: set[tuple[str, str]] = set()
+
+
+class PostgresSourceSettings(BaseModel):
+    """How the PostgreSQL source connects and what it reads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dsn: str = Field(min_length=1)  # libpq keyword DSN or postgresql:// URL
+    tables: tuple[str, ...] = Field(min_length=1)  # "table" (schema public) or "schema.table"
+    slot_name: str = Field("tidegate", pattern=r"^[a-z0-9_]{1,63}$")
+    publication_name: str = Field("tidegate", pattern=r"^[A-Za-z0-9_]{1,63}$")
+    # Emit a heartbeat message this often so an idle publication does not pin WAL (None: off).
+    heartbeat_s: float | None = Field(None, gt=0)
+    # The zone naive `timestamp` values are read in (None: UTC).
+    source_zone: str | None = None
+    snapshot_batch_size: int = Field(1000, gt=0)
+    # How often the confirmed position is reported to the server (psycopg2's minimum is 1 s).
+    status_interval_s: float = Field(10.0, ge=1.0)
+    # Committed transactions read ahead of the consumer; the reader waits when this many wait.
+    max_pending_transactions: int = Field(64, gt=0)
+
+    @field_validator("source_zone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        source_zone(value)  # raises InvalidChange (a ValueError) for an unknown zone
+        return value
+
+    @field_validator("tables")
+    @classmethod
+    def _table_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            try:
+                pg_catalog.split_table_name(name)
+            except SourceError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresSourceSettings:
+        """Settings from a postgresql:// URL whose query may carry the fields above (`?slot_name=
+        s&tables=products,users`); other query parameters stay in the DSN for libpq. Keyword
+        options win over the URL. Invalid settings raise ConfigError naming them."""
+        parts = urlsplit(url)
+        ours, theirs = {}, []
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key in cls.model_fields and key != "dsn":
+                ours[key] = tuple(v for v in value.split(",") if v) if key == "tables" else value
+            else:
+                theirs.append((key, value))
+        dsn = parts._replace(query=urlencode(theirs)).geturl()
+        try:
+            return cls.model_validate({**ours, **options, "dsn": dsn})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
+            )
+            raise ConfigError(f"invalid PostgreSQL source settings for {_redact(url)}: {problems}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """What `tidegate sync status` shows about the PostgreSQL source."""
+
+    slot_name: str
+    slot_exists: bool
+    active: bool
+    confirmed_flush_lsn: int | None
+    restart_lsn: int | None
+    current_lsn: int
+    lag_bytes: int | None  # WAL written since the confirmed position
+    table_rows: dict[str, int]  # entity type → rows (the planner's estimate where it has one)
+    snapshot_done: bool | None  # None: no checkpoint for the slot
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        """JSON-ready, LSNs in PostgreSQL's X/Y notation."""
+        def lsn(value: int | None) -> str | None:
+            return format_lsn(value) if value is not None else None
+
+        return {
+            "slot_name": self.slot_name, "slot_exists": self.slot_exists, "active": self.active,
+            "confirmed_flush_lsn": lsn(self.confirmed_flush_lsn),
+            "restart_lsn": lsn(self.restart_lsn), "current_lsn": lsn(self.current_lsn),
+            "lag_bytes": self.lag_bytes, "table_rows": dict(self.table_rows),
+            "snapshot_done": self.snapshot_done,
+        }
+
+
+class PostgresSource:
+    """`ChangeSource` over PostgreSQL logical replication. An async context manager: entering it
+    runs `setup()`; `transactions()` yields the snapshot (when one is due), then the stream."""
+
+    def __init__(self, settings: PostgresSourceSettings, checkpoints: CheckpointStore) -> None:
+        self.settings = settings
+        self._checkpoints = checkpoints
+        self._checkpoint_key = CHECKPOINT_PREFIX + settings.slot_name
+        self._zone: tzinfo = source_zone(settings.source_zone)
+        self._params = _connection_params(settings.dsn)
+        self._where = _describe(self._params)
+        self._tables: list[TableInfo] = []
+        self._base_types: dict[int, int] = {}
+        self._checkpoint: dict[str, Any] | None = None
+        # The replication connection that created the slot, kept open (and idle) while its
+        # exported snapshot is still to be imported by the snapshot reader.
+        self._exporter: Any = None
+        self._snapshot_name: str | None = None
+        self._reader: ReplicationReader | None = None
+        self._snapshot_reader: _SnapshotReader | None = None
+        self._confirmed_lsn = 0
+        self._iterated = False
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        if self._closed:
+            raise SourceError("this PostgreSQL source was closed; create a new one")
+        await self.setup()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop the replication thread and close every connection."""
+        self._closed = True
+        await self._close_snapshot_reader()
+        await self._stop_reader()
+        await asyncio.to_thread(self._close_exporter)
+
+    # ------------------------------------------------------------------ setup
+
+    async def setup(self) -> None:
+        """Check the tables, create or complete the publication and make sure the slot exists
+        with a checkpoint describing it. Idempotent."""
+        slot = await asyncio.to_thread(self._inspect_and_publish)
+        checkpoint = await self._checkpoints.get_checkpoint(self._checkpoint_key)
+        if slot is not None and isinstance(checkpoint, dict):
+            self._checkpoint = checkpoint
+            return
+        if slot is not None:
+            logger.warning(
+                "replication slot %s exists but the checkpoint store has no record of it (an "
+                "empty cache): dropping it and taking a new snapshot", self.settings.slot_name)
+        elif checkpoint is not None:
+            logger.warning(
+                "replication slot %s is gone although the checkpoint store knows it: creating it "
+                "again with a new snapshot; rows deleted while it was missing may remain cached",
+                self.settings.slot_name)
+        consistent_point = await asyncio.to_thread(self._create_slot, slot is not None)
+        self._checkpoint = {"consistent_point": consistent_point, "tables_done": [],
+                            "table": None, "after": None, "snapshot_done": False}
+        await self._checkpoints.put_checkpoint(self._checkpoint_key, self._checkpoint)
+
+    def _inspect_and_publish(self) -> SlotInfo | None:
+        with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
+                _catalog_errors(f"setting up the publication and slot at {self._where}"):
+            cur.execute("SELECT current_setting('wal_level'), current_database()")
+            wal_level, database = cur.fetchone()
+            if wal_level != "logical":
+                raise SourceError(
+                    f"PostgreSQL at {self._where} has wal_level={wal_level}: logical replication "
+                    "needs wal_level = logical (postgresql.conf) and a server restart"
+                )
+            self._tables = pg_catalog.inspect_tables(cur, self.settings.tables)
+            self._base_types = pg_catalog.base_types(cur)
+            fresh = [t for t in self._tables
+                     if (self.settings.slot_name, t.entity_type) not in _warned_toast]
+            pg_catalog.warn_toast_risk(fresh)
+            _warned_toast.update((self.settings.slot_name, t.entity_type) for t in fresh)
+            pg_catalog.ensure_publication(cur, self.settings.publication_name, self._tables)
+            slot = pg_catalog.slot_info(cur, self.settings.slot_name)
+            if slot is not None and (slot.plugin != "pgoutput" or slot.database != database):
+                raise SourceError(
+                    f"replication slot {slot.name} belongs to plugin {slot.plugin!r} in database "
+                    f"{slot.database!r}, not pgoutput in {database!r}: choose another slot name"
+                )
+            return slot
+
+    def _create_slot(self, drop_first: bool) -> int:
+        """Create the slot with an exported snapshot; the exporting connection stays open (it
+        must stay idle for the snapshot to remain importable). Returns the consistent point."""
+        self._close_exporter()
+        if drop_first:
+            with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
+                    _catalog_errors(f"dropping slot {self.settings.slot_name}"):
+                pg_catalog.drop_slot(cur, self.settings.slot_name)
+        exporter = self._connect(replication=True)
+        try:
+            cur = exporter.cursor()
+            cur.execute(f"CREATE_REPLICATION_SLOT {self.settings.slot_name} LOGICAL pgoutput "
+                        "EXPORT_SNAPSHOT")
+            _, consistent_point, snapshot_name, _ = cur.fetchone()
+        except psycopg2.Error as exc:
+            exporter.close()
+            raise SourceError(f"cannot create replication slot {self.settings.slot_name} at "
+                              f"{self._where}: {exc}".strip()) from exc
+        self._exporter, self._snapshot_name = exporter, snapshot_name
+        logger.info("created replication slot %s at %s", self.settings.slot_name, consistent_point)
+        return parse_lsn(consistent_point)
+
+    def _close_exporter(self) -> None:
+        exporter, self._exporter, self._snapshot_name = self._exporter, None, None
+        if exporter is not None:
+            with contextlib.suppress(psycopg2.Error):
+                exporter.close()
+
+    # ------------------------------------------------------------------ transactions
+
+    async def transactions(self) -> AsyncIterator[Transaction]:
+        """The snapshot's batches when it is not done, then the committed transactions."""
+        if self._iterated:
+            raise SourceError("transactions() of a PostgresSource may be iterated only once")
+        if self._checkpoint is None or self._closed:
+            raise SourceError("open the source first: `async with PostgresSource(...)`")
+        self._iterated = True
+        try:
+            if not self._checkpoint.get("snapshot_done"):
+                async for batch in self._snapshot(dict(self._checkpoint)):
+                    yield batch
+            async for transaction in self._stream():
+                yield transaction
+        finally:
+            await self._close_snapshot_reader()
+            await self._stop_reader()
+
+    async def confirm(self, position: int) -> None:
+        """Everything up to `position` is applied: the slot may release it. The reader reports
+        it to the server at its next status message."""
+        if position > self._confirmed_lsn:
+            self._confirmed_lsn = position
+            if self._reader is not None:
+                self._reader.confirmed_lsn = position
+
+    async def confirm_snapshot(self, mark: JsonValue) -> None:
+        """Every snapshot batch up to the one carrying `mark` is applied: record the progress."""
+        if self._checkpoint is None:
+            raise SourceError("confirm_snapshot before the source was set up")
+        names = {table.entity_type for table in self._tables}
+        if not isinstance(mark, dict) or mark.get("table") not in names:
+            raise SourceError(f"{mark!r} is not a snapshot mark of this source")
+        checkpoint = dict(self._checkpoint)
+        table = mark["table"]
+        if mark.get("done"):
+            done = [*checkpoint.get("tables_done", []), table]
+            checkpoint.update(tables_done=list(dict.fromkeys(done)), table=None, after=None,
+                              snapshot_done=names <= set(done))
+        else:
+            checkpoint.update(table=table, after=mark.get("after"))
+        self._checkpoint = checkpoint
+        await self._checkpoints.put_checkpoint(self._checkpoint_key, checkpoint)
+
+    # ------------------------------------------------------------------ snapshot
+
+    async def _snapshot(self, checkpoint: dict[str, Any]) -> AsyncIterator[Transaction]:
+        """Every row of the tables not yet done, in key order, as INSERTs.
+
+        All carry version (consistent point - 1, 0): above every commit the snapshot contains,
+        below every commit the slot streams (a commit record may start exactly at the consistent
+        point, so the point itself would tie with the stream's first change).
+
+        With the snapshot the slot exported, the rows are exactly those of the consistent point.
+        Resuming after a restart, that snapshot is gone and a fresh REPEATABLE READ read is taken
+        instead, from the last confirmed key on. It converges all the same. The stream resumes
+        at the slot's confirmed position, and everything committed before that position (and
+        after the consistent point) was streamed and applied already: every commit after the
+        consistent point reaches the cache through the stream, with a version above the
+        snapshot's, so where the fresh read shows a newer row than the exported snapshot would
+        have, the stream's version of it wins anyway; a row deleted since is absent from the
+        read and its DELETE comes (or came) through the stream.
+        """
+        version = Version(int(checkpoint["consistent_point"]) - 1, 0)
+        done_tables = set(checkpoint.get("tables_done") or ())
+        pending = [table for table in self._tables if table.entity_type not in done_tables]
+        if not pending:
+            return
+        snapshot_name = self._snapshot_name
+        if snapshot_name is None:
+            logger.info("resuming the snapshot of slot %s with a fresh read (table %s after %s)",
+                        self.settings.slot_name, checkpoint.get("table"), checkpoint.get("after"))
+        self._snapshot_reader = await asyncio.to_thread(
+            lambda: _SnapshotReader.open(self._connect(replication=False), snapshot_name))
+        await asyncio.to_thread(self._close_exporter)  # imported (or never there): let it go
+        size = self.settings.snapshot_batch_size
+        for index, table in enumerate(pending):
+            after = checkpoint.get("after") if checkpoint.get("table") == table.entity_type else None
+            done = False
+            while not done:
+                changes, after = await asyncio.to_thread(
+                    self._snapshot_batch, self._snapshot_reader, table, after, size, version)
+                done = len(changes) < size
+                if done and index == len(pending) - 1:
+                    # End the read transaction before the consumer takes the last batch: it
+                    # holds the tables' locks (a TRUNCATE or ALTER would wait on it).
+                    await self._close_snapshot_reader()
+                yield Transaction(changes, position=None, snapshot_mark={
+                    "table": table.entity_type, "after": after, "done": done})
+
+    async def _close_snapshot_reader(self) -> None:
+        reader, self._snapshot_reader = self._snapshot_reader, None
+        if reader is not None:
+            await asyncio.to_thread(reader.close)
+
+    def _snapshot_batch(self, reader: _SnapshotReader | None, table: TableInfo,
+                        after: list[str | None] | None, size: int,
+                        version: Version) -> tuple[tuple[Change, ...], list[str | None] | None]:
+        """The next batch's changes and the key (as text) of its last row."""
+        if reader is None:
+            raise SourceError("the snapshot read was closed")
+        rows = reader.batch(table, after, size)
+        changes = []
+        for row in rows:
+            # Timestamps made aware in the source zone by the decoder, as the stream's are.
+            values = {
+                column: decode_text(self._base_types.get(oid, oid), row[column], self._zone)
+                for column, oid in table.type_oids.items()
+            }
+            try:
+                changes.append(Change.of_row(
+                    entity_type=table.entity_type, op=Op.INSERT, key_columns=table.key_columns,
+                    version=version, commit_time=reader.as_of, after=values))
+            except InvalidChange as exc:
+                raise SourceError(f"snapshot row of {table.entity_type}: {exc}") from exc
+        if rows:
+            after = [rows[-1][column] for column in table.key_columns]
+        return tuple(changes), after
+
+    # ------------------------------------------------------------------ stream
+
+    async def _stream(self) -> AsyncIterator[Transaction]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Transaction | BaseException] = asyncio.Queue(
+            self.settings.max_pending_transactions)
+        assembler = TransactionAssembler(self._tables, self._zone, self._base_types)
+        self._reader = ReplicationReader(
+            connect=lambda replication: self._connect(replication=replication),
+            slot_name=self.settings.slot_name, publication=self.settings.publication_name,
+            assembler=assembler, loop=loop, queue=queue,
+            status_interval_s=self.settings.status_interval_s, heartbeat_s=self.settings.heartbeat_s,
+        )
+        self._reader.confirmed_lsn = self._confirmed_lsn
+        self._reader.start()
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                if isinstance(item, SourceError):
+                    raise item
+                raise SourceError(
+                    f"replication from slot {self.settings.slot_name} at {self._where} failed: "
+                    f"{type(item).__name__}: {item}".strip()
+                ) from item
+            yield item
+
+    async def _stop_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.stop()
+            await asyncio.to_thread(reader.join, READER_STOP_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ status
+
+    async def status(self) -> SourceStatus:
+        """The slot's position and lag, and the tables' row counts; needs no `setup()`."""
+        slot, current, rows = await asyncio.to_thread(self._read_status)
+        checkpoint = await self._checkpoints.get_checkpoint(self._checkpoint_key)
+        confirmed = slot.confirmed_flush_lsn if slot is not None else None
+        return SourceStatus(
+            slot_name=self.settings.slot_name, slot_exists=slot is not None,
+            active=bool(slot and slot.active), confirmed_flush_lsn=confirmed,
+            restart_lsn=slot.restart_lsn if slot is not None else None, current_lsn=current,
+            lag_bytes=current - confirmed if confirmed is not None else None, table_rows=rows,
+            snapshot_done=bool(checkpoint.get("snapshot_done")) if isinstance(checkpoint, dict) else None,
+        )
+
+    def _read_status(self) -> tuple[SlotInfo | None, int, dict[str, int]]:
+        with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
+                _catalog_errors(f"reading the status at {self._where}"):
+            tables = pg_catalog.inspect_tables(cur, self.settings.tables)
+            slot = pg_catalog.slot_info(cur, self.settings.slot_name)
+            cur.execute("SELECT pg_current_wal_lsn()::text")
+            current = parse_lsn(cur.fetchone()[0])
+            return slot, current, pg_catalog.row_estimates(cur, tables)
+
+    # ------------------------------------------------------------------ connections
+
+    def _connect(self, *, replication: bool) -> Any:
+        """A connection with the session settings every value's text form depends on; plain
+        ones are autocommit. Failures raise SourceError naming the server (never the password)."""
+        factory = psycopg2.extras.LogicalReplicationConnection if replication else None
+        try:
+            conn = psycopg2.connect(connection_factory=factory, **self._params)
+        except psycopg2.Error as exc:
+            raise SourceError(f"cannot connect to PostgreSQL at {self._where}: {exc}".strip()) from exc
+        if not replication:
+            conn.autocommit = True
+        return conn
+
+
+class _SnapshotReader:
+    """One REPEATABLE READ, read-only transaction, importing the slot's snapshot when there is
+    one; reads tables in key order with keyset pagination (so a batch costs the same anywhere in
+    the table, and a resume starts from a key)."""
+
+    def __init__(self, conn: Any, as_of: datetime) -> None:
+        self._conn = conn
+        # When the rows are as of (the transaction's start): the snapshot changes' commit time,
+        # since the rows' own commit times are unknown.
+        self.as_of = as_of
+
+    @classmethod
+    def open(cls, conn: Any, snapshot_name: str | None) -> _SnapshotReader:
+        conn.autocommit = False
+        conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ,
+                         readonly=True)
+        try:
+            with conn.cursor() as cur:
+                if snapshot_name is not None:
+                    # Must be the transaction's first statement (psycopg2 has just sent BEGIN).
+                    cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+                cur.execute("SELECT now()")  # without an import, this takes the snapshot
+                (as_of,) = cur.fetchone()
+        except psycopg2.Error as exc:
+            conn.close()
+            raise SourceError(f"cannot start the snapshot transaction: {exc}".strip()) from exc
+        return cls(conn, as_of)
+
+    def batch(self, table: TableInfo, after: Sequence[str | None] | None,
+              limit: int) -> list[dict[str, str | None]]:
+        """Up to `limit` rows after key `after` (key texts), each column as the type's text."""
+        keys = sql.SQL(", ").join(sql.Identifier(c) for c in table.key_columns)
+        where = sql.SQL("")
+        if after is not None:
+            typed = sql.SQL(", ").join(sql.SQL("%s::" + t) for t in table.key_types)
+            where = sql.SQL("WHERE ({}) > ({})").format(keys, typed)
+        query = sql.SQL("SELECT {} FROM {} {} ORDER BY {} LIMIT {}").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), table.identifier,
+            where, keys, sql.Literal(limit))
+        try:
+            with self._conn.cursor() as cur:
+                # Every value as the text its output function wrote, as pgoutput sends it:
+                # pg_types decodes both the same way.
+                psycopg2.extensions.register_type(_raw_text_caster(), cur)
+                cur.execute(query, tuple(after) if after is not None else None)
+                return [dict(zip(table.columns, row, strict=True)) for row in cur.fetchall()]
+        except psycopg2.Error as exc:
+            raise SourceError(f"snapshot read of {table.entity_type} failed: {exc}".strip()) from exc
+
+    def close(self) -> None:
+        with contextlib.suppress(psycopg2.Error):
+            self._conn.rollback()
+            self._conn.close()
+
+
+@contextlib.contextmanager
+def _catalog_errors(doing: str) -> Iterator[None]:
+    """Driver errors while talking to the catalog, as SourceError saying what was being done."""
+    try:
+        yield
+    except psycopg2.Error as exc:
+        raise SourceError(f"{doing}: {type(exc).__name__}: {exc}".strip()) from exc
+
+
+def _raw_text_caster() -> Any:
+    # psycopg2 leaves types it has no caster for as text; this covers the ones it has.
+    oids = tuple(psycopg2.extensions.string_types)
+    return psycopg2.extensions.new_type(oids, "TIDEGATE_RAW_TEXT", lambda value, _cursor: value)
+
+
+def _connection_params(dsn: str) -> dict[str, str]:
+    try:
+        params: dict[str, str] = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError as exc:
+        raise ConfigError(f"invalid PostgreSQL DSN {_redact(dsn)!r}: {exc}".strip()) from exc
+    pinned = " ".join(f"-c {name}={value.replace(' ', '')}" for name, value in SESSION_OPTIONS.items())
+    params["options"] = f"{params.get('options', '')} {pinned}".strip()
+    # Names and values must arrive in one known encoding (pgoutput converts to the client's).
+    params["client_encoding"] = "UTF8"
+    params.setdefault("application_name", "tidegate-sync")
+    return params
+
+
+def _describe(params: dict[str, str]) -> str:
+    """user@host:port/dbname, for messages (never the password)."""
+    user = params.get("user", "")
+    return (f"{user + '@' if user else ''}{params.get('host', 'localhost')}:"
+            f"{params.get('port', '5432')}/{params.get('dbname', user)}")
+
+
+def _redact(dsn: str) -> str:
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        if parts.password:
+            return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+        return dsn
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
