@@ -97,8 +97,24 @@ def _from_epoch(number: float, original: object) -> str:
         raise InvalidChange(f"{original!r} is out of range as an epoch timestamp") from exc
 
 
+_PLAIN: frozenset[type] = frozenset({str, int, bool, type(None)})
+
+
 def canonical(value: object, zone: tzinfo = UTC) -> JsonValue:
     """`value` in the one JSON-compatible form checksums are computed over (see module doc)."""
+    # Exact-type checks first: rows are mostly str/int/None, and this runs for every value of
+    # every change, so the common cases must not walk the isinstance chain below.
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): canonical(v, zone) for k, v in value.items()}  # type: ignore[attr-defined]
+    if kind is list or kind is tuple:
+        return [canonical(v, zone) for v in value]  # type: ignore[attr-defined]
+    return _canonical_other(value, zone)
+
+
+def _canonical_other(value: object, zone: tzinfo) -> JsonValue:
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
