@@ -121,7 +121,7 @@ def status(
 ) -> None:
     """Where the change flow stands: slot position and lag (PostgreSQL) or outbox backlog
     (SQLite), and per table the rows in the source next to the entries in the cache (a shared
-    cache such as Redis; a memory cache lives only inside its process)."""
+    cache such as Redis; a memory cache lives only inside its process, so it shows 0 here)."""
     from tidegate.sync.run import sync_status
 
     settings = _config(config, source_url=source, cache_url=cache, tables=tables)
@@ -132,15 +132,13 @@ def status(
     console = Console()
     overview = Table(show_header=False, box=None, title="source")
     for key, value in report["source"].items():
-        if key not in ("table_rows",):
-            overview.add_row(key, str(value))
+        overview.add_row(key, str(value))
     console.print(overview)
-    rows = report["source"].get("table_rows") or {}
     per_table = Table(title="tables")
     per_table.add_column("table")
     per_table.add_column("rows in source", justify="right")
     per_table.add_column("live in cache", justify="right")
-    for entity_type, cached in report["cache"].items():
-        per_table.add_row(entity_type, str(rows.get(entity_type, "?")), str(cached))
+    for entity_type, counts in report["tables"].items():
+        per_table.add_row(entity_type, str(counts["source_rows"]), str(counts["cached"]))
     with contextlib.suppress(BrokenPipeError):
         console.print(per_table)

@@ -98,8 +98,8 @@ async def open_sync(
 
 
 async def sync_status(config: SyncConfig) -> dict[str, JsonValue]:
-    """What `tidegate sync status` shows: the source's position and lag, and per table the rows
-    in the source next to the live entries in the cache."""
+    """What `tidegate sync status` shows: the source's position and lag (`source`), and per
+    table the rows in the source next to the live entries in the cache (`tables`)."""
     async with open_cache(config) as cache:
         source: dict[str, Any]
         if urlsplit(config.source_url).scheme in _POSTGRES_SCHEMES:
@@ -108,14 +108,19 @@ async def sync_status(config: SyncConfig) -> dict[str, JsonValue]:
             pg = source_for(config, cache)
             assert isinstance(pg, PostgresSource)
             source = (await pg.status()).to_dict()
+            rows = source.pop("table_rows")
         else:
             from tidegate.sync.sqlite_source import SqliteSource
 
             lite = source_for(config, cache)
             assert isinstance(lite, SqliteSource)
             source = await lite.status()
-        cached = {entity_type: await cache.count(entity_type) for entity_type in entity_types_of(config)}
-    return {"source": source, "cache": cached}
+            rows = {name: table["rows"] for name, table in source.pop("tables").items()}
+        tables: dict[str, JsonValue] = {}
+        for table, entity_type in zip(config.tables, entity_types_of(config), strict=True):
+            tables[entity_type] = {"source_rows": rows.get(entity_type, rows.get(table)),
+                                   "cached": await cache.count(entity_type)}
+    return {"source": source, "tables": tables}
 
 
 async def supervise_sync(config: TidegateConfig, stop: asyncio.Event, *, queue: Queue | None = None,

@@ -1,0 +1,108 @@
+"""`tidegate sync` and `tidegate sync status` as an operator runs them: real processes, a real
+SQLite shop and PostgreSQL, a Redis cache both commands share."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+
+from sync_support import pg_url
+from tidegate.sync.shop import ShopLoad, create_shop
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _tidegate(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tidegate", *args], cwd=cwd, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def _status(cwd: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
+    done = _tidegate("sync", "status", "--json", *args, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+@contextlib.contextmanager
+def _syncing(cwd: Path, env: dict[str, str], *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`tidegate sync` running; stopped with SIGTERM at the end, which must exit 0."""
+    with (cwd / "sync.log").open("wb") as log:
+        sync = subprocess.Popen([sys.executable, "-m", "tidegate", "sync", *args], cwd=cwd,
+                                env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield sync
+        sync.send_signal(signal.SIGTERM)
+        assert sync.wait(timeout=30) == 0, (cwd / "sync.log").read_text()
+    finally:
+        if sync.poll() is None:
+            sync.kill()
+            sync.wait()
+
+
+def _until(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.2)
+
+
+def _caught_up(report: dict[str, Any]) -> bool:
+    return all(t["source_rows"] == t["cached"] for t in report["tables"].values())
+
+
+def test_sync_runs_until_sigterm_and_status_shows_the_outbox_and_the_cache(
+    tmp_path: Path, redis_server: str,
+) -> None:
+    # Given a shop and `tidegate sync` capturing it into a Redis cache
+    shop = tmp_path / "shop.db"
+    create_shop(shop, products=50, users=10, interactions=40)
+    env = {"TIDEGATE_SYNC__PREFIX": f"t{uuid.uuid4().hex[:8]}"}
+    args = ("--source", f"sqlite:///{shop}", "--cache", redis_server)
+    with _syncing(tmp_path, env, *args):
+        # When the shop keeps writing
+        ShopLoad(shop).write(100)
+        # Then status shows every row cached and nothing left in the outbox
+        _until(lambda: _caught_up(report := _status(tmp_path, env, *args))
+               and report["source"]["outbox_pending"] == 0, "the cache holds every row, the outbox is empty")
+        report = _status(tmp_path, env, *args)
+        assert report["source"]["snapshot_done"] is True
+        assert set(report["tables"]) == {"products", "users", "interactions"}
+
+
+def test_status_of_postgresql_shows_the_slot_position_and_lag(
+    tmp_path: Path, pg_dsn: str, redis_server: str,
+) -> None:
+    with contextlib.closing(psycopg2.connect(pg_dsn)) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY, name text); INSERT INTO items VALUES (1, 'a')")
+        conn.commit()
+    suffix = uuid.uuid4().hex[:8]
+    env = {"TIDEGATE_SYNC__SLOT": f"s_{suffix}", "TIDEGATE_SYNC__PUBLICATION": f"p_{suffix}",
+           "TIDEGATE_SYNC__PREFIX": f"t{suffix}"}
+    args = ("--source", pg_url(pg_dsn), "--cache", redis_server, "--tables", "items")
+    assert _status(tmp_path, env, *args)["source"]["slot_exists"] is False
+    with _syncing(tmp_path, env, *args):
+        _until(lambda: _status(tmp_path, env, *args)["tables"]["items"]["cached"] == 1, "the row is cached")
+        report = _status(tmp_path, env, *args)
+    source = report["source"]
+    assert source["slot_exists"] is True and source["snapshot_done"] is True
+    assert isinstance(source["lag_bytes"], int) and source["lag_bytes"] >= 0
+    assert "/" in source["confirmed_flush_lsn"]  # PostgreSQL's X/Y notation
+
+
+def test_a_bad_source_url_is_a_clear_error(tmp_path: Path) -> None:
+    done = _tidegate("sync", "status", "--source", "mysql://db/shop", cwd=tmp_path, env={})
+    assert done.returncode == 2
+    assert "mysql" in done.stderr and "postgresql://" in done.stderr
