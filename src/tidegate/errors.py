@@ -22,8 +22,9 @@
     ├── InvalidChange               a row or change event that cannot be turned into a Change
     ├── SourceError                 the change source (replication, outbox) failed or is misconfigured
     ├── BusUnavailable              the event bus cannot be reached or answered with an error
-    ├── CacheUnavailable            the entity cache's store cannot be reached
-    └── VersionConflict             an optimistic update whose expected revision is not current
+    ├── CacheUnavailable            the entity cache's (or the recommender's) store cannot be reached
+    ├── VersionConflict             an optimistic update whose expected revision is not current
+    └── InvalidRecsInput            an item, interaction or query the recommender refuses
 """
 
 from __future__ import annotations
@@ -222,3 +223,11 @@ class VersionConflict(TidegateError):
     def __init__(self, message: str, *, current_revision: int) -> None:
         super().__init__(message)
         self.current_revision = current_revision
+
+
+# -- recommendations ---------------------------------------------------------------------------
+
+
+class InvalidRecsInput(TidegateError, ValueError):
+    """An item, interaction or recommendation query the recommender refuses (nothing was
+    written); the message names the field and what is wrong with it."""

@@ -1,5 +1,6 @@
 """Real-time recommendations computed incrementally from the change flow."""
 
+from tidegate.recs.engine import Recommender
 from tidegate.recs.model import (
     DEFAULT_KIND_WEIGHTS,
     Interaction,
@@ -10,6 +11,7 @@ from tidegate.recs.model import (
     RecResult,
     RecsSettings,
 )
+from tidegate.recs.store import RecsStore, recs_store_for
 
 __all__ = [
     "DEFAULT_KIND_WEIGHTS",
@@ -19,5 +21,8 @@ __all__ = [
     "RecQuery",
     "RecResult",
     "Recommendation",
+    "Recommender",
     "RecsSettings",
+    "RecsStore",
+    "recs_store_for",
 ]

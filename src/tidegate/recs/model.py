@@ -116,3 +116,7 @@ class RecsSettings:
     weight_co_occurrence: float = 0.35
     weight_trending: float = 0.15
     max_n: int = 100
+    # Bounds of the shared state (added after the first release of this type; defaults keep the
+    # earlier behaviour for every catalogue of up to this many items).
+    max_trending: int = 10_000  # items kept per trending list (global, each category)
+    max_purchased: int = 1000  # purchases remembered per user (for "exclude purchased")

@@ -1,0 +1,500 @@
+"""The recommendation store contract: one suite, run against memory:// and redis:// through `stores`.
+
+The catalogue and its change log, per-user state (decayed profile, co-occurrence pairs, recent and
+purchased items) checked against a from-scratch reference over random event lists, log-added
+bounded lists (neighbours, trending), bookkeeping, lifecycle, and the Redis-only parts (hash tags,
+shared state between processes, a server that goes away).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tidegate.errors import CacheUnavailable, ConfigError
+from tidegate.recs import Item, RecsStore, recs_store_for
+from tidegate.recs.score import log_add, log_weight
+from tidegate.recs.store import RecentItem, UserEvent, UserParams
+from tidegate.recs.store_memory import MemoryRecsStore
+
+BACKENDS = ["memory", "redis"]
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+HOUR = 3600.0
+PARAMS = UserParams(half_life_s=HOUR, session_window_s=1800.0, recent_items=50, max_purchased=50)
+VECTORS = {"a": (1.0, 0.0, 0.0, 0.0), "b": (0.0, 1.0, 0.0, 0.0), "c": (0.6, 0.8, 0.0, 0.0)}
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@dataclass
+class Stores:
+    """Opens stores sharing one test's state: the one memory store, or one Redis prefix."""
+
+    backend: str
+    url: str
+    prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:12]}")
+    opened: list[RecsStore] = field(default_factory=list)
+
+    async def open(self) -> RecsStore:
+        if self.backend == "memory" and self.opened:
+            return self.opened[0]
+        store = await recs_store_for(self.url, prefix=self.prefix).open()
+        self.opened.append(store)
+        return store
+
+    async def aclose(self) -> None:
+        for store in self.opened:
+            await store.close()
+        if self.backend == "redis":
+            await delete_keys(self.url, self.prefix)
+
+
+async def delete_keys(url: str, prefix: str) -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{{{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(params=BACKENDS)
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
+    backend: str = request.param
+    url = "memory://" if backend == "memory" else request.getfixturevalue("redis_server")
+    factory = Stores(backend, url)
+    try:
+        yield factory
+    finally:
+        await factory.aclose()
+
+
+@pytest.fixture
+async def store(stores: Stores) -> RecsStore:
+    return await stores.open()
+
+
+def item(item_id: str, *categories: str, price: float | None = None, stock: int | None = None) -> Item:
+    vector = VECTORS.get(item_id, (0.0, 0.0, 1.0, 0.0))
+    return Item(item_id, name=item_id.upper(), categories=categories, price=price, stock=stock, vector=vector)
+
+
+def event(item_id: str, at_s: float, weight: float = 1.0, *, purchase: bool = False,
+          vector: bool = True) -> UserEvent:
+    return UserEvent(item_id, at_s, weight, purchase, VECTORS.get(item_id) if vector else None)
+
+
+# ---------------------------------------------------------------------- catalogue
+
+
+async def test_put_items_are_read_back_from_the_change_log(store: RecsStore) -> None:
+    shoe = item("a", "shoes", price=9.5, stock=3)
+
+    assert await store.items_version() == 0
+    assert await store.put_item(shoe) == 1
+    assert await store.put_item(item("b")) == 2
+
+    changes = await store.items_since(0)
+    assert changes.complete and changes.version == 2
+    assert changes.changes == (("a", shoe), ("b", item("b")))
+    assert (await store.items_since(2)).changes == ()
+
+
+async def test_items_since_pages_and_gives_each_item_once_at_its_latest_state(store: RecsStore) -> None:
+    for name in "abcde":
+        await store.put_item(item(name))
+    newer = item("b", "new", price=1.0)
+    await store.put_item(newer)
+    await store.delete_item("c")
+
+    first = await store.items_since(0, limit=2)
+    assert not first.complete
+    seen = list(first.changes)
+    page = first
+    while not page.complete:
+        page = await store.items_since(page.version, limit=2)
+        seen += page.changes
+
+    assert page.version == await store.items_version() == 7
+    assert dict(seen) == {"a": item("a"), "b": newer, "c": None, "d": item("d"), "e": item("e")}
+    assert [item_id for item_id, _ in seen] == ["a", "d", "e", "b", "c"]  # in change order
+
+
+async def test_delete_item_returns_the_item_and_clears_its_trending_and_neighbours(store: RecsStore) -> None:
+    await store.put_item(item("a", "shoes"))
+    await store.add_trending({None: {"a": 1.0, "b": 1.0}, "shoes": {"a": 1.0}}, 10)
+    await store.add_neighbours({"a": {"b": 1.0}, "b": {"a": 1.0}}, 10)
+
+    assert await store.delete_item("a") == item("a", "shoes")
+
+    assert [item_id for item_id, _ in await store.trending_top(None, 0, 10)] == ["b"]
+    assert await store.trending_top("shoes", 0, 10) == []
+    # Other lists still name it: readers skip ids that are not in the catalogue.
+    assert await store.neighbours(["a", "b"], 10) == {"b": [("a", 1.0)]}
+    assert await store.delete_item("a") is None
+    assert await store.items_version() == 2  # a delete of nothing is no change
+
+
+# ---------------------------------------------------------------------- users: explicit cases
+
+
+async def test_a_profile_decays_to_the_newest_event_and_adds_older_ones_decayed(store: RecsStore) -> None:
+    await store.record_users([("u", [event("a", T0, 2.0), event("b", T0 + HOUR, 1.0)])], PARAMS)
+    state = await store.user_state("u")
+    assert state is not None
+    assert state.profile_at_s == T0 + HOUR
+    assert state.profile == pytest.approx((1.0, 1.0, 0.0, 0.0))  # 2 · ½ + 1
+
+    await store.record_users([("u", [event("a", T0 - HOUR, 4.0)])], PARAMS)  # late: two half-lives old
+
+    state = await store.user_state("u")
+    assert state is not None
+    assert state.profile_at_s == T0 + HOUR
+    assert state.profile == pytest.approx((2.0, 1.0, 0.0, 0.0))
+
+
+async def test_an_event_without_a_vector_leaves_the_profile_alone(store: RecsStore) -> None:
+    await store.record_users([("u", [event("a", T0), event("x", T0 + HOUR, vector=False)])], PARAMS)
+
+    state = await store.user_state("u")
+    assert state is not None
+    assert state.profile == pytest.approx(VECTORS["a"]) and state.profile_at_s == T0
+    assert [entry.item_id for entry in state.recent] == ["x", "a"]
+
+
+async def test_pairs_come_from_recent_items_within_the_window_at_the_weaker_weight(store: RecsStore) -> None:
+    outcome, = await store.record_users(
+        [("u", [event("a", T0, 5.0), event("b", T0 + 600, 3.0), event("a", T0 + 601, 1.0),
+                event("c", T0 + 2401, 1.0)])],
+        PARAMS,
+    )
+
+    assert outcome.new_user
+    pairs: list[tuple[str, str, object]] = [(a, b, pytest.approx(value)) for a, b, value in outcome.pairs]
+    assert pairs == [
+        ("b", "a", log_weight(3.0, T0 + 600, HOUR)),
+        ("a", "b", log_weight(1.0, T0 + 601, HOUR)),
+        ("c", "a", log_weight(1.0, T0 + 2401, HOUR)),  # a, touched again at +601, is 1800 s away; b is not
+    ]
+    again, = await store.record_users([("u", [event("b", T0 + 9000)])], PARAMS)
+    assert not again.new_user and again.pairs == ()
+
+
+async def test_recent_items_keep_the_newest_and_purchases_keep_the_latest_time(store: RecsStore) -> None:
+    params = UserParams(half_life_s=HOUR, session_window_s=0.0, recent_items=2, max_purchased=2)
+    await store.record_users([("u", [
+        event("a", T0, 5.0, purchase=True), event("b", T0 + 1), event("c", T0 + 2, purchase=True),
+        event("a", T0 + 3, 5.0, purchase=True), event("d", T0 + 4, purchase=True),
+        event("d", T0 + 1, 3.0, purchase=True),  # older than what is held: changes nothing
+    ])], params)
+
+    state = await store.user_state("u")
+    assert state is not None
+    assert state.recent == (RecentItem("d", T0 + 4, 1.0), RecentItem("a", T0 + 3, 5.0))
+    assert state.purchased == {"a": T0 + 3, "d": T0 + 4}
+
+
+async def test_equal_times_keep_the_larger_weight_and_the_entry_updated_last_first(store: RecsStore) -> None:
+    await store.record_users([("u", [event("a", T0, 3.0), event("b", T0), event("a", T0, 1.0)])], PARAMS)
+
+    state = await store.user_state("u")
+    assert state is not None
+    assert state.recent == (RecentItem("a", T0, 3.0), RecentItem("b", T0, 1.0))
+
+
+async def test_an_unknown_user_has_no_state(store: RecsStore) -> None:
+    assert await store.user_state("nobody") is None
+    assert await store.record_users([], PARAMS) == []
+
+
+# ---------------------------------------------------------------------- users: against a reference
+
+
+def reference_user(events: Sequence[UserEvent], params: UserParams) -> tuple[
+    tuple[float, ...], float, list[tuple[str, float, float]], dict[str, float], list[tuple[str, str, float]]
+]:
+    """Profile, its time, recent items (newest first), purchases and pairs, from the event list.
+
+    A recent entry is the item's latest time and the largest weight at that time; among equal
+    times, the entry whose last event at that time came later ranks first."""
+    timed = [e for e in events if e.vector is not None]
+    profile_at = max((e.at_s for e in timed), default=0.0)
+    dimension = len(next(iter(VECTORS.values())))
+    profile = tuple(
+        sum(e.weight * 2.0 ** ((e.at_s - profile_at) / params.half_life_s) * e.vector[k]  # type: ignore[index]
+            for e in timed)
+        for k in range(dimension)
+    ) if timed else ()
+
+    def entry(item_id: str, before: int) -> tuple[float, float, int] | None:
+        seen = [(e.at_s, index) for index, e in enumerate(events[:before]) if e.item_id == item_id]
+        if not seen:
+            return None
+        latest = max(at for at, _ in seen)
+        at_latest = [index for at, index in seen if at == latest]
+        return latest, max(events[index].weight for index in at_latest), max(at_latest)
+
+    pairs = []
+    for index, e in enumerate(events):
+        for other in dict.fromkeys(x.item_id for x in events[:index]):
+            held = entry(other, index)
+            if other != e.item_id and held is not None and abs(e.at_s - held[0]) <= params.session_window_s:
+                weight = min(e.weight, held[1])
+                if weight > 0:
+                    value = log_weight(weight, max(e.at_s, held[0]), params.half_life_s)
+                    pairs.append((e.item_id, other, value))
+    entries = {item_id: entry(item_id, len(events)) for item_id in dict.fromkeys(e.item_id for e in events)}
+    ranked = sorted(entries.items(), key=lambda kv: (kv[1][0], kv[1][2]), reverse=True)  # type: ignore[index]
+    recent = [(item_id, held[0], held[1]) for item_id, held in ranked if held is not None]
+    purchased: dict[str, float] = {}
+    for e in events:
+        if e.purchase:
+            purchased[e.item_id] = max(e.at_s, purchased.get(e.item_id, e.at_s))
+    return profile, profile_at, recent, purchased, pairs
+
+
+events_strategy = st.lists(
+    st.builds(
+        lambda item_id, offset, weight, purchase: UserEvent(
+            item_id, T0 + offset, weight, purchase, VECTORS.get(item_id)),
+        st.sampled_from(["a", "b", "c", "x"]),  # x: not in the catalogue, no vector
+        st.integers(0, 3) .map(lambda k: k * 900.0),  # equal times happen, some beyond the window
+        st.sampled_from([0.0, 1.0, 3.0, 5.0]),
+        st.booleans(),
+    ),
+    min_size=1, max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=events_strategy, split=st.integers(0, 12))
+async def test_user_updates_match_a_recomputation_from_the_events(
+    stores: Stores, events: list[UserEvent], split: int,
+) -> None:
+    store = await stores.open()
+    user = f"u{uuid.uuid4().hex[:8]}"
+    split = min(split, len(events))
+    batches = [chunk for chunk in (events[:split], events[split:]) if chunk]
+    pairs: list[tuple[str, str, float]] = []
+    for chunk in batches:
+        outcome, = await store.record_users([(user, chunk)], PARAMS)
+        pairs += outcome.pairs
+    state = await store.user_state(user)
+    profile, profile_at, recent, purchased, expected_pairs = reference_user(events, PARAMS)
+
+    assert state is not None
+    assert state.profile == pytest.approx(profile, rel=1e-9, abs=1e-12)
+    if profile:
+        assert state.profile_at_s == profile_at
+    assert [(e.item_id, e.at_s, e.weight) for e in state.recent] == recent
+    assert dict(state.purchased) == purchased
+    pairs.sort()  # the order of pairs within an event is not part of the contract
+    expected_pairs.sort()
+    assert [(a, b) for a, b, _ in pairs] == [(a, b) for a, b, _ in expected_pairs]
+    expected_values = [value for _, _, value in expected_pairs]
+    assert [value for _, _, value in pairs] == pytest.approx(expected_values, rel=1e-12)
+
+
+# ---------------------------------------------------------------------- neighbours and trending
+
+
+async def test_neighbour_weights_log_add_and_the_list_keeps_the_strongest(store: RecsStore) -> None:
+    await store.add_neighbours({"a": {"b": 0.0, "c": 1.0, "d": 0.5}}, 10)
+    await store.add_neighbours({"a": {"b": 0.0}}, 10)  # 2^0 + 2^0 = 2^1
+
+    ranked = (await store.neighbours(["a"], 10))["a"]
+    assert [item_id for item_id, _ in ranked] == ["c", "b", "d"]  # equal scores: larger id first
+    assert [value for _, value in ranked] == pytest.approx([1.0, 1.0, 0.5])
+
+    await store.add_neighbours({"a": {"e": 2.0, "f": 0.75}}, 3)  # past the bound: the weakest go
+
+    assert [item_id for item_id, _ in (await store.neighbours(["a"], 10))["a"]] == ["e", "c", "b"]
+    assert [item_id for item_id, _ in (await store.neighbours(["a"], 2))["a"]] == ["e", "c"]
+    assert await store.neighbours(["nobody"], 10) == {}
+
+
+async def test_bound_ties_drop_the_smallest_id_first(store: RecsStore) -> None:
+    await store.add_trending({None: {"b": 1.0, "a": 1.0, "c": 1.0}}, 2)
+
+    assert [item_id for item_id, _ in await store.trending_top(None, 0, 10)] == ["c", "b"]
+
+
+async def test_trending_scopes_are_separate_and_read_in_pages(store: RecsStore) -> None:
+    await store.add_trending({None: {"a": 3.0, "b": 2.0, "c": 1.0}, "shoes": {"b": 5.0}}, 100)
+    await store.add_trending({None: {"c": 3.0}}, 100)
+
+    top = await store.trending_top(None, 0, 2)
+    assert [item_id for item_id, _ in top] == ["c", "a"]
+    assert top[0][1] == pytest.approx(log_add(1.0, 3.0))
+    assert [item_id for item_id, _ in await store.trending_top(None, 2, 2)] == ["b"]
+    assert await store.trending_top("shoes", 0, 5) == [("b", 5.0)]
+    assert await store.trending_scores("shoes", ["a", "b"]) == [None, 5.0]
+    assert await store.trending_scores("hats", ["a"]) == [None]
+
+
+async def test_a_large_trending_batch_keeps_the_most_popular(store: RecsStore) -> None:
+    adds = {f"i{k:05d}": k / 1000.0 for k in range(12_000)}
+
+    await store.add_trending({None: adds, "half": dict(list(adds.items())[::2])}, 10_000)
+
+    assert [item_id for item_id, _ in await store.trending_top(None, 9_999, 5)] == ["i02000"]
+    assert (await store.trending_top(None, 0, 1))[0][0] == "i11999"
+    assert len(await store.trending_top("half", 0, 10_000)) == 6_000
+
+
+async def test_stats_count_items_and_users_and_keep_the_newest_times(store: RecsStore) -> None:
+    assert (await store.stats()).last_update_s is None
+    await store.put_item(item("a"))
+    await store.note_update(at_s=T0 + 10, interaction_at_s=T0, new_users=2)
+    await store.note_update(at_s=T0 + 5, interaction_at_s=T0 + 1, new_users=1)
+
+    stats = await store.stats()
+    assert (stats.items, stats.users) == (1, 3)
+    assert (stats.last_update_s, stats.last_interaction_s) == (T0 + 10, T0 + 1)
+
+
+# ---------------------------------------------------------------------- lifecycle
+
+
+async def test_a_closed_store_refuses_calls_and_cannot_reopen(stores: Stores) -> None:
+    store = recs_store_for(stores.url, prefix=stores.prefix)
+    with pytest.raises(CacheUnavailable, match="new"):
+        await store.items_version()
+    async with store:
+        await store.items_version()
+    with pytest.raises(CacheUnavailable, match="closed"):
+        await store.items_version()
+    with pytest.raises(CacheUnavailable, match="closed"):
+        await store.open()
+
+
+def test_store_urls_and_prefixes_are_checked() -> None:
+    assert isinstance(recs_store_for("memory://"), MemoryRecsStore)
+    with pytest.raises(ConfigError, match="memory:// or redis://"):
+        recs_store_for("postgres://user:pw@host/db")
+    with pytest.raises(ConfigError, match="prefix"):
+        recs_store_for("redis://127.0.0.1:1/0", prefix="a{b}")
+
+
+# ---------------------------------------------------------------------- Redis only
+
+
+@pytest.fixture
+async def redis_stores(redis_server: str) -> AsyncIterator[Stores]:
+    factory = Stores("redis", redis_server)
+    try:
+        yield factory
+    finally:
+        await factory.aclose()
+
+
+async def test_redis_stores_with_one_prefix_share_state(redis_stores: Stores) -> None:
+    writer, reader = await redis_stores.open(), await redis_stores.open()
+
+    await writer.put_item(item("a"))
+    await writer.record_users([("u", [event("a", T0)])], PARAMS)
+    await writer.add_trending({None: {"a": 1.0}}, 10)
+
+    assert (await reader.items_since(0)).changes == (("a", item("a")),)
+    assert await reader.user_state("u") == await writer.user_state("u")
+    assert await reader.trending_top(None, 0, 1) == [("a", 1.0)]
+
+
+async def test_redis_keys_carry_a_hash_tag_per_unit(redis_stores: Stores, redis_server: str) -> None:
+    import redis.asyncio as aioredis
+
+    store = await redis_stores.open()
+    await store.put_item(item("a", "shoes"))
+    await store.record_users([("u1", [event("a", T0, purchase=True), event("b", T0 + 1)])], PARAMS)
+    await store.add_neighbours({"a": {"b": 1.0}}, 10)
+    await store.add_trending({None: {"a": 1.0}, "shoes": {"a": 1.0}}, 10)
+    await store.note_update(at_s=T0, interaction_at_s=T0, new_users=1)
+
+    client = aioredis.Redis.from_url(redis_server)
+    try:
+        keys = sorted([key.decode() async for key in client.scan_iter(match=f"*{redis_stores.prefix}*")])
+    finally:
+        await client.aclose()
+    p = redis_stores.prefix
+    assert keys == sorted([
+        f"{{{p}:recs:items}}:data", f"{{{p}:recs:items}}:log", f"{{{p}:recs:items}}:version",
+        f"{{{p}:recs:user:u1}}:state", f"{{{p}:recs:user:u1}}:bought",
+        f"{{{p}:recs:item:a}}:neighbours",
+        f"{{{p}:recs:trending}}:all", f"{{{p}:recs:trending}}:category:shoes",
+        f"{{{p}:recs}}:meta",
+    ])
+
+
+@pytest.fixture
+def stopped_redis_url(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A password-protected redis-server of this test's own, which the test may stop."""
+    import redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not on PATH: apt-get install redis-server", pytrace=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--requirepass", "s3cret", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )
+    try:
+        give_up = time.monotonic() + 10
+        while True:
+            try:
+                with redis.Redis(port=port, password="s3cret", socket_connect_timeout=0.5) as client:
+                    client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > give_up or process.poll() is not None:
+                    pytest.fail("the test's own redis-server did not start", pytrace=False)
+                time.sleep(0.05)
+        yield f"redis://:s3cret@127.0.0.1:{port}/0", process
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+async def test_redis_going_away_raises_cache_unavailable_without_the_password(
+    stopped_redis_url: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    url, process = stopped_redis_url
+    store = await recs_store_for(url).open()
+    try:
+        await store.put_item(item("a"))
+        process.terminate()
+        process.wait(timeout=10)
+
+        with pytest.raises(CacheUnavailable) as failure:
+            await store.record_users([("u", [event("a", T0)])], PARAMS)
+        assert "127.0.0.1" in str(failure.value) and "s3cret" not in str(failure.value)
+        with pytest.raises(CacheUnavailable):
+            await store.user_state("u")
+    finally:
+        await store.close()
+    with pytest.raises(CacheUnavailable, match=r"cannot reach the recommendation store at redis://:\*\*\*@"):
+        await recs_store_for(url).open()
+
+
+def test_log_add_is_the_log_of_the_sum() -> None:
+    assert log_add(3.0, 3.0) == pytest.approx(4.0)
+    assert log_add(-math.inf, 2.5) == 2.5
+    assert 2 ** log_add(1.0, 0.0) == pytest.approx(3.0)
