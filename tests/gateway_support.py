@@ -140,8 +140,10 @@ async def open_gateway(
         relay = relay_for(url)
         stack.push_async_callback(relay.close)
         metrics = DispatchMetrics()
+        # A recommender of its own in memory, so the recommendations API serves too.
         state = await stack.enter_async_context(GatewayState.open(
-            config, settings=settings, queue=queue, relay=relay, extra_registries=[metrics.registry]))
+            config, settings=settings, queue=queue, relay=relay, extra_registries=[metrics.registry],
+            recs_url="memory://"))
         keys = await add_tenants(state.tenants) if tenants else {}
         if worker:
             worker_relay: ChunkRelay | None = None

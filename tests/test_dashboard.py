@@ -1,6 +1,8 @@
 """GET /dashboard in a real headless Chromium (Debian's `chromium`, driven by Playwright): the page
 fills its tables from the admin API with the numbers the API gives, redrives a dead letter with a
-click, and asks for an admin key when the gateway is not in embedded mode.
+click, and asks for an admin key when the gateway is not in embedded mode. Its recommendations
+panel shows a user's top items with their reasons and the change flow's commit → updated
+latency, and follows an interaction as soon as it is recorded.
 
 The gateway runs as in `tidegate up`: one process with a worker and the simulated provider. The
 browser tests run on SQLite and on Redis, where the API's numbers come from another backend's
@@ -13,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,10 @@ from tidegate.gateway.state import GatewayState
 from tidegate.jobs import JobState, Priority
 from tidegate.providers.sim_settings import SimulatorSettings
 from tidegate.providers.simulator import InjectedFault, Simulator
+from tidegate.recs.monitor import RecsMonitor
+from tidegate.recs.sink import RecsSink
+from tidegate.sync.cache import cache_for
+from tidegate.sync.changes import Change, Op, Version
 
 CHROMIUM = Path("/usr/bin/chromium")
 # No sandbox: tests may run as root in a container, where Chromium's sandbox cannot start. The rest
@@ -363,4 +371,120 @@ async def test_without_embedded_mode_the_page_asks_for_an_admin_key(
         api_calls = [(url, auth) for url, auth in opened.requests if "/v1/" in url]
         assert api_calls and all(gw.keys["ops"] not in url for url, _ in opened.requests)
         assert f"Bearer {gw.keys['ops']}" in {auth for _, auth in api_calls}
+        assert opened.errors == []
+
+
+# ---------------------------------------------------------------------- recommendations
+
+
+SHOP = [("mug-red", "Red enamel mug", "kitchen", 6.5), ("mug-blue", "Blue enamel mug", "kitchen", 6.0),
+        ("mug-tall", "Tall enamel mug", "kitchen", 8.0), ("teapot", "Enamel teapot", "kitchen", 18.0),
+        ("pot-clay", "Clay garden pot", "garden", 4.0), ("pot-zinc", "Zinc garden planter", "garden", 12.0),
+        ("candle", "Vanilla candle", "lighting", 2.0)]
+CLICKS = [("ada", "mug-red", "purchase"), ("ada", "teapot", "view"), ("ada", "pot-clay", "purchase"),
+          ("ben", "candle", "view")]
+
+
+async def _through_the_change_flow(sink: RecsSink) -> None:
+    """The shop's products and a few interactions, as committed changes through a memory entity
+    cache into the recommender's sink (which measures their commit → updated latency)."""
+    changes = []
+    for lsn, (ident, name, category, price) in enumerate(SHOP, start=1):
+        changes.append(Change.of_row(
+            entity_type="products", op=Op.INSERT, key_columns=("id",), version=Version(lsn, 0),
+            commit_time=datetime.now(UTC), captured_at=time.time(),
+            after={"id": ident, "name": name, "description": f"{name}.", "price": price, "stock": 10,
+                   "categories": f'["{category}"]', "embeddings": None}))
+    for number, (user, item, kind) in enumerate(CLICKS, start=100):
+        changes.append(Change.of_row(
+            entity_type="interactions", op=Op.INSERT, key_columns=("id",), version=Version(number, 0),
+            commit_time=datetime.now(UTC), captured_at=time.time(),
+            after={"id": number, "user_id": user, "product_id": item, "kind": kind, "quantity": 1,
+                   "created_at": datetime.now(UTC).isoformat()}))
+    async with cache_for("memory://") as cache:
+        await sink.apply(await cache.apply(changes))
+
+
+def _pair(text: str) -> tuple[str, str]:
+    """The two durations of a "p50 / p99" tile; "2.7 / 4.5 ms" shares its unit."""
+    left, _, right = text.partition(" / ")
+    if right.endswith(" ms") and not left.endswith("s"):
+        left += " ms"
+    return left, right
+
+
+async def _listed(page: Page) -> list[str]:
+    return [text.strip() for text in await page.locator('#recs-list td[data-col="item"]').all_inner_texts()]
+
+
+@needs_chromium
+@pytest.mark.sqlite_only  # the panel reads the recommendations API, whatever the queue's backend
+async def test_the_recommendations_panel_follows_a_users_interactions(
+    queue_factory: QueueFactory, browser: Browser
+) -> None:
+    monitor = RecsMonitor()
+    async with GatewayState.open(sim_config("http://127.0.0.1:9/v1", queue_url=queue_url_of(queue_factory)),
+                                 queue=await queue_factory.open(), recs_url="memory://",
+                                 recs_monitor=monitor) as state, \
+            serving(state) as url, httpx.AsyncClient(base_url=url, timeout=20.0) as http:
+        # Given a shop fed through the change flow: ada is the most active user
+        assert state.recommender is not None
+        await _through_the_change_flow(RecsSink(state.recommender, monitor=monitor))
+        health = (await http.get("/v1/health")).json()
+        assert health["most_active_user"] == "ada" and health["commit_to_updated"]["count"] == 11
+
+        async def top(user: str) -> list[str]:
+            answer = await http.get(f"/v1/recommendations/{user}", params={"n": 10, "explain": "true"})
+            assert answer.status_code == 200, answer.text
+            return [item["item_id"] for item in answer.json()["items"]]
+
+        # When the dashboard is opened
+        opened = await open_page(browser, f"{url}/dashboard")
+        page = opened.page
+
+        # Then the panel shows the most active user's top items, with reasons, and the latency
+        await expect(page.locator("#recs-user")).to_have_value("ada")
+        ada = await top("ada")
+        await expect(page.locator('#recs-list td[data-col="item"]')).to_have_text(ada)
+        reasons = await page.locator('#recs-list td[data-col="reason"]').all_inner_texts()
+        assert len(reasons) == len(ada) and all(reason.strip() not in ("", "—") for reason in reasons)
+        assert "mug-red" not in ada and "pot-clay" not in ada  # bought: never recommended again
+        p50, p99 = health["commit_to_updated"]["p50_ms"], health["commit_to_updated"]["p99_ms"]
+        shown_p50, shown_p99 = _pair(await page.locator("#recs-latency").inner_text())
+        assert_shows_ms(shown_p50, p50)
+        assert_shows_ms(shown_p99, p99)
+        assert await page.locator("#recs-size").inner_text() == "7 / 2"
+
+        # When another user is chosen in the text box
+        await page.fill("#recs-user", "ben")
+        await page.click("#recs-show")
+        ben = await top("ben")
+        await expect(page.locator('#recs-list td[data-col="item"]')).to_have_text(ben)
+        await expect(page.locator("#recs-status")).to_contain_text("for user ben")
+
+        # And that user buys their top item through the API
+        bought = ben[0]
+        answer = await http.post("/v1/profiles/ben/interactions",
+                                 json={"item_id": bought, "kind": "purchase"})
+        assert answer.status_code == 200, answer.text
+
+        # Then the list changes on its own: the item bought leaves it, the rest follow the API
+        after = await top("ben")
+        assert after != ben and bought not in after
+        await expect(page.locator('#recs-list td[data-col="item"]')).to_have_text(after)
+        assert bought not in await _listed(page)
+        assert opened.errors == []
+
+
+@needs_chromium
+@pytest.mark.sqlite_only
+async def test_the_recommendations_panel_says_when_the_gateway_has_no_recommender(
+    queue_factory: QueueFactory, browser: Browser
+) -> None:
+    async with gateway_with_worker(queue_factory, tenants=False, budgets=BudgetConfig()) as gw:
+        opened = await open_page(browser, f"{gw.url}/dashboard")
+
+        await expect(opened.page.locator("#recs-status")).to_contain_text("not available on this gateway")
+        await expect(opened.page.locator("#levels tbody tr")).to_have_count(5)  # the rest is unaffected
+        assert await opened.page.locator("#recs-list tbody tr").count() == 0
         assert opened.errors == []

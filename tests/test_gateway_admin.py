@@ -183,4 +183,5 @@ async def test_the_openapi_document_describes_the_api(queue_factory: QueueFactor
         headers = {parameter["name"] for parameter in chat["parameters"]}
         assert headers >= {"X-Priority", "X-Tidegate-Timeout", "Idempotency-Key"}
         assert "examples" in spec["components"]["schemas"]["ChatCompletionRequest"]
-        assert {tag["name"] for tag in spec["tags"]} == {"OpenAI-compatible", "Jobs", "Admin", "Operations"}
+        tags = {tag["name"] for tag in spec["tags"]}
+        assert tags == {"OpenAI-compatible", "Jobs", "Recommendations", "Admin", "Operations"}

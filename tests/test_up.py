@@ -4,12 +4,15 @@ simulated provider, reachable with the admin key it printed (and only the latest
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 from pathlib import Path
 
 import httpx
 import openai
 
-from tidegate.config import TidegateConfig
+from sync_support import eventually
+from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.gateway.tenant_store import tenant_store_for
 from tidegate.gateway.tenants import Tenant
 from tidegate.jobs import Priority
@@ -18,7 +21,8 @@ from tidegate.up import UP_TENANT, UpInfo, UpSettings, run_up, with_simulator_li
 
 
 async def test_up_serves_the_sdk_with_the_admin_key_it_created(tmp_path: Path) -> None:
-    config = TidegateConfig(queue_url=f"sqlite:///{tmp_path}/tidegate.db")
+    config = TidegateConfig(queue_url=f"sqlite:///{tmp_path}/tidegate.db",
+                            sync=SyncConfig(source_url=f"sqlite:///{tmp_path}/shop.db"))
     stop = asyncio.Event()
     ready: asyncio.Future[UpInfo] = asyncio.get_running_loop().create_future()
     running = asyncio.create_task(run_up(config, UpSettings(port=0), on_ready=ready.set_result, stop=stop))
@@ -56,7 +60,8 @@ async def _status(info: UpInfo, api_key: str) -> int:
 
 
 async def test_each_start_revokes_the_admin_key_of_the_start_before(tmp_path: Path) -> None:
-    config = TidegateConfig(queue_url=f"sqlite:///{tmp_path}/tidegate.db")
+    config = TidegateConfig(queue_url=f"sqlite:///{tmp_path}/tidegate.db",
+                            sync=SyncConfig(source_url=f"sqlite:///{tmp_path}/shop.db"))
     # Given a first start, and an admin key created by hand beside it
     running, stop, first = await _start(config)
     try:
@@ -95,3 +100,54 @@ def test_the_worker_paces_under_the_limits_the_simulator_enforces() -> None:
     assert found is not None and other is not None
     assert (found[1].rpm, found[1].tpm, found[1].rate_window_s) == (5, 900, 10.0)
     assert (other[1].rpm, other[1].tpm) == (None, None)  # the simulator limits it by nothing
+
+
+async def test_up_runs_the_change_flow_on_the_demo_shop(tmp_path: Path) -> None:
+    # Given up on a shop that does not exist yet: it creates and seeds the demo shop
+    shop = tmp_path / "shop.db"
+    config = TidegateConfig(queue_url=f"sqlite:///{tmp_path}/tidegate.db",
+                            sync=SyncConfig(source_url=f"sqlite:///{shop}"))
+    running, stop, info = await _start(config)
+    try:
+        assert info.change_source == f"sqlite:///{shop}" and shop.is_file()
+        with contextlib.closing(sqlite3.connect(shop)) as conn:
+            products = conn.execute("SELECT count(*) FROM products").fetchone()[0]
+        # The snapshot's products are new to the cache: each gets one embedding job
+        await _until_metric(info, 'tidegate_sync_refresh_jobs_total{entity_type="products"}', products)
+        # When one product is renamed and another repriced, in one transaction
+        with contextlib.closing(sqlite3.connect(shop)) as conn, conn:
+            first, second = [row[0] for row in conn.execute("SELECT id FROM products ORDER BY rowid LIMIT 2")]
+            conn.execute("UPDATE products SET name = 'Renamed lamp' WHERE id = ?", (first,))
+            conn.execute("UPDATE products SET price = price + 1 WHERE id = ?", (second,))
+        # Then both changes reach the cache, and only the rename asks for a new embedding
+        await _until_metric(info, 'tidegate_sync_events_total{entity_type="products",op="update"}', 2)
+        assert await _metric(info, 'tidegate_sync_refresh_jobs_total{entity_type="products"}') == products + 1
+        # ... which the worker sends to the (simulated) provider like any other job
+        async with httpx.AsyncClient() as http:
+            root = str(info.simulator_url).removesuffix("/v1")
+
+            async def embedded() -> bool:
+                stats = (await http.get(f"{root}/_sim/stats")).json()
+                received = stats["models"].get("text-embedding-3-small", {}).get("received", 0)
+                return bool(received >= products + 1)
+
+            await eventually(embedded, "the worker sent every embedding job", timeout_s=60)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+
+
+async def _metric(info: UpInfo, sample: str) -> float:
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(info.metrics_url)).text
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _until_metric(info: UpInfo, sample: str, value: float) -> None:
+    async def reached() -> bool:
+        return await _metric(info, sample) >= value
+
+    await eventually(reached, f"{sample} reaches {value}", timeout_s=30)

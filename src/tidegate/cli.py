@@ -498,9 +498,14 @@ def up(
     concurrency: Annotated[int, typer.Option(min=1, help="The worker's calls in flight.")] = 32,
     config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
                                                help="The tidegate.toml to read.")] = None,
+    change_flow: Annotated[bool, typer.Option(help="Run the change flow (the demo shop by default).")] = True,
+    shop_data: Annotated[str | None, typer.Option(
+        help="Seed a new demo shop from this copy of the UCI Online Retail data (online_retail.csv.gz).")]
+    = None,
 ) -> None:
     """Run everything in one process: the embedded queue, a worker, the gateway and dashboard,
-    and the simulated provider when no provider is configured. Stop with Ctrl-C."""
+    the change flow on the demo shop (SQLite, `.tidegate/shop.db`), and the simulated provider
+    when no provider is configured. Stop with Ctrl-C."""
     import logging
     import os
 
@@ -516,6 +521,7 @@ def up(
         table.add_row("Dashboard", info.dashboard_url)
         table.add_row("Metrics", info.metrics_url)
         table.add_row("Queue", info.queue_url)
+        table.add_row("Change flow", info.change_source or "off")
         table.add_row("Provider", (info.simulator_url and f"simulated, {info.simulator_url}")
                       or "as configured")
         console.print(table)
@@ -530,7 +536,9 @@ def up(
         settings = TidegateConfig.load()
         ensure_sqlite_folder(settings.queue_url)
     with contextlib.suppress(KeyboardInterrupt):
-        _run(run_up(settings, UpSettings(host=host, port=port, concurrency=concurrency), on_ready=ready))
+        up_settings = UpSettings(host=host, port=port, concurrency=concurrency, change_flow=change_flow,
+                                 shop_data=shop_data)
+        _run(run_up(settings, up_settings, on_ready=ready))
     console.print("Stopped.")
 
 

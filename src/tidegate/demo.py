@@ -10,6 +10,11 @@ of async jobs (POST /v1/jobs, long-polled to their end), over the worker's capac
 the run so a backlog forms. When the load ends it waits until every request has its final
 outcome. The queue's numbers come from GET /v1/stats with the admin key.
 
+Meanwhile the demo writes to the demo shop's database (`demo_recs.ShopDriver`: ShopLoad's mix of
+interactions, price and stock changes, and the clicks of one demo user, the shop's most active
+customer). The change flow carries each write to the recommender; the live view and the summary
+show that user's top recommendations changing, and the commit → recommendation-updated latency.
+
 `run_demo` returns what it measured as a `DemoSummary`; `show_demo` adds the live view and the
 printed summary. Modules: `demo_load` (the provider's models, tenants, request mix, arrivals),
 `demo_http` (the client side), `demo_stats` (outcomes and numbers), `demo_view` (rich rendering).
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 from collections import defaultdict
@@ -27,9 +33,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 from rich.console import Console
 
-from tidegate.demo_http import DemoClient
+from tidegate.demo_http import DemoClient, DemoError
 from tidegate.demo_load import (
     BUDGET_TENANT,
     TENANTS,
@@ -42,6 +49,7 @@ from tidegate.demo_load import (
     estimated_capacity_per_s,
     simulator_settings,
 )
+from tidegate.demo_recs import RecsReading, RecsWatch, ShopDriver, most_active_user
 from tidegate.demo_stats import DemoSummary, GatewayReading, Outcome, Snapshot, Tally, by_model, by_priority
 from tidegate.demo_view import LiveView, render_ready, render_summary
 from tidegate.errors import ConfigError
@@ -59,6 +67,7 @@ __all__ = [
 
 DEFAULT_FOLDER = Path(".tidegate")
 DEMO_DB = "demo.db"
+DEMO_SHOP_DB = "shop.db"  # the demo shop the change flow watches; kept between runs
 LOAD_TICK_S = 0.05  # the load sends what is due this often
 BATCH_EVERY_S = 1.0  # async jobs due are sent as one batch per tenant this often
 START_TIMEOUT_S = 60.0
@@ -103,12 +112,13 @@ async def run_demo(
                              simulator=simulator_settings(settings), shutdown_grace_s=SHUTDOWN_GRACE_S)
     stop = asyncio.Event()
     ready: asyncio.Future[UpInfo] = asyncio.get_running_loop().create_future()
-    up = asyncio.create_task(run_up(demo_config(url), up_settings, on_ready=ready.set_result, stop=stop))
+    config = demo_config(url, f"sqlite:///{folder / DEMO_SHOP_DB}")
+    up = asyncio.create_task(run_up(config, up_settings, on_ready=ready.set_result, stop=stop))
     try:
         info = await _started(up, ready)
         if on_ready is not None:
             on_ready(info)
-        run = _Run(info, up, settings, on_snapshot)
+        run = _Run(info, up, settings, on_snapshot, folder / DEMO_SHOP_DB)
         with _interrupt_on_sigint(run.interrupted):
             async with DemoClient(info.api_url, info.admin_key, run.now) as client:
                 return await run.run(client)
@@ -142,7 +152,9 @@ async def show_demo(settings: DemoSettings, console: Console, *, live: bool = Tr
         f"[bold]tidegate demo[/]: tidegate up (simulated provider, SQLite queue in "
         f"{folder / DEMO_DB}, one worker of {settings.concurrency} concurrent calls, the gateway "
         f"and its dashboard), then {settings.load_s:g} s of load through the HTTP API at "
-        f"{settings.rate_per_s:g} requests/s on average from {len(TENANTS)} tenants, then the drain.",
+        f"{settings.rate_per_s:g} requests/s on average from {len(TENANTS)} tenants, then the drain. "
+        f"Meanwhile {settings.shop_rate_per_s:g} writes/s to the demo shop ({folder / DEMO_SHOP_DB}) "
+        "flow through the change flow into the recommender.",
         highlight=False)
     view = LiveView(console, enabled=live and console.is_terminal)
 
@@ -167,6 +179,8 @@ def _check(settings: DemoSettings) -> None:
         raise ConfigError("the demo needs concurrency >= 1 and 0 < load_share <= 1")
     if not 0 <= settings.error_rate <= 1 or settings.latency_scale <= 0:
         raise ConfigError("the demo needs 0 <= error_rate <= 1 and latency_scale > 0")
+    if settings.shop_rate_per_s < 0 or settings.click_every_s < 0:
+        raise ConfigError("the demo needs shop_rate_per_s >= 0 and click_every_s >= 0")
 
 
 async def _started(up: asyncio.Task[None], ready: asyncio.Future[UpInfo]) -> UpInfo:
@@ -185,7 +199,7 @@ class _Run:
     """The load generator and the watcher of one run, beside `tidegate up`."""
 
     def __init__(self, info: UpInfo, up: asyncio.Task[None], settings: DemoSettings,
-                 on_snapshot: OnSnapshot | None) -> None:
+                 on_snapshot: OnSnapshot | None, shop: Path) -> None:
         self.info = info
         self.up = up
         self.settings = settings
@@ -201,6 +215,11 @@ class _Run:
         self.elapsed_s = 0.0
         self.peak_backlog = 0
         self._waiting: defaultdict[str, list[Planned]] = defaultdict(list)  # async jobs, per tenant
+        user = most_active_user(shop)
+        self.shop = ShopDriver(shop, user, rate_per_s=settings.shop_rate_per_s,
+                               click_every_s=settings.click_every_s, seed=settings.seed)
+        self.recs_watch = RecsWatch(shop, user)
+        self.recs: RecsReading | None = None
 
     def now(self) -> float:
         """Seconds since the run started."""
@@ -212,11 +231,13 @@ class _Run:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._load(client, group))
+                group.create_task(self.shop.run(self.arrivals.load_s, self.interrupted))
                 group.create_task(self._watch(client))
         except ExceptionGroup as failures:
             # One task failing cancels the others; its error is the one worth showing.
             raise failures.exceptions[0] from failures
         gateway = GatewayReading.parse(await client.stats(), BUDGET_TENANT)
+        recs = await self._read_recs(client)
         outcomes = tuple(sorted(self.tally.outcomes, key=lambda o: o.number))
         return DemoSummary(
             dashboard_url=self.info.dashboard_url, queue_url=self.info.queue_url,
@@ -225,7 +246,7 @@ class _Run:
             peak_backlog=self.peak_backlog, sent=dict(self.tally.sent),
             sent_by_mode=dict(self.tally.sent_by_mode), batches=self.tally.batches,
             outcomes=outcomes, by_priority=by_priority(outcomes), by_model=by_model(outcomes),
-            gateway=gateway,
+            gateway=gateway, recs=recs,
         )
 
     # -- the load
@@ -289,6 +310,7 @@ class _Run:
                 await self.up  # raises what stopped it
                 raise RuntimeError("tidegate up stopped while the demo ran")
             gateway = GatewayReading.parse(await client.stats(), BUDGET_TENANT)
+            self.recs = await self._read_recs(client)
             self.peak_backlog = max(self.peak_backlog, sum(gateway.depth.values()) + gateway.delayed)
             finished = self.load_done.is_set() and self.tally.outstanding == 0
             if finished:
@@ -303,11 +325,24 @@ class _Run:
                 raise RuntimeError(f"demo stalled: no outcome for {DRAIN_STALL_S:.0f} s, "
                                    f"{self.tally.outstanding} requests still unanswered")
 
+    async def _read_recs(self, client: DemoClient) -> RecsReading:
+        """The demo user's recommendations and the recommender's freshness, through the API. A
+        failed read is shown, not raised: the request flow's numbers still count."""
+        user = self.recs_watch.user
+        try:
+            health = await client.recs_health()
+            answer = await client.recommendations(user) if user is not None else None
+        except (DemoError, aiohttp.ClientError, TimeoutError) as exc:
+            previous = self.recs or RecsReading(user=user)
+            return dataclasses.replace(previous, error=str(exc))
+        return await self.recs_watch.read(health, answer, self.shop.writes)
+
     def _snapshot(self, gateway: GatewayReading) -> Snapshot:
         t_s = self.now()
         phase = self.arrivals.phase(t_s)
         return Snapshot.of(self.tally, gateway, elapsed_s=t_s, phase=phase.name,
-                           arrival_per_s=phase.rate_per_s, capacity_per_s=self.capacity_per_s)
+                           arrival_per_s=phase.rate_per_s, capacity_per_s=self.capacity_per_s,
+                           recs=self.recs)
 
 
 # ---------------------------------------------------------------------- files

@@ -1,7 +1,8 @@
 """The demo's client side: everything goes through the gateway's HTTP API, as an application's
 traffic would. Tenants and keys through the admin API; OpenAI-style chat and embeddings calls
 (some streamed); async job batches through POST /v1/jobs, long-polled to their end; the queue's
-numbers from GET /v1/stats.
+numbers from GET /v1/stats; the demo user's recommendations and their freshness from
+GET /v1/recommendations/{user} and GET /v1/health.
 
 Every method that sends a request returns its final `Outcome`: an answer, a refusal with its
 HTTP status, or the final state of a job that did not succeed. A call that answers 504 (no result
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -81,6 +83,14 @@ class DemoClient:
     async def stats(self) -> dict[str, Any]:
         """GET /v1/stats with the admin key."""
         return await self._admin("GET", "/stats", None)
+
+    async def recs_health(self) -> dict[str, Any]:
+        """GET /v1/health: the recommender's size and freshness (any tenant's key would do)."""
+        return await self._admin("GET", "/health", None)
+
+    async def recommendations(self, user: str, n: int = 10) -> dict[str, Any]:
+        """GET /v1/recommendations/{user}, explained."""
+        return await self._admin("GET", f"/recommendations/{quote(user, safe='')}?n={n}&explain=true", None)
 
     async def _admin(self, method: str, path: str, body: object) -> dict[str, Any]:
         async with self.session.request(method, self.api_url + path, json=body,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from tidegate.config import BudgetConfig, CallbackConfig, RoutingConfig, TidegateConfig
+from tidegate.config import BudgetConfig, CallbackConfig, RoutingConfig, SyncConfig, TidegateConfig
 from tidegate.jobs import Priority
 from tidegate.providers.sim_settings import ModelBehaviour, SimulatorSettings
 
@@ -65,6 +65,10 @@ class DemoSettings:
     seed: int = 7
     refresh_s: float = 0.5  # how often the gateway's stats are read (and the live view redrawn)
     load_share: float = 0.8  # share of the duration during which requests arrive
+    # The shop's own writes meanwhile (captured by the change flow, fed to the recommender):
+    # ShopLoad's mix at this rate, and a click of the demo user this often.
+    shop_rate_per_s: float = 8.0
+    click_every_s: float = 1.5
 
     @property
     def load_s(self) -> float:
@@ -112,13 +116,15 @@ def simulator_settings(settings: DemoSettings) -> SimulatorSettings:
     return SimulatorSettings(seed=settings.seed, window_s=60.0, defaults=defaults, models=models)
 
 
-def demo_config(queue_url: str) -> TidegateConfig:
-    """What `tidegate up` runs for the demo: no provider (so the simulator), default routing, and
+def demo_config(queue_url: str, shop_url: str) -> TidegateConfig:
+    """What `tidegate up` runs for the demo: no provider (so the simulator), default routing,
     budgets refused, not deferred, once spent, so a run never waits for a budget that only
-    resets at midnight. Every field is given, so a tidegate.toml in the working folder or
-    TIDEGATE_* variables cannot change what the demo shows."""
+    resets at midnight, and the demo shop at `shop_url` for the change flow. Every field is
+    given, so a tidegate.toml in the working folder or TIDEGATE_* variables cannot change what
+    the demo shows."""
     return TidegateConfig(queue_url=queue_url, providers=(), routing=RoutingConfig(),
-                          budgets=BudgetConfig(on_exhausted="reject"), callbacks=CallbackConfig())
+                          budgets=BudgetConfig(on_exhausted="reject"), callbacks=CallbackConfig(),
+                          sync=SyncConfig(source_url=shop_url))
 
 
 # ---------------------------------------------------------------------- tenants

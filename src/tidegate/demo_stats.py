@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from tidegate.demo_load import Mode
+from tidegate.demo_recs import RecsReading
 from tidegate.jobs import Priority
 
 __all__ = [
@@ -236,10 +237,11 @@ class Snapshot:
     models: tuple[GroupRow, ...]
     gateway: GatewayReading
     outstanding: int
+    recs: RecsReading | None = None  # the demo user's recommendations, as last read
 
     @classmethod
     def of(cls, tally: Tally, gateway: GatewayReading, *, elapsed_s: float, phase: str,
-           arrival_per_s: float, capacity_per_s: float) -> Snapshot:
+           arrival_per_s: float, capacity_per_s: float, recs: RecsReading | None = None) -> Snapshot:
         """The live numbers from the outcomes so far and the gateway's last reading."""
         levels = by_priority(tally.outcomes)
         rows = tuple(LiveRow(p, tally.sent[p], levels[p].count, gateway.depth.get(p, 0), levels[p])
@@ -247,7 +249,7 @@ class Snapshot:
         return cls(elapsed_s=elapsed_s, phase=phase, arrival_per_s=arrival_per_s,
                    answered_per_s=tally.answered_per_s(elapsed_s), capacity_per_s=capacity_per_s,
                    rows=rows, models=by_model(tally.outcomes), gateway=gateway,
-                   outstanding=tally.outstanding)
+                   outstanding=tally.outstanding, recs=recs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +271,7 @@ class DemoSummary:
     by_priority: tuple[GroupRow, ...]  # every level, CRITICAL first
     by_model: tuple[GroupRow, ...]  # largest spend first
     gateway: GatewayReading  # the last reading, after the drain
+    recs: RecsReading | None = None  # the recommender, read after the drain
 
     @property
     def total_sent(self) -> int:

@@ -13,11 +13,12 @@ from rich.table import Table
 from rich.text import Text
 
 from tidegate.demo_load import PHASES
+from tidegate.demo_recs import RecsReading
 from tidegate.demo_stats import DemoSummary, GatewayReading, GroupRow, Snapshot
 from tidegate.jobs import Priority
 from tidegate.up import UpInfo
 
-__all__ = ["LiveView", "reading", "render_ready", "render_summary", "snapshot_view"]
+__all__ = ["LiveView", "reading", "recs_reading", "render_ready", "render_summary", "snapshot_view"]
 
 PROGRESS_EVERY_S = 10.0  # without a terminal: one progress line this often
 
@@ -98,7 +99,11 @@ def snapshot_view(snapshot: Snapshot) -> RenderableType:
             Text(live.priority.name.lower(), style=_STYLE[live.priority]),
             f"{live.sent:,}", f"{live.done:,}", f"{live.queued:,}", *_times(row), _errors(row.errors),
         )
-    return Group(_headline(snapshot), table, _models(snapshot.models), _footer(snapshot.gateway))
+    parts: list[RenderableType] = [_headline(snapshot), table, _models(snapshot.models),
+                                   _footer(snapshot.gateway)]
+    if snapshot.recs is not None:
+        parts.append(_recs(snapshot.recs))
+    return Group(*parts)
 
 
 def _table(title: str | None, *columns: str) -> Table:
@@ -140,6 +145,32 @@ def _models(models: tuple[GroupRow, ...]) -> Table:
     return table
 
 
+def _recs(recs: RecsReading) -> RenderableType:
+    text = Text("\n")
+    text.append("recommendations", style="bold")
+    text.append(f": commit → updated p50 {_ms(recs.p50_ms)}, p99 {_ms(recs.p99_ms)} over "
+                f"{recs.measured:,} changes; {_count(recs.items)} items, {_count(recs.users)} users; "
+                f"shop writes {sum(recs.shop_writes.values()):,}")
+    if recs.user is None:
+        text.append("\nno demo user: the shop has no interactions yet")
+        return text
+    state = "cold start: trending" if recs.cold_start else f"changed {recs.changes:,} times"
+    text.append(f"\nuser {recs.user}'s top items ({state})")
+    if recs.error:
+        text.append(f"  (last read failed: {recs.error[:MAX_MESSAGE_CHARS]})", style="red")
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False, collapse_padding=True)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("item", no_wrap=True)
+    table.add_column("why")
+    for rank, item in enumerate(recs.top, start=1):
+        table.add_row(str(rank), f"{item.name} ({item.item_id})", item.reason or "-")
+    return Group(text, table) if recs.top else text
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
 def _footer(gateway: GatewayReading) -> Text:
     text = Text(f"provider: {gateway.retried:,} failed attempts retried by the worker, "
                 f"{gateway.throttled:,} answered 429")
@@ -174,6 +205,9 @@ def render_summary(summary: DemoSummary, console: Console) -> None:
     console.print()
     console.print(reading(summary), highlight=False)
     console.print()
+    if summary.recs is not None:
+        console.print(recs_reading(summary.recs), highlight=False)
+        console.print()
     console.print(f"Wait: in the queue, from the X-Tidegate-Queue-Wait-Ms header or the job's result. "
                   f"e2e: request to answer as the client saw it (async jobs: accepted to finished). "
                   f"Look inside: tidegate queue stats --queue {summary.queue_url}  (and queue dlq)",
@@ -221,6 +255,31 @@ def reading(summary: DemoSummary) -> str:
         _money_sentence(summary),
     ]
     return " ".join(sentence for sentence in sentences if sentence)
+
+
+_WRITES = {"interaction": "interactions", "demo_user": "clicks of the demo user", "price": "price changes",
+           "stock": "restocks", "new_product": "new products", "new_user": "new users",
+           "delete_product": "deleted products"}
+
+
+def recs_reading(recs: RecsReading) -> str:
+    """The change flow and the recommender in plain words: what the shop wrote, how fast it
+    reached the recommendations, and the demo user's list."""
+    writes = recs.shop_writes
+    kinds = ", ".join(f"{writes[kind]:,} {label}" for kind, label in _WRITES.items() if writes.get(kind))
+    text = (f"The shop's database took {sum(writes.values()):,} writes ({kinds or 'none'}); the change flow "
+            f"carried each to the recommender, from the commit to the recommendations updated in "
+            f"{_ms(recs.p50_ms)} at p50 and {_ms(recs.p99_ms)} at p99 over {recs.measured:,} changes "
+            f"({_count(recs.items)} items, {_count(recs.users)} users).")
+    if recs.user is None:
+        return text + " The shop had no interactions, so no demo user was followed."
+    top = "; ".join(f"{item.name} [{item.item_id}], {item.reason or 'no reason'}"
+                    for item in recs.top) or "nothing yet"
+    text += (f" User {recs.user}'s top list changed {recs.changes:,} times as it and others clicked, carted "
+             f"and bought; it ends with: {top}.")
+    if recs.error:
+        text += f" (The last read failed: {recs.error[:MAX_MESSAGE_CHARS]}.)"
+    return text
 
 
 def _provider_sentence(gateway: GatewayReading) -> str:

@@ -1,6 +1,12 @@
 """`tidegate up`: the whole system in one process on embedded defaults — the SQLite queue in
-`./.tidegate/`, a worker, the gateway with its dashboard, and the simulated provider when no real
-provider is configured. It binds loopback by default and creates an admin API key at start.
+`./.tidegate/`, a worker, the gateway with its dashboard, the change flow on the demo shop feeding
+the recommender, and the simulated provider when no real provider is configured. It binds
+loopback by default and creates an admin API key at start.
+
+One recommender serves the gateway's /v1/recommendations and is fed by the change flow (a
+`RecsSink` after the entity cache); its state lives where the change flow's cache does (memory
+by default, Redis when `sync.cache_url` says so), and item vectors are swapped as the embedding
+refresh jobs the change flow enqueues succeed (`RefreshWatcher`).
 
 That key belongs to a tenant of its own, `UP_TENANT`: each start revokes the keys of that tenant
 (the ones earlier starts printed) before creating the new one, so a key printed by an old run
@@ -38,6 +44,16 @@ from tidegate.jobs import Priority
 from tidegate.providers.sim_settings import ServedModel, SimulatorSettings
 from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
+from tidegate.recs.engine import Recommender
+from tidegate.recs.monitor import RecsMonitor
+from tidegate.recs.refresh_watch import RefreshWatcher
+from tidegate.recs.sink import RecsMapping, RecsSink
+from tidegate.recs.store import recs_store_for
+from tidegate.sync.contracts import EntityCache
+from tidegate.sync.embedded import embedded_sync_config
+from tidegate.sync.metrics import SyncMetrics
+from tidegate.sync.run import open_cache, supervise_sync
+from tidegate.sync.values import Row
 
 log = logging.getLogger("tidegate.up")
 
@@ -56,6 +72,10 @@ class UpSettings:
     # On stop, how long calls still open may finish (the worker serving them meanwhile) before
     # the gateway cuts them; their jobs stay queued.
     shutdown_grace_s: int = 10
+    # The change flow (the demo shop by default, see tidegate.sync.embedded) beside the request
+    # flow; `shop_data` seeds a new demo shop from a copy of the UCI Online Retail data.
+    change_flow: bool = True
+    shop_data: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +88,7 @@ class UpInfo:
     simulator_url: str | None
     admin_key: str
     queue_url: str
+    change_source: str | None = None  # what the change flow captures (None: not running)
 
 
 async def run_up(
@@ -93,6 +114,12 @@ async def run_up(
         callbacks = None
         if secret := os.environ.get(config.callbacks.secret_env):
             callbacks = await stack.enter_async_context(CallbackSender(config.callbacks, secret.encode()))
+        sync_metrics = SyncMetrics()
+        sync_cache = None
+        if settings.change_flow:
+            config = embedded_sync_config(config, shop_data=settings.shop_data)
+            sync_cache = await stack.enter_async_context(open_cache(config.sync))
+        recs = await _recommendations(stack, config, queue, sync_cache)
         dispatch_metrics = DispatchMetrics()
         worker = await stack.enter_async_context(Worker(
             queue, config, WorkerSettings(concurrency=settings.concurrency),
@@ -100,17 +127,26 @@ async def run_up(
         ))
         state = await stack.enter_async_context(GatewayState.open(
             config, settings=GatewaySettings(host=settings.host, port=settings.port), queue=queue,
-            tenants=tenants, ledger=ledger, relay=relay, extra_registries=[dispatch_metrics.registry],
+            tenants=tenants, ledger=ledger, relay=relay, recommender=recs.sink.recommender,
+            recs_monitor=recs.sink.monitor,
+            extra_registries=[dispatch_metrics.registry, sync_metrics.registry, recs.sink.monitor.registry],
         ))
         admin_key = await _create_admin_key(tenants)
         await check_bind(state)
         async with _serving(state, settings) as (server, port, serving):
             worker_task = asyncio.create_task(worker.run())
+            sync_stop = asyncio.Event()
+            sync_task = None
+            if sync_cache is not None:
+                sync_task = asyncio.create_task(supervise_sync(
+                    config, sync_stop, queue=queue, cache=sync_cache, metrics=sync_metrics,
+                    sinks=[recs.sink], on_refresh=recs.watcher.enqueued if recs.watcher else None))
             base = f"http://{_url_host(settings.host)}:{port}"
             if on_ready is not None:
                 on_ready(UpInfo(
                     api_url=f"{base}/v1", dashboard_url=f"{base}/dashboard", metrics_url=f"{base}/metrics",
                     simulator_url=simulator_url, admin_key=admin_key, queue_url=url,
+                    change_source=config.sync.source_url if sync_task is not None else None,
                 ))
             stopper = asyncio.create_task(stop.wait()) if stop is not None else None
             served = asyncio.create_task(server.main_loop_done.wait())
@@ -120,11 +156,37 @@ async def run_up(
             # worker within the grace time; then the worker drains.
             server.should_exit = True
             await asyncio.wait([serving])
+            sync_stop.set()
             worker.request_stop()
             await worker_task
+            if sync_task is not None:
+                await sync_task
             for task in (stopper, served):
                 if task is not None:
                     task.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class _Recs:
+    sink: RecsSink  # holds the recommender and its monitor
+    watcher: RefreshWatcher | None  # None without a change flow
+
+
+async def _recommendations(stack: contextlib.AsyncExitStack, config: TidegateConfig, queue: Queue,
+                           cache: EntityCache | None) -> _Recs:
+    """One recommender on the change flow's cache backend (memory, or Redis so that gateways
+    elsewhere share it), the change flow's sink into it (the demo shop's tables and columns) and,
+    with a change flow, the watcher that swaps item vectors as embedding refresh jobs succeed."""
+    store = await stack.enter_async_context(recs_store_for(config.sync.cache_url, prefix=config.sync.prefix))
+    sink = RecsSink(Recommender(store), mapping=RecsMapping(), monitor=RecsMonitor())
+    if cache is None:
+        return _Recs(sink, None)
+    products = sink.mapping.products
+
+    async def current_row(item_id: str) -> Row | None:
+        return await cache.get_entity(products, item_id)
+
+    return _Recs(sink, await stack.enter_async_context(RefreshWatcher(queue, sink, current_row)))
 
 
 class _Server(uvicorn.Server):

@@ -21,6 +21,7 @@ from tidegate.gateway.errors import install_error_handlers
 from tidegate.gateway.middleware import BodyLimit, RequestMetrics
 from tidegate.gateway.openapi import install_openapi
 from tidegate.gateway.state import GatewayState
+from tidegate.recs import api as recs_api
 
 __all__ = ["create_app"]
 
@@ -33,6 +34,8 @@ An OpenAI-compatible gateway in front of a durable priority queue.
   error (`{"error": {"message", "type", "code"}}`) saying why not: invalid requests answer 400,
   never 422, and a job that died answers the status its worker recorded.
 * **Jobs**: enqueue work (one job or a batch) and fetch, long-poll or cancel it later.
+* **Recommendations**: a user's recommendations (one or a batch of users), computed
+  incrementally from the change flow; direct ingestion of interactions; the model's freshness.
 * **Admin**: queue statistics, dead letters, tenants and API keys (admin tenants only).
   A live page of them is at `/dashboard`.
 
@@ -43,6 +46,7 @@ or key configured serves requests without a key (embedded mode).
 _TAGS = [
     {"name": "OpenAI-compatible", "description": "Chat completions, embeddings and models."},
     {"name": "Jobs", "description": "Asynchronous jobs: enqueue, poll, cancel."},
+    {"name": "Recommendations", "description": "Real-time recommendations, interactions and freshness."},
     {"name": "Admin", "description": "Statistics, dead letters, tenants and keys (admin only)."},
     {"name": "Operations", "description": "Metrics, liveness and readiness."},
 ]
@@ -55,7 +59,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app)
-    for module in (openai_api, jobs_api, admin_api, ops, dashboard):
+    for module in (openai_api, jobs_api, recs_api, admin_api, ops, dashboard):
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413.
     app.add_middleware(BodyLimit, max_bytes=state.settings.max_body_bytes)

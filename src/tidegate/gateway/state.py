@@ -1,13 +1,14 @@
 """What a gateway holds while it runs: the queue, the tenant store, the shared limiter, budget
-ledger and chunk relay, its metrics and settings. `create_app` takes one, so tests (and
-`tidegate up`, which shares a queue and relay with in-process workers) can build the app
-around components of their own."""
+ledger and chunk relay, the recommender, its metrics and settings. `create_app` takes one, so
+tests (and `tidegate up`, which shares a queue and relay with in-process workers) can build the
+app around components of their own."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client import CollectorRegistry
@@ -24,7 +25,21 @@ from tidegate.gateway.tenant_store import tenant_store_for
 from tidegate.gateway.tenants import TenantStore
 from tidegate.queue import Queue
 
-__all__ = ["GatewayState"]
+if TYPE_CHECKING:
+    from tidegate.recs.engine import Recommender
+    from tidegate.recs.monitor import RecsMonitor
+
+__all__ = ["FROM_CONFIG", "GatewayState"]
+
+
+class _FromConfig:
+    def __repr__(self) -> str:
+        return "FROM_CONFIG"
+
+
+FROM_CONFIG: Final = _FromConfig()
+"""`recs_url` not given: the change flow's cache when it is shared (Redis), else no recommender."""
+_SHARED_SCHEMES = ("redis", "rediss", "unix")
 
 
 @dataclass(eq=False)
@@ -42,6 +57,10 @@ class GatewayState:
     # Registries exported by /metrics besides the gateway's own (e.g. DispatchMetrics of
     # workers running in the same process).
     extra_registries: tuple[CollectorRegistry, ...] = ()
+    # What /v1/recommendations serves from (None: those routes answer 503), and the metrics of a
+    # change flow feeding it in this process (`tidegate up`), which /v1/health reports.
+    recommender: Recommender | None = None
+    recs_monitor: RecsMonitor | None = None
     recent: RecentResults = field(init=False)
     models: dict[str, ModelConfig] = field(init=False)
     _credentials_seen: bool = field(default=False, init=False)
@@ -69,11 +88,19 @@ class GatewayState:
         relay: ChunkRelay | None = None,
         metrics: GatewayMetrics | None = None,
         extra_registries: Sequence[CollectorRegistry] = (),
+        recommender: Recommender | None = None,
+        recs_url: str | _FromConfig | None = FROM_CONFIG,
+        recs_monitor: RecsMonitor | None = None,
     ) -> AsyncIterator[GatewayState]:
         """Open what was not given, from `config.queue_url`; close on exit only what it opened.
 
         A relay must be shared with the workers: on SQLite (in-process MemoryRelay) pass the
-        workers' relay, or streamed chunks never reach this gateway."""
+        workers' relay, or streamed chunks never reach this gateway.
+
+        The recommender, when not given, is opened on the store at `recs_url` (None: none). By
+        default that is the change flow's cache (`sync.cache_url`, with its prefix) when it is on
+        Redis, where the change flow's sink and every gateway share it; a memory cache lives in
+        another process's memory, so a gateway on its own serves no recommendations."""
         url = config.queue_url
         async with contextlib.AsyncExitStack() as stack:
             if queue is None:
@@ -91,9 +118,19 @@ class GatewayState:
             if relay is None:
                 relay = relay_for(url)
                 stack.push_async_callback(relay.close)
+            if recommender is None:
+                store_url = _recs_url(config, recs_url)
+                if store_url is not None:
+                    from tidegate.recs.engine import Recommender
+                    from tidegate.recs.store import recs_store_for
+
+                    store = await stack.enter_async_context(
+                        recs_store_for(store_url, prefix=config.sync.prefix))
+                    recommender = Recommender(store)
             yield cls(config=config, settings=settings or GatewaySettings(), queue=queue,
                       tenants=tenants, limiter=limiter, ledger=ledger, relay=relay,
-                      metrics=metrics or GatewayMetrics(), extra_registries=tuple(extra_registries))
+                      metrics=metrics or GatewayMetrics(), extra_registries=tuple(extra_registries),
+                      recommender=recommender, recs_monitor=recs_monitor)
 
     @property
     def registries(self) -> tuple[CollectorRegistry, ...]:
@@ -126,6 +163,13 @@ class GatewayState:
             await CallbackSender(self.config.callbacks, b"").check_url(url)
         except ValueError as exc:  # urlsplit: a bad port or IPv6 host; idna: a host it cannot encode
             raise CallbackRefused(f"callback_url {url!r} is not a valid URL: {exc}") from None
+
+
+def _recs_url(config: TidegateConfig, given: str | _FromConfig | None) -> str | None:
+    if not isinstance(given, _FromConfig):
+        return given
+    cache_url = config.sync.cache_url
+    return cache_url if urlsplit(cache_url).scheme in _SHARED_SCHEMES else None
 
 
 def _queue_name(url: str) -> str:

@@ -6,13 +6,17 @@ before-image is needed — an embedding request for the rule's text is enqueued 
 priority (LOW by default: it must never delay interactive traffic). The idempotency key is
 derived from (entity, version), so a change replayed after a crash or delivered twice never
 enqueues a second job.
+
+Whoever needs a refresh's outcome (the recommender swaps an item's vector when its embedding
+arrives) passes `on_enqueued`: it is handed each batch's (change, job id) pairs once they are
+enqueued.
 """
 
 from __future__ import annotations
 
 import logging
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tidegate.config import RefreshRule
@@ -24,7 +28,7 @@ from tidegate.sync.changes import Change, Op
 from tidegate.sync.contracts import ApplyOutcome, ApplyResult
 from tidegate.sync.metrics import SyncMetrics
 
-__all__ = ["RefreshSink", "refresh_idempotency_key"]
+__all__ = ["RefreshListener", "RefreshSink", "refresh_idempotency_key"]
 
 log = logging.getLogger("tidegate.sync.refresh")
 
@@ -33,6 +37,11 @@ def refresh_idempotency_key(change: Change, rule_number: int = 0) -> str:
     """The key that makes one change enqueue at most one job per rule (rules numbered per
     entity type in configuration order)."""
     return f"refresh:{change.entity_type}:{change.entity_id}:{change.version.key}:{rule_number}"
+
+
+RefreshListener = Callable[[Sequence[tuple[Change, str]]], None]
+"""Told the (change, job id) pairs of each enqueued batch (an idempotent repeat gives the first
+job's id). It must not block: it runs inside the change flow's apply."""
 
 
 class _Blank(dict[str, Any]):
@@ -53,7 +62,7 @@ class RefreshSink:
     name = "refresh"
 
     def __init__(self, queue: Queue, rules: Sequence[RefreshRule], *, embedding_model: str,
-                 metrics: SyncMetrics | None = None) -> None:
+                 metrics: SyncMetrics | None = None, on_enqueued: RefreshListener | None = None) -> None:
         for rule in rules:
             try:
                 _render(rule.text, {})
@@ -68,6 +77,7 @@ class RefreshSink:
         self._queue = queue
         self._embedding_model = embedding_model
         self._metrics = metrics
+        self._on_enqueued = on_enqueued
 
     def jobs_for(self, result: ApplyResult) -> list[JobSpec]:
         """The refresh jobs one applied change calls for (none for stale changes or deletes)."""
@@ -92,13 +102,18 @@ class RefreshSink:
     async def apply(self, results: Sequence[ApplyResult]) -> None:
         """Enqueue every refresh job of the batch in one atomic write."""
         specs: list[JobSpec] = []
+        changes: list[Change] = []
         for result in results:
             jobs = self.jobs_for(result)
             specs.extend(jobs)
+            changes.extend([result.change] * len(jobs))
             if jobs and self._metrics is not None:
                 self._metrics.refresh_jobs.labels(result.change.entity_type).inc(len(jobs))
         step = self._queue.settings.max_batch
+        ids: list[str] = []
         for start in range(0, len(specs), step):
-            await self._queue.enqueue_many(specs[start:start + step])
+            ids.extend(await self._queue.enqueue_many(specs[start:start + step]))
+        if specs and self._on_enqueued is not None:
+            self._on_enqueued(list(zip(changes, ids, strict=True)))
         if specs:
             log.debug("enqueued %d refresh job(s)", len(specs))

@@ -1,5 +1,6 @@
-// tidegate dashboard: polls the gateway's admin API (GET v1/stats, GET v1/dlq) and draws what it
-// answers. Plain JavaScript with no library and no request beyond this gateway, because the page
+// tidegate dashboard: polls the gateway's admin API (GET v1/stats, GET v1/dlq) and its
+// recommendations API (GET v1/health, GET v1/recommendations/{user}) and draws what they
+// answer. Plain JavaScript with no library and no request beyond this gateway, because the page
 // must work on machines without internet access. Every value from the server is written with
 // textContent or as an SVG attribute, never as HTML: error messages in dead letters come from
 // providers and tenants.
@@ -618,6 +619,114 @@
     legend($("legend-throughput"), flows.map((s) => ({ cls: s.cls, name: s.name, value: `${fmtRate(lastValue(s.points))} /min` })));
   }
 
+  // ---------------------------------------------------------------- recommendations
+
+  // A panel of its own, polled beside the queue's: GET v1/health (freshness, the most active
+  // user) and the chosen user's top 10 with reasons. A gateway without a recommender answers 503;
+  // the panel then says so and the rest of the page is unaffected.
+  const RECS_N = 10;
+  const recs = {
+    user: "", // the user shown
+    chosen: false, // typed by the person (else the most active user is followed)
+    timer: 0,
+    polling: false,
+    signature: "",
+  };
+
+  function scheduleRecs(delayMs = POLL_MS) {
+    clearTimeout(recs.timer);
+    recs.timer = setTimeout(pollRecs, delayMs);
+  }
+
+  async function pollRecs() {
+    if (recs.polling) return;
+    if (state.paused || !$("login").hidden || $("main").hidden) {
+      scheduleRecs();
+      return;
+    }
+    recs.polling = true;
+    try {
+      const health = await api("v1/health");
+      renderRecsHealth(health);
+      if (!recs.chosen && health.most_active_user && health.most_active_user !== recs.user) {
+        recs.user = health.most_active_user;
+        if (document.activeElement !== $("recs-user")) $("recs-user").value = recs.user;
+      }
+      if (!recs.user) {
+        setRecsStatus("No user yet: type a user id, or wait for the first interaction.");
+        document.querySelector("#recs-list tbody").replaceChildren();
+        recs.signature = "";
+      } else {
+        const user = recs.user;
+        const answer = await api(`v1/recommendations/${encodeURIComponent(user)}?n=${RECS_N}&explain=true`);
+        if (user === recs.user) renderRecs(answer);
+      }
+    } catch (exc) {
+      const status = exc instanceof ApiFailure ? exc.status : 0;
+      if (status === 503) {
+        setRecsStatus(`Recommendations are not available on this gateway (${exc.message}).`);
+        document.querySelector("#recs-list tbody").replaceChildren();
+        recs.signature = "";
+      } else if (status !== 401 && status !== 403) {
+        setRecsStatus(`Recommendations could not be read: ${exc.message}`);
+      }
+    } finally {
+      recs.polling = false;
+      scheduleRecs();
+    }
+  }
+
+  function setRecsStatus(text) {
+    $("recs-status").textContent = text;
+  }
+
+  function renderRecsHealth(health) {
+    const latency = health.commit_to_updated;
+    const node = $("recs-latency");
+    node.textContent = latency && latency.count ? fmtPair(latency.p50_ms, latency.p99_ms) : "—";
+    node.title = latency
+      ? `${fmtCount(latency.count)} changes measured, from the database commit to the recommender updated`
+      : "No change flow runs in this gateway's process";
+    $("recs-size").textContent = `${fmtCount(health.items)} / ${fmtCount(health.users)}`;
+    const since = health.seconds_since_update;
+    $("recs-fresh").textContent = since === null || since === undefined ? "—" : fmtAgo(since * 1000);
+    $("recs-fresh").title = health.last_update_at || "";
+  }
+
+  function renderRecs(answer) {
+    const items = answer.items;
+    const note = answer.cold_start ? " No history for this user yet: what is trending." : "";
+    setRecsStatus(`Top ${items.length} for user ${answer.user_id}, computed ${fmtTime(answer.generated_at)}.${note}`);
+    const before = new Map();
+    document.querySelectorAll("#recs-list tbody tr").forEach((row, index) => before.set(row.dataset.item, index));
+    const signature = JSON.stringify([answer.user_id, items.map((item) => [item.item_id, item.reason])]);
+    const changed = recs.signature !== "" && signature !== recs.signature;
+    recs.signature = signature;
+    const rows = items.map((item, index) => {
+      const moved = changed && before.get(item.item_id) !== index;
+      const name = el("td", { data: { col: "item" } }, el("span", { class: "mono", text: item.item_id }));
+      return el("tr", { class: moved ? "changed" : undefined, data: { item: item.item_id } },
+        cell(String(index + 1), { num: true, col: "rank" }),
+        name,
+        cell(item.score.toFixed(3), { num: true, col: "score", title: signalsText(item.signals) }),
+        cell(item.reason || "—", { col: "reason" }));
+    });
+    document.querySelector("#recs-list tbody").replaceChildren(...rows);
+  }
+
+  function signalsText(signals) {
+    return Object.entries(signals || {}).map(([name, value]) => `${name} ${Number(value).toFixed(3)}`).join(", ");
+  }
+
+  function onRecsUser(event) {
+    event.preventDefault();
+    const value = $("recs-user").value.trim();
+    recs.chosen = value !== "";
+    recs.user = value;
+    recs.signature = "";
+    scheduleRecs(0);
+  }
+
   // ---------------------------------------------------------------- wiring
 
   function start() {
@@ -642,6 +751,7 @@
       updateClock();
     });
     $("redrive-all").addEventListener("click", onRedriveAll);
+    $("recs-form").addEventListener("submit", onRecsUser);
     let resizeTimer = 0;
     window.addEventListener("resize", () => {
       clearTimeout(resizeTimer);
@@ -649,6 +759,7 @@
     });
     setInterval(updateClock, 1000);
     poll();
+    scheduleRecs(0);
   }
 
   start();
