@@ -3,6 +3,7 @@ SQLite shop and PostgreSQL, a Redis cache both commands share."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -19,6 +20,7 @@ import psycopg2
 import pytest
 
 from sync_support import pg_url
+from tidegate.recs import Recommender, recs_store_for
 from tidegate.sync.shop import ShopLoad, create_shop
 
 pytestmark = pytest.mark.timeout(120)
@@ -80,6 +82,15 @@ def test_sync_runs_until_sigterm_and_status_shows_the_outbox_and_the_cache(
         report = _status(tmp_path, env, *args)
         assert report["source"]["snapshot_done"] is True
         assert set(report["tables"]) == {"products", "users", "interactions"}
+        # ... and the recommender's state beside the cache knows the catalogue (gateways share it)
+        health = asyncio.run(_recs_health(redis_server, env["TIDEGATE_SYNC__PREFIX"]))
+        assert health["items"] == report["tables"]["products"]["source_rows"]
+        assert isinstance(health["users"], int) and health["users"] > 0
+
+
+async def _recs_health(url: str, prefix: str) -> dict[str, Any]:
+    async with recs_store_for(url, prefix=prefix) as store:
+        return dict(await Recommender(store).health())
 
 
 def test_status_of_postgresql_shows_the_slot_position_and_lag(

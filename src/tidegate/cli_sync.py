@@ -56,6 +56,8 @@ def sync(
     config: ConfigFile = None,
     metrics_port: Annotated[int | None, typer.Option(
         help="Serve Prometheus metrics on 127.0.0.1 at this port.")] = None,
+    recommendations: Annotated[bool, typer.Option(
+        help="Feed the recommender (state beside the cache; shared by gateways on a Redis cache).")] = True,
 ) -> None:
     """Capture changes until Ctrl-C/SIGTERM: creates the publication and replication slot when
     missing (PostgreSQL) or installs the outbox triggers (SQLite), takes the initial snapshot,
@@ -64,12 +66,16 @@ def sync(
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = _config(config, source_url=source, bus_url=bus, cache_url=cache, tables=tables)
-    _run(_sync_until_stopped(settings, metrics_port))
+    _run(_sync_until_stopped(settings, metrics_port, recommendations))
 
 
-async def _sync_until_stopped(config: TidegateConfig, metrics_port: int | None) -> None:
+async def _sync_until_stopped(config: TidegateConfig, metrics_port: int | None,
+                              recommendations: bool) -> None:
+    from tidegate.queue import Queue
+    from tidegate.recs.wiring import open_recommendations
+    from tidegate.sync.contracts import Sink
     from tidegate.sync.metrics import SyncMetrics
-    from tidegate.sync.run import open_sync
+    from tidegate.sync.run import open_cache, open_sync
 
     log = logging.getLogger("tidegate.sync")
     metrics = SyncMetrics()
@@ -81,7 +87,20 @@ async def _sync_until_stopped(config: TidegateConfig, metrics_port: int | None) 
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    async with open_sync(config, metrics=metrics) as pipeline:
+    async with contextlib.AsyncExitStack() as stack:
+        cache = await stack.enter_async_context(open_cache(config.sync))
+        queue = None
+        if config.sync.refresh:
+            queue = await stack.enter_async_context(Queue.from_url(config.queue_url))
+        sinks: list[Sink] = []
+        on_refresh = None
+        if recommendations:
+            recs = await open_recommendations(stack, config, queue=queue, cache=cache,
+                                              registry=metrics.registry)
+            sinks.append(recs.sink)
+            on_refresh = recs.watcher.enqueued if recs.watcher is not None else None
+        pipeline = await stack.enter_async_context(open_sync(
+            config, queue=queue, cache=cache, sinks=sinks, metrics=metrics, on_refresh=on_refresh))
         log.info("syncing %s from %s through %s into %s", ", ".join(pipeline.entity_types),
                  _redacted(config.sync.source_url), _redacted(config.sync.bus_url),
                  _redacted(config.sync.cache_url))

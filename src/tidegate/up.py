@@ -44,16 +44,10 @@ from tidegate.jobs import Priority
 from tidegate.providers.sim_settings import ServedModel, SimulatorSettings
 from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
-from tidegate.recs.engine import Recommender
-from tidegate.recs.monitor import RecsMonitor
-from tidegate.recs.refresh_watch import RefreshWatcher
-from tidegate.recs.sink import RecsMapping, RecsSink
-from tidegate.recs.store import recs_store_for
-from tidegate.sync.contracts import EntityCache
+from tidegate.recs.wiring import open_recommendations
 from tidegate.sync.embedded import embedded_sync_config
 from tidegate.sync.metrics import SyncMetrics
 from tidegate.sync.run import open_cache, supervise_sync
-from tidegate.sync.values import Row
 
 log = logging.getLogger("tidegate.up")
 
@@ -119,7 +113,7 @@ async def run_up(
         if settings.change_flow:
             config = embedded_sync_config(config, shop_data=settings.shop_data)
             sync_cache = await stack.enter_async_context(open_cache(config.sync))
-        recs = await _recommendations(stack, config, queue, sync_cache)
+        recs = await open_recommendations(stack, config, queue=queue, cache=sync_cache)
         dispatch_metrics = DispatchMetrics()
         worker = await stack.enter_async_context(Worker(
             queue, config, WorkerSettings(concurrency=settings.concurrency),
@@ -164,29 +158,6 @@ async def run_up(
             for task in (stopper, served):
                 if task is not None:
                     task.cancel()
-
-
-@dataclass(frozen=True, slots=True)
-class _Recs:
-    sink: RecsSink  # holds the recommender and its monitor
-    watcher: RefreshWatcher | None  # None without a change flow
-
-
-async def _recommendations(stack: contextlib.AsyncExitStack, config: TidegateConfig, queue: Queue,
-                           cache: EntityCache | None) -> _Recs:
-    """One recommender on the change flow's cache backend (memory, or Redis so that gateways
-    elsewhere share it), the change flow's sink into it (the demo shop's tables and columns) and,
-    with a change flow, the watcher that swaps item vectors as embedding refresh jobs succeed."""
-    store = await stack.enter_async_context(recs_store_for(config.sync.cache_url, prefix=config.sync.prefix))
-    sink = RecsSink(Recommender(store), mapping=RecsMapping(), monitor=RecsMonitor())
-    if cache is None:
-        return _Recs(sink, None)
-    products = sink.mapping.products
-
-    async def current_row(item_id: str) -> Row | None:
-        return await cache.get_entity(products, item_id)
-
-    return _Recs(sink, await stack.enter_async_context(RefreshWatcher(queue, sink, current_row)))
 
 
 class _Server(uvicorn.Server):
