@@ -733,7 +733,7 @@ async def test_cache_for_picks_the_backend_and_refuses_what_cannot_work(caches: 
 
 async def test_a_cache_is_usable_only_while_open(caches: Caches) -> None:
     cache = caches.make()
-    with pytest.raises(CacheUnavailable, match="new"):
+    with pytest.raises(CacheUnavailable, match="not opened"):
         await cache.get("products", "p1")
 
     async with cache:

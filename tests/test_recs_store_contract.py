@@ -373,7 +373,7 @@ async def test_stats_count_items_and_users_and_keep_the_newest_times(store: Recs
 
 async def test_a_closed_store_refuses_calls_and_cannot_reopen(stores: Stores) -> None:
     store = recs_store_for(stores.url, prefix=stores.prefix)
-    with pytest.raises(CacheUnavailable, match="new"):
+    with pytest.raises(CacheUnavailable, match="not opened"):
         await store.items_version()
     async with store:
         await store.items_version()

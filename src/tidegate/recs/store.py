@@ -35,12 +35,11 @@ one Lua script, so concurrent writers never lose an update):
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Self
 from urllib.parse import urlsplit
 
+from tidegate._lifecycle import Lifecycle
 from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.queue.base import redact_url
 from tidegate.recs.model import Item
@@ -127,50 +126,14 @@ class StoreStats:
     last_interaction_s: float | None  # the newest interaction time recorded
 
 
-class _Lifecycle(enum.Enum):
-    NEW = "new"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
-class RecsStore(abc.ABC):
+class RecsStore(Lifecycle):
     """The recommender's state (see the module docstring). Use it as an async context manager (or
     call `open()` and `close()`); a closed store cannot reopen. Backends implement the `_hooks`."""
 
+    unavailable_error = CacheUnavailable
+    what = "the recommendation store"
+
     kind: str = ""
-
-    def __init__(self) -> None:
-        self._state = _Lifecycle.NEW
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def open(self) -> Self:
-        """Connect. Idempotent while open; a closed store cannot reopen."""
-        if self._state is _Lifecycle.CLOSED:
-            raise CacheUnavailable("this recommendation store was closed; create a new one")
-        if self._state is _Lifecycle.NEW:
-            await self._open()
-            self._state = _Lifecycle.OPEN
-        return self
-
-    async def close(self) -> None:
-        """Release connections. Idempotent."""
-        was_open = self._state is _Lifecycle.OPEN
-        self._state = _Lifecycle.CLOSED
-        if was_open:
-            await self._close()
-
-    async def __aenter__(self) -> Self:
-        return await self.open()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    def _check_open(self) -> None:
-        if self._state is not _Lifecycle.OPEN:
-            raise CacheUnavailable(
-                f"the recommendation store is {self._state.value}: use `async with` or open()"
-            )
 
     # ------------------------------------------------------------------ catalogue
 

@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tidegate._lifecycle import Lifecycle
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange
 from tidegate.queue.base import redact_url
 from tidegate.sync.changes import Change
@@ -125,37 +126,27 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class BusBase(abc.ABC):
+class BusBase(Lifecycle):
     """Lifecycle, argument checks and malformed-entry accounting shared by every bus. Backends
     implement `_open`, `_close` and `_publish`; `subscribe` returns their Subscription."""
 
+    unavailable_error = BusUnavailable
+
     def __init__(self, url: str, settings: BusSettings) -> None:
+        super().__init__()
         self.url = url
         self.settings = settings
         self.malformed = 0  # entries that were not changes: logged, acked and skipped
-        self._state = _State.NEW
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({redact_url(self.url)!r})"
 
-    async def __aenter__(self) -> Self:
-        if self._state is _State.CLOSED:
-            raise BusUnavailable(f"{self!r} was closed; create a new one")
-        if self._state is _State.NEW:
-            await self._open()
-            self._state = _State.OPEN
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._state is _State.OPEN:
-            self._state = _State.CLOSED
-            await self._close()
-        self._state = _State.CLOSED
+    def _described(self) -> str:
+        return repr(self)
 
     def check_open(self) -> None:
         """Raise BusUnavailable unless the bus is open."""
-        if self._state is not _State.OPEN:
-            raise BusUnavailable(f"{self!r} is {self._state.value}: use `async with`")
+        self._check_open()
 
     async def publish(self, changes: Sequence[Change]) -> None:
         """Publish durably, keeping each entity's changes in order; see the backend for how."""
@@ -180,14 +171,6 @@ class BusBase(abc.ABC):
     @abc.abstractmethod
     def subscribe(self, group: str, consumer: str, entity_types: Sequence[str]) -> SubscriptionBase:
         """A consumer `consumer` of group `group` for the changes of `entity_types`."""
-
-    @abc.abstractmethod
-    async def _open(self) -> None:
-        """Connect; driver errors as BusUnavailable."""
-
-    @abc.abstractmethod
-    async def _close(self) -> None:
-        """Release connections (errors are logged, not raised)."""
 
     @abc.abstractmethod
     async def _publish(self, changes: Sequence[Change]) -> None:

@@ -29,12 +29,11 @@ Semantics (the same for memory:// and redis://):
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Self
 
 import orjson
 
+from tidegate._lifecycle import Lifecycle
 from tidegate.errors import CacheUnavailable, ConfigError, InvalidChange, VersionConflict
 from tidegate.sync.cache.singleflight import SingleFlight
 from tidegate.sync.changes import Change, Op, Version
@@ -59,51 +58,20 @@ Outcome = tuple[ApplyOutcome, Row | None]
 """What a backend did with one change, and the row it held before (None: none or a tombstone)."""
 
 
-class _Lifecycle(enum.Enum):
-    NEW = "new"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
-class BaseEntityCache(abc.ABC):
+class BaseEntityCache(Lifecycle):
     """The `EntityCache` contract written once; see the module docstring for its semantics.
 
     Use it as an async context manager (or call `open()` and `close()`); a closed cache cannot
     reopen."""
 
+    unavailable_error = CacheUnavailable
+    what = "the entity cache"
+
     def __init__(self, *, entry_ttl_s: float | None, tombstone_ttl_s: float | None) -> None:
         self.entry_ttl_s = _ttl("entry_ttl_s", entry_ttl_s)
         self.tombstone_ttl_s = _ttl("tombstone_ttl_s", tombstone_ttl_s)
+        super().__init__()
         self._flights: SingleFlight[tuple[str, str], bytes | None] = SingleFlight()
-        self._state = _Lifecycle.NEW
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def open(self) -> Self:
-        """Connect to the store. Idempotent while open; a closed cache cannot reopen."""
-        if self._state is _Lifecycle.CLOSED:
-            raise CacheUnavailable("this entity cache was closed; create a new one")
-        if self._state is _Lifecycle.NEW:
-            await self._open()
-            self._state = _Lifecycle.OPEN
-        return self
-
-    async def close(self) -> None:
-        """Release connections. Idempotent."""
-        was_open = self._state is _Lifecycle.OPEN
-        self._state = _Lifecycle.CLOSED
-        if was_open:
-            await self._close()
-
-    async def __aenter__(self) -> Self:
-        return await self.open()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    def _check_open(self) -> None:
-        if self._state is not _Lifecycle.OPEN:
-            raise CacheUnavailable(f"the entity cache is {self._state.value}: use `async with` or open()")
 
     # ------------------------------------------------------------------ changes from the source
 
