@@ -58,7 +58,7 @@ class PipelineSettings:
 
     group: str = "tidegate-sync"
     consumer: str = dataclasses.field(default_factory=default_consumer_name)
-    batch_size: int = 500  # deliveries fetched and applied together
+    batch_size: int = 500  # changes published, and deliveries fetched and applied, together
     max_pending_changes: int = 20_000  # published, not yet applied: the producer waits beyond this
     fetch_timeout_s: float = 0.5
     drain_timeout_s: float = 10.0  # on stop: how long to let the consumer apply what is in flight
@@ -83,6 +83,7 @@ class Pipeline:
         self._room = asyncio.Condition()
         self._recent: OrderedDict[tuple[str, str], Row] = OrderedDict()
         self._producing = True
+        self._unpublished = 0  # changes read from the source, not yet published
         self.applied_changes = 0  # applied by the cache and every sink, stale ones included
         self.last_confirmed: int | None = None
 
@@ -150,7 +151,7 @@ class Pipeline:
         """Read the source on a task of its own and publish what it read meanwhile in one call:
         one bus round trip per batch rather than per transaction, which matters because a
         transaction often holds a few changes and a round trip to Redis or Kafka costs more than
-        they do. A batch ends at the first transaction that reaches `batch_size` changes."""
+        they do. A batch ends at the first transaction that brings it to `batch_size` changes."""
         ready: asyncio.Queue[Transaction | None] = asyncio.Queue()  # None: the source ended
         reader = asyncio.create_task(self._read_source(ready), name="sync-source")
         try:
@@ -159,7 +160,7 @@ class Pipeline:
                 while size < self.settings.batch_size and not ready.empty():
                     transaction = ready.get_nowait()
                     if transaction is None:
-                        ready.put_nowait(None)  # the end, seen after this batch
+                        ready.put_nowait(None)  # the end, taken after this batch
                         break
                     batch.append(transaction)
                     size += len(transaction.changes)
@@ -174,15 +175,23 @@ class Pipeline:
             async for transaction in self.source.transactions():
                 transaction = await self._fill_unchanged(transaction)
                 async with self._room:
-                    await self._room.wait_for(
-                        lambda: self._tracker.pending_changes < self.settings.max_pending_changes)
-                self._tracker.add(transaction)
-                self.metrics.pending.set(self._tracker.pending_changes)
+                    await self._room.wait_for(self._has_room)
+                self._unpublished += len(transaction.changes)
                 ready.put_nowait(transaction)
         finally:
             ready.put_nowait(None)
 
+    def _has_room(self) -> bool:
+        """Read ahead of the consumer (published or not yet) stays within max_pending_changes."""
+        return self._tracker.pending_changes + self._unpublished < self.settings.max_pending_changes
+
     async def _publish(self, batch: Sequence[Transaction]) -> None:
+        # Tracked only now: a transaction read but never published (the pipeline stopped) must
+        # not hold up the drain, which waits for every tracked change.
+        for transaction in batch:
+            self._tracker.add(transaction)
+            self._unpublished -= len(transaction.changes)
+        self.metrics.pending.set(self._tracker.pending_changes)
         changes = [change for transaction in batch for change in transaction.changes]
         if changes:
             await self.bus.publish(changes)
@@ -193,7 +202,7 @@ class Pipeline:
                 for change in transaction.changes:
                     self.metrics.commit_to_bus.labels(change.entity_type).observe(
                         max(0.0, now - change.commit_time.timestamp()))
-        if len(changes) < len(batch) or not all(transaction.changes for transaction in batch):
+        if not all(transaction.changes for transaction in batch):
             await self._confirm()  # a heartbeat or an empty commit: nothing to wait for
 
     async def _fill_unchanged(self, transaction: Transaction) -> Transaction:

@@ -67,7 +67,7 @@ class PostgresSourceSettings(BaseModel):
     # How often the confirmed position is reported to the server (psycopg2's minimum is 1 s).
     status_interval_s: float = Field(10.0, ge=1.0)
     # Committed transactions read ahead of the consumer; the reader waits when this many wait.
-    max_pending_transactions: int = Field(64, gt=0)
+    max_pending_transactions: int = Field(1000, gt=0)
 
     @field_validator("source_zone")
     @classmethod
@@ -376,19 +376,20 @@ class PostgresSource:
 
     async def _stream(self) -> AsyncIterator[Transaction]:
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Transaction | BaseException] = asyncio.Queue(
-            self.settings.max_pending_transactions)
+        queue: asyncio.Queue[Transaction | BaseException] = asyncio.Queue()  # bounded by the reader
         assembler = TransactionAssembler(self._tables, self._zone, self._base_types)
         self._reader = ReplicationReader(
             connect=lambda replication: self._connect(replication=replication),
             slot_name=self.settings.slot_name, publication=self.settings.publication_name,
             assembler=assembler, loop=loop, queue=queue,
             status_interval_s=self.settings.status_interval_s, heartbeat_s=self.settings.heartbeat_s,
+            max_pending=self.settings.max_pending_transactions,
         )
         self._reader.confirmed_lsn = self._confirmed_lsn
         self._reader.start()
         while True:
             item = await queue.get()
+            self._reader.taken()
             if isinstance(item, BaseException):
                 if isinstance(item, SourceError):
                     raise item
