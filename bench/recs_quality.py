@@ -76,18 +76,39 @@ class EngineVariant:
     buy_again: tuple[float, float] | None = None
 
 
-# The engine's defaults first (the reference row), then the settings the validation month
-# (2011-10-09 … 2011-11-08) favoured, then the buy-again prototype; see BENCHMARKS.md.
-ENGINE_VARIANTS: dict[str, EngineVariant] = {
-    "default": EngineVariant("tidegate (defaults: 24 h half-life)", {}),
-    "decay-7d": EngineVariant("tidegate (7 d half-life)", {"decay_hours": 24.0 * 7}),
-    "decay-7d-wide": EngineVariant("tidegate (7 d, 50 recent items, 100 neighbours)",
-                                   {"decay_hours": 24.0 * 7, "recent_items": 50, "max_neighbours": 100}),
-    "buy-again": EngineVariant("tidegate (7 d) + buy-again prototype", {"decay_hours": 24.0 * 7},
-                               buy_again=(2.0, 90.0)),
+# The engine as it was before its buy-again signal: one 24 h half-life for everything.
+_BEFORE: dict[str, Any] = {
+    "co_occurrence_decay_hours": 24.0, "trending_decay_hours": 24.0, "weight_repeat": 0.0,
 }
-DEFAULT_ENGINE = ("default", "decay-7d", "buy-again")  # decay-7d-wide doubles the engine's feeding cost
-QUICK_ENGINE = ("default", "buy-again")
+_DAYS = 24.0
+
+# The engine's defaults first (the reference row), then the engine before the buy-again signal
+# and the prototype that measured it from outside, then the alternatives scored on the
+# validation month (2011-10-09 … 2011-11-08) to choose the defaults; see BENCHMARKS.md.
+ENGINE_VARIANTS: dict[str, EngineVariant] = {
+    "default": EngineVariant("tidegate (defaults)", {}),
+    "before": EngineVariant("tidegate before buy-again (one 24 h half-life, no repeat signal)", _BEFORE),
+    "prototype": EngineVariant(
+        "buy-again prototype (not the engine: the earlier engine at 7 d, re-ranked from outside)",
+        {"decay_hours": 7 * _DAYS, "co_occurrence_decay_hours": 7 * _DAYS,
+         "trending_decay_hours": 7 * _DAYS, "weight_repeat": 0.0},
+        buy_again=(2.0, 90.0)),
+    "decay-7d": EngineVariant("tidegate (profile half-life 7 d)", {"decay_hours": 7 * _DAYS}),
+    "decay-7d-wide": EngineVariant("tidegate (profile 7 d, 50 recent items, 100 neighbours)",
+                                   {"decay_hours": 7 * _DAYS, "recent_items": 50, "max_neighbours": 100}),
+    # validation alternatives of the new settings
+    "repeat-w1": EngineVariant("tidegate (repeat weight 1)", {"weight_repeat": 1.0}),
+    "repeat-w4": EngineVariant("tidegate (repeat weight 4)", {"weight_repeat": 4.0}),
+    "repeat-30d": EngineVariant("tidegate (repeat half-life 30 d)", {"repeat_decay_hours": 30 * _DAYS}),
+    "repeat-365d": EngineVariant("tidegate (repeat half-life 365 d)", {"repeat_decay_hours": 365 * _DAYS}),
+    "shared-24h": EngineVariant("tidegate (co-occurrence, trending 24 h)",
+                                {"co_occurrence_decay_hours": 24.0, "trending_decay_hours": 24.0}),
+    "shared-30d": EngineVariant("tidegate (co-occurrence, trending 30 d)",
+                                {"co_occurrence_decay_hours": 30 * _DAYS,
+                                 "trending_decay_hours": 30 * _DAYS}),
+}
+DEFAULT_ENGINE = ("default", "before", "prototype")
+QUICK_ENGINE = ("default", "before")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,9 @@ customer (before the invoice is fed) and then `feed(invoice)`. History invoices 
 - `DailyBatch`: an `implicit` model (item-kNN or ALS) refit once per UK day on all purchases up
   to the previous midnight, serving what it computed overnight (its user rows are frozen at
   the refit as well; only the exclusion of already-bought items sees today's purchases).
-- `TidegateBuyAgain`: a prototype of a buy-again signal, re-ranking the engine's answer from
-  outside it (not part of tidegate; it measures what such a signal in the engine would give).
+- `TidegateBuyAgain`: the prototype that measured a buy-again signal before the engine had one,
+  re-ranking the engine's answer from outside it (not part of tidegate; kept as a comparison
+  row for the engine's own "repeat" signal, which replaced it).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ import itertools
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,7 +35,8 @@ BACKENDS = ["memory", "redis"]
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 VIEW, CART, BUY = InteractionKind.VIEW, InteractionKind.ADD_TO_CART, InteractionKind.PURCHASE
-SETTINGS = RecsSettings(dimension=8, decay_hours=1.0, session_window_s=1800.0)
+SETTINGS = RecsSettings(dimension=8, decay_hours=1.0, co_occurrence_decay_hours=1.0, trending_decay_hours=1.0,
+                        repeat_decay_hours=1.0, session_window_s=1800.0)
 
 
 def unit(*components: float) -> tuple[float, ...]:
@@ -141,15 +143,14 @@ class Event:
 
 def reference_scores(
     items: dict[str, Item], events: Sequence[Event], user: str, now_s: float, settings: RecsSettings,
-    context: str | None = None,
+    context: str | None = None, exclude_purchased: bool = True,
 ) -> dict[str, tuple[float, dict[str, float]]]:
     """Every eligible candidate's blended score and signals, recomputed from the whole event
     list as tidegate.recs.score documents them (lists and recent items unbounded)."""
-    h = settings.decay_hours * 3600.0
     w = {kind: settings.kind_weights[kind.value] for kind in InteractionKind}
 
-    def decay(at_s: float) -> float:
-        return float(2.0 ** (-(now_s - at_s) / h))
+    def decay(at_s: float, hours: float = settings.decay_hours) -> float:
+        return float(2.0 ** (-(now_s - at_s) / (hours * 3600.0)))
 
     def vector(item_id: str) -> list[float]:
         raw = items[item_id].vector
@@ -188,13 +189,25 @@ def reference_scores(
                     held_before[e.item] = (e.at_s, max(held[1], w[e.kind]))
             for other, (at_s, weight) in held_before.items():
                 if other != later.item and abs(later.at_s - at_s) <= settings.session_window_s:
-                    value = min(weight, w[later.kind]) * decay(max(at_s, later.at_s))
+                    value = min(weight, w[later.kind]) * decay(max(at_s, later.at_s),
+                                                               settings.co_occurrence_decay_hours)
                     for pair in ((later.item, other), (other, later.item)):
                         neighbour[pair] = neighbour.get(pair, 0.0) + value
     trend: dict[str, float] = {}
     for e in events:
-        trend[e.item] = trend.get(e.item, 0.0) + w[e.kind] * decay(e.at_s)
-    bought = {e.item for e in mine if e.kind is BUY}
+        trend[e.item] = trend.get(e.item, 0.0) + w[e.kind] * decay(e.at_s, settings.trending_decay_hours)
+    # Buy-again: each purchase counts 1, decayed with its own half-life.
+    again: dict[str, float] = {}
+    last_bought: dict[str, float] = {}
+    for e in mine:
+        if e.kind is BUY:
+            again[e.item] = again.get(e.item, 0.0) + decay(e.at_s, settings.repeat_decay_hours)
+            last_bought[e.item] = max(e.at_s, last_bought.get(e.item, e.at_s))
+    if exclude_purchased:
+        bought, again = set(last_bought), {}
+    else:  # only what is in the basket right now stays out
+        bought = {c for c, at_s in last_bought.items() if now_s - at_s <= settings.session_window_s}
+    again_top = max(again.values(), default=0.0)
     eligible = [item_id for item_id in items if item_id not in bought and item_id != context]
     co = {c: sum(a * neighbour.get((anchor, c), 0.0) for anchor, a in anchors.items()) for c in eligible}
     co_top = max(co.values(), default=0.0)
@@ -208,10 +221,14 @@ def reference_scores(
             "co_occurrence": co[c] / co_top if co_top > 0 else 0.0,
             "trending": trend.get(c, 0.0) / trend_top if trend_top > 0 else 0.0,
         }
+        repeat = again[c] / again_top if c in again else 0.0
+        if repeat > 0:
+            signals["repeat"] = repeat
         if any(value > 0 for value in signals.values()):
             score = (settings.weight_profile * signals["profile"]
                      + settings.weight_co_occurrence * signals["co_occurrence"]
-                     + settings.weight_trending * signals["trending"])
+                     + settings.weight_trending * signals["trending"]
+                     + settings.weight_repeat * repeat)
             scores[c] = (score, signals)
     return scores
 
@@ -221,8 +238,11 @@ CATALOGUE = {
                   vector=unit(*[math.cos(k * 0.7 + j) for j in range(4)]))
     for k in range(8)
 }
+# Every decayed signal with a half-life of its own (a mix-up shows), and a repeat weight that
+# lets the other signals still order the list.
 REFERENCE_SETTINGS = RecsSettings(
     dimension=8, decay_hours=1.0, session_window_s=1200.0, recent_items=64, max_neighbours=64,
+    co_occurrence_decay_hours=2.0, trending_decay_hours=0.5, repeat_decay_hours=3.0, weight_repeat=0.8,
 )
 
 event_lists = st.lists(
@@ -239,9 +259,11 @@ event_lists = st.lists(
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(events=event_lists, cuts=st.lists(st.integers(0, 25), max_size=3),
-       later_s=st.floats(0, 4 * 3600.0), context=st.none() | st.sampled_from(sorted(CATALOGUE)))
+       later_s=st.floats(0, 4 * 3600.0), context=st.none() | st.sampled_from(sorted(CATALOGUE)),
+       exclude_purchased=st.booleans())
 async def test_incremental_state_scores_as_a_recomputation_from_the_events(
     engines: Engines, events: list[Event], cuts: list[int], later_s: float, context: str | None,
+    exclude_purchased: bool,
 ) -> None:
     rec = await engines.fresh(REFERENCE_SETTINGS)
     await shop(rec, *CATALOGUE.values())
@@ -255,8 +277,10 @@ async def test_incremental_state_scores_as_a_recomputation_from_the_events(
 
     for user in sorted({e.user for e in events}):
         # When the user's recommendations are asked for
-        result = await rec.recommend(RecQuery(user, n=4, context=context))
-        expected = reference_scores(CATALOGUE, events, user, now_s, REFERENCE_SETTINGS, context)
+        query = RecQuery(user, n=4, context=context, exclude_purchased=exclude_purchased)
+        result = await rec.recommend(query)
+        expected = reference_scores(CATALOGUE, events, user, now_s, REFERENCE_SETTINGS, context,
+                                    exclude_purchased)
 
         # Then each item scores as recomputed, and they are the best of the recomputation
         assert not result.cold_start
@@ -353,6 +377,66 @@ async def test_purchased_items_never_come_back_and_the_one_just_bought_never(
         result = await rec.recommend(RecQuery("me", n=10, exclude_purchased=exclude))
         assert "dear" not in ids(result)
         assert ("mid" in ids(result)) is not exclude
+
+
+# ---------------------------------------------------------------------- buy again
+
+
+BUY_AGAIN = RecsSettings(dimension=8, decay_hours=1.0, repeat_decay_hours=10.0, weight_repeat=4.0,
+                         session_window_s=1800.0)
+
+
+async def test_buy_again_counts_decay_with_their_own_half_life(engines: Engines) -> None:
+    rec = await engines.fresh(BUY_AGAIN)
+    await shop(rec, Item("flour", name="Flour", vector=unit(1.0)),
+               Item("yeast", name="Yeast", vector=unit(0.0, 1.0)),
+               Item("salt", name="Salt", vector=unit(0.0, 0.0, 1.0)))
+    # Given flour bought at T0, and yeast one repeat half-life (10 h) later
+    await rec.record([touch("baker", "flour", BUY, at=T0)])
+    await rec.record([touch("baker", "yeast", BUY, at=T0 + 10 * HOUR)])
+    engines.clock.now = T0 + 11 * HOUR
+
+    # Then flour's count is half of yeast's (the profile's 1 h half-life would make it 2^-10)
+    result = await rec.recommend(RecQuery("baker", n=3, exclude_purchased=False))
+    signals = {r.item_id: r.signals for r in result.items}
+    assert signals["yeast"]["repeat"] == pytest.approx(1.0)
+    assert signals["flour"]["repeat"] == pytest.approx(0.5, rel=1e-6)
+    assert "repeat" not in signals.get("salt", {})
+
+    # When flour is bought once more, far later: the old purchase still counts, decayed
+    engines.clock.now = T0 + 30 * HOUR
+    await rec.record([touch("baker", "flour", BUY, at=T0 + 20 * HOUR)])
+    signals = {r.item_id: r.signals
+               for r in (await rec.recommend(RecQuery("baker", n=3, exclude_purchased=False))).items}
+    # flour: 2^-2 + 1 at T0 + 20 h against yeast's 2^-1 there
+    assert signals["flour"]["repeat"] == pytest.approx(1.0)
+    assert signals["yeast"]["repeat"] == pytest.approx(0.5 / 1.25, rel=1e-6)
+
+
+async def test_buy_again_ranks_the_users_staples_only_when_purchases_are_allowed(engines: Engines) -> None:
+    rec = await engines.fresh(BUY_AGAIN)
+    await shop(rec, *(Item(f"i{k}", name=f"Item {k}", vector=unit(*([0.0] * k), 1.0)) for k in range(6)))
+    # Given a customer who bought i0 three times and i1 once, and others who buy i2…i4
+    for day in range(3):
+        await rec.record([touch("me", "i0", BUY, at=T0 + day * HOUR)])
+    await rec.record([touch("me", "i1", BUY, at=T0 + 2 * HOUR)])
+    await rec.record([touch(f"u{k}", f"i{2 + k % 3}", BUY, at=T0 + 3 * HOUR) for k in range(9)])
+    engines.clock.now = T0 + 4 * HOUR
+
+    # Then with purchases allowed the staples come first, explained by the customer's own buying
+    result = await rec.recommend(RecQuery("me", n=4, exclude_purchased=False, explain=True))
+    assert ids(result)[:2] == ["i0", "i1"]
+    reasons = {r.item_id: r.reason for r in result.items}
+    assert reasons["i0"] == "you buy this regularly"  # about 2.4 purchases, decayed
+    assert reasons["i1"] == "bought again by you"
+    # And with purchases excluded nothing of theirs comes back, and no repeat signal shows
+    excluded = await rec.recommend(RecQuery("me", n=4, explain=True))
+    assert not {"i0", "i1"} & set(ids(excluded))
+    assert all("repeat" not in r.signals for r in excluded.items)
+
+    # And an item just bought (within the session window) stays out even when purchases are allowed
+    await rec.record([touch("me", "i0", BUY, at=engines.clock.now)])
+    assert "i0" not in ids(await rec.recommend(RecQuery("me", n=4, exclude_purchased=False)))
 
 
 async def test_the_context_item_is_never_recommended(stocked: Recommender) -> None:
@@ -616,6 +700,14 @@ def test_settings_are_checked() -> None:
     store = recs_store_for("memory://")
     with pytest.raises(ConfigError, match="decay_hours"):
         Recommender(store, RecsSettings(decay_hours=0))
+    for name in ("co_occurrence_decay_hours", "trending_decay_hours", "repeat_decay_hours"):
+        with pytest.raises(ConfigError, match=name):
+            bad: dict[str, Any] = {name: 0.0}
+            Recommender(store, replace(RecsSettings(), **bad))
+    with pytest.raises(ConfigError, match="weight_repeat"):
+        Recommender(store, RecsSettings(weight_repeat=-1.0))
+    with pytest.raises(ConfigError, match="max_repeat"):
+        Recommender(store, RecsSettings(max_repeat=0))
     with pytest.raises(ConfigError, match="kind_weights"):
         Recommender(store, RecsSettings(kind_weights={"view": 1.0}))
     with pytest.raises(ConfigError, match="dimension"):

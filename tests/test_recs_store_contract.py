@@ -1,7 +1,7 @@
 """The recommendation store contract: one suite, run against memory:// and redis:// through `stores`.
 
 The catalogue and its change log, per-user state (decayed profile, co-occurrence pairs, recent and
-purchased items) checked against a from-scratch reference over random event lists, log-added
+purchased items, buy-again counts) checked against a from-scratch reference over random event lists, log-added
 bounded lists (neighbours, trending), bookkeeping, lifecycle, and the Redis-only parts (hash tags,
 shared state between processes, a server that goes away).
 """
@@ -31,7 +31,9 @@ from tidegate.recs.store_memory import MemoryRecsStore
 BACKENDS = ["memory", "redis"]
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 HOUR = 3600.0
-PARAMS = UserParams(half_life_s=HOUR, session_window_s=1800.0, recent_items=50, max_purchased=50)
+# Each decayed sum with a half-life of its own, so a mix-up shows.
+PARAMS = UserParams(half_life_s=HOUR, session_window_s=1800.0, recent_items=50, max_purchased=50,
+                    co_occurrence_half_life_s=2 * HOUR, repeat_half_life_s=3 * HOUR, max_repeat=50)
 VECTORS = {"a": (1.0, 0.0, 0.0, 0.0), "b": (0.0, 1.0, 0.0, 0.0), "c": (0.6, 0.8, 0.0, 0.0)}
 
 
@@ -187,16 +189,19 @@ async def test_pairs_come_from_recent_items_within_the_window_at_the_weaker_weig
     assert outcome.new_user
     pairs: list[tuple[str, str, object]] = [(a, b, pytest.approx(value)) for a, b, value in outcome.pairs]
     assert pairs == [
-        ("b", "a", log_weight(3.0, T0 + 600, HOUR)),
-        ("a", "b", log_weight(1.0, T0 + 601, HOUR)),
-        ("c", "a", log_weight(1.0, T0 + 2401, HOUR)),  # a, touched again at +601, is 1800 s away; b is not
+        # log weights with the co-occurrence half-life, not the profile's
+        ("b", "a", log_weight(3.0, T0 + 600, 2 * HOUR)),
+        ("a", "b", log_weight(1.0, T0 + 601, 2 * HOUR)),
+        # a, touched again at +601, is 1800 s away; b is not
+        ("c", "a", log_weight(1.0, T0 + 2401, 2 * HOUR)),
     ]
     again, = await store.record_users([("u", [event("b", T0 + 9000)])], PARAMS)
     assert not again.new_user and again.pairs == ()
 
 
 async def test_recent_items_keep_the_newest_and_purchases_keep_the_latest_time(store: RecsStore) -> None:
-    params = UserParams(half_life_s=HOUR, session_window_s=0.0, recent_items=2, max_purchased=2)
+    params = UserParams(half_life_s=HOUR, session_window_s=0.0, recent_items=2, max_purchased=2,
+                        max_repeat=2)
     await store.record_users([("u", [
         event("a", T0, 5.0, purchase=True), event("b", T0 + 1), event("c", T0 + 2, purchase=True),
         event("a", T0 + 3, 5.0, purchase=True), event("d", T0 + 4, purchase=True),
@@ -207,6 +212,48 @@ async def test_recent_items_keep_the_newest_and_purchases_keep_the_latest_time(s
     assert state is not None
     assert state.recent == (RecentItem("d", T0 + 4, 1.0), RecentItem("a", T0 + 3, 5.0))
     assert state.purchased == {"a": T0 + 3, "d": T0 + 4}
+    # the buy-again counts keep the two largest: a and d were bought twice, c once
+    assert set(state.repeat) == {"a", "d"}
+
+
+async def test_buy_again_counts_log_add_each_purchase_and_keep_the_largest(store: RecsStore) -> None:
+    h = 3 * HOUR
+    params = UserParams(half_life_s=HOUR, session_window_s=0.0, recent_items=5, max_purchased=10,
+                        repeat_half_life_s=h, max_repeat=3)
+    # a bought twice, one half-life apart; b, c, d once at the same time (a tie at the bound)
+    await store.record_users([("u", [event("a", T0, purchase=True), event("b", T0 + h, purchase=True),
+                                     event("c", T0 + h, purchase=True), event("x", T0 + h)])], params)
+    await store.record_users([("u", [event("d", T0 + h, purchase=True), event("a", T0 + h, purchase=True)])],
+                             params)
+
+    state = await store.user_state("u")
+    assert state is not None
+    # a: 2^(T0/h) + 2^((T0+h)/h) = 1.5 · 2^((T0+h)/h); the tie among b, c, d drops the smallest id
+    assert dict(state.repeat) == pytest.approx({"a": log_weight(1.5, T0 + h, h),
+                                                "c": log_weight(1.0, T0 + h, h),
+                                                "d": log_weight(1.0, T0 + h, h)}, rel=1e-12)
+    # a view is no purchase; the purchased set (its own bound) holds all four
+    assert set(state.purchased) == {"a", "b", "c", "d"}
+
+
+async def test_the_purchased_set_is_exact_for_a_wholesaler(store: RecsStore) -> None:
+    from tidegate.recs import RecsSettings
+
+    settings = RecsSettings()
+    params = UserParams(half_life_s=HOUR, session_window_s=0.0, recent_items=settings.recent_items,
+                        max_purchased=settings.max_purchased, max_repeat=settings.max_repeat)
+    # A customer who bought 2,500 distinct products (the retail data's largest bought ~1,800)
+    bought = [f"p{k:04d}" for k in range(2500)]
+    for start in range(0, len(bought), 500):
+        chunk = enumerate(bought[start:start + 500], start)
+        batch = [event(code, T0 + k, purchase=True) for k, code in chunk]
+        await store.record_users([("w", batch)], params)
+
+    state = await store.user_state("w")
+    assert state is not None
+    assert set(state.purchased) == set(bought)  # every one of them stays excluded
+    assert len(state.repeat) == settings.max_repeat  # only the counts are bounded: the newest kept
+    assert set(state.repeat) == set(bought[-settings.max_repeat:])
 
 
 async def test_equal_times_keep_the_larger_weight_and_the_entry_updated_last_first(store: RecsStore) -> None:
@@ -226,9 +273,11 @@ async def test_an_unknown_user_has_no_state(store: RecsStore) -> None:
 
 
 def reference_user(events: Sequence[UserEvent], params: UserParams) -> tuple[
-    tuple[float, ...], float, list[tuple[str, float, float]], dict[str, float], list[tuple[str, str, float]]
+    tuple[float, ...], float, list[tuple[str, float, float]], dict[str, float], list[tuple[str, str, float]],
+    dict[str, float],
 ]:
-    """Profile, its time, recent items (newest first), purchases and pairs, from the event list.
+    """Profile, its time, recent items (newest first), purchases, pairs and buy-again counts (log2
+    of the sum of 2^(t / repeat half-life) over the item's purchases), from the event list.
 
     A recent entry is the item's latest time and the largest weight at that time; among equal
     times, the entry whose last event at that time came later ranks first."""
@@ -256,7 +305,7 @@ def reference_user(events: Sequence[UserEvent], params: UserParams) -> tuple[
             if other != e.item_id and held is not None and abs(e.at_s - held[0]) <= params.session_window_s:
                 weight = min(e.weight, held[1])
                 if weight > 0:
-                    value = log_weight(weight, max(e.at_s, held[0]), params.half_life_s)
+                    value = log_weight(weight, max(e.at_s, held[0]), params.pair_half_life_s)
                     pairs.append((e.item_id, other, value))
     entries = {item_id: entry(item_id, len(events)) for item_id in dict.fromkeys(e.item_id for e in events)}
     ranked = sorted(entries.items(), key=lambda kv: (kv[1][0], kv[1][2]), reverse=True)  # type: ignore[index]
@@ -265,7 +314,13 @@ def reference_user(events: Sequence[UserEvent], params: UserParams) -> tuple[
     for e in events:
         if e.purchase:
             purchased[e.item_id] = max(e.at_s, purchased.get(e.item_id, e.at_s))
-    return profile, profile_at, recent, purchased, pairs
+    repeat = {}
+    for item_id in purchased:
+        exponents = [e.at_s / params.repeat_half_life_s
+                     for e in events if e.purchase and e.item_id == item_id]
+        top = max(exponents)
+        repeat[item_id] = top + math.log2(sum(2.0 ** (x - top) for x in exponents))
+    return profile, profile_at, recent, purchased, pairs, repeat
 
 
 events_strategy = st.lists(
@@ -295,7 +350,7 @@ async def test_user_updates_match_a_recomputation_from_the_events(
         outcome, = await store.record_users([(user, chunk)], PARAMS)
         pairs += outcome.pairs
     state = await store.user_state(user)
-    profile, profile_at, recent, purchased, expected_pairs = reference_user(events, PARAMS)
+    profile, profile_at, recent, purchased, expected_pairs, repeat = reference_user(events, PARAMS)
 
     assert state is not None
     assert state.profile == pytest.approx(profile, rel=1e-9, abs=1e-12)
@@ -303,6 +358,7 @@ async def test_user_updates_match_a_recomputation_from_the_events(
         assert state.profile_at_s == profile_at
     assert [(e.item_id, e.at_s, e.weight) for e in state.recent] == recent
     assert dict(state.purchased) == purchased
+    assert dict(state.repeat) == pytest.approx(repeat, rel=1e-12)
     pairs.sort()  # the order of pairs within an event is not part of the contract
     expected_pairs.sort()
     assert [(a, b) for a, b, _ in pairs] == [(a, b) for a, b, _ in expected_pairs]
@@ -433,7 +489,7 @@ async def test_redis_keys_carry_a_hash_tag_per_unit(redis_stores: Stores, redis_
     p = redis_stores.prefix
     assert keys == sorted([
         f"{{{p}:recs:items}}:data", f"{{{p}:recs:items}}:log", f"{{{p}:recs:items}}:version",
-        f"{{{p}:recs:user:u1}}:state", f"{{{p}:recs:user:u1}}:bought",
+        f"{{{p}:recs:user:u1}}:state", f"{{{p}:recs:user:u1}}:bought", f"{{{p}:recs:user:u1}}:again",
         f"{{{p}:recs:item:a}}:neighbours",
         f"{{{p}:recs:trending}}:all", f"{{{p}:recs:trending}}:category:shoes",
         f"{{{p}:recs}}:meta",

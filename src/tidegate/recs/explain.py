@@ -4,6 +4,8 @@
   context item) that contributed most;
 - profile: "similar to <Y> you viewed" (or "… you added to your cart", "… you bought", after the
   kind of the user's interaction with Y), Y the recent item most like the candidate;
+- repeat (buy-again): "you buy this regularly" when the user's decayed purchase count of the item
+  is at least `REGULAR_COUNT` (several recent purchases), else "bought again by you";
 - trending: "trending in <category>" (the query's category when the item has it, else its first
   one), "trending now" for an item without categories.
 """
@@ -14,13 +16,25 @@ from collections.abc import Mapping, Sequence
 
 from tidegate.recs.model import InteractionKind, Item
 
-__all__ = ["bought_together", "item_name", "similar_to", "trending_in", "verb_for_weight"]
+__all__ = [
+    "REGULAR_COUNT", "bought_together", "buy_again", "item_name", "similar_to", "trending_in",
+    "verb_for_weight",
+]
 
 _VERBS = {
     InteractionKind.VIEW.value: "viewed",
     InteractionKind.ADD_TO_CART.value: "added to your cart",
     InteractionKind.PURCHASE.value: "bought",
 }
+
+
+REGULAR_COUNT = 2.0
+"""A decayed purchase count from which an item is one the user "buys regularly"."""
+
+
+def buy_again(count: float) -> str:
+    """The reason for an item the user bought before, by its decayed purchase count."""
+    return "you buy this regularly" if count >= REGULAR_COUNT else "bought again by you"
 
 
 def item_name(item: Item | None, item_id: str) -> str:

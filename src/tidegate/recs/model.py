@@ -6,7 +6,9 @@ Signals, all decayed with time so that yesterday's behaviour counts less than th
 - the user's profile: a decayed, interaction-weighted sum of the vectors of items they touched;
 - co-occurrence: items touched by the same user within a session window, decayed, a bounded
   neighbour list per item;
-- trending: decayed popularity, global and per category.
+- trending: decayed popularity, global and per category;
+- buy-again ("repeat"): per user, a decayed purchase count of each item they bought, a candidate
+  and a signal only when a query lets purchased items through (`exclude_purchased=False`).
 """
 
 from __future__ import annotations
@@ -87,8 +89,10 @@ class Recommendation:
 
     item_id: str
     score: float
-    signals: Mapping[str, float] = field(default_factory=dict)  # "profile", "co_occurrence", "trending"
-    reason: str | None = None  # with explain: "bought together with X", "trending in audio", ...
+    # "profile", "co_occurrence", "trending"; and "repeat" when the item is one the user bought
+    # before and the query lets purchased items through
+    signals: Mapping[str, float] = field(default_factory=dict)
+    reason: str | None = None  # with explain: "bought together with X", "you buy this regularly", ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +110,7 @@ class RecsSettings:
     """How the recommender weighs and decays its signals."""
 
     dimension: int = 64  # the size of item and profile vectors
-    decay_hours: float = 24.0  # half-life of profiles, co-occurrence and trending
+    decay_hours: float = 24.0  # half-life of profiles and of the recent items' anchor weights
     kind_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_KIND_WEIGHTS))
     session_window_s: float = 1800.0  # items touched within this window co-occur
     recent_items: int = 20  # per user, for co-occurrence and candidates
@@ -119,4 +123,18 @@ class RecsSettings:
     # Bounds of the shared state (added after the first release of this type; defaults keep the
     # earlier behaviour for every catalogue of up to this many items).
     max_trending: int = 10_000  # items kept per trending list (global, each category)
-    max_purchased: int = 1000  # purchases remembered per user (for "exclude purchased")
+    # The purchased set is exact: "exclude purchased" must never let a bought item through, and
+    # a set entry is ~50 bytes, so even a wholesaler buying a whole catalogue of thousands of
+    # items fits; this bound only protects the store from a runaway id stream.
+    max_purchased: int = 100_000  # purchases remembered per user (for "exclude purchased")
+    # Half-lives of the shared signals (hours), apart from the profile's: a co-occurrence or a
+    # sale is evidence about the items for weeks, whereas a profile follows a user's current
+    # intent. Chosen on the validation month of bench/recs_quality.py (see BENCHMARKS.md).
+    co_occurrence_decay_hours: float = 24.0 * 7
+    trending_decay_hours: float = 24.0 * 7
+    # Buy-again: per user, each purchased item's purchase count decayed with this half-life (a
+    # re-order cycle is weeks to months), the `max_repeat` strongest kept; its weight in the
+    # blended score applies only when purchased items are allowed (documented in score.py).
+    repeat_decay_hours: float = 24.0 * 90
+    weight_repeat: float = 2.0
+    max_repeat: int = 1000

@@ -3,7 +3,8 @@
 Everything a replica needs lives in the store, so any number of `Recommender`s on one Redis serve
 the same recommendations: the item catalogue (attributes and unit vectors, with a version counter
 and a change log so a replica refreshes its in-process item matrix cheaply), per-user state (the
-decayed profile vector, the recent items, the purchased items), the co-occurrence neighbour list
+decayed profile vector, the recent items, the purchased items and their decayed purchase
+counts), the co-occurrence neighbour list
 of each item, and the trending scores, global and per category. One contract, two backends, one
 test suite (tests/test_recs_store_contract.py).
 
@@ -14,13 +15,18 @@ one Lua script, so concurrent writers never lose an update):
   the event's time and adds `weight · vector` (see `tidegate.recs.score`; an event without a
   vector, for an item the catalogue does not know yet, leaves the profile alone); each recent
   item `r` other than the event's item, touched within `session_window_s` of it, makes a
-  co-occurrence pair of weight `min(weight, r.weight)` at the later of the two times, returned to
-  the caller; then the event's item becomes a recent item (its entry takes the event's time and
-  weight when the event is newer, the larger weight when it is as old, and stays when it is older)
-  and the recent list keeps the `recent_items` newest (among equal times, the entry updated
-  last comes first); a purchase records its latest time in the purchased set, which keeps the
-  `max_purchased` newest once the user's events of the batch are applied (ties: the smallest id
-  goes first). A user is new when the store held nothing for them.
+  co-occurrence pair of weight `min(weight, r.weight)` at the later of the two times (a log
+  weight with the co-occurrence half-life), returned to the caller; then the event's item
+  becomes a recent item (its entry takes the event's time and weight when the event is newer,
+  the larger weight when it is as old, and stays when it is older) and the recent list keeps the
+  `recent_items` newest (among equal times, the entry updated last comes first); a purchase
+  records its latest time in the purchased set and log-adds `log_weight(1, time, repeat
+  half-life)` to the item's buy-again count. Once the user's events of the batch are applied,
+  the purchased set keeps the `max_purchased` newest and the counts the `max_repeat` largest
+  (ties, both: the smallest id goes first). The purchased set is meant to be complete (its bound
+  far above any real user's distinct purchases, so "exclude purchased" is exact); the counts
+  only rank the user's own items, so a trim loses only counts weaker than every kept one. A
+  user is new when the store held nothing for them.
 - `add_neighbours` and `add_trending` log-add forward-decayed weights (`score.log_add`) to sorted
   lists, then drop the weakest entries past the bound (ties: the smallest id goes first).
 - `delete_item` removes the item, its trending entries (global and its categories) and its own
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from tidegate._lifecycle import Lifecycle
@@ -60,10 +66,19 @@ __all__ = [
 class UserParams:
     """How `record_users` updates a user's state."""
 
-    half_life_s: float
+    half_life_s: float  # the profile's
     session_window_s: float
     recent_items: int
     max_purchased: int
+    # Added after the first release (defaults keep constructions of the earlier fields valid).
+    co_occurrence_half_life_s: float | None = None  # the pairs' log weights; None: half_life_s
+    repeat_half_life_s: float = 90 * 86_400.0  # the buy-again counts
+    max_repeat: int = 1000  # buy-again counts kept per user
+
+    @property
+    def pair_half_life_s(self) -> float:
+        """The half-life of the co-occurrence pairs' log weights."""
+        return self.half_life_s if self.co_occurrence_half_life_s is None else self.co_occurrence_half_life_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +110,9 @@ class UserState:
     profile_at_s: float
     recent: tuple[RecentItem, ...]  # newest first
     purchased: Mapping[str, float]  # item id -> time of its last purchase (s)
+    # item id -> log2 of its forward-decayed purchase count (`score.log_weight` with the repeat
+    # half-life per purchase; `score.decayed` reads it); added later, hence the default
+    repeat: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from tidegate.recs.model import Item
 from tidegate.recs.score import decay_factor, log_add, log_weight
@@ -26,6 +27,8 @@ from tidegate.recs.store import (
 
 __all__ = ["BoundedScores", "MemoryRecsStore", "UserRecord"]
 
+_BY_SCORE_THEN_ID = itemgetter(1, 0)
+
 
 class BoundedScores:
     """A sorted set of log weights that only grow, bounded by dropping the weakest.
@@ -38,6 +41,7 @@ class BoundedScores:
         self.scores: dict[str, float] = {}
         self._heap: list[tuple[float, str]] = []
         self._ranked: list[tuple[str, float]] | None = None
+        self._head: list[tuple[str, float]] = []  # a prefix of the ranking, when _ranked is None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -47,7 +51,7 @@ class BoundedScores:
         score = log_value if current is None else log_add(current, log_value)
         self.scores[member] = score
         heapq.heappush(self._heap, (score, member))
-        self._ranked = None
+        self._changed()
         if len(self._heap) > 2 * len(self.scores) + 64:
             self._heap = [(s, m) for m, s in self.scores.items()]
             heapq.heapify(self._heap)
@@ -58,17 +62,32 @@ class BoundedScores:
             score, member = heapq.heappop(self._heap)
             if self.scores.get(member) == score:
                 del self.scores[member]
-                self._ranked = None
+                self._changed()
 
     def remove(self, member: str) -> None:
         if self.scores.pop(member, None) is not None:
-            self._ranked = None  # its heap entries are now stale
+            self._changed()  # its heap entries are now stale
+
+    def _changed(self) -> None:
+        self._ranked = None
+        self._head = []
 
     def ranked(self) -> list[tuple[str, float]]:
         """Strongest first; equal scores in descending id order (as ZREVRANGE)."""
         if self._ranked is None:
-            self._ranked = sorted(self.scores.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+            self._ranked = sorted(self.scores.items(), key=_BY_SCORE_THEN_ID, reverse=True)
         return self._ranked
+
+    def top(self, start: int, count: int) -> list[tuple[str, float]]:
+        """`ranked()[start:start + count]`. A list written to between reads (trending, under a
+        stream of interactions) would be sorted whole for every read; its head alone is a
+        partial selection, several times cheaper on a list of thousands."""
+        end = start + count
+        if self._ranked is not None or 4 * end >= len(self.scores):
+            return self.ranked()[start:end]
+        if len(self._head) < end:
+            self._head = heapq.nlargest(end, self.scores.items(), key=_BY_SCORE_THEN_ID)
+        return self._head[start:end]
 
 
 @dataclass(slots=True)
@@ -79,6 +98,7 @@ class UserRecord:
     profile_at_s: float = 0.0
     recent: list[RecentItem] = field(default_factory=list)  # newest first
     purchased: dict[str, float] = field(default_factory=dict)
+    repeat: dict[str, float] = field(default_factory=dict)  # item id -> log2 decayed purchase count
 
     def apply(self, event: UserEvent, params: UserParams) -> list[tuple[str, str, float]]:
         """Apply one event; returns the co-occurrence pairs it made."""
@@ -89,12 +109,25 @@ class UserRecord:
                 weight = min(event.weight, entry.weight)
                 if weight > 0:
                     at_s = max(event.at_s, entry.at_s)
-                    pairs.append((event.item_id, entry.item_id, log_weight(weight, at_s, params.half_life_s)))
+                    pairs.append((event.item_id, entry.item_id,
+                                  log_weight(weight, at_s, params.pair_half_life_s)))
         self._touch(event)
         del self.recent[params.recent_items:]
         if event.purchase:
             self.purchased[event.item_id] = max(event.at_s, self.purchased.get(event.item_id, event.at_s))
+            value = log_weight(1.0, event.at_s, params.repeat_half_life_s)
+            held = self.repeat.get(event.item_id)
+            self.repeat[event.item_id] = value if held is None else log_add(held, value)
         return pairs
+
+    def trim(self, params: UserParams) -> None:
+        """The bounds of the purchased set and the buy-again counts, once per batch."""
+        self.trim_purchased(params.max_purchased)
+        excess = len(self.repeat) - params.max_repeat
+        if excess > 0:
+            # The weakest counts go (ties: the smallest id first, as Redis does).
+            for item_id, _ in heapq.nsmallest(excess, self.repeat.items(), key=_BY_SCORE_THEN_ID):
+                del self.repeat[item_id]
 
     def trim_purchased(self, max_purchased: int) -> None:
         """Forget the oldest purchases past the bound (ties: the smallest id first, as Redis
@@ -138,7 +171,10 @@ class UserRecord:
         self.recent.insert(position, RecentItem(event.item_id, at_s, weight))
 
     def state(self) -> UserState:
-        return UserState(tuple(self.profile), self.profile_at_s, tuple(self.recent), dict(self.purchased))
+        return UserState(
+            tuple(self.profile), self.profile_at_s, tuple(self.recent), dict(self.purchased),
+            dict(self.repeat),
+        )
 
 
 class MemoryRecsStore(RecsStore):
@@ -218,7 +254,7 @@ class MemoryRecsStore(RecsStore):
             if record is None:
                 record = self._users[user_id] = UserRecord()
             pairs = [pair for event in events for pair in record.apply(event, params)]
-            record.trim_purchased(params.max_purchased)
+            record.trim(params)
             outcomes.append(UserOutcome(new_user, tuple(pairs)))
         return outcomes
 
@@ -240,7 +276,7 @@ class MemoryRecsStore(RecsStore):
         for item_id in item_ids:
             scores = self._neighbour_lists.get(item_id)
             if scores:
-                found[item_id] = scores.ranked()[:limit]
+                found[item_id] = scores.top(0, limit)
         return found
 
     # ------------------------------------------------------------------ trending
@@ -254,7 +290,7 @@ class MemoryRecsStore(RecsStore):
 
     async def _trending_top(self, scope: str | None, start: int, count: int) -> list[tuple[str, float]]:
         scores = self._trending_lists.get(scope)
-        return [] if scores is None else scores.ranked()[start:start + count]
+        return [] if scores is None else scores.top(start, count)
 
     async def _trending_scores(self, scope: str | None, item_ids: Sequence[str]) -> list[float | None]:
         scores = self._trending_lists.get(scope)

@@ -6,8 +6,9 @@ Redis Cluster slot:
 
 - `{<prefix>:recs:items}:data|log|version`: the catalogue (item id → msgpack item), its change
   log (item id → version of its last change) and version counter;
-- `{<prefix>:recs:user:<user id>}:state|bought`: a user's profile and recent items (a hash), and
-  purchased items (a sorted set by time, bounded);
+- `{<prefix>:recs:user:<user id>}:state|bought|again`: a user's profile and recent items (a
+  hash), purchased items (a sorted set by time, bounded) and their buy-again counts (a sorted set
+  by log2 decayed count, bounded);
 - `{<prefix>:recs:item:<item id>}:neighbours`: an item's co-occurrence list (sorted by log weight,
   bounded);
 - `{<prefix>:recs:trending}:all` and `…:category:<name>`: trending lists (sorted by log weight,
@@ -114,7 +115,7 @@ class RedisRecsStore(RecsStore):
 
     def _user_keys(self, user_id: str) -> list[str]:
         tag = f"{{{self.prefix}:recs:user:{user_id}}}"
-        return [f"{tag}:state", f"{tag}:bought"]
+        return [f"{tag}:state", f"{tag}:bought", f"{tag}:again"]
 
     def _neighbours_key(self, item_id: str) -> str:
         return f"{{{self.prefix}:recs:item:{item_id}}}:neighbours"
@@ -161,7 +162,11 @@ class RedisRecsStore(RecsStore):
     async def _record_users(
         self, batch: Sequence[tuple[str, Sequence[UserEvent]]], params: UserParams
     ) -> list[UserOutcome]:
-        head = [params.half_life_s, params.session_window_s, params.recent_items, params.max_purchased]
+        head = [
+            repr(params.half_life_s), repr(params.session_window_s), params.recent_items,
+            params.max_purchased,
+            repr(params.pair_half_life_s), repr(params.repeat_half_life_s), params.max_repeat,
+        ]
         packed: dict[tuple[float, ...], bytes] = {}
         async with self._redis.pipeline(transaction=False) as pipe:
             for user_id, events in batch:
@@ -186,11 +191,12 @@ class RedisRecsStore(RecsStore):
         return outcomes
 
     async def _user_state(self, user_id: str) -> UserState | None:
-        state_key, bought_key = self._user_keys(user_id)
+        state_key, bought_key, again_key = self._user_keys(user_id)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hmget(state_key, "p", "r")
             pipe.zrange(bought_key, 0, -1, withscores=True)
-            (profile_blob, recent_blob), bought = await self._guard(pipe.execute())
+            pipe.zrange(again_key, 0, -1, withscores=True)
+            (profile_blob, recent_blob), bought, again = await self._guard(pipe.execute())
         if recent_blob is None:
             return None
         profile = msgpack.unpackb(profile_blob) if profile_blob else []
@@ -203,6 +209,7 @@ class RedisRecsStore(RecsStore):
             profile_at_s=float(profile[0]) if profile else 0.0,
             recent=recent,
             purchased={member.decode(): float(at_s) for member, at_s in bought},
+            repeat={member.decode(): float(value) for member, value in again},
         )
 
     # ------------------------------------------------------------------ co-occurrence

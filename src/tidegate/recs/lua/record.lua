@@ -1,17 +1,20 @@
 -- Apply one user's interactions in order: decayed profile, co-occurrence pairs, recent items,
--- purchased items. The plain-Python statement of the same rules is UserRecord in
+-- purchased items and their buy-again counts. The plain-Python statement of the same rules is UserRecord in
 -- store_memory.py; see also tidegate.recs.store.
 -- KEYS[1] state   hash  "p": profile, msgpack [time of last update, component 1, ...];
 --                       "r": recent items, msgpack [id, time, weight, id, time, weight, ...],
 --                       newest first
 -- KEYS[2] bought  zset  item id -> time of its last purchase
--- ARGV[1] half-life s, ARGV[2] session window s, ARGV[3] recent items kept, ARGV[4] purchases
--- kept, then five fields per interaction: item id, time s, kind weight, "1" for a purchase else
+-- KEYS[3] again   zset  item id -> log2 of its forward-decayed purchase count
+-- ARGV[1] profile half-life s, ARGV[2] session window s, ARGV[3] recent items kept, ARGV[4]
+-- purchases kept, ARGV[5] co-occurrence half-life s, ARGV[6] buy-again half-life s, ARGV[7]
+-- buy-again counts kept, then five fields per interaction: item id, time s, kind weight, "1" for a purchase else
 -- "0", the item's unit vector (msgpack array) or "" when the item is not in the catalogue.
 -- Returns {1 when the user was new else 0, then per co-occurrence pair: item id, other item id,
 -- log2 weight (a string: Lua numbers reach Redis as integers)}.
 local half_life, window = tonumber(ARGV[1]), tonumber(ARGV[2])
 local recent_cap, bought_cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local pair_half_life, again_half_life, again_cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local LN2 = math.log(2)
 local MAX_EXPONENT = 1000
 
@@ -60,7 +63,7 @@ local function touch(item, at, weight)
   while #recent > recent_cap do table.remove(recent) end
 end
 
-for i = 5, #ARGV, 5 do
+for i = 8, #ARGV, 5 do
   local item, at, weight = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   add_to_profile(at, weight, ARGV[i + 4])
   for _, entry in ipairs(recent) do
@@ -69,7 +72,7 @@ for i = 5, #ARGV, 5 do
       if pair_weight > 0 then
         out[#out + 1] = item
         out[#out + 1] = entry[1]
-        out[#out + 1] = string.format('%.17g', math.log(pair_weight) / LN2 + math.max(at, entry[2]) / half_life)
+        out[#out + 1] = string.format('%.17g', math.log(pair_weight) / LN2 + math.max(at, entry[2]) / pair_half_life)
       end
     end
   end
@@ -79,11 +82,22 @@ for i = 5, #ARGV, 5 do
     if not last or tonumber(last) < at then
       redis.call('ZADD', KEYS[2], string.format('%.17g', at), item)
     end
+    -- log2(2^a + 2^b), as score.log_add: one purchase of weight 1, forward-decayed
+    local value = at / again_half_life
+    local count = redis.call('ZSCORE', KEYS[3], item)
+    if count then
+      local a, b = tonumber(count), value
+      if a < b then a, b = b, a end
+      value = a + math.log(1 + 2 ^ (b - a)) / LN2
+    end
+    redis.call('ZADD', KEYS[3], string.format('%.17g', value), item)
   end
 end
 
 local bought = redis.call('ZCARD', KEYS[2])
 if bought > bought_cap then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, bought - bought_cap - 1) end
+local again = redis.call('ZCARD', KEYS[3])
+if again > again_cap then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, again - again_cap - 1) end
 if #profile > 0 then redis.call('HSET', KEYS[1], 'p', cmsgpack.pack(profile)) end
 local flat = {}
 for _, entry in ipairs(recent) do
