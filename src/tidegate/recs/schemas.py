@@ -76,7 +76,8 @@ class RecommendationView(BaseModel):
     item_id: str
     score: float = Field(description="The blended score (higher first); see tidegate.recs.score.")
     signals: dict[str, float] = Field(description=(
-        "The normalised signals behind the score: profile, co_occurrence, trending."))
+        "The normalised signals behind the score: profile, co_occurrence, trending, and repeat "
+        "(the user's own purchases, when they are not excluded)."))
     reason: str | None = Field(None, description=(
         "With explain=true: 'bought together with X', 'similar to Y you viewed', 'trending in audio'."))
 
