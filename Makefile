@@ -1,9 +1,10 @@
 # tidegate developer tasks (GNU make).
 #
-#   make demo     install the base package and run the demo (embedded queue, simulated provider)
+#   make demo     install the base package and run the demo (tidegate up + load through its HTTP API)
 #   make test     install dev extras and test servers, run the whole test suite, then lint
 #   make lint     ruff + mypy
-#   make bench    install bench extras and run the queue, dispatch and HTTP client benchmarks
+#   make bench    install bench extras and run the queue, dispatch, HTTP client, gateway and change-flow
+#                 benchmarks
 #   make clean    remove the virtualenv, caches and local data
 
 SHELL := /bin/bash
@@ -93,6 +94,10 @@ bench: $(VENV)/.stamp-bench servers
 	$(BIN)/python bench/queue.py
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/http_client.py
+	$(BIN)/python bench/gateway.py
+	$(BIN)/python bench/sync.py
+	$(BIN)/python bench/recs.py
+	$(BIN)/python bench/recs_quality.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist

@@ -36,8 +36,9 @@ LOCAL_TENANT = Tenant(name="local", max_priority=Priority.CRITICAL, default_prio
                       admin=True)
 
 
-def gateway_state(request: Request) -> GatewayState:
-    """The GatewayState the app was built around."""
+async def gateway_state(request: Request) -> GatewayState:
+    """The GatewayState the app was built around. Async on purpose: FastAPI runs a plain `def`
+    dependency on its thread pool, a thread hop on every request for a dictionary look-up."""
     state: GatewayState = request.app.state.gateway
     return state
 

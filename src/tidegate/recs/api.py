@@ -64,7 +64,7 @@ def _only_query(*allowed: str) -> Any:
     """A dependency refusing query parameters other than `allowed`, naming them (after the key
     is checked: a caller without one learns nothing of the API)."""
 
-    def check(request: Request, _: TenantDep) -> None:
+    async def check(request: Request, _: TenantDep) -> None:  # async: no thread-pool hop
         unknown = sorted({name for name in request.query_params if name not in allowed})
         if unknown:
             known = f"; known: {', '.join(allowed)}" if allowed else "; this operation takes none"

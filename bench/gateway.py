@@ -1,0 +1,46 @@
+"""What the gateway costs: latency it adds over calling the provider directly, and the sustained
+end-to-end rate through gateway → queue → worker → provider, side by side with LiteLLM's proxy.
+
+    .venv/bin/python bench/gateway.py                   # about 5 minutes on a quiet 2-core machine
+    .venv/bin/python bench/gateway.py --quick           # a smoke run, about 2 minutes
+    .venv/bin/python bench/gateway.py --systems up,redis --rates 100,200 --duration-s 15
+    .venv/bin/python bench/gateway.py --litellm-workers 2 --clients 256 --json bench/results/gw.json
+
+Every part runs in a process of its own on loopback: the simulated provider (`tidegate simulate`,
+a fixed answer time, no limits), each system, and the load generator (this process, which does
+nothing else while a run lasts). The systems, one after the other, all on that one simulator:
+
+- `up`: tidegate's embedded layout, gateway and worker in one process on the SQLite queue (the
+  wiring of `tidegate up`);
+- `redis`: `tidegate gateway` and `tidegate worker` as two processes on a private redis-server;
+- `litellm`: LiteLLM's proxy (`litellm --config`, from the `bench` extra), its model pointed at
+  the simulator, no database; reported as not run when it cannot be installed or started.
+
+Added latency: at each offered rate (open loop: requests leave on a fixed schedule whether or not
+earlier ones were answered) the same load goes straight to the simulator, then through the system;
+added = through - direct at p50 and p99. A rate the system cannot keep up with ends its latency
+runs. Sustained rate: a closed loop (N clients, each sending its next request when the last is
+answered) counts answers over a window after a warm-up. Every answer must be a 200 with a
+completion and must have reached the simulator (its request count is checked after each run).
+
+The machine may be shared: each row shows the CPU that other processes took meanwhile, and a run
+during which they took more than 20 % of a core is measured again (at most twice, within
+--redo-budget-s of wall time) and the least disturbed attempt kept.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as `python bench/gateway.py`, Python puts bench/ first on sys.path, where bench/queue.py
+# would shadow the standard library's `queue` (asyncio imports it). Put the repository root there
+# instead, so the helpers import as the `bench` package.
+_BENCH_DIR = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
+sys.path.insert(0, str(_BENCH_DIR.parent))
+
+if __name__ == "__main__":
+    from bench.gateway_cli import main  # only now: its imports pull in `queue`
+
+    sys.exit(main(description=__doc__))

@@ -1,0 +1,215 @@
+"""What the gateway benchmark measures, each started in processes of its own on loopback: the
+simulated provider, tidegate (embedded `up`, or `tidegate gateway` + `tidegate worker` on a
+private Redis) and LiteLLM's proxy, all pointed at that one simulator.
+
+Each system is an async context manager that yields a `System` (where to send, with which key,
+and which processes to meter) and stops everything it started when the block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import secrets
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import aiohttp
+
+from bench.common import BenchmarkError
+from bench.gateway_load import MODEL, Endpoint
+from bench.gateway_procs import running, tidegate_command, wait_for_http, wait_for_line
+from bench.gateway_up import READY_PREFIX
+from bench.servers import free_port, private_redis
+from tidegate.config import default_models
+from tidegate.gateway.tenant_store import tenant_store_for
+from tidegate.gateway.tenants import Tenant
+from tidegate.jobs import Priority
+
+SIM_KEY = "sk-bench"  # the simulator checks no key; clients send one as they would to a provider
+SIM_READY = r"Simulated provider listening on (\S+)"
+START_TIMEOUT_S = 30.0
+LITELLM_START_TIMEOUT_S = 300.0  # it imports a great deal, once per worker: minutes on a busy machine
+TENANT = Tenant(name="bench", max_priority=Priority.HIGH, default_priority=Priority.NORMAL)
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    """A running system: where the load goes and which process trees do its work."""
+
+    key: str  # short id used on the command line: direct, up, redis, litellm
+    name: str  # for the tables
+    layout: str  # what runs where, for the report
+    endpoint: Endpoint
+    pids: dict[str, int] = field(default_factory=dict)  # name -> pid, each metered with its children
+
+
+@dataclass(frozen=True, slots=True)
+class Simulator:
+    """The simulated provider's process, URL and the `direct` system that calls it."""
+
+    base_url: str
+    pid: int
+
+    @property
+    def direct(self) -> System:
+        """Requests straight to the simulator: the baseline every gateway is compared with."""
+        return System("direct", "direct to the simulator", "no gateway", Endpoint(self.base_url, SIM_KEY))
+
+    async def received(self, session: aiohttp.ClientSession) -> int:
+        """Chat requests the simulator has received for the benchmark's model so far."""
+        url = self.base_url.removesuffix("/v1") + "/_sim/stats"
+        async with session.get(url) as response:
+            if response.status != 200:
+                raise BenchmarkError(f"simulator GET /_sim/stats: HTTP {response.status}")
+            stats = await response.json()
+        return int(stats["models"].get(MODEL, {}).get("received", 0))
+
+
+@contextlib.asynccontextmanager
+async def simulator(folder: Path, latency_ms: float) -> AsyncIterator[Simulator]:
+    """`tidegate simulate` on a free port: every answer after a fixed `latency_ms`, no limits."""
+    argv = [*tidegate_command(), "simulate", "--port", "0", "--seed", "1", "--latency-ms", f"{latency_ms:g}"]
+    async with running("simulator", argv, folder) as child:
+        match = await wait_for_line(child, SIM_READY, START_TIMEOUT_S)
+        yield Simulator(match[1], child.pid)
+
+
+def write_tidegate_config(path: Path, sim_url: str, queue_url: str, max_concurrency: int) -> Path:
+    """A tidegate.toml whose one provider is the simulator, serving the benchmark's model at its
+    shipped prices with no rate limit (so the worker never paces) and room for `max_concurrency`
+    calls in flight."""
+    [priced] = [model for model in default_models() if model.name == MODEL]
+    path.write_text("\n".join([
+        f'queue_url = "{queue_url}"',
+        "",
+        "[[providers]]",
+        'name = "sim"',
+        f'base_url = "{sim_url}"',
+        "",
+        "[[providers.models]]",
+        f'name = "{MODEL}"',
+        f'input_usd_per_1m = "{priced.input_usd_per_1m}"',
+        f'output_usd_per_1m = "{priced.output_usd_per_1m}"',
+        f"max_concurrency = {max_concurrency}",
+        "",
+    ]))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def tidegate_up(folder: Path, sim: Simulator, concurrency: int) -> AsyncIterator[System]:
+    """The embedded layout: SQLite queue, worker and gateway in one process (`tidegate up`)."""
+    db = folder / "up" / "tidegate.db"
+    config = write_tidegate_config(folder / "up.toml", sim.base_url, f"sqlite:///{db}", concurrency)
+    argv = [sys.executable, "-m", "bench.gateway_up", "--config", str(config),
+            "--concurrency", str(concurrency)]
+    async with running("tidegate-up", argv, folder) as child:
+        match = await wait_for_line(child, "^" + READY_PREFIX + "(.+)$", START_TIMEOUT_S)
+        ready = json.loads(match[1])
+        yield System(
+            "up", "tidegate up",
+            f"1 process: gateway + worker ({concurrency} in flight), SQLite queue; change flow off",
+            Endpoint(ready["api_url"], ready["admin_key"]), {"tidegate": child.pid},
+        )
+
+
+@contextlib.asynccontextmanager
+async def tidegate_redis(folder: Path, sim: Simulator, concurrency: int) -> AsyncIterator[System]:
+    """The scale-out layout: `tidegate gateway` and `tidegate worker`, one process each, on a
+    private redis-server; the tenant's key is created beforehand as an operator would."""
+    with private_redis() as server:
+        queue_url = f"{server.url}?name=bench"
+        config = write_tidegate_config(folder / "redis.toml", sim.base_url, queue_url, concurrency)
+        async with tenant_store_for(queue_url, auth_cache_s=0) as store:
+            await store.put_tenant(TENANT)
+            _, key = await store.create_key(TENANT.name)
+        port = free_port()
+        gateway_argv = [*tidegate_command(), "gateway", "--queue", queue_url, "--config", str(config),
+                        "--port", str(port)]
+        worker_argv = [*tidegate_command(), "worker", "--queue", queue_url, "--config", str(config),
+                       "--concurrency", str(concurrency), "--worker-id", "w1"]
+        async with running("tidegate-gateway", gateway_argv, folder) as gateway, \
+                running("tidegate-worker", worker_argv, folder) as worker:
+            await wait_for_http(gateway, f"http://127.0.0.1:{port}/readyz", START_TIMEOUT_S)
+            await wait_for_line(worker, "worker w1 serving", START_TIMEOUT_S)
+            yield System(
+                "redis", "tidegate gateway + worker",
+                f"2 processes: gateway, worker ({concurrency} in flight); Redis queue "
+                f"(redis-server {server.version})",
+                Endpoint(f"http://127.0.0.1:{port}/v1", key),
+                {"gateway": gateway.pid, "worker": worker.pid, "redis-server": server.pid},
+            )
+
+
+def litellm_version() -> str | None:
+    """The installed LiteLLM's version, or None when it is not installed."""
+    if importlib.util.find_spec("litellm") is None:
+        return None
+    try:
+        return metadata.version("litellm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _litellm_config(path: Path, sim_url: str) -> Path:
+    """The proxy config: one model on the simulator, and the settings LiteLLM's own benchmark
+    page uses to measure the proxy (no callbacks, no retries, a 30 s timeout), telemetry off."""
+    # Written by hand (a JSON string is a YAML string): no YAML library needed.
+    path.write_text("\n".join([
+        "model_list:",
+        f"  - model_name: {MODEL}",
+        "    litellm_params:",
+        f"      model: openai/{MODEL}",
+        f"      api_base: {json.dumps(sim_url)}",
+        f"      api_key: {SIM_KEY}",
+        "litellm_settings:",
+        "  telemetry: false",
+        "  callbacks: []",
+        "  num_retries: 0",
+        "  request_timeout: 30",
+        "",
+    ]))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def litellm_proxy(folder: Path, sim: Simulator, workers: int) -> AsyncIterator[System]:
+    """`litellm --config` (its proxy) on a free port with `workers` uvicorn workers, routing the
+    benchmark's model to the simulator as an OpenAI-compatible provider. No database: keys are
+    checked against the master key. Telemetry is off and the model cost map is read from the
+    package, so nothing is fetched from the network."""
+    version = litellm_version()
+    if version is None:
+        raise BenchmarkError("LiteLLM is not installed (pip install -e '.[bench]')")
+    binary = Path(sys.executable).with_name("litellm")
+    if not binary.exists():
+        raise BenchmarkError(f"LiteLLM {version} is installed but its `litellm` command is not at {binary}")
+    config = _litellm_config(folder / "litellm.yaml", sim.base_url)
+    master_key = "sk-" + secrets.token_hex(24)
+    env = {**os.environ, "LITELLM_MASTER_KEY": master_key, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR"}
+    port = free_port()
+    argv = [str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+            "--num_workers", str(workers)]
+    # Its own working folder: the proxy reads a .env file from there.
+    work = folder / "litellm"
+    work.mkdir(exist_ok=True)
+    async with running("litellm", argv, folder, env=env, cwd=work) as child:
+        await wait_for_http(child, f"http://127.0.0.1:{port}/health/liveliness", LITELLM_START_TIMEOUT_S)
+        yield System(
+            "litellm", litellm_name(workers),
+            f"LiteLLM {version}: {workers} uvicorn worker process{'es' if workers != 1 else ''}, "
+            "no database, master key auth",
+            Endpoint(f"http://127.0.0.1:{port}/v1", master_key), {"litellm": child.pid},
+        )
+
+
+def litellm_name(workers: int) -> str:
+    """`LiteLLM proxy (2 workers)`."""
+    return f"LiteLLM proxy ({workers} worker{'s' if workers != 1 else ''})"
