@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.redis_keys import delete_prefixed
 from tidegate.errors import CacheUnavailable, ConfigError, InvalidChange, VersionConflict
 from tidegate.sync import ApplyOutcome, Change, Op, Version, checksum
 from tidegate.sync.cache import ZERO_VERSION, BaseEntityCache, MemoryEntityCache, cache_for
@@ -131,19 +132,7 @@ class Caches:
             await cache.close()
         if self.backend == "redis":
             for prefix in self.prefixes:
-                await _delete_keys(self.url, prefix)
-
-
-async def _delete_keys(url: str, prefix: str) -> None:
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(url)
-    try:
-        keys = [key async for key in client.scan_iter(match=f"{{{prefix}:*")]
-        keys.append(f"{prefix}:sync:checkpoints")
-        await client.delete(*keys)
-    finally:
-        await client.aclose()
+                await delete_prefixed(self.url, prefix, f"{prefix}:sync:checkpoints")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -857,7 +846,7 @@ async def test_redis_keys_of_one_type_share_one_cluster_slot(redis_server: str) 
                 assert len({key_slot(k) for k in keys}) == 1
             assert await cache.get_entity(weird, "x") == {"id": "x"}
         finally:
-            await _delete_keys(redis_server, prefix)
+            await delete_prefixed(redis_server, prefix, f"{prefix}:sync:checkpoints")
             await client.aclose()
 
 

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.redis_keys import delete_prefixed
 from tidegate.errors import ConfigError, InvalidRecsInput
 from tidegate.recs import (
     Interaction,
@@ -89,16 +90,8 @@ class Engines:
     async def wipe(self) -> None:
         """Delete every Redis key of the prefixes used."""
         if self.backend == "redis":
-            import redis.asyncio as aioredis
-
-            client = aioredis.Redis.from_url(self.url)
-            try:
-                for prefix in self.prefixes:
-                    keys = [key async for key in client.scan_iter(match=f"{{{prefix}:*")]
-                    if keys:
-                        await client.delete(*keys)
-            finally:
-                await client.aclose()
+            for prefix in self.prefixes:
+                await delete_prefixed(self.url, prefix)
 
 
 @pytest.fixture(params=BACKENDS)

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.redis_keys import delete_prefixed
 from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.recs import Item, RecsStore, recs_store_for
 from tidegate.recs.score import log_add, log_weight
@@ -60,19 +61,7 @@ class Stores:
         for store in self.opened:
             await store.close()
         if self.backend == "redis":
-            await delete_keys(self.url, self.prefix)
-
-
-async def delete_keys(url: str, prefix: str) -> None:
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(url)
-    try:
-        keys = [key async for key in client.scan_iter(match=f"{{{prefix}:*")]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
+            await delete_prefixed(self.url, self.prefix)
 
 
 @pytest.fixture(params=BACKENDS)
