@@ -33,6 +33,7 @@ from tidegate.queue.settings import QueueSettings
 
 try:
     import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependency(
@@ -46,6 +47,7 @@ _SCRIPTS = (
     "enqueue", "claim", "heartbeat", "complete", "fail", "release", "cancel",
     "redrive", "purge_dead", "maintain", "read", "stats",
 )
+_READ_ONLY_SCRIPTS = frozenset({"read", "stats"})  # safe to send twice
 
 
 @cache
@@ -105,7 +107,15 @@ class RedisQueue(Queue):
     async def _call(self, name: str, *args: Any) -> Any:
         """Run one script; stale leases and full levels come back as our own errors."""
         try:
-            return await self._scripts[name](keys=self._keys, args=[*self._common_args, *args])
+            try:
+                return await self._scripts[name](keys=self._keys, args=[*self._common_args, *args])
+            except RedisConnectionError:
+                # A pooled connection can outlive its server (a Redis restart): a read is sent
+                # again once on a fresh connection. State changes are not — their first attempt may
+                # have run — and surface as QueueUnavailable for the caller's own retry.
+                if name not in _READ_ONLY_SCRIPTS:
+                    raise
+                return await self._scripts[name](keys=self._keys, args=[*self._common_args, *args])
         except ResponseError as exc:
             message = str(exc)
             if message.startswith("LEASE_LOST "):
