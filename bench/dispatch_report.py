@@ -265,7 +265,7 @@ def max_depth(scenario: Scenario, result: ModeResult, priority: Priority, phase:
 
 
 def verdicts(scenario: Scenario, runs: dict[str, ModeResult], ceiling: CeilingResult | None) -> list[str]:
-    """The targets of the brief and the seed's figures, each met / not met / context only."""
+    """The targets of the issue and the seed's figures, each met / not met / context only."""
     out: list[str] = []
     prio, fifo = runs.get("priority"), runs.get("fifo")
     if prio is not None:
