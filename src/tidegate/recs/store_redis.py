@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from tidegate._redis import open_scripted_client
 from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
 from tidegate.queue.base import redact_url
 from tidegate.recs.model import Item
@@ -44,7 +45,6 @@ from tidegate.recs.store import (
 
 try:
     import msgpack
-    import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependency(
@@ -88,19 +88,10 @@ class RedisRecsStore(RecsStore):
     # ------------------------------------------------------------------ plumbing
 
     async def _open(self) -> None:
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self.url, max_connections=self._max_connections, timeout=30, socket_connect_timeout=10
-        )
-        # from_pool hands the pool to the client, so aclose() also closes its connections.
-        self._redis = aioredis.Redis.from_pool(pool)
-        self._scripts = {name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS}
-        try:
-            await self._redis.ping()
-        except (RedisError, OSError) as exc:
-            await self._redis.aclose()
-            raise CacheUnavailable(
-                f"cannot reach the recommendation store at {redact_url(self.url)}: {exc}"
-            ) from exc
+        self._redis, self._scripts = await open_scripted_client(
+            self.url, ((name, _script_source(name)) for name in _SCRIPTS),
+            max_connections=self._max_connections, unavailable=CacheUnavailable,
+            what="the recommendation store")
 
     async def _close(self) -> None:
         if self._redis is not None:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from tidegate._redis import open_scripted_client
 from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
 from tidegate.queue.base import redact_url
 from tidegate.sync.cache.base import (
@@ -31,7 +32,6 @@ from tidegate.sync.contracts import ApplyOutcome, Entry
 from tidegate.sync.values import Row
 
 try:
-    import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependency(
@@ -82,17 +82,9 @@ class RedisEntityCache(BaseEntityCache):
     # ------------------------------------------------------------------ plumbing
 
     async def _open(self) -> None:
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self.url, max_connections=self._max_connections, timeout=30, socket_connect_timeout=10
-        )
-        # from_pool hands the pool to the client, so aclose() also closes its connections.
-        self._redis = aioredis.Redis.from_pool(pool)
-        self._scripts = {name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS}
-        try:
-            await self._redis.ping()
-        except (RedisError, OSError) as exc:
-            await self._redis.aclose()
-            raise CacheUnavailable(f"cannot reach the entity cache at {redact_url(self.url)}: {exc}") from exc
+        self._redis, self._scripts = await open_scripted_client(
+            self.url, ((name, _script_source(name)) for name in _SCRIPTS),
+            max_connections=self._max_connections, unavailable=CacheUnavailable, what="the entity cache")
 
     async def _close(self) -> None:
         if self._redis is not None:
