@@ -10,10 +10,6 @@ server's clock, so the Redis cases wait the TTL out.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.own_redis import OwnRedis, own_redis_server
 from support.redis_keys import delete_prefixed
 from tidegate.errors import CacheUnavailable, ConfigError, InvalidChange, VersionConflict
 from tidegate.sync import ApplyOutcome, Change, Op, Version, checksum
@@ -901,44 +898,11 @@ async def test_redis_applies_a_batch_in_one_script_call_per_entity_type(
     assert calls == 2
 
 
-@dataclass
-class OwnRedis:
-    url: str
-    process: subprocess.Popen[bytes]
-
-
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     """A redis-server this test may stop, with a password, on a free loopback port."""
-    import redis
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not on PATH: apt-get install redis-server", pytrace=False)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--requirepass", "s3cret", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )
-    try:
-        give_up = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis(port=port, password="s3cret", socket_connect_timeout=0.5) as client:
-                    if int(client.info("server")["process_id"]) != process.pid:
-                        pytest.fail(f"port {port} is answered by another redis-server", pytrace=False)
-                break
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > give_up or process.poll() is not None:
-                    pytest.fail("the test's own redis-server did not start", pytrace=False)
-                time.sleep(0.05)
-        yield OwnRedis(f"redis://:s3cret@127.0.0.1:{port}/0", process)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with own_redis_server(tmp_path) as server:
+        yield server
 
 
 async def test_redis_going_away_raises_cache_unavailable_without_the_password(own_redis: OwnRedis) -> None:

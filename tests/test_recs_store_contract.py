@@ -9,10 +9,7 @@ shared state between processes, a server that goes away).
 from __future__ import annotations
 
 import math
-import shutil
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.own_redis import own_redis_server
 from support.redis_keys import delete_prefixed
 from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.recs import Item, RecsStore, recs_store_for
@@ -488,34 +486,8 @@ async def test_redis_keys_carry_a_hash_tag_per_unit(redis_stores: Stores, redis_
 @pytest.fixture
 def stopped_redis_url(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A password-protected redis-server of this test's own, which the test may stop."""
-    import redis
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not on PATH: apt-get install redis-server", pytrace=False)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--requirepass", "s3cret", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )
-    try:
-        give_up = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis(port=port, password="s3cret", socket_connect_timeout=0.5) as client:
-                    client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > give_up or process.poll() is not None:
-                    pytest.fail("the test's own redis-server did not start", pytrace=False)
-                time.sleep(0.05)
-        yield f"redis://:s3cret@127.0.0.1:{port}/0", process
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with own_redis_server(tmp_path) as server:
+        yield server.url, server.process
 
 
 async def test_redis_going_away_raises_cache_unavailable_without_the_password(
