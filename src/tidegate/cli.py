@@ -287,6 +287,8 @@ def gateway(
     max_messages: Annotated[int | None, typer.Option(
         min=1, help="Most messages in one chat request.")] = None,
     max_batch: Annotated[int | None, typer.Option(min=1, help="Most jobs in one POST /v1/jobs.")] = None,
+    grace_s: Annotated[float, typer.Option(min=0, help="On SIGTERM/SIGINT, how long open requests may "
+                                           "finish before their connections are cut.")] = 30.0,
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible, jobs, admin, metrics) until SIGTERM or SIGINT.
 
@@ -312,7 +314,7 @@ def gateway(
         # Flags left out fall back to TIDEGATE_GATEWAY_* variables, then the defaults.
         given = {name: value for name, value in options.items() if value is not None}
         gateway_settings = GatewaySettings(**given)
-    _run(serve_gateway(settings, gateway_settings))
+    _run(serve_gateway(settings, gateway_settings, grace_s=grace_s))
 
 
 # ---------------------------------------------------------------------- tenants and API keys
@@ -502,6 +504,9 @@ def up(
     shop_data: Annotated[str | None, typer.Option(
         help="Seed a new demo shop from this copy of the UCI Online Retail data (online_retail.csv.gz).")]
     = None,
+    grace_s: Annotated[float, typer.Option(min=0, help="On SIGTERM/SIGINT, how long open requests and "
+                                           "in-flight calls may finish before the rest are released.")]
+    = 30.0,
 ) -> None:
     """Run everything in one process: the embedded queue, a worker, the gateway and dashboard,
     the change flow on the demo shop (SQLite, `.tidegate/shop.db`), and the simulated provider
@@ -537,7 +542,7 @@ def up(
         ensure_sqlite_folder(settings.queue_url)
     with contextlib.suppress(KeyboardInterrupt):
         up_settings = UpSettings(host=host, port=port, concurrency=concurrency, change_flow=change_flow,
-                                 shop_data=shop_data)
+                                 shop_data=shop_data, shutdown_grace_s=grace_s)
         _run(run_up(settings, up_settings, on_ready=ready))
     console.print("Stopped.")
 

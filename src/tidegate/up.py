@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from tidegate._shutdown import CLOSE_BOUND_S, bounded, stop_on_signals
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.dispatch.budget import budget_ledger_for
 from tidegate.dispatch.callbacks import CallbackSender
@@ -35,7 +37,7 @@ from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.relay import relay_for
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.gateway.app import create_app
-from tidegate.gateway.serve import check_bind
+from tidegate.gateway.serve import GatewayServer, check_bind
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.tenant_store import tenant_store_for
@@ -64,8 +66,9 @@ class UpSettings:
     concurrency: int = 32  # the in-process worker's calls in flight
     simulator: SimulatorSettings | None = None  # used when no provider is configured
     # On stop, how long calls still open may finish (the worker serving them meanwhile) before
-    # the gateway cuts them; their jobs stay queued.
-    shutdown_grace_s: int = 10
+    # the gateway cuts them (their jobs stay queued), and the worker its own calls before it
+    # releases them: one grace for both, counted from the stop.
+    shutdown_grace_s: float = 30.0
     # The change flow (the demo shop by default, see tidegate.sync.embedded) beside the request
     # flow; `shop_data` seeds a new demo shop from a copy of the UCI Online Retail data.
     change_flow: bool = True
@@ -92,7 +95,24 @@ async def run_up(
     on_ready: Callable[[UpInfo], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (or `stop` is set), then drain the worker and shut down."""
+    """Serve until SIGTERM/SIGINT (or, when given, until `stop` is set: the caller then owns the
+    signals), then shut down in order within `settings.shutdown_grace_s` (see `_shut_down`)."""
+    forced = asyncio.Event()
+    if stop is not None:
+        await _run(config, settings, on_ready, stop, forced)
+        return
+    stop = asyncio.Event()
+    with stop_on_signals(stop.set, force=forced.set):
+        await _run(config, settings, on_ready, stop, forced)
+    log.info("stopped")
+
+
+async def _run(
+    config: TidegateConfig, settings: UpSettings, on_ready: Callable[[UpInfo], None] | None,
+    stop: asyncio.Event, forced: asyncio.Event,
+) -> None:
+    # Entered in dependency order, so the stack closes each part after the parts that use it:
+    # gateway state, worker, recommender, caches, relay, ledger, tenants, queue; simulator last.
     async with contextlib.AsyncExitStack() as stack:
         simulator_url = None
         if not config.providers:
@@ -116,7 +136,8 @@ async def run_up(
         recs = await open_recommendations(stack, config, queue=queue, cache=sync_cache)
         dispatch_metrics = DispatchMetrics()
         worker = await stack.enter_async_context(Worker(
-            queue, config, WorkerSettings(concurrency=settings.concurrency),
+            queue, config, WorkerSettings(concurrency=settings.concurrency,
+                                          shutdown_grace_s=settings.shutdown_grace_s),
             metrics=dispatch_metrics, ledger=ledger, relay=relay, tenants=tenants, callbacks=callbacks,
         ))
         state = await stack.enter_async_context(GatewayState.open(
@@ -142,48 +163,55 @@ async def run_up(
                     simulator_url=simulator_url, admin_key=admin_key, queue_url=url,
                     change_source=config.sync.source_url if sync_task is not None else None,
                 ))
-            stopper = asyncio.create_task(stop.wait()) if stop is not None else None
-            served = asyncio.create_task(server.main_loop_done.wait())
-            await asyncio.wait([t for t in (stopper, served) if t is not None],
-                               return_when=asyncio.FIRST_COMPLETED)
-            # The gateway stops first, so calls still waiting for a result can get it from the
-            # worker within the grace time; then the worker drains.
-            server.should_exit = True
-            await asyncio.wait([serving])
-            sync_stop.set()
-            worker.request_stop()
-            await worker_task
-            if sync_task is not None:
-                await sync_task
-            for task in (stopper, served):
-                if task is not None:
-                    task.cancel()
+            await _first_of(stop, server.main_loop_done)
+            force = asyncio.create_task(_force_when(forced, server, worker))
+            try:
+                await _shut_down(settings.shutdown_grace_s, server, serving, worker, worker_task,
+                                 sync_stop, sync_task)
+            finally:
+                force.cancel()
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, telling when it has started and when its main loop has ended (Ctrl-C or
-    should_exit)."""
+async def _shut_down(
+    grace_s: float, server: GatewayServer, serving: asyncio.Task[None], worker: Worker,
+    worker_task: asyncio.Task[None], sync_stop: asyncio.Event, sync_task: asyncio.Task[None] | None,
+) -> None:
+    """Stop in order, all within `grace_s` (plus the bounded give-back of what is left):
+    the gateway stops accepting and lets open calls finish — the worker still serving the jobs
+    they wait for; then the worker stops claiming and gets what is left of the grace to finish
+    its calls before it releases the rest, their attempts given back; then the change flow."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    server.request_exit()
+    # uvicorn itself cuts open connections after the grace (timeout_graceful_shutdown).
+    await bounded(asyncio.shield(serving), "the gateway's graceful shutdown", grace_s + CLOSE_BOUND_S)
+    sync_stop.set()
+    worker.request_stop(grace_s=max(deadline - loop.time(), 0.0))
+    await worker_task
+    if sync_task is not None:
+        await bounded(sync_task, "the change flow's stop")
 
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-        self.main_loop_done = asyncio.Event()
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.ready.set()
+async def _first_of(*events: asyncio.Event) -> None:
+    waits = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
-    async def main_loop(self) -> None:
-        try:
-            await super().main_loop()
-        finally:
-            self.main_loop_done.set()
+
+async def _force_when(forced: asyncio.Event, server: GatewayServer, worker: Worker) -> None:
+    """A second signal: cut open connections and release in-flight jobs now."""
+    await forced.wait()
+    server.force()
+    worker.force_stop()
 
 
 @contextlib.asynccontextmanager
 async def _serving(
     state: GatewayState, settings: UpSettings,
-) -> AsyncIterator[tuple[_Server, int, asyncio.Task[None]]]:
+) -> AsyncIterator[tuple[GatewayServer, int, asyncio.Task[None]]]:
     """The gateway serving on its socket: the server, its port and the task that serves until
     `should_exit` (awaited, and its error raised, on leaving)."""
     sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET,
@@ -191,8 +219,8 @@ async def _serving(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((settings.host.strip("[]"), settings.port))
     port = int(sock.getsockname()[1])
-    server = _Server(uvicorn.Config(create_app(state), lifespan="off", log_level="warning",
-                                    timeout_graceful_shutdown=settings.shutdown_grace_s))
+    server = GatewayServer(uvicorn.Config(create_app(state), lifespan="off", log_level="warning",
+                                          timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s)))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     ready = asyncio.create_task(server.ready.wait())
     await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
@@ -202,8 +230,8 @@ async def _serving(
     try:
         yield server, port, task
     finally:
-        server.should_exit = True
-        await task
+        server.request_exit()
+        await bounded(task, "the gateway's shutdown", settings.shutdown_grace_s + CLOSE_BOUND_S)
         sock.close()
 
 

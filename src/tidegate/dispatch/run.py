@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 
+from tidegate._shutdown import stop_on_signals
 from tidegate.config import TidegateConfig
 from tidegate.dispatch.budget import budget_ledger_for
 from tidegate.dispatch.callbacks import CallbackSender
@@ -46,6 +47,7 @@ async def run_worker(
             Worker(queue, config, settings, metrics=metrics, callbacks=callbacks, relay=relay,
                    tenants=tenants, ledger=ledger)
         )
-        worker.install_signal_handlers()
         log.info("worker %s serving %s", worker.worker_id, redact_url(config.queue_url))
-        await worker.run()
+        with stop_on_signals(worker.request_stop, force=worker.force_stop):
+            await worker.run()
+        log.info("worker %s stopped", worker.worker_id)

@@ -14,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from tidegate._shutdown import CLOSE_BOUND_S, bounded
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.dispatch import failures
 from tidegate.dispatch.budget import BudgetExhausted, BudgetLedger, Reservation, budget_ledger_for
@@ -129,33 +130,44 @@ class Worker:
         self._active: dict[str, tuple[asyncio.Task[None], _Call]] = {}
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._forced = asyncio.Event()
+        self._grace_s = self.settings.shutdown_grace_s
         self._stack = contextlib.AsyncExitStack()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Worker:
         for provider in self.config.providers:
-            self._clients[provider.name] = await self._stack.enter_async_context(UpstreamClient(provider))
+            client = self._clients[provider.name] = UpstreamClient(provider)
+            await client.open()
+            self._close_later(client.close, f"the upstream pool of {provider.name}")
         if self._owns_limiter:
-            self._stack.push_async_callback(self._limiter.close)
+            self._close_later(self._limiter.close, "the worker's rate limiter")
         if self._ledger is None and self._budgets_configured():
             self._ledger = budget_ledger_for(self.config.queue_url)
-            self._stack.push_async_callback(self._ledger.close)
+            self._close_later(self._ledger.close, "the worker's budget ledger")
         return self
+
+    def _close_later(self, close: Callable[[], Awaitable[None]], what: str) -> None:
+        """On exit, `close` — bounded, so a pool that cannot close does not hold the process."""
+        self._stack.push_async_callback(lambda: bounded(close(), what))
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._stack.aclose()
 
-    def request_stop(self) -> None:
-        """Stop claiming; `run()` then drains and returns."""
+    def request_stop(self, *, grace_s: float | None = None) -> None:
+        """Stop claiming; `run()` then gives in-flight calls `grace_s` (default: the settings'
+        `shutdown_grace_s`) to finish, releases the rest with their attempts given back, and
+        returns."""
+        if grace_s is not None:
+            self._grace_s = max(grace_s, 0.0)
         self._stopping.set()
         self._slot_freed.set()  # a loop waiting for a free slot must see the stop too
 
-    def install_signal_handlers(self) -> None:
-        """SIGTERM and SIGINT start a graceful shutdown."""
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop)
+    def force_stop(self) -> None:
+        """Stop claiming and release in-flight jobs now, whatever is left of the grace."""
+        self._forced.set()
+        self.request_stop()
 
     @property
     def in_flight(self) -> int:
@@ -173,25 +185,32 @@ class Worker:
                     await self._slot_freed.wait()
                     continue
                 try:
-                    jobs = await self.queue.claim(
-                        self.worker_id,
-                        priorities=self.settings.priorities,
-                        limit=free,
-                        lease_s=self.settings.lease_s,
-                        timeout_s=self.settings.claim_wait_s,
-                    )
-                except QueueUnavailable as exc:
+                    # Bounded: a claim that outlives its own wait by this much is stuck on a
+                    # backend that stopped answering, and would hold a stop forever.
+                    async with asyncio.timeout(self.settings.claim_wait_s + CLOSE_BOUND_S):
+                        jobs = await self.queue.claim(
+                            self.worker_id,
+                            priorities=self.settings.priorities,
+                            limit=free,
+                            lease_s=self.settings.lease_s,
+                            timeout_s=self.settings.claim_wait_s,
+                        )
+                except (QueueUnavailable, TimeoutError) as exc:
                     # A restarting Redis or a locked disk must not end the worker: wait, retry.
-                    log.warning("claim failed, retrying in %.0fs: %s", QUEUE_RETRY_S, exc)
-                    await asyncio.sleep(QUEUE_RETRY_S)
+                    log.warning("claim failed, retrying in %.0fs: %s", QUEUE_RETRY_S, exc or "timed out")
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), QUEUE_RETRY_S)
                     continue
+                if self._stopping.is_set():
+                    # Claimed while the stop came: back at once, not held through the grace.
+                    await self._release_unstarted(jobs)
+                    break
                 for job in jobs:
                     self._start(job)
         finally:
             await self._drain()
             heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            await bounded(_cancelled(heartbeat), "the lease renewals' stop")
 
     def _start(self, job: Job) -> None:
         waited_s = 0.0 if job.ready_at is None else max(time.time() - job.ready_at.timestamp(), 0.0)
@@ -207,13 +226,35 @@ class Worker:
         task.add_done_callback(done)
 
     async def _drain(self) -> None:
-        """Let in-flight calls finish within the grace period; release the rest at once."""
+        """Let in-flight calls finish within the grace period (cut short by `force_stop`);
+        then cancel the rest, each giving its job back with the attempt uncounted. The give-backs
+        are bounded too: a job whose release cannot reach the queue stays leased until its lease
+        expires, and the next claim recovers it."""
         tasks = [task for task, _ in self._active.values()]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        if not tasks:
+            return
+        if self._grace_s > 0:
+            log.info("draining %d in-flight calls (grace %.1fs)", len(tasks), self._grace_s)
+            finished = asyncio.ensure_future(asyncio.wait(tasks))
+            forced = asyncio.ensure_future(self._forced.wait())
+            await asyncio.wait([finished, forced], timeout=self._grace_s, return_when=asyncio.FIRST_COMPLETED)
+            finished.cancel()
+            forced.cancel()
+        pending = [task for task in tasks if not task.done()]
+        if not pending:
+            return
+        log.info("releasing %d calls still in flight after the grace", len(pending))
+        for task in pending:
+            task.cancel()
+        _, stuck = await asyncio.wait(pending, timeout=CLOSE_BOUND_S)
+        if stuck:
+            log.warning("%d jobs could not be released within %.1fs; their leases expire and a later "
+                        "claim recovers them", len(stuck), CLOSE_BOUND_S)
+
+    async def _release_unstarted(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            with contextlib.suppress(LeaseLost, TidegateError):
+                await bounded(self.queue.release(job), f"the release of job {job.id}")
 
     async def _renew_leases(self) -> None:
         interval_s = self.settings.lease_s / 3
@@ -593,6 +634,12 @@ class Worker:
             tenant, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit
         )
         return status.fraction_left
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    """Until a cancelled task has ended."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def parse_priorities(text: str) -> tuple[int, ...]:

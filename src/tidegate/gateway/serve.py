@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
+import math
+import socket
 from collections.abc import Iterator, Sequence
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from tidegate._shutdown import stop_on_signals
 from tidegate.config import TidegateConfig
 from tidegate.errors import ConfigError
 from tidegate.gateway.app import create_app
@@ -19,31 +21,48 @@ from tidegate.gateway.settings import GatewaySettings, is_loopback_host
 from tidegate.gateway.state import GatewayState
 from tidegate.queue.base import redact_url
 
-__all__ = ["check_bind", "serve_gateway"]
+__all__ = ["GRACE_S", "GatewayServer", "check_bind", "serve_gateway"]
 
 log = logging.getLogger("tidegate.gateway")
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRACE_S = 30.0  # how long open requests may finish on SIGTERM before their connections are cut
 
 
-class _Server(uvicorn.Server):
-    """uvicorn that returns after its graceful shutdown on SIGTERM or SIGINT.
+class GatewayServer(uvicorn.Server):
+    """uvicorn that leaves SIGTERM and SIGINT to the process (`tidegate._shutdown`), and tells
+    when it has started and when its main loop has ended.
 
     uvicorn's own handling re-raises the signal once it has shut down, which ends the process
-    right there: the gateway's state is never closed and the exit status says "killed" instead
-    of 0, as `tidegate worker` gives after its drain."""
+    right there: nothing after the server (a worker's drain, the state's close) would run and
+    the exit status would say "killed" instead of 0. The process's handler sets `should_exit`
+    (first signal) or `force_exit` (second) instead."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = asyncio.Event()
+        self.main_loop_done = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        for sig in _STOP_SIGNALS:
-            # handle_exit: the first signal starts the graceful shutdown, a second SIGINT forces it.
-            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        yield
+
+    def request_exit(self) -> None:
+        """Stop accepting, let open requests finish within the graceful-shutdown timeout."""
+        self.should_exit = True
+
+    def force(self) -> None:
+        """Close open connections now."""
+        self.should_exit = self.force_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+    async def main_loop(self) -> None:
         try:
-            yield
+            await super().main_loop()
         finally:
-            for sig in _STOP_SIGNALS:
-                loop.remove_signal_handler(sig)
+            self.main_loop_done.set()
 
 
 async def check_bind(state: GatewayState) -> None:
@@ -66,13 +85,17 @@ async def serve_gateway(
     settings: GatewaySettings,
     *,
     extra_registries: Sequence[CollectorRegistry] = (),
+    grace_s: float = GRACE_S,
 ) -> None:
-    """Serve the gateway on `settings.host:port` until SIGTERM or SIGINT."""
+    """Serve the gateway on `settings.host:port` until SIGTERM or SIGINT; then stop accepting,
+    give open requests up to `grace_s` to finish, close the state and return."""
     async with GatewayState.open(config, settings=settings, extra_registries=extra_registries) as state:
         await check_bind(state)
         app = create_app(state)
         # The state is opened and closed here, around the server: no ASGI lifespan is needed.
-        server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port,
-                                        lifespan="off", log_level="info"))
+        server = GatewayServer(uvicorn.Config(app, host=settings.host, port=settings.port, lifespan="off",
+                                              log_level="info", timeout_graceful_shutdown=math.ceil(grace_s)))
         log.info("gateway serving %s on %s:%d", redact_url(config.queue_url), settings.host, settings.port)
-        await server.serve()
+        with stop_on_signals(server.request_exit, force=server.force):
+            await server.serve()
+        log.info("gateway stopped")

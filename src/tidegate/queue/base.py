@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 from pydantic import ValidationError
 
+from tidegate._shutdown import bounded
 from tidegate.errors import (
     ConfigError,
     InvalidJob,
@@ -178,9 +179,10 @@ class Queue(abc.ABC):
         self._state = _Lifecycle.CLOSED
         if self._maintenance is not None:
             self._maintenance.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._maintenance
-        await self._close()
+            await bounded(_cancelled(self._maintenance), "the queue's upkeep stop")
+        # Bounded: a listener or pool stuck on a server that stopped answering must not hold
+        # the process that closes the queue.
+        await bounded(self._close(), "the queue's close")
 
     async def __aenter__(self) -> Self:
         return await self.open()
@@ -489,6 +491,11 @@ class Queue(abc.ABC):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _levels(priorities: Iterable[Priority | int | str] | None) -> tuple[int, ...]:

@@ -1,0 +1,64 @@
+"""Stopping a process: the one handling of SIGTERM and SIGINT that `tidegate up`, `tidegate
+gateway` and `tidegate worker` share, and bounded awaits for the steps of a shutdown.
+
+The first SIGTERM or SIGINT starts a graceful stop (the caller's `stop`); a second one forces
+it (`force`: skip what is left of the grace). Either way the process returns from its main
+coroutine and exits 0 after its drain — the signal is never re-raised, since a process killed
+by its own signal has closed nothing (container platforms and systemd send SIGTERM and read
+the exit status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
+
+__all__ = ["CLOSE_BOUND_S", "STOP_SIGNALS", "bounded", "stop_on_signals"]
+
+log = logging.getLogger("tidegate.shutdown")
+
+T = TypeVar("T")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# How long one close step (a pool, a session, a background task) may take once asked to stop:
+# past it the step is abandoned with a warning, so no single close holds a shutdown forever.
+CLOSE_BOUND_S = 5.0
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: Callable[[], None], *, force: Callable[[], None] | None = None) -> Iterator[None]:
+    """While the block runs, the first SIGTERM or SIGINT calls `stop` and a later one `force`."""
+    loop = asyncio.get_running_loop()
+    received: list[signal.Signals] = []
+
+    def handle(sig: signal.Signals) -> None:
+        received.append(sig)
+        if len(received) == 1:
+            log.warning("%s received: stopping gracefully (send it again to stop at once)", sig.name)
+            stop()
+        elif force is not None:
+            log.warning("%s received again: stopping at once", sig.name)
+            force()
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, handle, sig)
+    try:
+        yield
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+async def bounded(step: Awaitable[T], what: str, timeout_s: float = CLOSE_BOUND_S) -> T | None:
+    """`step` awaited for at most `timeout_s`; past that it is cancelled, a warning names it,
+    and None is returned, so one stuck close cannot hold the whole shutdown."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await step
+    except TimeoutError:
+        log.warning("%s did not finish within %.1fs; abandoned", what, timeout_s)
+        return None
