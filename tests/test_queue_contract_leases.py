@@ -223,6 +223,64 @@ async def test_background_upkeep_recovers_an_expired_lease(queue_factory: Any) -
     assert job.attempts == 1
 
 
+async def test_a_claim_recovers_expired_leases_itself_at_the_jobs_own_priority(queue: Queue) -> None:
+    # Given a HIGH job whose worker died holding it, and newer NORMAL work; no upkeep runs
+    job_id = await queue.enqueue({"n": 1}, priority=Priority.HIGH)
+    first = await claim_one(queue, job_id, lease_s=0.2)
+    normal_id = await queue.enqueue({"n": 2}, priority=Priority.NORMAL)
+    await asyncio.sleep(0.4)
+
+    # When any worker claims
+    [second] = await queue.claim("w2")
+
+    # Then the claim recovered the lease and served the job first, at HIGH, fenced
+    assert second.id == job_id
+    assert second.priority is Priority.HIGH
+    assert second.attempts == 2
+    assert second.lease_token != first.lease_token
+    assert "lease expired" in (second.errors or [""])[0]
+    await assert_stale_lease_is_refused(queue, first)
+    assert (await queue.claim("w2"))[0].id == normal_id
+    assert (await queue.maintain()).recovered == 0  # nothing was left for upkeep
+
+
+async def test_a_claim_ends_an_expired_lease_without_attempts_left_dead(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, max_attempts=1)
+    await claim_one(queue, job_id, lease_s=0.2)
+    await asyncio.sleep(0.4)
+
+    assert await queue.claim("w2") == []
+
+    job = await stored(queue, job_id)
+    assert job.state is JobState.DEAD
+    assert job.last_error is not None and "lease expired" in job.last_error
+
+
+async def test_a_claim_recovers_only_leases_that_expired(queue: Queue) -> None:
+    live_id = await queue.enqueue({"n": 1})
+    live = await claim_one(queue, live_id, lease_s=30)
+    assert await queue.claim("w2") == []
+    assert (await stored(queue, live_id)).state is JobState.LEASED
+    await queue.complete(live)
+
+
+async def test_background_upkeep_runs_its_first_pass_at_start(queue_factory: Any) -> None:
+    # Given a lease left expired by a process that is gone
+    crashed = await queue_factory.open(maintenance_interval_s=None)
+    job_id = await crashed.enqueue({"n": 1})
+    await claim_one(crashed, job_id, lease_s=0.2)
+    await asyncio.sleep(0.4)
+
+    # When a process with a long upkeep interval starts, and claims nothing
+    q = await queue_factory.open(maintenance_interval_s=3600)
+
+    async def waiting_again() -> bool:
+        return (await stored(q, job_id)).state is JobState.QUEUED
+
+    # Then its first pass has recovered the lease already, not an hour later
+    await eventually(waiting_again, timeout_s=2)
+
+
 async def test_a_lease_expiring_on_the_last_attempt_makes_the_job_dead(queue: Queue) -> None:
     job_id = await queue.enqueue({"n": 1}, max_attempts=1)
     await claim_one(queue, job_id, lease_s=0.2)

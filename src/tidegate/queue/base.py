@@ -195,14 +195,16 @@ class Queue(abc.ABC):
             raise QueueClosed(f"queue is {self._state.value}: use `async with` or call open()")
 
     async def _maintain_forever(self, interval_s: float) -> None:
+        # The first pass runs at once: a process that restarts often (or lives shorter than an
+        # interval) still recovers what a crashed one left behind.
         while True:
-            await asyncio.sleep(interval_s)
             try:
                 await self._maintain()
             except asyncio.CancelledError:
                 raise
             except Exception:  # upkeep must outlive a passing backend error
                 log.exception("queue maintenance failed; retrying in %.1fs", interval_s)
+            await asyncio.sleep(interval_s)
 
     # ------------------------------------------------------------------ producing
 

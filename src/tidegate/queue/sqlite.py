@@ -28,6 +28,7 @@ T = TypeVar("T")
 SAFETY_WAKE_S = 5.0  # longest a waiter sleeps without re-checking, should a ring be lost
 MAX_ERRORS_KEPT = 20  # attempt history per job
 UPKEEP_BATCH = 5_000  # rows one maintenance step touches, so a pass never holds the lock long
+RECOVER_PER_CLAIM = 100  # expired leases one claim recovers; maintenance takes a larger backlog
 _ACTIVE = ("queued", "delayed", "failed", "leased")
 
 _SCHEMA = """
@@ -245,10 +246,14 @@ class SqliteQueue(Queue):
     async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]:
         marks = ",".join("?" * len(levels))
 
-        def body(conn: sqlite3.Connection) -> tuple[list[Job], int]:
+        def body(conn: sqlite3.Connection) -> tuple[list[Job], MaintenanceReport]:
             now = now_ms()
+            # Expired leases first, in this same transaction: recovery must not wait for a
+            # maintenance pass, nor for a process that lives long enough to run one.
+            report = MaintenanceReport(ran=True)
+            self._recover_leases(conn, now, report, RECOVER_PER_CLAIM)
             self._promote_due(conn, now)
-            expired = self._expire_overdue(conn, now)
+            report.expired = self._expire_overdue(conn, now)
             rows = conn.execute(
                 f"UPDATE jobs SET state = 'leased', attempts = attempts + 1,"
                 f" lease_token = lease_token + 1, worker_id = ?, lease_expires_ms = ?"
@@ -260,11 +265,13 @@ class SqliteQueue(Queue):
             rows.sort(key=lambda row: (row["level"], row["rr_round"], row["seq"]))
             if rows and self.settings.tenant_round_robin:
                 self._advance_turns(conn, rows)
-            return [_job(row) for row in rows], expired
+            return [_job(row) for row in rows], report
 
-        jobs, expired = await self._write(body)
-        if expired:
+        jobs, report = await self._write(body)
+        if report.expired or report.dead:
             self._bell.ring(DONE)
+        if report.recovered > len(jobs):
+            self._bell.ring(WORK)  # recovered more than this claim took: others may serve it
         return jobs
 
     def _promote_due(self, conn: sqlite3.Connection, now: int) -> int:
@@ -290,8 +297,12 @@ class SqliteQueue(Queue):
         self._bell.listen()
 
         def next_due(conn: sqlite3.Connection) -> int | None:
+            # When work may appear without a ring: a delayed job comes due, or a lease expires
+            # (the next claim recovers it).
             row = conn.execute(
-                "SELECT MIN(not_before_ms) FROM jobs WHERE state IN ('delayed', 'failed')"
+                "SELECT MIN(due) FROM ("
+                " SELECT MIN(not_before_ms) AS due FROM jobs WHERE state IN ('delayed', 'failed')"
+                " UNION ALL SELECT MIN(lease_expires_ms) FROM jobs WHERE state = 'leased')"
             ).fetchone()
             return None if row[0] is None else int(row[0])
 
@@ -556,11 +567,16 @@ class SqliteQueue(Queue):
         report.purged = self._apply_retention(conn, now)
         return report
 
-    def _recover_leases(self, conn: sqlite3.Connection, now: int, report: MaintenanceReport) -> None:
+    def _recover_leases(
+        self, conn: sqlite3.Connection, now: int, report: MaintenanceReport, limit: int = UPKEEP_BATCH
+    ) -> None:
+        """Up to `limit` expired leases back to their line at the job's own priority (or dead
+        without attempts left). The lease token stays: the next claim raises it, so the old
+        holder's complete or fail is refused."""
         rows = conn.execute(
             "SELECT id, priority, tenant, attempts, max_attempts, worker_id, errors FROM jobs"
             " WHERE state = 'leased' AND lease_expires_ms <= ? ORDER BY lease_expires_ms LIMIT ?",
-            (now, UPKEEP_BATCH),
+            (now, limit),
         ).fetchall()
         requeued = []
         for row in rows:
@@ -581,7 +597,7 @@ class SqliteQueue(Queue):
                 )
                 requeued.append((row["id"], row["priority"], row["tenant"]))
         self._give_turns(conn, requeued)
-        report.recovered = len(requeued)
+        report.recovered += len(requeued)
 
     def _age(self, conn: sqlite3.Connection, now: int) -> int:
         interval_s = self.settings.aging_interval_s

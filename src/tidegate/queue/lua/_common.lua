@@ -256,3 +256,33 @@ local function expire_overdue(now, batch)
   end
   return expired
 end
+
+-- Expired leases (their worker stopped renewing them: killed, stuck, cut off) go back to their
+-- line at the job's own priority, or end dead when no attempt is left. Up to `batch` per
+-- priority. The lease token is left as it is: the next claim raises it, so the old holder's
+-- complete or fail is refused (fencing). Run by maintain and at the start of every claim, so
+-- recovery needs no long-lived process. Returns recovered, dead.
+local function recover_expired(now, batch, wake)
+  local recovered, dead = 0, 0
+  for priority = 0, 4 do
+    local ids = redis.call('ZRANGEBYSCORE', leased_key(priority), '-inf', now, 'LIMIT', 0, batch)
+    for _, id in ipairs(ids) do
+      redis.call('ZREM', leased_key(priority), id)
+      local job = load(id)
+      if job and job.state == 'leased' then
+        detach(job)
+        add_error(job, 'lease expired: worker ' .. tostring(job.worker_id) .. ' stopped renewing it')
+        if job.attempts >= job.max_attempts then
+          finish(job, 'dead', now)
+          dead = dead + 1
+        else
+          job.level = job.priority
+          make_ready(job, now, wake)
+          save(job)
+          recovered = recovered + 1
+        end
+      end
+    end
+  end
+  return recovered, dead
+end

@@ -1,4 +1,5 @@
--- Lease up to `limit` jobs: due delayed jobs are promoted and overdue ones expired first, then
+-- Lease up to `limit` jobs: expired leases are recovered (a bounded batch: recovery must not
+-- wait for a maintenance pass), due delayed jobs promoted and overdue ones expired first, then
 -- levels are served in the given order, each by turn and FIFO.
 -- KEYS: the queue's key set (see _common.lua).
 -- ARGV[4] worker id, ARGV[5] lease ms, ARGV[6] limit, ARGV[7..] levels to serve, ascending.
@@ -6,6 +7,8 @@
 local worker, lease_ms, limit = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
 local wake = {}
+local RECOVER_PER_CLAIM = 100  -- per priority; maintain takes the rest of a large backlog
+recover_expired(now, RECOVER_PER_CLAIM, wake)
 expire_overdue(now, 1000)
 
 local out, claimed = {}, 0

@@ -7,28 +7,8 @@
 local finished_ttl, dead_ttl, batch = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
 local wake = {}
-local recovered, dead, aged, purged = 0, 0, 0, 0
-
-for priority = 0, 4 do
-  local ids = redis.call('ZRANGEBYSCORE', leased_key(priority), '-inf', now, 'LIMIT', 0, batch)
-  for _, id in ipairs(ids) do
-    redis.call('ZREM', leased_key(priority), id)
-    local job = load(id)
-    if job and job.state == 'leased' then
-      detach(job)
-      add_error(job, 'lease expired: worker ' .. tostring(job.worker_id) .. ' stopped renewing it')
-      if job.attempts >= job.max_attempts then
-        finish(job, 'dead', now)
-        dead = dead + 1
-      else
-        job.level = job.priority
-        make_ready(job, now, wake)
-        save(job)
-        recovered = recovered + 1
-      end
-    end
-  end
-end
+local aged, purged = 0, 0
+local recovered, dead = recover_expired(now, batch, wake)
 
 local promoted = 0
 for level = 0, 4 do promoted = promoted + promote_due(level, now, batch, wake) end

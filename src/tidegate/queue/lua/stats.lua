@@ -1,13 +1,16 @@
 -- A consistent snapshot for stats() and for blocked claimers.
 -- KEYS: the queue's key set (see _common.lua).
 -- Returns {now_ms, next_due_ms or -1, delayed, dead, then per level 0..4: depth, the earliest
--- time a waiting job became claimable (-1 when none), leased}.
+-- time a waiting job became claimable (-1 when none), leased}. next_due_ms is when claimable work
+-- may next appear without a push: a delayed job comes due or a lease expires (a claim recovers it).
 local now = now_ms()
 local next_due, delayed = -1, 0
 for priority = 0, 4 do
   local head = redis.call('ZRANGE', delayed_key(priority), 0, 0, 'WITHSCORES')
   if head[2] and (next_due < 0 or tonumber(head[2]) < next_due) then next_due = tonumber(head[2]) end
   delayed = delayed + redis.call('ZCARD', delayed_key(priority))
+  local lease = redis.call('ZRANGE', leased_key(priority), 0, 0, 'WITHSCORES')
+  if lease[2] and (next_due < 0 or tonumber(lease[2]) < next_due) then next_due = tonumber(lease[2]) end
 end
 local out = {now, next_due, delayed, redis.call('ZCARD', K_DEAD)}
 for level = 0, 4 do
