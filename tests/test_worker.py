@@ -152,7 +152,7 @@ async def test_routing_and_budget_refusals_record_their_status(
     assert all(failure is not None for failure in failures)
     assert [(f["status"], f["code"]) for f in failures if f is not None] == [
         (404, "model_not_found"), (403, "model_not_allowed"), (400, "wrong_model_kind"),
-        (429, "budget_exhausted"), (400, "invalid_request")]
+        (429, "budget_exceeds_limit"), (400, "invalid_request")]
     assert [job.last_error for job in jobs] == [f["message"] for f in failures if f is not None]
 
 
@@ -383,6 +383,9 @@ async def test_a_tenant_s_own_daily_budget_from_the_tenant_store_is_enforced(
         async with running_worker(queue, config, tenants=tenants, ledger=ledger):
             jobs = await wait_final(queue, [broke, other])
         spent = await ledger.spend_today()
-    assert jobs[0].state is JobState.DEAD and "budget exhausted" in (jobs[0].last_error or "")
+    # A budget of 0 fits no job at all: it ends at once, saying so
+    assert jobs[0].state is JobState.DEAD
+    assert "whole tenant 'frugal' daily budget of 0.0" in (jobs[0].last_error or "")
+    assert jobs[0].failure is not None and jobs[0].failure["code"] == "budget_exceeds_limit"
     assert jobs[1].state is JobState.SUCCEEDED
     assert spent["someone-else"] == jobs[1].result["cost_micros"]  # spend is tracked without a budget

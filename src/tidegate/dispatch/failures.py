@@ -7,7 +7,9 @@ is known rather than read back out of the error text later.
   401 and 403 are the exception: they refuse tidegate's own provider key or account, which the
   caller can do nothing about, so they answer 502 rather than tell the caller its key is wrong.
 - A router refusal answers 404 (unknown model), 403 (not allowed for the tenant) or 400.
-- A spent daily budget answers 429 `insufficient_quota`, as OpenAI does for a spent quota.
+- A spent daily budget answers 429 `insufficient_quota`, as OpenAI does for a spent quota, its
+  code saying why: `budget_exhausted` (no room left today), `budget_exceeds_limit` (the job is
+  estimated above the whole daily limit) or `budget_deferred_too_long`.
 - Retries that ran out (429, 5xx, timeouts, cut connections) answer 502 with the last error.
 """
 
@@ -20,6 +22,7 @@ from tidegate.jobs import JobFailure
 
 __all__ = [
     "budget_exhausted",
+    "budget_refused",
     "internal_error",
     "invalid_job",
     "retries_exhausted",
@@ -98,6 +101,12 @@ def budget_exhausted(exc: BudgetExhausted) -> JobFailure:
     """A daily budget with no room for the job's reservation, when the config rejects such jobs."""
     return {"status": 429, "type": "insufficient_quota", "code": "budget_exhausted",
             "message": _clip(f"budget exhausted: {exc}")}
+
+
+def budget_refused(reason: str, message: str) -> JobFailure:
+    """A job a budget ended (see tidegate.dispatch.budget.budget_outcome): `reason` is the code,
+    e.g. `budget_exceeds_limit` for a job above the whole daily limit."""
+    return {"status": 429, "type": "insufficient_quota", "code": reason, "message": _clip(message)}
 
 
 def invalid_job(message: str) -> JobFailure:

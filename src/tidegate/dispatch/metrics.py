@@ -40,6 +40,10 @@ class DispatchMetrics:
             "tidegate_jobs_deferred", "Jobs parked without counting an attempt, by reason",
             ["reason"], registry=r,
         )
+        self.budget_refusals = Counter(
+            "tidegate_budget_refusals", "Reservations a budget refused, by what became of the job "
+            "(dead, deferred, stepped_down) and why", ["outcome", "reason"], registry=r,
+        )
         self.in_flight = Gauge(
             "tidegate_in_flight", "Provider calls under way", ["model"], registry=r,
         )

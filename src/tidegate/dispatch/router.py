@@ -78,6 +78,20 @@ class Router:
         return self._auto(Priority.parse(priority), estimated_input_tokens, budget_fraction_left,
                           allowed_models, exclude)
 
+    def cheapest(
+        self, *, estimated_input_tokens: int, allowed_models: frozenset[str] | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> RouteDecision | None:
+        """The cheapest chat model (by output, then input price) that may serve an `auto` job of
+        this size, for the `step_down` budget mode when the routed model did not fit the budget
+        left; None when there is none."""
+        ranked = [name for name in self._eligible(self._chat_models, estimated_input_tokens, allowed_models)
+                  if name not in exclude]
+        if not ranked:
+            return None
+        provider, model = self._served[min(ranked, key=self._price)]
+        return RouteDecision(provider, model, "budget exhausted: stepped down to the cheapest model", ())
+
     # ------------------------------------------------------------------ one named model
 
     def _named(self, name: str, kind: Kind, allowed: frozenset[str] | None, reason: str) -> RouteDecision:

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,14 @@ import orjson
 from tidegate._shutdown import CLOSE_BOUND_S, bounded
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.dispatch import failures
-from tidegate.dispatch.budget import BudgetExhausted, BudgetLedger, Reservation, budget_ledger_for
+from tidegate.dispatch.budget import (
+    BUDGET_EXHAUSTED,
+    BudgetExhausted,
+    BudgetLedger,
+    Reservation,
+    budget_ledger_for,
+    budget_outcome,
+)
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.costs import (
     cost_micros,
@@ -41,7 +49,7 @@ from tidegate.dispatch.limiter import AdaptiveConcurrency, RateLimiter, rate_lim
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.relay import ChunkRelay
 from tidegate.dispatch.requests import AIRequest
-from tidegate.dispatch.router import RouteDecision, Router, RoutingError
+from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
 from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
@@ -314,9 +322,11 @@ class Worker:
         except RoutingError as exc:
             await self._settle_failure(call, str(exc), retry=False, failure=failures.routing_refused(exc))
             return
-        call.key = f"{route.provider.name}/{route.model.name}"
-        if not await self._reserve_budget(call, route, request):
+        reserved = await self._reserve_budget(call, route, request)
+        if reserved is None:
             return
+        route = reserved
+        call.key = f"{route.provider.name}/{route.model.name}"
         if not await self._pace(call, route.model, request, estimated_input):
             return
         await self._call_upstream(call, route, request)
@@ -335,27 +345,71 @@ class Worker:
             exclude=exclude,
         )
 
-    async def _reserve_budget(self, call: _Call, route: RouteDecision, request: AIRequest) -> bool:
+    async def _reserve_budget(
+        self, call: _Call, route: RouteDecision, request: AIRequest
+    ) -> RouteDecision | None:
+        """Reserve the job's estimated cost before the call. When the budget has no room, the
+        job never waits mutely: in `step_down` mode the cheapest model is tried first; then
+        `budget_outcome` ends it dead or defers it, with its reason recorded. Returns the route
+        to call, or None when the job was settled or deferred."""
         if self._ledger is None:
-            return True
+            return route
         job = call.job
+        limits = await self._limits(job.tenant)
         amount = estimate_cost_micros(route.model, request.kind, request.body)
-        tenant_limit, global_limit = await self._limits(job.tenant)
         try:
-            call.reservation = await self._ledger.reserve(
-                job.tenant, amount, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit,
-                enforce=job.priority is not Priority.CRITICAL,
-            )
+            call.reservation = await self._reserve(job, amount, limits)
+            return route
         except BudgetExhausted as exc:
-            budgets = self.config.budgets
-            if budgets.on_exhausted == "defer":
-                self.metrics.deferred.labels("budget").inc()
-                await self.queue.release(job, delay_s=budgets.defer_s)
-            else:
-                await self._settle_failure(call, f"budget exhausted: {exc}", retry=False,
-                                           failure=failures.budget_exhausted(exc))
-            return False
-        return True
+            refusal = exc
+        if self.config.budgets.on_exhausted == "step_down":
+            cheaper = self._cheaper_route(request, job, route)
+            if cheaper is not None:
+                amount = estimate_cost_micros(cheaper.model, request.kind, request.body)
+                try:
+                    call.reservation = await self._reserve(job, amount, limits)
+                    self.metrics.budget_refusals.labels("stepped_down", BUDGET_EXHAUSTED).inc()
+                    return cheaper
+                except BudgetExhausted as exc:
+                    refusal = exc
+        await self._on_budget_refusal(call, refusal, amount)
+        return None
+
+    async def _reserve(self, job: Job, amount: int, limits: tuple[int | None, int | None]) -> Reservation:
+        assert self._ledger is not None
+        tenant_limit, global_limit = limits
+        return await self._ledger.reserve(
+            job.tenant, amount, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit,
+            enforce=job.priority is not Priority.CRITICAL,
+        )
+
+    def _cheaper_route(self, request: AIRequest, job: Job, route: RouteDecision) -> RouteDecision | None:
+        """The cheapest model that may serve an `auto` chat job, if it is not the one refused. A
+        model the caller named is never swapped (see Router)."""
+        if request.kind != "chat" or request.requested_model not in (None, "", AUTO):
+            return None
+        cheaper = self.router.cheapest(
+            estimated_input_tokens=estimate_input_tokens(request.kind, request.body),
+            allowed_models=request.allowed_models, exclude=self._health.failing(),
+        )
+        return None if cheaper is None or cheaper.model.name == route.model.name else cheaper
+
+    async def _on_budget_refusal(self, call: _Call, refusal: BudgetExhausted, amount: int) -> None:
+        budgets, job = self.config.budgets, call.job
+        outcome = budget_outcome(
+            refusal, amount, tenant=job.tenant, mode=budgets.on_exhausted, defer_s=budgets.defer_s,
+            defer_max_s=budgets.defer_max_s, created_at=job.created_at, deadline=job.deadline,
+            now=datetime.now(UTC),
+        )
+        self.metrics.budget_refusals.labels(
+            "deferred" if outcome.action == "defer" else "dead", outcome.reason).inc()
+        if outcome.action == "defer":
+            self.metrics.deferred.labels(outcome.reason).inc()
+            log.info("job %s: %s", job.id, outcome.message)
+            await self.queue.release(job, delay_s=outcome.defer_s, reason=outcome.message)
+            return
+        await self._settle_failure(call, outcome.message, retry=False,
+                                   failure=failures.budget_refused(outcome.reason, outcome.message))
 
     async def _pace(self, call: _Call, model: ModelConfig, request: AIRequest, estimated_input: int) -> bool:
         """Wait briefly, most urgent job first, for the model's concurrency and rate limits; or

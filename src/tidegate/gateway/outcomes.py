@@ -3,8 +3,11 @@ or an OpenAI-shaped error that says how the job ended."""
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
 from typing import Any
 
+from tidegate.dispatch.budget import seconds_to_next_day
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.views import failure_view
 from tidegate.jobs import Job, JobState
@@ -34,7 +37,7 @@ def _dead(job: Job) -> ApiError:
     failure = failure_view(job)
     if failure is not None:
         return ApiError(failure.status, failure.message, code=failure.code, type_=failure.type,
-                        param=failure.param, job_id=job.id)
+                        param=failure.param, job_id=job.id, headers=_budget_headers(failure.code))
     error = job.last_error or "no error recorded"
     return ApiError(502, f"the job failed after {job.attempts} attempt(s): {error}", code="job_failed",
                     type_="upstream_error", job_id=job.id)
@@ -50,8 +53,30 @@ def failure_of(job: Job, waited_s: float) -> ApiError:
     if job.state is JobState.EXPIRED:
         return ApiError(504, "the job passed its deadline before a worker could start it",
                         code="job_expired", job_id=job.id)
-    return ApiError(
-        504, f"no result within {waited_s:g}s; the job goes on (state {job.state.value}): "
-        f"poll GET /v1/jobs/{job.id}",
-        code="timeout", job_id=job.id,
-    )
+    return _still_waiting(job, waited_s)
+
+
+def _still_waiting(job: Job, waited_s: float) -> ApiError:
+    """504 for a job that goes on. A job parked until later (a spent budget, a provider's
+    Retry-After) says why and until when, with Retry-After set to that time."""
+    message = f"no result within {waited_s:g}s; the job goes on (state {job.state.value})"
+    headers: dict[str, str] = {}
+    if job.state in (JobState.DELAYED, JobState.FAILED) and job.not_before is not None:
+        wait_s = max((job.not_before - datetime.now(UTC)).total_seconds(), 0.0)
+        headers["Retry-After"] = str(math.ceil(wait_s))
+        message += f" until {job.not_before.isoformat(timespec='seconds')}"
+        if job.last_error:
+            message += f": {job.last_error}"
+    return ApiError(504, f"{message}; poll GET /v1/jobs/{job.id}", code="timeout", job_id=job.id,
+                    headers=headers)
+
+
+def _budget_headers(code: str) -> dict[str, str]:
+    """A job a budget ended: the OpenAI SDKs are told not to retry (`x-should-retry`), since the
+    same request meets the same budget; a spent budget says when it starts afresh."""
+    if code == "budget_exhausted":
+        next_day_s = seconds_to_next_day(datetime.now(UTC))
+        return {"x-should-retry": "false", "Retry-After": str(math.ceil(next_day_s))}
+    if code.startswith("budget_"):
+        return {"x-should-retry": "false"}
+    return {}

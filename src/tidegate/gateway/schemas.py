@@ -219,6 +219,8 @@ class JobView(BaseModel):
     created_at: datetime
     finished_at: datetime | None = None
     deadline: datetime | None = None
+    retry_at: datetime | None = Field(None, description=(
+        "When a delayed or failed job may run again; `last_error` says why it waits"))
     attempts: int
     max_attempts: int
     model: str | None = None

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from tidegate.gateway.schemas import JobFailureView, JobView, KeyView, TenantView
 from tidegate.gateway.tenants import ApiKeyInfo, Tenant
-from tidegate.jobs import Job
+from tidegate.jobs import Job, JobState
 
 __all__ = ["failure_view", "job_view", "key_view", "tenant_view"]
 
@@ -38,6 +38,7 @@ def job_view(job: Job) -> JobView:
         created_at=job.created_at,
         finished_at=job.finished_at,
         deadline=job.deadline,
+        retry_at=job.not_before if job.state in (JobState.DELAYED, JobState.FAILED) else None,
         attempts=job.attempts,
         max_attempts=job.max_attempts,
         model=result.get("model") if isinstance(result.get("model"), str) else None,

@@ -51,6 +51,7 @@ MAX_RELATIVE_S = 10 * 365 * 86_400
 ALL_LEVELS: tuple[int, ...] = tuple(int(p) for p in Priority)
 # A failure record is a status and a message, not a log: its JSON is bounded like an error text.
 MAX_FAILURE_BYTES = 16_384
+MAX_REASON_CHARS = 2_000  # a release's reason is one line for the job's view
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,12 +360,15 @@ class Queue(abc.ABC):
                 raise InvalidJob(f"result of job {job.id} is not JSON-serialisable: {exc}") from exc
         return await self._complete_many(items) if items else []
 
-    async def release(self, job: Job, delay_s: float = 0.0) -> None:
+    async def release(self, job: Job, delay_s: float = 0.0, *, reason: str | None = None) -> None:
         """Give a leased job back untouched, the attempt uncounted: queued again at once (e.g. on
         shutdown), or after `delay_s` as a delayed job (e.g. its model is paced or its budget
-        spent) so no worker holds it meanwhile."""
+        spent) so no worker holds it meanwhile. `reason`, when given, becomes the job's
+        `last_error`, so a job that waits says why (it is no attempt: `errors` is unchanged)."""
         self._check_open()
-        await self._release(job.id, _token(job), _seconds_to_ms(max(delay_s, 0.0)))
+        if reason is not None:
+            reason = _checked_text("reason", reason[:MAX_REASON_CHARS])
+        await self._release(job.id, _token(job), _seconds_to_ms(max(delay_s, 0.0)), reason)
 
     # ------------------------------------------------------------------ inspecting and managing
 
@@ -464,7 +468,8 @@ class Queue(abc.ABC):
         object, or None) is stored only if the job becomes dead."""
 
     @abc.abstractmethod
-    async def _release(self, job_id: str, token: int, delay_ms: int) -> None: ...
+    async def _release(self, job_id: str, token: int, delay_ms: int, reason: str | None) -> None:
+        """`reason` (None: keep the last error) becomes the job's last error."""
 
     @abc.abstractmethod
     async def _get(self, job_id: str) -> Job | None: ...

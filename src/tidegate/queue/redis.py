@@ -184,8 +184,8 @@ class RedisQueue(Queue):
         state = await self._call("fail", job_id, token, error, delay, failure or b"")
         return JobState(state.decode())
 
-    async def _release(self, job_id: str, token: int, delay_ms: int) -> None:
-        await self._call("release", job_id, token, delay_ms)
+    async def _release(self, job_id: str, token: int, delay_ms: int, reason: str | None) -> None:
+        await self._call("release", job_id, token, delay_ms, reason or "")
 
     # ------------------------------------------------------------------ inspect and manage
 

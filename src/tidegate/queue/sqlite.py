@@ -387,21 +387,23 @@ class SqliteQueue(Queue):
         self._bell.ring(DONE if state is JobState.DEAD else WORK)
         return state
 
-    async def _release(self, job_id: str, token: int, delay_ms: int) -> None:
+    async def _release(self, job_id: str, token: int, delay_ms: int, reason: str | None) -> None:
         def body(conn: sqlite3.Connection) -> None:
             row = self._leased(conn, job_id, token, "priority, tenant")
             now = now_ms()
             if delay_ms > 0:
                 conn.execute(
                     "UPDATE jobs SET state = 'delayed', attempts = attempts - 1, level = priority,"
-                    " not_before_ms = ?, worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
-                    (now + delay_ms, job_id),
+                    " not_before_ms = ?, worker_id = NULL, lease_expires_ms = NULL,"
+                    " last_error = COALESCE(?, last_error) WHERE id = ?",
+                    (now + delay_ms, reason, job_id),
                 )
                 return
             conn.execute(
                 "UPDATE jobs SET state = 'queued', attempts = attempts - 1, level = priority,"
-                " ready_ms = ?, worker_id = NULL, lease_expires_ms = NULL WHERE id = ?",
-                (now, job_id),
+                " ready_ms = ?, worker_id = NULL, lease_expires_ms = NULL,"
+                " last_error = COALESCE(?, last_error) WHERE id = ?",
+                (now, reason, job_id),
             )
             self._give_turns(conn, [(job_id, row["priority"], row["tenant"])])
 
