@@ -1,0 +1,144 @@
+"""`tidegate up` stopped the way Docker, systemd and Kubernetes (SIGTERM) or a terminal (SIGINT)
+stop it, with a synchronous call and an asynchronous job in flight on its own simulator: it
+drains in order — the gateway lets the open call finish while the worker serves it, then the
+worker finishes or releases its jobs — prints "Stopped." and exits 0 within its grace, leaving
+nothing leased, with no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from fault_support import MARGIN_S, Process, tidegate
+from tidegate.jobs import JobState
+from tidegate.queue import Queue
+
+SIGNALS = [signal.SIGTERM, signal.SIGINT]
+CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
+
+
+@dataclass
+class Up:
+    """What a running `tidegate up` printed: where to reach it."""
+
+    api_url: str
+    sim_url: str  # the simulator's root (its /_sim/ control endpoints)
+    admin_key: str
+
+
+async def _ready(up: Process) -> Up:
+    await up.printed("Press Ctrl-C to stop.", timeout_s=60)
+    text = "".join(up.stdout)
+    api = re.search(r"API \(OpenAI base_url\)\s+(\S+)", text)
+    sim = re.search(r"simulated, (\S+)/v1", text)
+    key = re.search(r"^(tg_\S+)$", text, re.MULTILINE)
+    assert api and sim and key, text
+    return Up(api.group(1), sim.group(1), key.group(1))
+
+
+async def _simulator(up: Up, http: httpx.AsyncClient, latency_ms: int) -> None:
+    answer = await http.post(f"{up.sim_url}/_sim/settings", json={"defaults": {"latency_ms": latency_ms}})
+    answer.raise_for_status()
+
+
+async def _received(up: Up, http: httpx.AsyncClient, count: int) -> None:
+    for _ in range(1000):
+        stats = (await http.get(f"{up.sim_url}/_sim/stats")).json()
+        if sum(model["received"] for model in stats["models"].values()) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the simulator did not receive {count} calls")
+
+
+async def _submit(up: Up, http: httpx.AsyncClient) -> str:
+    answer = await http.post(f"{up.api_url}/jobs", json={"kind": "chat", "body": CHAT},
+                             headers={"Authorization": f"Bearer {up.admin_key}"})
+    assert answer.status_code == 202, answer.text
+    [job_id] = answer.json()["ids"]
+    return str(job_id)
+
+
+def _queue(folder: Path) -> Queue:
+    """The queue `up` kept in `folder`, opened without upkeep: inspected as it was left."""
+    return Queue.from_url(f"sqlite:///{folder}/.tidegate/tidegate.db", maintenance_interval_s=None)
+
+
+def _assert_clean(up: Process) -> None:
+    assert "Stopped." in "".join(up.stdout), up.output
+    assert "Traceback" not in up.output, up.output
+    assert "was closed" not in up.output, up.output
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda sig: sig.name)
+async def test_a_stop_lets_calls_in_flight_finish_and_exits_0(tmp_path: Path, sig: signal.Signals) -> None:
+    # Given `tidegate up` on a fresh folder (the change flow seeding its demo shop), a synchronous
+    # call and an asynchronous job in flight, each taking 3 s at the provider
+    grace_s = 15
+    async with tidegate("up", "--port", "0", "--grace-s", str(grace_s), cwd=tmp_path) as process, \
+            httpx.AsyncClient(timeout=30) as http:
+        up = await _ready(process)
+        await _simulator(up, http, 3_000)
+        client = openai.AsyncOpenAI(base_url=up.api_url, api_key=up.admin_key, max_retries=0)
+        call = asyncio.create_task(client.chat.completions.with_raw_response.create(**CHAT))
+        job_id = await _submit(up, http)
+        await _received(up, http, 2)
+
+        # When it is stopped
+        stopped = time.monotonic()
+        process.send(sig)
+        status = await process.exited(grace_s + MARGIN_S)
+        took_s = time.monotonic() - stopped
+        answer = await call
+        await client.close()
+
+    # Then the call was answered, the job finished, and up exited 0 having said so
+    assert status == 0, process.output
+    assert took_s < grace_s + MARGIN_S
+    assert answer.http_response.status_code == 200
+    assert answer.parse().choices[0].message.content
+    _assert_clean(process)
+    async with _queue(tmp_path) as queue:
+        job = await queue.get(job_id)
+        synchronous = await queue.get(answer.headers["X-Tidegate-Job-Id"])
+        stats = await queue.stats()
+    assert job is not None and job.state is JobState.SUCCEEDED
+    assert synchronous is not None and synchronous.state is JobState.SUCCEEDED
+    assert stats.in_flight == 0
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda sig: sig.name)
+async def test_past_the_grace_jobs_in_flight_are_released_with_their_attempt_given_back(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    # Given an asynchronous job whose call takes 30 s, and a grace of 1 s
+    grace_s = 1
+    async with tidegate("up", "--port", "0", "--grace-s", str(grace_s), "--no-change-flow",
+                        cwd=tmp_path) as process, httpx.AsyncClient(timeout=30) as http:
+        up = await _ready(process)
+        await _simulator(up, http, 30_000)
+        job_id = await _submit(up, http)
+        await _received(up, http, 1)
+
+        # When it is stopped
+        stopped = time.monotonic()
+        process.send(sig)
+        status = await process.exited(grace_s + MARGIN_S)
+        took_s = time.monotonic() - stopped
+
+    # Then it exits 0 within the grace and the job waits in the queue, its attempt uncounted
+    assert status == 0, process.output
+    assert took_s < grace_s + MARGIN_S
+    _assert_clean(process)
+    async with _queue(tmp_path) as queue:
+        job = await queue.get(job_id)
+        stats = await queue.stats()
+    assert job is not None and job.state is JobState.QUEUED and job.attempts == 0
+    assert stats.in_flight == 0
