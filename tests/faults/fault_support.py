@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 import time
@@ -106,3 +107,23 @@ max_concurrency = 256
 {extra}
 """)
     return path
+
+
+@dataclass
+class Up:
+    """What a running `tidegate up` printed: where to reach it."""
+
+    api_url: str
+    sim_url: str  # the simulator's root (its /_sim/ control endpoints)
+    admin_key: str
+
+
+async def up_ready(up: Process) -> Up:
+    """Once `tidegate up` has printed its table: where it listens and its admin key."""
+    await up.printed("Press Ctrl-C to stop.", timeout_s=60)
+    text = "".join(up.stdout)
+    api = re.search(r"API \(OpenAI base_url\)\s+(\S+)", text)
+    sim = re.search(r"simulated, (\S+)/v1", text)
+    key = re.search(r"^(tg_\S+)$", text, re.MULTILINE)
+    assert api and sim and key, text
+    return Up(api.group(1), sim.group(1), key.group(1))

@@ -7,41 +7,20 @@ nothing leased, with no traceback."""
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from fault_support import MARGIN_S, Process, tidegate
+from fault_support import MARGIN_S, Process, Up, tidegate, up_ready
 from tidegate.jobs import JobState
 from tidegate.queue import Queue
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
-
-
-@dataclass
-class Up:
-    """What a running `tidegate up` printed: where to reach it."""
-
-    api_url: str
-    sim_url: str  # the simulator's root (its /_sim/ control endpoints)
-    admin_key: str
-
-
-async def _ready(up: Process) -> Up:
-    await up.printed("Press Ctrl-C to stop.", timeout_s=60)
-    text = "".join(up.stdout)
-    api = re.search(r"API \(OpenAI base_url\)\s+(\S+)", text)
-    sim = re.search(r"simulated, (\S+)/v1", text)
-    key = re.search(r"^(tg_\S+)$", text, re.MULTILINE)
-    assert api and sim and key, text
-    return Up(api.group(1), sim.group(1), key.group(1))
 
 
 async def _simulator(up: Up, http: httpx.AsyncClient, latency_ms: int) -> None:
@@ -84,7 +63,7 @@ async def test_a_stop_lets_calls_in_flight_finish_and_exits_0(tmp_path: Path, si
     grace_s = 15
     async with tidegate("up", "--port", "0", "--grace-s", str(grace_s), cwd=tmp_path) as process, \
             httpx.AsyncClient(timeout=30) as http:
-        up = await _ready(process)
+        up = await up_ready(process)
         await _simulator(up, http, 3_000)
         client = openai.AsyncOpenAI(base_url=up.api_url, api_key=up.admin_key, max_retries=0)
         call = asyncio.create_task(client.chat.completions.with_raw_response.create(**CHAT))
@@ -122,7 +101,7 @@ async def test_past_the_grace_jobs_in_flight_are_released_with_their_attempt_giv
     grace_s = 1
     async with tidegate("up", "--port", "0", "--grace-s", str(grace_s), "--no-change-flow",
                         cwd=tmp_path) as process, httpx.AsyncClient(timeout=30) as http:
-        up = await _ready(process)
+        up = await up_ready(process)
         await _simulator(up, http, 30_000)
         job_id = await _submit(up, http)
         await _received(up, http, 1)
