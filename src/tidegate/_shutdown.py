@@ -15,9 +15,10 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import TypeVar
 
-__all__ = ["CLOSE_BOUND_S", "STOP_SIGNALS", "bounded", "stop_on_signals"]
+__all__ = ["CLOSE_BOUND_S", "STOP_SIGNALS", "bounded", "close_bounded", "enter_bounded", "stop_on_signals"]
 
 log = logging.getLogger("tidegate.shutdown")
 
@@ -62,3 +63,16 @@ async def bounded(step: Awaitable[T], what: str, timeout_s: float = CLOSE_BOUND_
     except TimeoutError:
         log.warning("%s did not finish within %.1fs; abandoned", what, timeout_s)
         return None
+
+
+async def enter_bounded(stack: AsyncExitStack, manager: AbstractAsyncContextManager[T], what: str) -> T:
+    """`stack.enter_async_context(manager)`, its exit bounded like `bounded`: a part that cannot
+    close in time is abandoned with a warning and the parts opened before it still close."""
+    value = await manager.__aenter__()
+    stack.push_async_callback(lambda: bounded(manager.__aexit__(None, None, None), f"closing {what}"))
+    return value
+
+
+def close_bounded(stack: AsyncExitStack, close: Callable[[], Awaitable[object]], what: str) -> None:
+    """On the stack's exit, `close()`, bounded like `bounded`."""
+    stack.push_async_callback(lambda: bounded(close(), f"closing {what}"))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from tidegate._shutdown import CLOSE_BOUND_S, bounded, stop_on_signals
+from tidegate._shutdown import CLOSE_BOUND_S, bounded, close_bounded, enter_bounded, stop_on_signals
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.dispatch.budget import budget_ledger_for
 from tidegate.dispatch.callbacks import CallbackSender
@@ -117,22 +117,23 @@ async def _run(
         simulator_url = None
         if not config.providers:
             simulator = Simulator(settings.simulator or SimulatorSettings())
-            simulator_url = await stack.enter_async_context(simulator.running())
+            simulator_url = await enter_bounded(stack, simulator.running(), "the simulator")
             config = with_simulator_limits(config.with_simulator(simulator_url), simulator.settings)
         url = config.queue_url
-        queue = await stack.enter_async_context(Queue.from_url(url))
-        tenants = await stack.enter_async_context(tenant_store_for(url))
-        ledger = await stack.enter_async_context(budget_ledger_for(url))
+        queue = await enter_bounded(stack, Queue.from_url(url), "the queue")
+        tenants = await enter_bounded(stack, tenant_store_for(url), "the tenant store")
+        ledger = await enter_bounded(stack, budget_ledger_for(url), "the budget ledger")
         relay = relay_for(url)  # shared: the worker publishes what the gateway streams
-        stack.push_async_callback(relay.close)
+        close_bounded(stack, relay.close, "the relay")
         callbacks = None
         if secret := os.environ.get(config.callbacks.secret_env):
-            callbacks = await stack.enter_async_context(CallbackSender(config.callbacks, secret.encode()))
+            callbacks = await enter_bounded(stack, CallbackSender(config.callbacks, secret.encode()),
+                                            "the callback sender")
         sync_metrics = SyncMetrics()
         sync_cache = None
         if settings.change_flow:
             config = embedded_sync_config(config, shop_data=settings.shop_data)
-            sync_cache = await stack.enter_async_context(open_cache(config.sync))
+            sync_cache = await enter_bounded(stack, open_cache(config.sync), "the entity cache")
         recs = await open_recommendations(stack, config, queue=queue, cache=sync_cache)
         dispatch_metrics = DispatchMetrics()
         worker = await stack.enter_async_context(Worker(
@@ -140,12 +141,12 @@ async def _run(
                                           shutdown_grace_s=settings.shutdown_grace_s),
             metrics=dispatch_metrics, ledger=ledger, relay=relay, tenants=tenants, callbacks=callbacks,
         ))
-        state = await stack.enter_async_context(GatewayState.open(
+        state = await enter_bounded(stack, GatewayState.open(
             config, settings=GatewaySettings(host=settings.host, port=settings.port), queue=queue,
             tenants=tenants, ledger=ledger, relay=relay, recommender=recs.sink.recommender,
             recs_monitor=recs.sink.monitor,
             extra_registries=[dispatch_metrics.registry, sync_metrics.registry, recs.sink.monitor.registry],
-        ))
+        ), "the gateway's state")
         admin_key = await _create_admin_key(tenants)
         await check_bind(state)
         async with _serving(state, settings) as (server, port, serving):

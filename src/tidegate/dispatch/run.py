@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 
-from tidegate._shutdown import stop_on_signals
+from tidegate._shutdown import close_bounded, enter_bounded, stop_on_signals
 from tidegate.config import TidegateConfig
 from tidegate.dispatch.budget import budget_ledger_for
 from tidegate.dispatch.callbacks import CallbackSender
@@ -34,15 +34,17 @@ async def run_worker(
     if not secret:
         log.warning("%s is not set: results will not be sent to callback URLs", config.callbacks.secret_env)
     async with contextlib.AsyncExitStack() as stack:
-        queue = await stack.enter_async_context(Queue.from_url(config.queue_url))
+        # Each part closes after the worker that uses it, each close bounded (tidegate._shutdown).
+        queue = await enter_bounded(stack, Queue.from_url(config.queue_url), "the queue")
         callbacks = None
         if secret:
-            callbacks = await stack.enter_async_context(CallbackSender(config.callbacks, secret.encode()))
+            callbacks = await enter_bounded(stack, CallbackSender(config.callbacks, secret.encode()),
+                                            "the callback sender")
         relay = relay_for(config.queue_url)
-        stack.push_async_callback(relay.close)
-        tenants = await stack.enter_async_context(tenant_store_for(config.queue_url))
+        close_bounded(stack, relay.close, "the relay")
+        tenants = await enter_bounded(stack, tenant_store_for(config.queue_url), "the tenant store")
         # A ledger always, so spend is tracked per tenant and model even where no budget is set.
-        ledger = await stack.enter_async_context(budget_ledger_for(config.queue_url))
+        ledger = await enter_bounded(stack, budget_ledger_for(config.queue_url), "the budget ledger")
         worker = await stack.enter_async_context(
             Worker(queue, config, settings, metrics=metrics, callbacks=callbacks, relay=relay,
                    tenants=tenants, ledger=ledger)

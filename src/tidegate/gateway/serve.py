@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from tidegate._shutdown import stop_on_signals
+from tidegate._shutdown import enter_bounded, stop_on_signals
 from tidegate.config import TidegateConfig
 from tidegate.errors import ConfigError
 from tidegate.gateway.app import create_app
@@ -89,7 +89,10 @@ async def serve_gateway(
 ) -> None:
     """Serve the gateway on `settings.host:port` until SIGTERM or SIGINT; then stop accepting,
     give open requests up to `grace_s` to finish, close the state and return."""
-    async with GatewayState.open(config, settings=settings, extra_registries=extra_registries) as state:
+    async with contextlib.AsyncExitStack() as stack:
+        state = await enter_bounded(
+            stack, GatewayState.open(config, settings=settings, extra_registries=extra_registries),
+            "the gateway's state")
         await check_bind(state)
         app = create_app(state)
         # The state is opened and closed here, around the server: no ASGI lifespan is needed.
