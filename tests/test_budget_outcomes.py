@@ -18,8 +18,9 @@ from tidegate.dispatch.budget import budget_ledger_for, budget_outcome, seconds_
 from tidegate.dispatch.costs import usd_to_micros
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.errors import BudgetExhausted
+from tidegate.gateway.outcomes import failure_of
 from tidegate.gateway.views import job_view
-from tidegate.jobs import JobState
+from tidegate.jobs import Job, JobState, Priority
 from tidegate.providers.sim_settings import SimulatorSettings
 from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
@@ -152,3 +153,29 @@ def test_a_deferral_never_outlives_the_job_s_deadline() -> None:
     later = budget_outcome(refusal, 1_000, tenant="acme", mode="defer", defer_s=300, defer_max_s=90_000,
                            created_at=now, deadline=None, now=now)
     assert later.action == "defer" and 0 < later.defer_s <= 300
+
+
+def _job(state: JobState, **fields: object) -> Job:
+    return Job(id="j1", priority=Priority.NORMAL, payload={"kind": "chat"}, tenant="acme", state=state,
+               created_at=datetime.now(UTC), attempts=0, max_attempts=3, **fields)  # type: ignore[arg-type]
+
+
+def test_a_synchronous_caller_of_a_deferred_job_is_told_why_and_when_to_come_back() -> None:
+    until = datetime.now(UTC) + timedelta(seconds=120)
+    job = _job(JobState.DELAYED, not_before=until,
+               last_error="deferred until …: budget exhausted: tenant 'acme' daily budget is exhausted")
+    error = failure_of(job, 30)
+    assert error.status == 504 and error.code == "timeout"
+    assert "budget exhausted" in error.message and until.isoformat(timespec="seconds") in error.message
+    assert 115 <= int(error.headers["Retry-After"]) <= 120
+
+
+def test_a_job_a_budget_ended_tells_the_sdks_not_to_retry_it() -> None:
+    exceeds = _job(JobState.DEAD, failure={"status": 429, "type": "insufficient_quota",
+                                           "code": "budget_exceeds_limit", "message": "whole budget"})
+    spent = _job(JobState.DEAD, failure={"status": 429, "type": "insufficient_quota",
+                                         "code": "budget_exhausted", "message": "budget exhausted"})
+    assert failure_of(exceeds, 30).headers == {"x-should-retry": "false"}
+    headers = failure_of(spent, 30).headers
+    assert headers["x-should-retry"] == "false"
+    assert 0 < int(headers["Retry-After"]) <= 86_400  # until the next UTC midnight
