@@ -75,3 +75,27 @@ async def test_calls_within_the_grace_finish_before_the_worker_exits(
     assert states.count(JobState.QUEUED) == 12
     assert all(job.attempts == 0 for job in jobs if job is not None and job.state is JobState.QUEUED)
     assert (await queue.stats()).in_flight == 0
+
+
+async def test_a_second_signal_releases_calls_in_flight_at_once(
+    queue_factory: QueueFactory, tmp_path: Path
+) -> None:
+    # Given 10 calls of 30 s in flight and a grace of 60 s
+    sim = Simulator(SimulatorSettings(seed=3, defaults={"latency_ms": 30_000}))
+    async with sim.running() as base_url:
+        queue = await queue_factory.open(maintenance_interval_s=None)
+        ids = await queue.enqueue_many({"payload": chat(model="deepseek-v3.2")} for _ in range(10))
+        async with tidegate("worker", "--queue", queue_url_of(queue_factory),
+                            "--config", str(provider_config(tmp_path, base_url)),
+                            "--concurrency", "10", "--grace-s", "60") as worker:
+            await wait_received(sim, 10, timeout_s=30)
+            # When SIGTERM comes, and then SIGINT (an impatient operator)
+            worker.send(signal.SIGTERM)
+            await worker.printed("stopping gracefully")
+            worker.send(signal.SIGINT)
+            status = await worker.exited(MARGIN_S)
+        jobs = [await queue.get(job_id) for job_id in ids]
+    # Then it does not wait out the grace: the jobs are back in the queue, attempts uncounted
+    assert status == 0, worker.output
+    assert all(job is not None and job.state is JobState.QUEUED and job.attempts == 0 for job in jobs)
+    assert "stopping at once" in worker.output
