@@ -13,12 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import TypeVar
 
-__all__ = ["CLOSE_BOUND_S", "STOP_SIGNALS", "bounded", "close_bounded", "enter_bounded", "stop_on_signals"]
+__all__ = [
+    "CLOSE_BOUND_S",
+    "HARD_STOP_MARGIN_S",
+    "STOP_SIGNALS",
+    "bounded",
+    "close_bounded",
+    "enter_bounded",
+    "stop_on_signals",
+]
 
 log = logging.getLogger("tidegate.shutdown")
 
@@ -28,11 +38,20 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # How long one close step (a pool, a session, a background task) may take once asked to stop:
 # past it the step is abandoned with a warning, so no single close holds a shutdown forever.
 CLOSE_BOUND_S = 5.0
+# Past its grace by this much, a stopping process exits at once whatever still runs: the last
+# guard of the bound, for what no timeout inside the event loop can end (a blocked thread, the
+# interpreter's own teardown). It exits 1 and says so, since something was stuck.
+HARD_STOP_MARGIN_S = 15.0
+EXIT_STUCK = 1
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: Callable[[], None], *, force: Callable[[], None] | None = None) -> Iterator[None]:
-    """While the block runs, the first SIGTERM or SIGINT calls `stop` and a later one `force`."""
+def stop_on_signals(
+    stop: Callable[[], None], *, force: Callable[[], None] | None = None, grace_s: float | None = None,
+) -> Iterator[None]:
+    """While the block runs, the first SIGTERM or SIGINT calls `stop` and a later one `force`.
+    With `grace_s`, the first signal also arms a watchdog: `grace_s + HARD_STOP_MARGIN_S` later
+    the process exits with status 1 if it is still running."""
     loop = asyncio.get_running_loop()
     received: list[signal.Signals] = []
 
@@ -40,6 +59,8 @@ def stop_on_signals(stop: Callable[[], None], *, force: Callable[[], None] | Non
         received.append(sig)
         if len(received) == 1:
             log.warning("%s received: stopping gracefully (send it again to stop at once)", sig.name)
+            if grace_s is not None:
+                _arm_watchdog(grace_s + HARD_STOP_MARGIN_S)
             stop()
         elif force is not None:
             log.warning("%s received again: stopping at once", sig.name)
@@ -52,6 +73,19 @@ def stop_on_signals(stop: Callable[[], None], *, force: Callable[[], None] | Non
     finally:
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+
+
+def _arm_watchdog(after_s: float) -> None:
+    # A daemon thread, not the event loop: it fires even when the loop itself is what hangs, and
+    # it never delays a process that exits in time.
+    def expire() -> None:
+        message = f"tidegate: still stopping {after_s:.0f}s after the stop signal; exiting now\n"
+        os.write(2, message.encode())
+        os._exit(EXIT_STUCK)
+
+    timer = threading.Timer(after_s, expire)
+    timer.daemon = True
+    timer.start()
 
 
 async def bounded(step: Awaitable[T], what: str, timeout_s: float = CLOSE_BOUND_S) -> T | None:

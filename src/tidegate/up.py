@@ -102,7 +102,7 @@ async def run_up(
         await _run(config, settings, on_ready, stop, forced)
         return
     stop = asyncio.Event()
-    with stop_on_signals(stop.set, force=forced.set):
+    with stop_on_signals(stop.set, force=forced.set, grace_s=settings.shutdown_grace_s):
         await _run(config, settings, on_ready, stop, forced)
     log.info("stopped")
 

@@ -50,6 +50,7 @@ async def run_worker(
                    tenants=tenants, ledger=ledger)
         )
         log.info("worker %s serving %s", worker.worker_id, redact_url(config.queue_url))
-        with stop_on_signals(worker.request_stop, force=worker.force_stop):
+        with stop_on_signals(worker.request_stop, force=worker.force_stop,
+                             grace_s=settings.shutdown_grace_s):
             await worker.run()
         log.info("worker %s stopped", worker.worker_id)
