@@ -679,6 +679,25 @@ async def test_release_with_a_delay_parks_the_job_without_counting_the_attempt(q
         await queue.release(job, delay_s=1)
 
 
+async def test_release_with_a_reason_records_why_the_job_waits(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1})
+    [job] = await queue.claim("w")
+    await queue.release(job, delay_s=0.3, reason="deferred until 12:00: budget exhausted")
+
+    parked = await queue.get(job_id)
+    assert parked is not None and parked.state is JobState.DELAYED and parked.attempts == 0
+    assert parked.last_error == "deferred until 12:00: budget exhausted"
+    assert parked.errors == []  # a deferral is no attempt
+    assert parked.not_before is not None
+
+    # A later release without a reason (a shutdown) keeps the last one
+    [again] = await queue.claim("w", timeout_s=5)
+    await queue.release(again)
+    waiting = await queue.get(job_id)
+    assert waiting is not None and waiting.state is JobState.QUEUED and waiting.attempts == 0
+    assert waiting.last_error == "deferred until 12:00: budget exhausted"
+
+
 async def test_fail_without_retry_is_dead_at_once_with_attempts_left(queue: Queue) -> None:
     job_id = await queue.enqueue({"n": 1}, max_attempts=5)
     [job] = await queue.claim("w")
