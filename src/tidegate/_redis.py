@@ -1,16 +1,124 @@
-"""Opening a Redis client with Lua scripts registered on it, as the entity cache and the
-recommendation store do: a bounded blocking pool, one PING to fail early, and a driver error on
-connect translated into the caller's own error with the URL's credentials left out."""
+"""Redis plumbing every component shares.
+
+- `open_scripted_client`: a client with Lua scripts registered on it, as the entity cache and the
+  recommendation store open theirs: a bounded blocking pool, one PING to fail early, and a driver
+  error on connect translated into the caller's own error with the URL's credentials left out.
+- `Outage`: how a component lives through a lost connection (a Redis restart, a dropped socket).
+  It logs once when the connection is lost and once when it is back (never once per attempt),
+  paces reconnect attempts with redis-py's capped exponential backoff with jitter, and counts
+  each recovery in `tidegate_redis_reconnects_total{component}` (`RECONNECT_REGISTRY`).
+
+Pooled request/response clients need no loop of their own: the pool checks a connection before
+lending it and replaces one the server closed, so the first call after a restart goes out on a
+fresh connection. Long-lived reads (a pub/sub subscription, a blocking stream read) do need one:
+they hold a single connection, so each of them reconnects, resubscribes and re-checks what it may
+have missed while the connection was down.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Iterable
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
 
 from tidegate.errors import TidegateError
 from tidegate.queue.base import redact_url
 
-__all__ = ["open_scripted_client"]
+__all__ = [
+    "BLOCK_MAX_S",
+    "CONNECT_TIMEOUT_S",
+    "RECONNECTS",
+    "RECONNECT_REGISTRY",
+    "SOCKET_TIMEOUT_S",
+    "Outage",
+    "is_connection_error",
+    "open_scripted_client",
+]
+
+log = logging.getLogger("tidegate.redis")
+
+# Reconnect pacing: the first retry after ~0.1 s at most, doubling to a ceiling of 2 s, each delay
+# drawn at random below its bound (full jitter), so a fleet of clients does not reconnect in step.
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 2.0
+
+# The longest one reply may take before the connection counts as lost. Blocking reads (BLPOP,
+# XREAD BLOCK) ask the server for at most BLOCK_MAX_S, well inside it: redis-py's default socket
+# timeout (5 s since redis-py 6) would otherwise cut a 5 s blocking read short.
+SOCKET_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+BLOCK_MAX_S = 5.0
+
+# One registry per process: components are built in many places (gateway, worker, sync) and this
+# counter is about the process's connections, whichever component holds them.
+RECONNECT_REGISTRY = CollectorRegistry()
+RECONNECTS = Counter(
+    "tidegate_redis_reconnects",
+    "Times a component got its Redis connection back after losing it (once per outage)",
+    ["component"], registry=RECONNECT_REGISTRY,
+)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether `exc` means the connection was lost or refused (worth a reconnect), as opposed to
+    an answer of the server (a script error, a wrong type) that another attempt would repeat."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
+
+
+class Outage:
+    """The connection state of one component, `component` naming it in logs and metrics.
+
+    `lost(exc)` at every failed attempt (logs only the first of an outage), `delay_s()` for the
+    pause before the next attempt, `restored()` once an attempt succeeds (logs and counts only
+    when there was an outage). Used from one event loop; cheap enough to call on every success."""
+
+    def __init__(self, component: str, url: str) -> None:
+        from redis.backoff import ExponentialWithJitterBackoff
+
+        self.component = component
+        self._where = redact_url(url)
+        self._backoff = ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
+        self._failures = 0
+        self._since: float | None = None  # monotonic start of the current outage
+        self.recoveries = 0  # outages this component has come back from
+
+    @property
+    def down(self) -> bool:
+        """Whether the connection is lost now (an attempt failed, none succeeded since)."""
+        return self._since is not None
+
+    def lost(self, exc: BaseException) -> None:
+        """An attempt failed on a lost or refused connection."""
+        self._failures += 1
+        if self._since is None:
+            self._since = time.monotonic()
+            log.warning("%s lost its Redis connection at %s (%s); reconnecting with backoff",
+                        self.component, self._where, exc)
+
+    def delay_s(self) -> float:
+        """Seconds to wait before the next attempt: random below min(cap, base * 2**failures)."""
+        delay: float = self._backoff.compute(self._failures)
+        return delay
+
+    def restored(self) -> None:
+        """An attempt succeeded: the end of the outage, if there was one."""
+        self._failures = 0
+        if self._since is not None:
+            down_s, self._since = time.monotonic() - self._since, None
+            self.recoveries += 1
+            RECONNECTS.labels(self.component).inc()
+            log.warning("%s reconnected to Redis at %s after %.1f s", self.component, self._where, down_s)
+
+    async def pause(self) -> None:
+        """Sleep `delay_s()` before the next attempt (cancel the task to stop at once)."""
+        await asyncio.sleep(self.delay_s())
 
 
 async def open_scripted_client(
@@ -22,7 +130,10 @@ async def open_scripted_client(
     what: str,
 ) -> tuple[Any, dict[str, Any]]:
     """A connected client and its registered scripts (name → script) for `scripts`, pairs of
-    (name, Lua source). Raises `unavailable` naming `what` when the server cannot be reached."""
+    (name, Lua source). Raises `unavailable` naming `what` when the server cannot be reached.
+
+    A script is sent as EVALSHA and loaded again by redis-py when the server answers NOSCRIPT
+    (its script cache is empty after a restart)."""
     import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 
