@@ -10,9 +10,12 @@
 
 Pooled request/response clients need no loop of their own: the pool checks a connection before
 lending it and replaces one the server closed, so the first call after a restart goes out on a
-fresh connection. Long-lived reads (a pub/sub subscription, a blocking stream read) do need one:
-they hold a single connection, so each of them reconnects, resubscribes and re-checks what it may
-have missed while the connection was down.
+fresh connection. Every client is opened with `connection_options()`, which keeps that check on
+(redis-py 8 skips it while its maintenance notifications, a Redis Cloud feature, are enabled, as
+they are by default) and bounds every reply and connect.
+
+Long-lived reads (a pub/sub subscription, a blocking stream read) do need a loop: each holds one
+connection, so it reconnects, resubscribes and re-checks what it may have missed meanwhile.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "RECONNECT_REGISTRY",
     "SOCKET_TIMEOUT_S",
     "Outage",
+    "connection_options",
     "is_connection_error",
     "open_scripted_client",
 ]
@@ -61,6 +65,20 @@ RECONNECTS = Counter(
     "Times a component got its Redis connection back after losing it (once per outage)",
     ["component"], registry=RECONNECT_REGISTRY,
 )
+
+
+def connection_options() -> dict[str, Any]:
+    """Keyword arguments for every pool or client tidegate opens (see the module doc)."""
+    options: dict[str, Any] = {
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+    }
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # redis-py before 6.4: no notifications, the pool always checks
+        return options
+    options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return options
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -138,7 +156,7 @@ async def open_scripted_client(
     from redis.exceptions import RedisError
 
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=30, socket_connect_timeout=10
+        url, max_connections=max_connections, timeout=30, **connection_options()
     )
     # from_pool hands the pool to the client, so aclose() also closes its connections.
     client = aioredis.Redis.from_pool(pool)

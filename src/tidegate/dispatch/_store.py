@@ -18,7 +18,7 @@ from importlib import resources
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from tidegate._redis import Outage, is_connection_error
+from tidegate._redis import Outage, connection_options, is_connection_error
 from tidegate.errors import ConfigError, DispatchClosed, DispatchUnavailable, MissingDependency
 from tidegate.queue.base import redact_url
 
@@ -68,7 +68,7 @@ class RedisStore:
         self._what = what
         self._errors: type[Exception] = RedisError
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT_S
+            url, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT_S, **connection_options()
         )
         # from_pool hands the pool to the client, so aclose() also closes its connections.
         self._redis: Any = aioredis.Redis.from_pool(pool)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
-from tidegate._redis import BLOCK_MAX_S, CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Outage, is_connection_error
+from tidegate._redis import BLOCK_MAX_S, Outage, connection_options, is_connection_error
 from tidegate.errors import MissingDependency, QueueUnavailable
 
 CHANNEL_TTL_S = 300  # how long a finished stream stays readable for a late subscriber
@@ -112,8 +112,7 @@ class RedisRelay:
         self._errors: type[Exception] = RedisError
         # retry=None: the driver's own retries would append a chunk twice, and would sleep up to
         # seconds inside a read whose deadline is ours to keep.
-        self._redis: Any = aioredis.Redis.from_url(
-            url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S, retry=None)
+        self._redis: Any = aioredis.Redis.from_url(url, retry=None, **connection_options())
         self._prefix = f"tidegate:{{{name}}}:chunks:"
         self._outage = Outage("relay", url)
 

@@ -42,6 +42,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
+from tidegate._redis import connection_options
 from tidegate._sqlite import SqliteThread
 from tidegate.dispatch._store import backend_of, without_query
 from tidegate.errors import ConfigError, MissingDependency, QueueClosed, QueueUnavailable, TenantNotFound
@@ -473,7 +474,7 @@ class RedisTenantStore(_TenantStoreBase):
         self.keys_key = f"tidegate:{{{name}}}:keys"
         self._errors: type[Exception] = RedisError
         self._watch_error: type[Exception] = WatchError
-        self._redis: Any = aioredis.Redis.from_url(url, decode_responses=True)
+        self._redis: Any = aioredis.Redis.from_url(url, decode_responses=True, **connection_options())
 
     def __repr__(self) -> str:
         return f"RedisTenantStore(url={redact_url(self.url)!r}, name={self.name!r})"

@@ -20,13 +20,7 @@ from typing import Any
 import msgpack
 import orjson
 
-from tidegate._redis import (
-    BLOCK_MAX_S,
-    CONNECT_TIMEOUT_S,
-    SOCKET_TIMEOUT_S,
-    Outage,
-    is_connection_error,
-)
+from tidegate._redis import BLOCK_MAX_S, Outage, connection_options, is_connection_error
 from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue.base import (
@@ -99,8 +93,7 @@ class RedisQueue(Queue):
 
     async def _open(self) -> None:
         pool = aioredis.BlockingConnectionPool.from_url(
-            self.url, max_connections=64, timeout=30,
-            socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S)
+            self.url, max_connections=64, timeout=30, **connection_options())
         # from_pool hands the pool to the client, so aclose() also closes its connections.
         self._redis = aioredis.Redis.from_pool(pool)
         self._scripts = {name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS}

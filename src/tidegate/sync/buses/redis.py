@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from tidegate._redis import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Outage, is_connection_error
+from tidegate._redis import Outage, connection_options, is_connection_error
 from tidegate.errors import BusUnavailable, MissingDependency
 from tidegate.queue.base import redact_url
 from tidegate.sync.buses import BusBase, BusSettings, SubscriptionBase, log
@@ -108,8 +108,7 @@ class RedisBus(BusBase):
 
     async def _open(self) -> None:
         # retry=None: reconnecting is `retrying`'s, on its own bounded schedule.
-        self.redis = aioredis.Redis.from_url(
-            self.url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S, retry=None)
+        self.redis = aioredis.Redis.from_url(self.url, retry=None, **connection_options())
         try:
             await self.redis.ping()
         except RedisError as exc:
