@@ -256,13 +256,12 @@ async def test_the_next_synchronous_call_after_a_restart_is_answered_without_the
         assert await _chat(http) < PROMPT_S
     # When Redis restarts
     await asyncio.to_thread(durable_redis.restart)
-    give_up = time.monotonic() + 10
-    while _gateway_reconnects((await http.get("/metrics")).text) < 1:
-        assert time.monotonic() < give_up, "the gateway did not count its queue reconnection"
-        await asyncio.sleep(0.05)
     # Then the next synchronous call is answered well before the 5 s safety poll
     took_s = await _chat(http)
+    print(f"first call after the restart: {took_s * 1000:.0f} ms")
     assert took_s < PROMPT_S, f"the first call after the restart took {took_s:.2f}s"
+    # And the gateway counted its job-done listener's reconnection
+    assert _gateway_reconnects((await http.get("/metrics")).text) >= 1
 
 
 # ---------------------------------------------------------------------- limiter and budget

@@ -88,6 +88,7 @@ class RedisQueue(Queue):
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()  # set while the done listener is subscribed
         self._done_outage = Outage("queue", url)
+        self._wakeup_outage = Outage("queue_wakeup", url)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -164,10 +165,21 @@ class RedisQueue(Queue):
         if wait_s <= 0.001:
             return
         keys = [self._signal_keys[level] for level in levels]
-        try:
-            await self._redis.blpop(keys, timeout=wait_s)
-        except RedisError as exc:
-            raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
+        give_up = time.monotonic() + wait_s
+        while (remaining := give_up - time.monotonic()) > 0.001:
+            try:
+                await self._redis.blpop(keys, timeout=remaining)
+            except RedisError as exc:
+                if not is_connection_error(exc):
+                    raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
+                # Lost while waiting (a Redis restart): wait on across it, reconnecting with
+                # backoff, so the claim after the wait finds the server back instead of failing.
+                # A token a lost reply took is only a hint: the next claim looks anyway.
+                self._wakeup_outage.lost(exc)
+                await asyncio.sleep(min(self._wakeup_outage.delay_s(), max(remaining, 0)))
+                continue
+            self._wakeup_outage.restored()
+            return
 
     async def _heartbeat(self, job_id: str, token: int, lease_ms: int) -> int:
         return int(await self._call("heartbeat", job_id, token, lease_ms))
