@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -36,14 +36,17 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "RECONNECTS",
     "RECONNECT_REGISTRY",
+    "RETRY_WITHIN_S",
     "SOCKET_TIMEOUT_S",
     "Outage",
+    "call_with_reconnect",
     "connection_options",
     "is_connection_error",
     "open_scripted_client",
 ]
 
 log = logging.getLogger("tidegate.redis")
+T = TypeVar("T")
 
 # Reconnect pacing: the first retry after ~0.1 s at most, doubling to a ceiling of 2 s, each delay
 # drawn at random below its bound (full jitter), so a fleet of clients does not reconnect in step.
@@ -56,6 +59,9 @@ BACKOFF_CAP_S = 2.0
 SOCKET_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 BLOCK_MAX_S = 5.0
+# How long a call that is harmless to send twice is retried across a lost connection: long enough
+# for a restart (a few hundred milliseconds), short enough that a caller hears of a real outage.
+RETRY_WITHIN_S = 2.0
 
 # One registry per process: components are built in many places (gateway, worker, sync) and this
 # counter is about the process's connections, whichever component holds them.
@@ -137,6 +143,28 @@ class Outage:
     async def pause(self) -> None:
         """Sleep `delay_s()` before the next attempt (cancel the task to stop at once)."""
         await asyncio.sleep(self.delay_s())
+
+
+async def call_with_reconnect(call: Callable[[], Awaitable[T]], outage: Outage, *,
+                              within_s: float = RETRY_WITHIN_S) -> T:
+    """`call()`, sent again on a lost or refused connection, with `outage`'s backoff, for up to
+    `within_s`; then (or at once for any other error) its driver error propagates for the caller
+    to translate. Only for calls that are harmless to run twice: the first attempt may have run."""
+    give_up = time.monotonic() + within_s
+    while True:
+        try:
+            result = await call()
+        except Exception as exc:
+            if not is_connection_error(exc):
+                raise
+            outage.lost(exc)
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                raise
+            await asyncio.sleep(min(outage.delay_s(), remaining))
+            continue
+        outage.restored()
+        return result
 
 
 async def open_scripted_client(

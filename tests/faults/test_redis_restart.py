@@ -27,6 +27,7 @@ from support.cluster import start_gateway, start_worker, write_config
 from tidegate._redis import RECONNECT_REGISTRY
 from tidegate.dispatch.budget import RedisBudgetLedger
 from tidegate.dispatch.limiter import RedisRateLimiter
+from tidegate.dispatch.relay import RedisRelay
 from tidegate.errors import BusUnavailable, DispatchUnavailable
 from tidegate.gateway.tenant_store import tenant_store_for
 from tidegate.gateway.tenants import Tenant
@@ -34,6 +35,7 @@ from tidegate.jobs import JobState, Priority
 from tidegate.providers.sim_settings import SimulatorSettings
 from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
+from tidegate.recs import Item, recs_store_for
 from tidegate.sync.buses import bus_for
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Change, Op, Version
@@ -383,3 +385,50 @@ async def test_the_entity_cache_runs_its_scripts_again_after_a_restart_emptied_t
         entry = await cache.get("product", "p1")
         assert entry is not None and entry.version == Version(2, 0) and entry.data == {"id": "p1", "n": 2}
         assert first.outcome == again.outcome
+
+
+async def test_the_recommendation_store_runs_its_scripts_again_after_a_restart(
+    volatile_redis: RestartableRedis,
+) -> None:
+    async with recs_store_for(volatile_redis.url) as store:
+        await store.put_item(Item("a", name="A", vector=(1.0, 0.0)))
+        await asyncio.to_thread(volatile_redis.restart)
+        # A script called alone and scripts queued in a pipeline, on a server that knows neither
+        await store.put_item(Item("b", name="B", vector=(0.0, 1.0)))
+        await store.add_neighbours({"b": {"c": 1.5}}, max_neighbours=10)
+        changes = await store.items_since(0)
+        assert [(item_id, item is not None) for item_id, item in changes.changes] == [("b", True)]
+        assert await store.neighbours(["b"], 10) == {"b": [("c", 1.5)]}
+
+
+# ---------------------------------------------------------------------- the stream relay
+
+
+async def test_a_relayed_stream_read_across_a_restart_continues_from_its_last_chunk(
+    durable_redis: RestartableRedis,
+) -> None:
+    relay = RedisRelay(durable_redis.url, f"t{uuid.uuid4().hex[:8]}")
+    try:
+        before = reconnects("relay")
+        await relay.publish("job1", b"one")
+        received: list[bytes] = []
+
+        async def read() -> None:
+            async for chunk in relay.subscribe("job1", timeout_s=10):
+                received.append(chunk)
+
+        reading = asyncio.create_task(read())
+        await asyncio.sleep(0.3)
+        assert received == [b"one"]
+        # When Redis restarts under the blocked read, and the answer goes on afterwards
+        await asyncio.to_thread(durable_redis.kill)
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(durable_redis.start)
+        await relay.publish("job1", b"two")
+        await relay.finish("job1")
+        # Then the subscriber gets the rest, once, and the end of the stream
+        await asyncio.wait_for(reading, 10)
+        assert received == [b"one", b"two"]
+        assert reconnects("relay") > before
+    finally:
+        await relay.close()

@@ -5,20 +5,19 @@ into DispatchUnavailable at the boundary.
 A lost connection (a Redis restart) heals by itself: the pool replaces a connection the server
 closed before lending it, and redis-py loads a script again when the restarted server answers
 NOSCRIPT. A call that may be sent twice (`retry=True`: reads, pauses, settles) is retried with
-backoff on a lost or refused connection for up to RETRY_WITHIN_S before DispatchUnavailable;
+backoff on a lost or refused connection for up to tidegate._redis.RETRY_WITHIN_S before
+DispatchUnavailable;
 one that must not (a reservation, an admission) surfaces at once."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from tidegate._redis import Outage, connection_options, is_connection_error
+from tidegate._redis import Outage, call_with_reconnect, connection_options, is_connection_error
 from tidegate.errors import ConfigError, DispatchClosed, DispatchUnavailable, MissingDependency
 from tidegate.queue.base import redact_url
 
@@ -26,7 +25,6 @@ Backend = Literal["redis", "sqlite"]
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 MAX_CONNECTIONS = 32  # a worker's limiter or ledger calls are short; more would only queue in Redis
 POOL_TIMEOUT_S = 30.0
-RETRY_WITHIN_S = 2.0  # how long a call that may be sent twice is retried on a lost connection
 
 
 def backend_of(queue_url: str) -> Backend:
@@ -93,20 +91,16 @@ class RedisStore:
 
     async def _run(self, call: Callable[[], Awaitable[Any]], doing: str, retry: bool) -> Any:
         self.check_open()
-        give_up = time.monotonic() + RETRY_WITHIN_S
-        while True:
-            try:
-                result = await call()
-            except self._errors as exc:
-                if not is_connection_error(exc):
-                    raise DispatchUnavailable(f"{doing} on {redact_url(self.url)}: {exc}") from exc
+        try:
+            if retry:
+                return await call_with_reconnect(call, self._outage)
+            result = await call()
+        except self._errors as exc:
+            if is_connection_error(exc):
                 self._outage.lost(exc)
-                if not retry or time.monotonic() >= give_up or self._closed:
-                    raise DispatchUnavailable(f"{doing} on {redact_url(self.url)}: {exc}") from exc
-                await asyncio.sleep(min(self._outage.delay_s(), max(give_up - time.monotonic(), 0)))
-                continue
-            self._outage.restored()
-            return result
+            raise DispatchUnavailable(f"{doing} on {redact_url(self.url)}: {exc}") from exc
+        self._outage.restored()
+        return result
 
     async def close(self) -> None:
         """Release the connections. Idempotent."""

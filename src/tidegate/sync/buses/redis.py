@@ -20,8 +20,9 @@
   group may interleave them (a reclaimed entry arrives after newer ones), which the cache's
   compare-and-set on versions makes harmless.
 - Lost connection (a Redis restart): every call is retried on a fresh connection with capped
-  exponential backoff and jitter for up to RETRY_WITHIN_S, then fails as BusUnavailable (logged
-  once per outage, each recovery counted in `tidegate_redis_reconnects_total{component="bus"}`).
+  exponential backoff and jitter for up to `tidegate._redis.RETRY_WITHIN_S` (2 s), then fails as
+  BusUnavailable (logged once per outage, each recovery counted in
+  `tidegate_redis_reconnects_total{component="bus"}`).
   Sending a call twice is harmless here: an XADD twice is a duplicate the cache ignores, an XACK
   twice acks nothing more, and an XREADGROUP whose reply was lost left its entries pending for
   this consumer, so after a reconnect the consumer re-reads its own pending entries first.
@@ -39,13 +40,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from tidegate._redis import Outage, connection_options, is_connection_error
+from tidegate._redis import Outage, call_with_reconnect, connection_options
 from tidegate.errors import BusUnavailable, MissingDependency
 from tidegate.queue.base import redact_url
 from tidegate.sync.buses import BusBase, BusSettings, SubscriptionBase, log
@@ -61,7 +61,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 __all__ = ["DEFAULT_MAX_LEN", "RedisBus", "RedisSubscription"]
 
 DEFAULT_MAX_LEN = 1_000_000
-RETRY_WITHIN_S = 2.0  # how long a call is retried on a lost connection before BusUnavailable
 FIELD = b"change"
 _START = b"0-0"
 
@@ -89,22 +88,9 @@ class RedisBus(BusBase):
         return RedisSubscription(self, group, consumer, entity_types)
 
     async def retrying(self, step: Callable[[], Awaitable[Any]]) -> Any:
-        """Run `step`, sending it again on a lost or refused connection (see the module doc) for
-        up to RETRY_WITHIN_S; other driver errors propagate untranslated."""
-        give_up = time.monotonic() + RETRY_WITHIN_S
-        while True:
-            try:
-                result = await step()
-            except RedisError as exc:
-                if not is_connection_error(exc):
-                    raise
-                self.outage.lost(exc)
-                if time.monotonic() >= give_up:
-                    raise
-                await asyncio.sleep(min(self.outage.delay_s(), max(give_up - time.monotonic(), 0)))
-                continue
-            self.outage.restored()
-            return result
+        """Run `step`, sending it again on a lost or refused connection (see the module doc);
+        driver errors propagate untranslated."""
+        return await call_with_reconnect(step, self.outage)
 
     async def _open(self) -> None:
         # retry=None: reconnecting is `retrying`'s, on its own bounded schedule.
