@@ -48,8 +48,9 @@ __all__ = [
 log = logging.getLogger("tidegate.redis")
 T = TypeVar("T")
 
-# Reconnect pacing: the first retry after ~0.1 s at most, doubling to a ceiling of 2 s, each delay
-# drawn at random below its bound (full jitter), so a fleet of clients does not reconnect in step.
+# Reconnect pacing: the first retry within 0.05-0.1 s, the bound doubling up to 2 s; each delay is
+# drawn between half its bound and its bound (equal jitter), so a fleet of clients does not
+# reconnect in step and no loop ever retries without pausing.
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 2.0
 
@@ -104,11 +105,11 @@ class Outage:
     when there was an outage). Used from one event loop; cheap enough to call on every success."""
 
     def __init__(self, component: str, url: str) -> None:
-        from redis.backoff import ExponentialWithJitterBackoff
+        from redis.backoff import EqualJitterBackoff
 
         self.component = component
         self._where = redact_url(url)
-        self._backoff = ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
+        self._backoff = EqualJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
         self._failures = 0
         self._since: float | None = None  # monotonic start of the current outage
         self.recoveries = 0  # outages this component has come back from
@@ -127,7 +128,8 @@ class Outage:
                         self.component, self._where, exc)
 
     def delay_s(self) -> float:
-        """Seconds to wait before the next attempt: random below min(cap, base * 2**failures)."""
+        """Seconds to wait before the next attempt: at random between half of
+        min(cap, base * 2**failures) and all of it."""
         delay: float = self._backoff.compute(self._failures)
         return delay
 

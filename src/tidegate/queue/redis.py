@@ -4,6 +4,12 @@ All keys of a queue carry its `{hash tag}` and are passed in KEYS, so the queue 
 Cluster. Times come from the Redis server's clock (`TIME` inside the scripts), so workers with
 drifting clocks still agree on lease expiry. Blocked claimers wait in BLPOP on per-level token
 lists that the scripts push; `wait()` listens on a pub/sub channel of finished job ids.
+
+Across a lost connection (a Redis restart) the pool lends fresh connections, a blocked claimer
+waits on and reconnects within its wait, and the job-done listener reconnects with backoff for
+as long as the queue is open. Announcements made while it was not subscribed are lost, so each
+time it has subscribed again every waiter re-reads its job: a wait never depends on the 5 s
+safety poll because of a restart.
 """
 
 from __future__ import annotations
@@ -86,7 +92,6 @@ class RedisQueue(Queue):
         self._scripts: dict[str, Any] = {}
         self._done_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._listener: asyncio.Task[None] | None = None
-        self._subscribed = asyncio.Event()  # set while the done listener is subscribed
         self._done_outage = Outage("queue", url)
         self._wakeup_outage = Outage("queue_wakeup", url)
 
@@ -262,7 +267,6 @@ class RedisQueue(Queue):
                 if not is_connection_error(exc):
                     log.error("job-done listener failed: %r; starting it again", exc)
                 self._done_outage.lost(exc)
-            self._subscribed.clear()
             await self._done_outage.pause()
 
     async def _relay_done_once(self) -> None:
@@ -271,7 +275,6 @@ class RedisQueue(Queue):
             await pubsub.subscribe(self._done_channel)
             async for message in pubsub.listen():
                 if message["type"] == "subscribe":
-                    self._subscribed.set()
                     self._done_outage.restored()
                     self._wake_all_waiters()
                 elif message["type"] == "message" and self._done_waiters:
