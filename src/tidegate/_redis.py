@@ -1,16 +1,172 @@
-"""Opening a Redis client with Lua scripts registered on it, as the entity cache and the
-recommendation store do: a bounded blocking pool, one PING to fail early, and a driver error on
-connect translated into the caller's own error with the URL's credentials left out."""
+"""Redis plumbing every component shares.
+
+- `open_scripted_client`: a client with Lua scripts registered on it, as the entity cache and the
+  recommendation store open theirs: a bounded blocking pool, one PING to fail early, and a driver
+  error on connect translated into the caller's own error with the URL's credentials left out.
+- `Outage`: how a component lives through a lost connection (a Redis restart, a dropped socket).
+  It logs once when the connection is lost and once when it is back (never once per attempt),
+  paces reconnect attempts with redis-py's capped exponential backoff with jitter, and counts
+  each recovery in `tidegate_redis_reconnects_total{component}` (`RECONNECT_REGISTRY`).
+
+Pooled request/response clients need no loop of their own: the pool checks a connection before
+lending it and replaces one the server closed, so the first call after a restart goes out on a
+fresh connection. Every client is opened with `connection_options()`, which keeps that check on
+(redis-py 8 skips it while its maintenance notifications, a Redis Cloud feature, are enabled, as
+they are by default) and bounds every reply and connect.
+
+Long-lived reads (a pub/sub subscription, a blocking stream read) do need a loop: each holds one
+connection, so it reconnects, resubscribes and re-checks what it may have missed meanwhile.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter
 
 from tidegate.errors import TidegateError
 from tidegate.queue.base import redact_url
 
-__all__ = ["open_scripted_client"]
+__all__ = [
+    "BLOCK_MAX_S",
+    "CONNECT_TIMEOUT_S",
+    "RECONNECTS",
+    "RECONNECT_REGISTRY",
+    "RETRY_WITHIN_S",
+    "SOCKET_TIMEOUT_S",
+    "Outage",
+    "call_with_reconnect",
+    "connection_options",
+    "is_connection_error",
+    "open_scripted_client",
+]
+
+log = logging.getLogger("tidegate.redis")
+T = TypeVar("T")
+
+# Reconnect pacing: the first retry within 0.05-0.1 s, the bound doubling up to 2 s; each delay is
+# drawn between half its bound and its bound (equal jitter), so a fleet of clients does not
+# reconnect in step and no loop ever retries without pausing.
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 2.0
+
+# The longest one reply may take before the connection counts as lost. Blocking reads (BLPOP,
+# XREAD BLOCK) ask the server for at most BLOCK_MAX_S, well inside it: redis-py's default socket
+# timeout (5 s since redis-py 6) would otherwise cut a 5 s blocking read short.
+SOCKET_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+BLOCK_MAX_S = 5.0
+# How long a call that is harmless to send twice is retried across a lost connection: long enough
+# for a restart (a few hundred milliseconds), short enough that a caller hears of a real outage.
+RETRY_WITHIN_S = 2.0
+
+# One registry per process: components are built in many places (gateway, worker, sync) and this
+# counter is about the process's connections, whichever component holds them.
+RECONNECT_REGISTRY = CollectorRegistry()
+RECONNECTS = Counter(
+    "tidegate_redis_reconnects",
+    "Times a component got its Redis connection back after losing it (once per outage)",
+    ["component"], registry=RECONNECT_REGISTRY,
+)
+
+
+def connection_options() -> dict[str, Any]:
+    """Keyword arguments for every pool or client tidegate opens (see the module doc)."""
+    options: dict[str, Any] = {
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+    }
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # redis-py before 6.4: no notifications, the pool always checks
+        return options
+    options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return options
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether `exc` means the connection was lost or refused (worth a reconnect), as opposed to
+    an answer of the server (a script error, a wrong type) that another attempt would repeat."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
+
+
+class Outage:
+    """The connection state of one component, `component` naming it in logs and metrics.
+
+    `lost(exc)` at every failed attempt (logs only the first of an outage), `delay_s()` for the
+    pause before the next attempt, `restored()` once an attempt succeeds (logs and counts only
+    when there was an outage). Used from one event loop; cheap enough to call on every success."""
+
+    def __init__(self, component: str, url: str) -> None:
+        from redis.backoff import EqualJitterBackoff
+
+        self.component = component
+        self._where = redact_url(url)
+        self._backoff = EqualJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
+        self._failures = 0
+        self._since: float | None = None  # monotonic start of the current outage
+        self.recoveries = 0  # outages this component has come back from
+
+    @property
+    def down(self) -> bool:
+        """Whether the connection is lost now (an attempt failed, none succeeded since)."""
+        return self._since is not None
+
+    def lost(self, exc: BaseException) -> None:
+        """An attempt failed on a lost or refused connection."""
+        self._failures += 1
+        if self._since is None:
+            self._since = time.monotonic()
+            log.warning("%s lost its Redis connection at %s (%s); reconnecting with backoff",
+                        self.component, self._where, exc)
+
+    def delay_s(self) -> float:
+        """Seconds to wait before the next attempt: at random between half of
+        min(cap, base * 2**failures) and all of it."""
+        delay: float = self._backoff.compute(self._failures)
+        return delay
+
+    def restored(self) -> None:
+        """An attempt succeeded: the end of the outage, if there was one."""
+        self._failures = 0
+        if self._since is not None:
+            down_s, self._since = time.monotonic() - self._since, None
+            self.recoveries += 1
+            RECONNECTS.labels(self.component).inc()
+            log.warning("%s reconnected to Redis at %s after %.1f s", self.component, self._where, down_s)
+
+    async def pause(self) -> None:
+        """Sleep `delay_s()` before the next attempt (cancel the task to stop at once)."""
+        await asyncio.sleep(self.delay_s())
+
+
+async def call_with_reconnect(call: Callable[[], Awaitable[T]], outage: Outage, *,
+                              within_s: float = RETRY_WITHIN_S) -> T:
+    """`call()`, sent again on a lost or refused connection, with `outage`'s backoff, for up to
+    `within_s`; then (or at once for any other error) its driver error propagates for the caller
+    to translate. Only for calls that are harmless to run twice: the first attempt may have run."""
+    give_up = time.monotonic() + within_s
+    while True:
+        try:
+            result = await call()
+        except Exception as exc:
+            if not is_connection_error(exc):
+                raise
+            outage.lost(exc)
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                raise
+            await asyncio.sleep(min(outage.delay_s(), remaining))
+            continue
+        outage.restored()
+        return result
 
 
 async def open_scripted_client(
@@ -22,12 +178,15 @@ async def open_scripted_client(
     what: str,
 ) -> tuple[Any, dict[str, Any]]:
     """A connected client and its registered scripts (name → script) for `scripts`, pairs of
-    (name, Lua source). Raises `unavailable` naming `what` when the server cannot be reached."""
+    (name, Lua source). Raises `unavailable` naming `what` when the server cannot be reached.
+
+    A script is sent as EVALSHA and loaded again by redis-py when the server answers NOSCRIPT
+    (its script cache is empty after a restart)."""
     import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=30, socket_connect_timeout=10
+        url, max_connections=max_connections, timeout=30, **connection_options()
     )
     # from_pool hands the pool to the client, so aclose() also closes its connections.
     client = aioredis.Redis.from_pool(pool)

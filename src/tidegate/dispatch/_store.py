@@ -1,15 +1,23 @@
 """Plumbing shared by the rate limiters and budget ledgers: which backend a queue URL means, a
 Redis client with its Lua scripts (lua/*.lua next to this module) and driver errors translated
-into DispatchUnavailable at the boundary."""
+into DispatchUnavailable at the boundary.
+
+A lost connection (a Redis restart) heals by itself: the pool replaces a connection the server
+closed before lending it, and redis-py loads a script again when the restarted server answers
+NOSCRIPT. A call that may be sent twice (`retry=True`: reads, pauses, settles) is retried with
+backoff on a lost or refused connection for up to tidegate._redis.RETRY_WITHIN_S before
+DispatchUnavailable;
+one that must not (a reservation, an admission) surfaces at once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from tidegate._redis import Outage, call_with_reconnect, connection_options, is_connection_error
 from tidegate.errors import ConfigError, DispatchClosed, DispatchUnavailable, MissingDependency
 from tidegate.queue.base import redact_url
 
@@ -58,11 +66,12 @@ class RedisStore:
         self._what = what
         self._errors: type[Exception] = RedisError
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT_S
+            url, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT_S, **connection_options()
         )
         # from_pool hands the pool to the client, so aclose() also closes its connections.
         self._redis: Any = aioredis.Redis.from_pool(pool)
         self._scripts = {name: self._redis.register_script(script_source(name)) for name in scripts}
+        self._outage = Outage(what.replace(" ", "_"), url)
         self._closed = False
 
     def check_open(self) -> None:
@@ -70,21 +79,28 @@ class RedisStore:
         if self._closed:
             raise DispatchClosed(f"this {self._what} was closed; create a new one")
 
-    async def script(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run one registered script (EVALSHA, loading it on NOSCRIPT)."""
-        self.check_open()
-        try:
-            return await self._scripts[name](keys=keys, args=args)
-        except self._errors as exc:
-            raise DispatchUnavailable(f"{self._what} script {name} on {redact_url(self.url)}: {exc}") from exc
+    async def script(self, name: str, keys: list[str], args: list[Any], *, retry: bool = False) -> Any:
+        """Run one registered script (EVALSHA, loading it on NOSCRIPT); `retry` when running it
+        twice is harmless."""
+        return await self._run(lambda: self._scripts[name](keys=keys, args=args),
+                               f"{self._what} script {name}", retry)
 
-    async def command(self, *args: Any) -> Any:
-        """Run one plain Redis command."""
+    async def command(self, *args: Any, retry: bool = False) -> Any:
+        """Run one plain Redis command; `retry` when sending it twice is harmless."""
+        return await self._run(lambda: self._redis.execute_command(*args), self._what, retry)
+
+    async def _run(self, call: Callable[[], Awaitable[Any]], doing: str, retry: bool) -> Any:
         self.check_open()
         try:
-            return await self._redis.execute_command(*args)
+            if retry:
+                return await call_with_reconnect(call, self._outage)
+            result = await call()
         except self._errors as exc:
-            raise DispatchUnavailable(f"{self._what} on {redact_url(self.url)}: {exc}") from exc
+            if is_connection_error(exc):
+                self._outage.lost(exc)
+            raise DispatchUnavailable(f"{doing} on {redact_url(self.url)}: {exc}") from exc
+        self._outage.restored()
+        return result
 
     async def close(self) -> None:
         """Release the connections. Idempotent."""

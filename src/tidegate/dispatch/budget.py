@@ -496,7 +496,8 @@ class RedisBudgetLedger:
         if actual_micros < 0:
             raise ValueError(f"actual_micros must be >= 0, got {actual_micros}")
         args = [reservation.tenant, reservation.id, actual_micros, _KEEP_S]
-        await self._store.script("budget_settle", self._keys(reservation.day), args)
+        # Idempotent (the script removes the pending entry), so a lost connection is retried.
+        await self._store.script("budget_settle", self._keys(reservation.day), args, retry=True)
 
     async def release(self, reservation: Reservation) -> None:
         """See BudgetLedger.release."""
@@ -507,7 +508,8 @@ class RedisBudgetLedger:
     ) -> BudgetStatus:
         """See BudgetLedger.status."""
         today = self._today()
-        tenant_spent, global_spent = await self._store.command("HMGET", self._keys(today)[0], tenant, GLOBAL)
+        tenant_spent, global_spent = await self._store.command(
+            "HMGET", self._keys(today)[0], tenant, GLOBAL, retry=True)
         return BudgetStatus(
             tenant, today, int(tenant_spent or 0), int(global_spent or 0),
             tenant_limit_micros, global_limit_micros,
@@ -515,7 +517,7 @@ class RedisBudgetLedger:
 
     async def spend_today(self) -> dict[str, int]:
         """See BudgetLedger.spend_today."""
-        flat = await self._store.command("HGETALL", self._keys(self._today())[0])
+        flat = await self._store.command("HGETALL", self._keys(self._today())[0], retry=True)
         items = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2], strict=True)
         return {key.decode(): int(value) for key, value in items}
 

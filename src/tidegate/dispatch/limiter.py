@@ -336,13 +336,14 @@ class RedisRateLimiter:
             burst_capacity(tpm, self.burst_fraction) if tpm is not None else 1,
             STATE_KEEP_MS,
         ]
-        wait_us = int(await self._store.script("limiter_acquire", [self._prefix + key], args))
+        # Sent again after a lost connection: an admission counted twice only paces a little more.
+        wait_us = int(await self._store.script("limiter_acquire", [self._prefix + key], args, retry=True))
         return wait_us / _US
 
     async def pause(self, key: str, seconds: float) -> None:
         """See RateLimiter.pause."""
         pause_us = max(math.ceil(seconds * _US), 0)
-        await self._store.script("limiter_pause", [self._prefix + key], [pause_us, STATE_KEEP_MS])
+        await self._store.script("limiter_pause", [self._prefix + key], [pause_us, STATE_KEEP_MS], retry=True)
 
     async def observe(
         self,
@@ -360,7 +361,7 @@ class RedisRateLimiter:
 
     async def state(self, key: str) -> LimiterState:
         """See RateLimiter.state (times on the Redis server's clock)."""
-        raw = await self._store.script("limiter_state", [self._prefix + key], [])
+        raw = await self._store.script("limiter_state", [self._prefix + key], [], retry=True)
         now, rt, tt, pu, rpm, tpm, per, rc, tc = (_opt_int(value) for value in raw)
         assert now is not None
         paused_for_us = max((pu or 0) - now, 0)

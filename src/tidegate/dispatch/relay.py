@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
+from tidegate._redis import BLOCK_MAX_S, Outage, connection_options, is_connection_error
 from tidegate.errors import MissingDependency, QueueUnavailable
 
 CHANNEL_TTL_S = 300  # how long a finished stream stays readable for a late subscriber
@@ -94,17 +95,26 @@ class MemoryRelay:
 
 
 class RedisRelay:
-    """The relay across processes: one Redis Stream per job, `tidegate:{name}:chunks:<job id>`."""
+    """The relay across processes: one Redis Stream per job, `tidegate:{name}:chunks:<job id>`.
+
+    A subscriber lives through a lost connection (a Redis restart): it reconnects with backoff
+    and reads on from the last chunk it had, for as long as its quiet timeout allows. Appends are
+    not sent twice (a chunk shown twice would corrupt the answer): they fail at once."""
 
     def __init__(self, url: str, name: str = "default") -> None:
         try:
             import redis.asyncio as aioredis
+            from redis.exceptions import RedisError
         except ImportError as exc:  # pragma: no cover - only without the extra
             raise MissingDependency(
                 "streaming over Redis needs redis-py: pip install 'tidegate[redis]'"
             ) from exc
-        self._redis: Any = aioredis.Redis.from_url(url)
+        self._errors: type[Exception] = RedisError
+        # retry=None: the driver's own retries would append a chunk twice, and would sleep up to
+        # seconds inside a read whose deadline is ours to keep.
+        self._redis: Any = aioredis.Redis.from_url(url, retry=None, **connection_options())
         self._prefix = f"tidegate:{{{name}}}:chunks:"
+        self._outage = Outage("relay", url)
 
     async def publish(self, job_id: str, chunk: bytes) -> None:
         await self._append(job_id, chunk)
@@ -114,28 +124,55 @@ class RedisRelay:
 
     async def _append(self, job_id: str, chunk: bytes) -> None:
         key = self._prefix + job_id
-        from redis.exceptions import RedisError
-
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.xadd(key, {"d": chunk}, maxlen=MAX_CHUNKS, approximate=True)
                 pipe.expire(key, CHANNEL_TTL_S)
                 await pipe.execute()
-        except RedisError as exc:
+        except self._errors as exc:
+            if is_connection_error(exc):
+                self._outage.lost(exc)
             raise QueueUnavailable(f"stream relay: {exc}") from exc
+        self._outage.restored()
 
     async def subscribe(self, job_id: str, *, timeout_s: float) -> AsyncIterator[bytes]:
         key, last = self._prefix + job_id, "0-0"
+        quiet_until = time.monotonic() + timeout_s
         while True:
-            answer = await self._redis.xread({key: last}, count=500, block=max(int(timeout_s * 1000), 1))
-            if not answer:
+            entries = await self._read(key, last, quiet_until)
+            if entries is None:
                 raise TimeoutError(f"no chunk of job {job_id} within {timeout_s}s")
-            for entry_id, fields in answer[0][1]:
+            if entries:
+                quiet_until = time.monotonic() + timeout_s
+            for entry_id, fields in entries:
                 last = entry_id
                 chunk = fields[b"d"]
                 if chunk == END:
                     return
                 yield chunk
+
+    async def _read(self, key: str, last: Any, quiet_until: float) -> list[Any] | None:
+        """The entries after `last`, waiting for some until `quiet_until` (None once it passed).
+        Reads in slices of at most BLOCK_MAX_S, and across a lost connection: a read from a
+        known entry id can be sent again."""
+        while (remaining := quiet_until - time.monotonic()) > 0:
+            try:
+                answer = await self._redis.xread(
+                    {key: last}, count=500, block=max(int(min(remaining, BLOCK_MAX_S) * 1000), 1))
+            except self._errors as exc:
+                if not is_connection_error(exc):
+                    raise QueueUnavailable(f"stream relay: {exc}") from exc
+                self._outage.lost(exc)
+                delay = self._outage.delay_s()
+                if time.monotonic() + delay >= quiet_until:
+                    raise QueueUnavailable(f"stream relay: {exc}") from exc
+                await asyncio.sleep(delay)
+                continue
+            self._outage.restored()
+            if answer:
+                entries: list[Any] = answer[0][1]
+                return entries
+        return None
 
     async def close(self) -> None:
         await self._redis.aclose()

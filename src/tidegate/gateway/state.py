@@ -134,8 +134,10 @@ class GatewayState:
 
     @property
     def registries(self) -> tuple[CollectorRegistry, ...]:
-        """Every registry /metrics exports."""
-        return (self.metrics.registry, *self.extra_registries)
+        """Every registry /metrics exports (the process's Redis reconnections among them)."""
+        from tidegate._redis import RECONNECT_REGISTRY
+
+        return (self.metrics.registry, *self.extra_registries, RECONNECT_REGISTRY)
 
     async def credentials_exist(self) -> bool:
         """Whether the tenant store holds any tenant or key. Once true it stays true for this

@@ -42,6 +42,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
+from tidegate._redis import Outage, call_with_reconnect, connection_options, is_connection_error
 from tidegate._sqlite import SqliteThread
 from tidegate.dispatch._store import backend_of, without_query
 from tidegate.errors import ConfigError, MissingDependency, QueueClosed, QueueUnavailable, TenantNotFound
@@ -473,7 +474,10 @@ class RedisTenantStore(_TenantStoreBase):
         self.keys_key = f"tidegate:{{{name}}}:keys"
         self._errors: type[Exception] = RedisError
         self._watch_error: type[Exception] = WatchError
-        self._redis: Any = aioredis.Redis.from_url(url, decode_responses=True)
+        # retry=None: a lost connection is retried by `_call` on its own bounded schedule.
+        self._redis: Any = aioredis.Redis.from_url(
+            url, decode_responses=True, retry=None, **connection_options())
+        self._outage = Outage("tenant_store", url)
 
     def __repr__(self) -> str:
         return f"RedisTenantStore(url={redact_url(self.url)!r}, name={self.name!r})"
@@ -493,7 +497,8 @@ class RedisTenantStore(_TenantStoreBase):
         # No command deletes a tenant, so a tenant seen here is still there when the key lands.
         if not await self._call(lambda r: r.hexists(self.tenants_key, record.tenant)):
             raise _unknown_tenant(record.tenant)
-        added = await self._call(lambda r: r.hsetnx(self.keys_key, record.key_id, _redis_value(record)))
+        added = await self._call(lambda r: r.hsetnx(self.keys_key, record.key_id, _redis_value(record)),
+                                 retry=False)  # sent twice, it would find its own key "taken"
         return bool(added)
 
     async def _lookup(self, key_id: str) -> tuple[_KeyRecord, Tenant | None] | None:
@@ -536,9 +541,17 @@ class RedisTenantStore(_TenantStoreBase):
     async def _close(self) -> None:
         await self._redis.aclose()
 
-    async def _call(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+    async def _call(self, fn: Callable[[Any], Awaitable[T]], *, retry: bool = True) -> T:
+        """`fn(client)`, sent again across a lost connection (a Redis restart) for a short while
+        when `retry` (reads, and writes that are harmless twice), driver errors translated."""
         self._check_open()
         try:
-            return await fn(self._redis)
+            if retry:
+                return await call_with_reconnect(lambda: fn(self._redis), self._outage)
+            result = await fn(self._redis)
         except self._errors as exc:
+            if is_connection_error(exc):
+                self._outage.lost(exc)
             raise QueueUnavailable(f"Redis {self._what} on {redact_url(self.url)}: {exc}") from exc
+        self._outage.restored()
+        return result

@@ -4,12 +4,19 @@ All keys of a queue carry its `{hash tag}` and are passed in KEYS, so the queue 
 Cluster. Times come from the Redis server's clock (`TIME` inside the scripts), so workers with
 drifting clocks still agree on lease expiry. Blocked claimers wait in BLPOP on per-level token
 lists that the scripts push; `wait()` listens on a pub/sub channel of finished job ids.
+
+Across a lost connection (a Redis restart) the pool lends fresh connections, a blocked claimer
+waits on and reconnects within its wait, and the job-done listener reconnects with backoff for
+as long as the queue is open. Announcements made while it was not subscribed are lost, so each
+time it has subscribed again every waiter re-reads its job: a wait never depends on the 5 s
+safety poll because of a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from functools import cache
@@ -19,6 +26,7 @@ from typing import Any
 import msgpack
 import orjson
 
+from tidegate._redis import BLOCK_MAX_S, Outage, connection_options, is_connection_error
 from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue.base import (
@@ -40,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "the Redis queue needs redis-py: pip install 'tidegate[redis]'"
     ) from exc
 
+CLOSE_TIMEOUT_S = 1.0  # longest the done listener's clean-up may take
 SAFETY_WAKE_S = 5.0  # longest a blocked claimer waits without re-checking
 UPKEEP_BATCH = 1_000  # jobs one maintenance step touches, so a script never blocks Redis long
 REDRIVE_BATCH = 10_000
@@ -48,6 +57,8 @@ _SCRIPTS = (
     "redrive", "purge_dead", "maintain", "read", "stats",
 )
 _READ_ONLY_SCRIPTS = frozenset({"read", "stats"})  # safe to send twice
+
+log = logging.getLogger("tidegate.queue")
 
 
 @cache
@@ -81,12 +92,14 @@ class RedisQueue(Queue):
         self._scripts: dict[str, Any] = {}
         self._done_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._listener: asyncio.Task[None] | None = None
-        self._subscribed = asyncio.Event()
+        self._done_outage = Outage("queue", url)
+        self._wakeup_outage = Outage("queue_wakeup", url)
 
     # ------------------------------------------------------------------ plumbing
 
     async def _open(self) -> None:
-        pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=64, timeout=30)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.url, max_connections=64, timeout=30, **connection_options())
         # from_pool hands the pool to the client, so aclose() also closes its connections.
         self._redis = aioredis.Redis.from_pool(pool)
         self._scripts = {name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS}
@@ -99,8 +112,8 @@ class RedisQueue(Queue):
     async def _close(self) -> None:
         if self._listener is not None:
             self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RedisError):
-                await self._listener
+            # The listener is cancelled in a read or a backoff sleep; its own clean-up is bounded.
+            await asyncio.wait({self._listener}, timeout=2 * CLOSE_TIMEOUT_S)
         if self._redis is not None:
             await self._redis.aclose()
 
@@ -151,16 +164,27 @@ class RedisQueue(Queue):
         # claim and this wait is missed; the marker is not needed here.
         snapshot = await self._call("stats")
         server_now, next_due = int(snapshot[0]), int(snapshot[1])
-        wait_s = min(timeout_s, SAFETY_WAKE_S)
+        wait_s = min(timeout_s, SAFETY_WAKE_S, BLOCK_MAX_S)
         if next_due >= 0:
             wait_s = min(wait_s, max(next_due - server_now, 0) / 1000)
         if wait_s <= 0.001:
             return
         keys = [self._signal_keys[level] for level in levels]
-        try:
-            await self._redis.blpop(keys, timeout=wait_s)
-        except RedisError as exc:
-            raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
+        give_up = time.monotonic() + wait_s
+        while (remaining := give_up - time.monotonic()) > 0.001:
+            try:
+                await self._redis.blpop(keys, timeout=remaining)
+            except RedisError as exc:
+                if not is_connection_error(exc):
+                    raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
+                # Lost while waiting (a Redis restart): wait on across it, reconnecting with
+                # backoff, so the claim after the wait finds the server back instead of failing.
+                # A token a lost reply took is only a hint: the next claim looks anyway.
+                self._wakeup_outage.lost(exc)
+                await asyncio.sleep(min(self._wakeup_outage.delay_s(), max(remaining, 0)))
+                continue
+            self._wakeup_outage.restored()
+            return
 
     async def _heartbeat(self, job_id: str, token: int, lease_ms: int) -> int:
         return int(await self._call("heartbeat", job_id, token, lease_ms))
@@ -204,10 +228,12 @@ class RedisQueue(Queue):
         return bool(await self._call("cancel", job_id))
 
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
-        await self._listen_for_done()
+        self._listen_for_done()
         give_up = time.monotonic() + timeout_s
         while True:
-            # Registered before the read, so a finish announced in between is not missed.
+            # Registered before the read, so a finish announced in between is not missed: the
+            # listener wakes it, or, when the announcement fell into a lost connection, wakes
+            # every waiter once it has subscribed again.
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._done_waiters.setdefault(job_id, set()).add(done)
             try:
@@ -224,26 +250,48 @@ class RedisQueue(Queue):
                     if not waiters:
                         del self._done_waiters[job_id]
 
-    async def _listen_for_done(self) -> None:
+    def _listen_for_done(self) -> None:
+        """Start the listener once; it lives, reconnecting as needed, until the queue closes."""
         if self._listener is None:
-            self._listener = asyncio.create_task(self._relay_done())
-        await self._subscribed.wait()
+            self._listener = asyncio.create_task(self._relay_done(), name="tidegate-queue-done")
 
     async def _relay_done(self) -> None:
+        """Relay finished job ids from the done channel to the waiters, for as long as the queue
+        is open: a lost connection (a Redis restart) is retried with backoff, and each time the
+        subscription stands again every waiter re-reads its job, since what was announced while
+        the connection was down never arrives."""
+        while True:
+            try:
+                await self._relay_done_once()
+            except Exception as exc:  # whatever ends it, the listener must not stay dead
+                if not is_connection_error(exc):
+                    log.error("job-done listener failed: %r; starting it again", exc)
+                self._done_outage.lost(exc)
+            await self._done_outage.pause()
+
+    async def _relay_done_once(self) -> None:
         pubsub = self._redis.pubsub()
         try:
             await pubsub.subscribe(self._done_channel)
             async for message in pubsub.listen():
                 if message["type"] == "subscribe":
-                    self._subscribed.set()
+                    self._done_outage.restored()
+                    self._wake_all_waiters()
                 elif message["type"] == "message" and self._done_waiters:
                     for job_id in message["data"].decode().split(","):
                         for waiter in self._done_waiters.get(job_id, ()):
                             if not waiter.done():
                                 waiter.set_result(None)
         finally:
-            with contextlib.suppress(RedisError):
-                await pubsub.aclose()
+            # Bounded: a close that cannot reach the server must not hold up a reconnect or close.
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                await asyncio.wait_for(pubsub.aclose(), CLOSE_TIMEOUT_S)
+
+    def _wake_all_waiters(self) -> None:
+        for waiters in self._done_waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def _stats(self) -> QueueStats:
         snapshot = [int(value) for value in await self._call("stats")]

@@ -19,6 +19,18 @@
 - Order: one consumer per group sees each entity's changes in order; several consumers of one
   group may interleave them (a reclaimed entry arrives after newer ones), which the cache's
   compare-and-set on versions makes harmless.
+- Lost connection (a Redis restart): every call is retried on a fresh connection with capped
+  exponential backoff and jitter for up to `tidegate._redis.RETRY_WITHIN_S` (2 s), then fails as
+  BusUnavailable (logged once per outage, each recovery counted in
+  `tidegate_redis_reconnects_total{component="bus"}`).
+  Sending a call twice is harmless here: an XADD twice is a duplicate the cache ignores, an XACK
+  twice acks nothing more, and an XREADGROUP whose reply was lost left its entries pending for
+  this consumer, so after a reconnect the consumer re-reads its own pending entries first.
+- Restart without persistence: the streams and groups are gone. The next read finds no group
+  (NOGROUP), creates it again (from `0`, so every change published since is delivered) and fails
+  that fetch once with BusUnavailable saying so: what was published before and not acked is gone
+  from the bus, and the consumer's owner (the sync pipeline) reopens and replays it from the
+  source's confirmed position. Acked changes are applied already and never needed again.
 - Cap: `MAXLEN ~ max_len` (default 1,000,000 per entity type). Redis trims whole stream nodes, so
   a stream holds at least `max_len` entries and at most a node's worth more
   (`stream-node-max-entries`, 100 by default). Trimming does not wait for the groups: a group that
@@ -30,9 +42,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from tidegate._redis import Outage, call_with_reconnect, connection_options
 from tidegate.errors import BusUnavailable, MissingDependency
 from tidegate.queue.base import redact_url
 from tidegate.sync.buses import BusBase, BusSettings, SubscriptionBase, log
@@ -60,6 +73,7 @@ class RedisBus(BusBase):
         self.max_len = self.settings.max_len or DEFAULT_MAX_LEN
         self.lost = 0  # pending entries trimmed away by the cap before they were acked
         self.redis: Any = None
+        self.outage = Outage("bus", url)
 
     def stream_key(self, entity_type: str) -> str:
         """The stream of one entity type."""
@@ -73,8 +87,14 @@ class RedisBus(BusBase):
         """A consumer of `group`; entering it (`async with`) creates the group where missing."""
         return RedisSubscription(self, group, consumer, entity_types)
 
+    async def retrying(self, step: Callable[[], Awaitable[Any]]) -> Any:
+        """Run `step`, sending it again on a lost or refused connection (see the module doc);
+        driver errors propagate untranslated."""
+        return await call_with_reconnect(step, self.outage)
+
     async def _open(self) -> None:
-        self.redis = aioredis.Redis.from_url(self.url)
+        # retry=None: reconnecting is `retrying`'s, on its own bounded schedule.
+        self.redis = aioredis.Redis.from_url(self.url, retry=None, **connection_options())
         try:
             await self.redis.ping()
         except RedisError as exc:
@@ -85,12 +105,15 @@ class RedisBus(BusBase):
         await self.redis.aclose()
 
     async def _publish(self, changes: Sequence[Change]) -> None:
-        try:
+        async def send() -> None:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for change in changes:
                     pipe.xadd(self.stream_key(change.entity_type), {FIELD: change.to_json()},
                               maxlen=self.max_len, approximate=True)
                 await pipe.execute()
+
+        try:
+            await self.retrying(send)
         except RedisError as exc:
             raise self.unavailable(exc) from exc
 
@@ -123,19 +146,43 @@ class RedisSubscription(SubscriptionBase):
                     raise
 
     async def _call(self, step: Any, *args: Any) -> Any:
-        """Run a step, translating driver errors; a stream or group that vanished (deleted by
-        hand, or a server restarted without persistence) is created again once."""
+        """Run a step across a lost connection (see the module doc), translating driver errors;
+        a stream or group that vanished is created again, and the step fails once saying so."""
+        reconnects = self._reconnects_seen
         try:
-            try:
-                return await step(*args)
-            except ResponseError as exc:
-                if not str(exc).startswith("NOGROUP"):
-                    raise
-                log.warning("%r: group %s vanished from Redis; creating it again", self, self.group)
-                await self._create_groups()
-                return await step(*args)
+            result = await self.bus.retrying(lambda: step(*args))
+        except ResponseError as exc:
+            if not str(exc).startswith("NOGROUP"):
+                raise self.bus.unavailable(exc) from exc
+            await self._recreate_groups()
+            raise self.bus.unavailable(
+                RuntimeError(f"consumer group {self.group} had vanished (a Redis restart without "
+                             "persistence?) and was created again; changes published before it "
+                             "vanished and not acked are gone from the bus")) from exc
         except RedisError as exc:
             raise self.bus.unavailable(exc) from exc
+        if self._reconnects_seen != reconnects:
+            # A reply lost with the connection may have carried entries now pending for us.
+            self._reread_history()
+        return result
+
+    @property
+    def _reconnects_seen(self) -> int:
+        return self.bus.outage.recoveries
+
+    def _reread_history(self) -> None:
+        self._history = dict.fromkeys(self._keys, b"0")
+
+    async def _recreate_groups(self) -> None:
+        log.error("%r: group %s vanished from Redis; creating it again", self, self.group)
+        try:
+            await self.bus.retrying(self._create_groups)
+        except RedisError as exc:
+            raise self.bus.unavailable(exc) from exc
+        self._reread_history()
+        self._reclaim_cursor = dict.fromkeys(self._keys, _START)
+        self._unacked.clear()
+        self._buffer.clear()
 
     async def _close(self) -> None:
         if not self._unacked:
@@ -197,7 +244,9 @@ class RedisSubscription(SubscriptionBase):
             key = self._key_of(raw_key)
             # Fewer than asked for: that was the last of this stream's history.
             self._history[key] = entries[-1][0] if len(entries) >= room else None
-            out += await self._deliveries(key, entries)
+            # Re-read after a reconnect, the history holds entries handed out and not acked yet.
+            fresh = [entry for entry in entries if (key, entry[0]) not in self._unacked]
+            out += await self._deliveries(key, fresh)
         return self._keep(out, room)
 
     async def _reclaim(self, room: int, now: float) -> list[Delivery]:
@@ -273,11 +322,14 @@ class RedisSubscription(SubscriptionBase):
         for delivery in deliveries:
             key, entry_id = delivery.handle
             by_key.setdefault(key, []).append(entry_id)
-        try:
+        async def send() -> None:
             async with self.bus.redis.pipeline(transaction=False) as pipe:
                 for key, ids in by_key.items():
                     pipe.xack(key, self.group, *ids)
                 await pipe.execute()
+
+        try:
+            await self.bus.retrying(send)
         except RedisError as exc:
             raise self.bus.unavailable(exc) from exc
         for delivery in deliveries:
