@@ -16,6 +16,7 @@ from tidegate.dispatch.budget import GLOBAL
 from tidegate.dispatch.costs import micros_to_usd
 from tidegate.gateway.auth import AdminDep, StateDep
 from tidegate.gateway.errors import ApiError, error_responses
+from tidegate.gateway.limits import MAX_OFFSET, MAX_PAGE
 from tidegate.gateway.metrics import Percentiles
 from tidegate.gateway.schemas import (
     DeadLetterPage,
@@ -160,8 +161,8 @@ def _dispatch_by_model(state: GatewayState) -> dict[str, ModelDispatchView] | No
 async def list_dead_letters(
     state: StateDep,
     _: AdminDep,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Dead letters in this page.")] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Dead letters to skip.")] = 0,
 ) -> DeadLetterPage:
     """Dead jobs, most recent first, with their errors."""
     dead = await state.queue.dead_letters(limit=limit, offset=offset)

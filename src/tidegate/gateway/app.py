@@ -62,6 +62,6 @@ def create_app(state: GatewayState) -> FastAPI:
     for module in (openai_api, jobs_api, recs_api, admin_api, ops, dashboard):
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413.
-    app.add_middleware(BodyLimit, max_bytes=state.settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
     return app

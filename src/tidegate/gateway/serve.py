@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from tidegate.config import TidegateConfig
 from tidegate.errors import ConfigError
 from tidegate.gateway.app import create_app
+from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.settings import GatewaySettings, is_loopback_host
 from tidegate.gateway.state import GatewayState
 from tidegate.queue.base import redact_url
@@ -73,6 +74,6 @@ async def serve_gateway(
         app = create_app(state)
         # The state is opened and closed here, around the server: no ASGI lifespan is needed.
         server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port,
-                                        lifespan="off", log_level="info"))
+                                        lifespan="off", log_level="info", **UVICORN_OPTIONS))
         log.info("gateway serving %s on %s:%d", redact_url(config.queue_url), settings.host, settings.port)
         await server.serve()
