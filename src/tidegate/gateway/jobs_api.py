@@ -45,7 +45,10 @@ class CancelResult(BaseModel):
 
 
 @router.post("", status_code=202, response_model=JobsAccepted, summary="Enqueue jobs",
-             responses=error_responses(400, 403, 413, 429, described={404: "A job names an unknown model."}))
+             responses=error_responses(400, 403, 413, 429, described={
+                 404: "A job names an unknown model.",
+                 409: "The Idempotency-Key was first used for another request (another kind, body or "
+                      "callback_url): `error.job_id` names that job."}))
 async def create_jobs(
     request: Annotated[JobsRequest, Body(openapi_examples={
         "one": {"summary": "One job", "value": {

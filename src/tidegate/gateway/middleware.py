@@ -32,7 +32,7 @@ class BodyLimit:
         header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
         if header_bytes > MAX_HEADER_BYTES:
             await error_response(ApiError(
-                431, f"the request headers are {header_bytes} bytes, over the limit of {MAX_HEADER_BYTES}",
+                431, f"the request headers are over the limit of {MAX_HEADER_BYTES} bytes",
                 code="request_headers_too_large"))(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
