@@ -168,7 +168,8 @@ async def _raw_exchange(
                 break
         raw_head = raw_head or await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10.0)
         lines = raw_head.decode("latin-1").rstrip("\r\n").split("\r\n")
-        headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+        fields = (line.partition(":") for line in lines[1:])
+        headers = {name.lower(): value.strip() for name, _, value in fields}
         body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), timeout=10.0)
         return int(lines[0].split()[1]), headers, body
     finally:
@@ -228,7 +229,8 @@ async def test_the_document_publishes_the_limits_the_code_checks(gw: Gateway) ->
     dlq = {p["name"]: p["schema"] for p in document["paths"]["/v1/dlq"]["get"]["parameters"]}
     chat = schemas["ChatCompletionRequest"]["properties"]
 
-    assert schemas["EmbeddingsRequest"]["properties"]["dimensions"]["anyOf"][0]["maximum"] == MAX_EMBEDDING_DIMENSIONS
+    dimensions = schemas["EmbeddingsRequest"]["properties"]["dimensions"]
+    assert dimensions["anyOf"][0]["maximum"] == MAX_EMBEDDING_DIMENSIONS
     assert chat["n"]["anyOf"][0]["maximum"] == MAX_CHOICES
     assert chat["max_tokens"]["anyOf"][0]["maximum"] == MAX_OUTPUT_TOKENS
     assert dlq["offset"]["maximum"] == MAX_OFFSET and dlq["limit"]["maximum"] == 1000
@@ -319,7 +321,9 @@ def _concrete(path: str) -> str:
     return re.sub(r"\{[^}]+\}", "x", path)
 
 
-async def test_every_operation_refuses_an_unknown_key_and_a_wrong_method_in_the_apis_shape(gw: Gateway) -> None:
+async def test_every_operation_refuses_an_unknown_key_and_a_wrong_method_in_the_apis_shape(
+    gw: Gateway,
+) -> None:
     document = (await gw.http.get("/openapi.json")).json()
     operations = _operations(document)
     assert len(operations) > 15
@@ -360,8 +364,9 @@ async def test_every_operation_with_a_body_refuses_an_unreadable_one_in_the_apis
         answer = await gw.http.request(method.upper(), _concrete(path), content=body,
                                        headers={**gw.auth("ops"), "Content-Type": "application/json"})
         assert_openai_error(answer, status, code)
-        too_large = await gw.http.request(method.upper(), _concrete(path), content=b" " * (gw.state.max_body_bytes + 1),
-                                          headers={**gw.auth("ops"), "Content-Type": "application/json"})
+        too_large = await gw.http.request(
+            method.upper(), _concrete(path), content=b" " * (gw.state.max_body_bytes + 1),
+            headers={**gw.auth("ops"), "Content-Type": "application/json"})
         assert_openai_error(too_large, 413, "request_too_large")
 
 

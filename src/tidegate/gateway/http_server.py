@@ -4,7 +4,8 @@ the API's error shape.
 uvicorn (h11) refuses a request it cannot parse before any app code runs: a malformed request line,
 or a request line and headers over `h11_max_incomplete_event_size` bytes. Its own answer is a
 plain-text 400, which an OpenAI SDK cannot read; GatewayH11Protocol answers the same refusal with
-`{"error": {...}}` and a code (431 for an oversized head, as the app's own check answers). Serve the app with `uvicorn.Config(app, **UVICORN_OPTIONS)`.
+`{"error": {...}}` and a code (431 for an oversized head, as the app's own check answers).
+Serve the app with `uvicorn.Config(app, **UVICORN_OPTIONS)`.
 """
 
 from __future__ import annotations
