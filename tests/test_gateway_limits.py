@@ -36,6 +36,7 @@ from tidegate.gateway.limits import (
     MAX_EMBEDDING_INPUTS,
     MAX_OFFSET,
     MAX_OUTPUT_TOKENS,
+    MAX_PAGE,
 )
 from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, MIB, GatewaySettings
 from tidegate.providers.simulator import InjectedFault
@@ -84,6 +85,19 @@ async def test_the_farthest_documented_offset_answers_an_empty_page(gw: Gateway)
 
     assert answer.status_code == 200, answer.text
     assert answer.json() == {"data": [], "limit": 100, "offset": MAX_OFFSET}
+
+
+@pytest.mark.parametrize("path", ["/v1/admin/keys", "/v1/admin/tenants"])
+async def test_the_admin_lists_are_paged_within_bounds(gw: Gateway, path: str) -> None:
+    everything = (await gw.http.get(path, headers=gw.auth("ops"))).json()
+    second = (await gw.http.get(f"{path}?limit=1&offset=1", headers=gw.auth("ops"))).json()
+    beyond = (await gw.http.get(f"{path}?offset={MAX_OFFSET}", headers=gw.auth("ops"))).json()
+    too_far = await gw.http.get(f"{path}?offset={2**63}", headers=gw.auth("ops"))
+    too_many = await gw.http.get(f"{path}?limit={MAX_PAGE + 1}", headers=gw.auth("ops"))
+
+    assert len(everything) >= 6 and second == everything[1:2] and beyond == []
+    assert_openai_error(too_far, 400, "invalid_request")
+    assert_openai_error(too_many, 400, "invalid_request")
 
 
 async def test_embeddings_dimensions_are_bounded_like_openais(gw: Gateway) -> None:

@@ -64,7 +64,14 @@ def publish_limits(document: dict[str, Any], max_body_bytes: int) -> None:
         "max_body_bytes": max_body_bytes, "max_header_bytes": MAX_HEADER_BYTES}
     for path_item in document.get("paths", {}).values():
         for operation in path_item.values():
-            too_large = operation.get("responses", {}).get("413") if isinstance(operation, dict) else None
-            if too_large is not None:
-                too_large["description"] = (f"The request body is over {max_body_bytes} bytes (what the "
-                                            "queue takes as one job, plus the request's own fields).")
+            if not isinstance(operation, dict):
+                continue
+            responses = operation.setdefault("responses", {})
+            if "413" in responses:
+                responses["413"]["description"] = (
+                    f"The request body is over {max_body_bytes} bytes (what the queue takes as one job, "
+                    "plus the request's own fields).")
+            responses.setdefault("431", {
+                "description": f"The request headers are over {MAX_HEADER_BYTES} bytes in all.",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+            })
