@@ -17,6 +17,7 @@ __all__ = [
     "MAX_EMBEDDING_DIMENSIONS",
     "MAX_EMBEDDING_INPUTS",
     "MAX_INPUT_TOKENS",
+    "MAX_NAME_CHARS",
     "MAX_OFFSET",
     "MAX_OUTPUT_TOKENS",
     "MAX_PAGE",
@@ -30,6 +31,7 @@ MAX_CHOICES: Final = 128  # `n` of a chat completion, as OpenAI allows
 # max_tokens / max_completion_tokens: above every model's output limit, and small enough that the
 # worker's budget estimate (tokens times price) stays an ordinary number.
 MAX_OUTPUT_TOKENS: Final = 1_000_000
+MAX_NAME_CHARS: Final = 256  # a model name in a tenant's allowed_models
 MAX_PAGE: Final = 1_000  # items in one page of a list (`limit`)
 MAX_OFFSET: Final = 1_000_000_000  # the farthest `offset` of a list: far beyond any retention
 MAX_RPM: Final = 1_000_000_000  # a tenant's requests-per-minute limit

@@ -20,6 +20,7 @@ from tidegate.gateway.limits import (
     MAX_EMBEDDING_DIMENSIONS,
     MAX_EMBEDDING_INPUTS,
     MAX_INPUT_TOKENS,
+    MAX_NAME_CHARS,
     MAX_OUTPUT_TOKENS,
     MAX_RPM,
 )
@@ -374,7 +375,9 @@ class TenantBody(BaseModel):
     default_priority: PriorityValue = "normal"
     rpm: int | None = Field(None, gt=0, le=MAX_RPM)
     daily_budget_usd: Decimal | None = Field(None, ge=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
-    allowed_models: list[str] | None = None
+    # Bounded like any name: a constrained string is also checked to be valid Unicode (a lone
+    # surrogate would be stored, and then fail every answer that shows the tenant).
+    allowed_models: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]] | None = None
     admin: bool = False
 
 
