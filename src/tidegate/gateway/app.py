@@ -31,7 +31,7 @@ An OpenAI-compatible gateway in front of a durable priority queue.
 * **OpenAI-compatible**: point an OpenAI SDK at `/v1`. Each call is queued at its priority
   (`X-Priority` header or `priority` body field: critical, high, normal, low, bulk or 0-4) and
   answered with the provider's response plus `X-Tidegate-*` headers, or with an OpenAI-shaped
-  error (`{"error": {"message", "type", "code"}}`) saying why not: invalid requests answer 400,
+  error (`{"error": {"message", "type", "param", "code"}}`) saying why not: invalid requests answer 400,
   never 422, and a job that died answers the status its worker recorded.
 * **Jobs**: enqueue work (one job or a batch) and fetch, long-poll or cancel it later.
 * **Recommendations**: a user's recommendations (one or a batch of users), computed

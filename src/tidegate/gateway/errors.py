@@ -1,9 +1,11 @@
-"""Every error the gateway answers is OpenAI-shaped: `{"error": {"message", "type", "code"}}`
-with the status an OpenAI client expects, so the official SDKs raise their usual exception types.
+"""Every error the gateway answers is OpenAI-shaped: `{"error": {"message", "type", "param",
+"code"}}`, always with a code, and with the status an OpenAI client expects, so the official SDKs
+raise their usual exception types and carry the code.
 
-Three sources feed one response builder: `ApiError` (a refusal the gateway decides itself), the
-TidegateError tree (mapped by class in `TIDEGATE_ERRORS`), and FastAPI's own validation and
-routing errors.
+Four sources feed one response builder: `ApiError` (a refusal the gateway decides itself), the
+TidegateError tree (mapped by class in `TIDEGATE_ERRORS`), FastAPI's own validation, routing and
+body-reading errors, and any other exception (500 `internal_error`). What the HTTP server refuses
+before the app runs is answered in the same shape by tidegate.gateway.http_server.
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 # The code of each HTTP error that the routing or the body reading raise themselves.
 _HTTP_CODES: Mapping[int, str] = {
-    400: "invalid_json", 404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large",
+    400: "invalid_request", 404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large",
 }
 
 
@@ -253,6 +255,7 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> ApiError:
         # invalid UTF-8, or nesting deeper than the parser's recursion limit.
         message = ("the request body is not valid JSON: it must be UTF-8 text, nested at most a few "
                    "hundred levels deep")
+        code = "invalid_json"
     return ApiError(status, message, code=code, headers=headers)
 
 

@@ -49,14 +49,19 @@ class BodyLimit:
                 if received > self.max_bytes:
                     # Raised inside the route's body read: FastAPI passes an HTTPException
                     # through to the app's handler, which answers in the OpenAI shape.
-                    raise HTTPException(413, self._too_large().message)
+                    raise HTTPException(413, self._too_large().message, headers=_CLOSE)
             return message
 
         await self.app(scope, counted, send)
 
     def _too_large(self) -> ApiError:
         return ApiError(413, f"the request body is over the limit of {self.max_bytes} bytes",
-                        code="request_too_large")
+                        code="request_too_large", headers=_CLOSE)
+
+
+# On a refused body: the server closes the connection once it has answered, rather than read
+# and discard the rest of the body first.
+_CLOSE = {"Connection": "close"}
 
 
 class RequestMetrics:
