@@ -22,6 +22,7 @@ from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.relay import ChunkRelay, relay_for
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.gateway.app import create_app
+from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.tenants import Tenant, TenantStore
@@ -98,7 +99,8 @@ async def serving(state: GatewayState) -> AsyncIterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = _Server(uvicorn.Config(create_app(state), lifespan="off", log_level="warning", ws="none"))
+    server = _Server(uvicorn.Config(create_app(state), lifespan="off", log_level="warning", ws="none",
+                                    **UVICORN_OPTIONS))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:

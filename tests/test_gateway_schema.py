@@ -147,6 +147,11 @@ def _job(extra: str) -> str:
 # them only sometimes.
 TAMED = [
     pytest.param("DELETE", "/v1/dlq?older_than_s=1e300", None, id="purge-older-than-overflows"),
+    pytest.param("GET", f"/v1/dlq?offset={2**63}", None, id="dlq-offset-overflows"),
+    pytest.param("PUT", "/v1/admin/tenants/big", f'{{"rpm": {2**63}}}', id="tenant-rpm-overflows"),
+    pytest.param("PUT", "/v1/admin/tenants/big", '{"daily_budget_usd": "1e400"}', id="tenant-budget-huge"),
+    pytest.param("POST", "/v1/embeddings", '{"input": "a", "dimensions": 1000000}', id="dimensions-huge"),
+    pytest.param("PUT", "/v1/admin/tenants/big", r'{"allowed_models": ["\ud800"]}', id="lone-surrogate"),
     pytest.param("POST", "/v1/jobs", _job('"timeout_s": 1e12'), id="deadline-unreadable"),
     pytest.param("POST", "/v1/jobs", _job('"timeout_s": Infinity'), id="deadline-infinite"),
     pytest.param("POST", "/v1/jobs", _job('"callback_url": "http://[::1/"'), id="callback-bad-ipv6"),

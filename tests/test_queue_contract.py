@@ -395,6 +395,19 @@ async def test_the_same_idempotency_key_returns_the_first_job(queue_factory: Any
     assert (await first_process.stats()).depth == 2
 
 
+async def test_known_idempotency_keys_map_to_their_jobs(queue_factory: Any) -> None:
+    first_process = await queue_factory.open(maintenance_interval_s=None)
+    second_process = await queue_factory.open(maintenance_interval_s=None)
+    a, b = await first_process.enqueue_many([{"payload": {"n": 1}, "idempotency_key": "key-a"},
+                                             {"payload": {"n": 2}, "idempotency_key": "key-b"}])
+
+    # Another instance sees both; an unknown key is left out, a repeated one asked once
+    known = await second_process.idempotent_ids(["key-a", "key-b", "key-c", "key-a"])
+
+    assert known == {"key-a": a, "key-b": b}
+    assert await second_process.idempotent_ids([]) == {}
+
+
 async def test_concurrent_enqueues_with_one_idempotency_key_make_one_job(queue_factory: Any) -> None:
     instances = [await queue_factory.open(maintenance_interval_s=None) for _ in range(3)]
     ids = await asyncio.gather(

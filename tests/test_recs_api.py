@@ -26,7 +26,7 @@ from gateway_support import add_tenants, serving
 from sync_support import eventually
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.gateway.state import GatewayState
-from tidegate.recs import Item, Recommender
+from tidegate.recs import Interaction, InteractionKind, Item, Recommender
 from tidegate.up import UpInfo, UpSettings, run_up
 
 STATES = ["memory", "redis"]
@@ -416,3 +416,74 @@ async def test_a_click_in_the_database_changes_that_users_recommendations(tmp_pa
     finally:
         stop.set()
         await asyncio.wait_for(running, 30)
+
+
+# ---------------------------------------------------------------------- tenants
+
+
+def _as(api: Api, tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api.keys[tenant]}"}
+
+
+async def _cold(api: Api, tenant: str, user: str) -> bool:
+    answer = await api.http.get(f"/v1/recommendations/{user}", headers=_as(api, tenant))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["user_id"] == user
+    cold: bool = answer.json()["cold_start"]
+    return cold
+
+
+async def test_a_tenants_profiles_are_its_own(api: Api) -> None:
+    # Given acme's user "ada", who bought a mug
+    await api.interact("ada", {"item_id": "mug-red", "kind": "purchase"})
+
+    # Then acme sees her profile; another tenant's "ada", and the database's, are someone else
+    assert await _cold(api, "acme", "ada") is False
+    assert await _cold(api, "globex", "ada") is True
+    assert await _cold(api, "ops", "ada") is True
+    batch = await api.http.post("/v1/recommendations:batch", json={"queries": [{"user_id": "ada"}]},
+                                headers=_as(api, "globex"))
+    assert batch.json()["results"][0]["cold_start"] is True
+    # And what globex writes for its "ada" leaves acme's ada as she was
+    written = await api.http.post("/v1/profiles/ada/interactions", headers=_as(api, "globex"),
+                                  json={"item_id": "teapot", "kind": "purchase"})
+    assert written.status_code == 200, written.text
+    assert "teapot" in await api.ids("ada", n=10)  # acme's ada never bought it: still a candidate
+
+
+async def test_the_change_flows_profiles_are_the_operators(api: Api) -> None:
+    # Given a profile built from the database, as the change flow's sink records it (no tenant)
+    await api.recommender.record([Interaction(user_id="17850", item_id="mug-red",
+                                              kind=InteractionKind.PURCHASE, at=datetime.now(UTC))])
+
+    # Then an admin tenant reads it under the database's user id; an ordinary tenant cannot
+    assert await _cold(api, "ops", "17850") is False
+    assert await _cold(api, "acme", "17850") is True
+
+
+async def test_recording_interactions_counts_against_the_tenants_rate_limit(api: Api) -> None:
+    # Given a tenant allowed one request per minute
+    headers = _as(api, "slow")
+    first = await api.http.post("/v1/profiles/ada/interactions", headers=headers,
+                                json={"item_id": "mug-red", "kind": "view"})
+
+    second = await api.http.post("/v1/profiles/ada/interactions", headers=headers,
+                                 json={"item_id": "mug-red", "kind": "purchase"})
+
+    assert first.status_code == 200, first.text
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(second.headers["Retry-After"]) >= 1
+
+
+async def test_a_user_id_with_a_control_character_is_refused(api: Api) -> None:
+    answers = [
+        await api.http.get("/v1/recommendations/ops%1Fada"),
+        await api.http.post("/v1/profiles/ops%1Fada/interactions",
+                            json={"item_id": "mug-red", "kind": "view"}),
+        await api.http.post("/v1/recommendations:batch", json={"queries": [{"user_id": "ops\u001fada"}]}),
+    ]
+
+    for answer in answers:
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "invalid_request"

@@ -37,6 +37,7 @@ from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.relay import relay_for
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.gateway.app import create_app
+from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.serve import GatewayServer, check_bind
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.gateway.state import GatewayState
@@ -221,7 +222,8 @@ async def _serving(
     sock.bind((settings.host.strip("[]"), settings.port))
     port = int(sock.getsockname()[1])
     server = GatewayServer(uvicorn.Config(create_app(state), lifespan="off", log_level="warning",
-                                          timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s)))
+                                          timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
+                                          **UVICORN_OPTIONS))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     ready = asyncio.create_task(server.ready.wait())
     await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)

@@ -16,6 +16,7 @@ from tidegate.dispatch.budget import GLOBAL
 from tidegate.dispatch.costs import micros_to_usd
 from tidegate.gateway.auth import AdminDep, StateDep
 from tidegate.gateway.errors import ApiError, error_responses
+from tidegate.gateway.limits import MAX_OFFSET, MAX_PAGE
 from tidegate.gateway.metrics import Percentiles
 from tidegate.gateway.schemas import (
     DeadLetterPage,
@@ -43,6 +44,11 @@ _NOT_FOUND = error_responses(404)
 
 router = APIRouter(prefix="/v1", tags=["Admin"], responses=error_responses(401, 403, 503, described={
     403: "The key's tenant is not an admin."}))
+
+
+# Every list is paged; its bounds are in the document.
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="Entries in this page.")]
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Entries to skip.")]
 
 
 def _latency(values: Percentiles) -> LatencyView:
@@ -160,8 +166,8 @@ def _dispatch_by_model(state: GatewayState) -> dict[str, ModelDispatchView] | No
 async def list_dead_letters(
     state: StateDep,
     _: AdminDep,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Limit = 100,
+    offset: Offset = 0,
 ) -> DeadLetterPage:
     """Dead jobs, most recent first, with their errors."""
     dead = await state.queue.dead_letters(limit=limit, offset=offset)
@@ -197,10 +203,14 @@ async def purge(
 # ---------------------------------------------------------------------- tenants and keys
 
 
-@router.get("/admin/tenants", response_model=list[TenantView], summary="List tenants")
-async def list_tenants(state: StateDep, _: AdminDep) -> list[TenantView]:
-    """Every tenant, by name."""
-    return [tenant_view(tenant) for tenant in await state.tenants.list_tenants()]
+@router.get("/admin/tenants", response_model=list[TenantView], summary="List tenants",
+            responses=error_responses(400))
+async def list_tenants(
+    state: StateDep, _: AdminDep, limit: Limit = MAX_PAGE, offset: Offset = 0
+) -> list[TenantView]:
+    """Tenants by name, a page at a time."""
+    tenants = await state.tenants.list_tenants()
+    return [tenant_view(tenant) for tenant in tenants[offset:offset + limit]]
 
 
 @router.get("/admin/tenants/{name}", response_model=TenantView, summary="Get a tenant",
@@ -247,14 +257,18 @@ async def create_key(name: str, state: StateDep, _: AdminDep) -> KeyCreated:
     return KeyCreated(**key_view(info).model_dump(), api_key=api_key)
 
 
-@router.get("/admin/keys", response_model=list[KeyView], summary="List API keys")
+@router.get("/admin/keys", response_model=list[KeyView], summary="List API keys",
+            responses=error_responses(400))
 async def list_keys(
     state: StateDep,
     _: AdminDep,
     tenant: Annotated[str | None, Query(description="Only this tenant's keys.")] = None,
+    limit: Limit = MAX_PAGE,
+    offset: Offset = 0,
 ) -> list[KeyView]:
-    """Keys, newest first, without their secrets."""
-    return [key_view(info) for info in await state.tenants.list_keys(tenant)]
+    """Keys, newest first, without their secrets, a page at a time."""
+    keys = await state.tenants.list_keys(tenant)
+    return [key_view(info) for info in keys[offset:offset + limit]]
 
 
 @router.delete("/admin/keys/{key_id}", status_code=204, summary="Revoke an API key", responses=_NOT_FOUND)

@@ -31,7 +31,7 @@ An OpenAI-compatible gateway in front of a durable priority queue.
 * **OpenAI-compatible**: point an OpenAI SDK at `/v1`. Each call is queued at its priority
   (`X-Priority` header or `priority` body field: critical, high, normal, low, bulk or 0-4) and
   answered with the provider's response plus `X-Tidegate-*` headers, or with an OpenAI-shaped
-  error (`{"error": {"message", "type", "code"}}`) saying why not: invalid requests answer 400,
+  error (`{"error": {"message", "type", "param", "code"}}`) saying why not: invalid requests answer 400,
   never 422, and a job that died answers the status its worker recorded.
 * **Jobs**: enqueue work (one job or a batch) and fetch, long-poll or cancel it later.
 * **Recommendations**: a user's recommendations (one or a batch of users), computed
@@ -58,10 +58,10 @@ def create_app(state: GatewayState) -> FastAPI:
                   openapi_tags=_TAGS)
     app.state.gateway = state
     install_error_handlers(app)
-    install_openapi(app)
+    install_openapi(app, max_body_bytes=state.max_body_bytes)
     for module in (openai_api, jobs_api, recs_api, admin_api, ops, dashboard):
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413.
-    app.add_middleware(BodyLimit, max_bytes=state.settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
     return app

@@ -1,9 +1,11 @@
-"""Every error the gateway answers is OpenAI-shaped: `{"error": {"message", "type", "code"}}`
-with the status an OpenAI client expects, so the official SDKs raise their usual exception types.
+"""Every error the gateway answers is OpenAI-shaped: `{"error": {"message", "type", "param",
+"code"}}`, always with a code, and with the status an OpenAI client expects, so the official SDKs
+raise their usual exception types and carry the code.
 
-Three sources feed one response builder: `ApiError` (a refusal the gateway decides itself), the
-TidegateError tree (mapped by class in `TIDEGATE_ERRORS`), and FastAPI's own validation and
-routing errors.
+Four sources feed one response builder: `ApiError` (a refusal the gateway decides itself), the
+TidegateError tree (mapped by class in `TIDEGATE_ERRORS`), FastAPI's own validation, routing and
+body-reading errors, and any other exception (500 `internal_error`). What the HTTP server refuses
+before the app runs is answered in the same shape by tidegate.gateway.http_server.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from tidegate.errors import (
     BudgetExhausted,
@@ -79,7 +82,9 @@ _DEFAULT_TYPES: Mapping[int, str] = {
     403: "permission_error",
     404: "not_found_error",
     409: "conflict_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     502: "upstream_error",
     503: "service_unavailable",
@@ -212,17 +217,56 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
-        message = str(exc.detail)
-        if exc.status_code == 404:
-            message = f"unknown URL {request.method} {request.url.path}"
-        return error_response(ApiError(exc.status_code, message, code=code,
-                                       headers=dict(exc.headers or {})))
+        return error_response(_http_error(request, exc))
+
+    async def on_unexpected_error(request: Request, exc: Exception) -> Response:
+        # Starlette logs the traceback; the caller still gets the API's own shape.
+        return error_response(ApiError(500, "internal error: the gateway could not answer this request",
+                                       code="internal_error", type_="api_error"))
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(TidegateError, on_tidegate_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected_error)
+
+
+# The code of each HTTP error that the routing or the body reading raise themselves.
+_HTTP_CODES: Mapping[int, str] = {
+    400: "invalid_request", 404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large",
+}
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> ApiError:
+    """An error the framework raised (no route, wrong method, an unreadable body), as an ApiError
+    with a code: the status's own, or `http_<status>`."""
+    status = exc.status_code
+    code = _HTTP_CODES.get(status, f"http_{status}")
+    message = str(exc.detail)
+    headers = dict(exc.headers or {})
+    if status == 404:
+        message = f"unknown URL {request.method} {request.url.path}"
+    elif status == 405:
+        allowed = _allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        message = f"{request.method} is not allowed on {request.url.path}: use {', '.join(allowed)}"
+    elif status == 400 and message == "There was an error parsing the body":
+        # FastAPI's answer to a body json.loads cannot read but that is no JSONDecodeError:
+        # invalid UTF-8, or nesting deeper than the parser's recursion limit.
+        message = ("the request body is not valid JSON: it must be UTF-8 text, nested at most a few "
+                   "hundred levels deep")
+        code = "invalid_json"
+    return ApiError(status, message, code=code, headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (routing's own 405 names the first route's)."""
+    routes = request.app.router.routes
+    return [method for method in _METHODS
+            if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)]
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 # What each error status means, for the OpenAPI document; a route may say more of its own case.

@@ -248,10 +248,43 @@ def draft_from_job_request(
 
 
 async def enqueue(state: GatewayState, tenant: Tenant, drafts: Sequence[JobDraft]) -> list[str]:
-    """Enqueue checked jobs in one atomic call; their callback URLs are checked first."""
+    """Enqueue checked jobs in one atomic call; their callback URLs are checked first, and so is
+    every Idempotency-Key already used (409 when it was used for another request)."""
     for url in {draft.callback_url for draft in drafts if draft.callback_url is not None}:
         await state.check_callback_url(url)
+    keyed = [draft for draft in drafts if draft.idempotency_key is not None]
+    known = await state.queue.idempotent_ids([draft.idempotency_key for draft in keyed
+                                              if draft.idempotency_key is not None])
+    for draft in keyed:
+        if draft.idempotency_key in known:
+            await _check_repeat(state, draft, known[draft.idempotency_key])
     ids = await state.queue.enqueue_many([draft.spec(tenant) for draft in drafts])
+    for draft, job_id in zip(drafts, ids, strict=True):
+        if draft.idempotency_key is not None and draft.idempotency_key not in known:
+            # Two first uses at once: the other may have won the key in between.
+            await _check_repeat(state, draft, job_id)
     for draft in drafts:
         state.metrics.enqueued.labels(draft.kind, draft.priority.name.lower()).inc()
     return ids
+
+
+async def _check_repeat(state: GatewayState, draft: JobDraft, job_id: str) -> None:
+    """A repeated Idempotency-Key answers with the first job, so the request must be the same:
+    its kind (chat or embeddings, whichever endpoint), its body and its callback URL. Another
+    request under the same key is refused with 409, naming the first job. Keys are per tenant
+    (scoped_idempotency_key), so only the tenant's own jobs are ever compared."""
+    job = await state.queue.get(job_id)
+    if job is None:
+        return  # the first job has expired since: the key now names this one
+    first_kind = job.payload.get("kind")
+    if first_kind != draft.kind:
+        reason = f"for a {first_kind} request, not {draft.kind}"
+    elif job.payload.get("body") != draft.payload.get("body"):
+        reason = "with another request body"
+    elif job.callback_url != draft.callback_url:
+        reason = "with another callback_url"
+    else:
+        return
+    raise ApiError(409, f"the Idempotency-Key was first used {reason}: repeat the same request to get "
+                   "its job, or use a new key", code="idempotency_key_reused", param=IDEMPOTENCY_HEADER,
+                   job_id=job_id)

@@ -27,6 +27,7 @@ from tidegate.gateway.state import GatewayState
 from tidegate.gateway.tenants import Tenant
 from tidegate.gateway.views import job_view
 from tidegate.jobs import Job
+from tidegate.queue.base import MAX_RELATIVE_S
 
 __all__ = ["router"]
 
@@ -44,7 +45,10 @@ class CancelResult(BaseModel):
 
 
 @router.post("", status_code=202, response_model=JobsAccepted, summary="Enqueue jobs",
-             responses=error_responses(400, 403, 413, 429, described={404: "A job names an unknown model."}))
+             responses=error_responses(400, 403, 413, 429, described={
+                 404: "A job names an unknown model.",
+                 409: "The Idempotency-Key was first used for another request (another kind, body or "
+                      "callback_url): `error.job_id` names that job."}))
 async def create_jobs(
     request: Annotated[JobsRequest, Body(openapi_examples={
         "one": {"summary": "One job", "value": {
@@ -96,7 +100,7 @@ async def get_job(
     job_id: str,
     state: StateDep,
     tenant: TenantDep,
-    wait: Annotated[float, Query(ge=0, description=(
+    wait: Annotated[float, Query(ge=0, le=MAX_RELATIVE_S, allow_inf_nan=False, description=(
         "Seconds to wait for the job to finish (long-poll); answers as soon as it does. "
         "Capped by the gateway's max_wait_s."))] = 0.0,
 ) -> JobView:

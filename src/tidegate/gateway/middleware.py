@@ -9,6 +9,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegate.gateway.errors import ApiError, error_response
+from tidegate.gateway.http_server import MAX_HEADER_BYTES
 from tidegate.gateway.metrics import GatewayMetrics
 
 __all__ = ["BodyLimit", "RequestMetrics"]
@@ -16,7 +17,9 @@ __all__ = ["BodyLimit", "RequestMetrics"]
 
 class BodyLimit:
     """Refuse request bodies over `max_bytes` with 413: at once when Content-Length says so,
-    else as soon as the bytes read pass the limit (a chunked upload)."""
+    else as soon as the bytes read pass the limit (a chunked upload), so an oversized body is
+    never read in full. Headers over MAX_HEADER_BYTES in all are refused with 431: the HTTP
+    server refuses such a head only when it arrives in pieces (see http_server)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -25,6 +28,12 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+        if header_bytes > MAX_HEADER_BYTES:
+            await error_response(ApiError(
+                431, f"the request headers are over the limit of {MAX_HEADER_BYTES} bytes",
+                code="request_headers_too_large"))(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
@@ -40,14 +49,19 @@ class BodyLimit:
                 if received > self.max_bytes:
                     # Raised inside the route's body read: FastAPI passes an HTTPException
                     # through to the app's handler, which answers in the OpenAI shape.
-                    raise HTTPException(413, self._too_large().message)
+                    raise HTTPException(413, self._too_large().message, headers=_CLOSE)
             return message
 
         await self.app(scope, counted, send)
 
     def _too_large(self) -> ApiError:
         return ApiError(413, f"the request body is over the limit of {self.max_bytes} bytes",
-                        code="request_too_large")
+                        code="request_too_large", headers=_CLOSE)
+
+
+# On a refused body: the server closes the connection once it has answered, rather than read
+# and discard the rest of the body first.
+_CLOSE = {"Connection": "close"}
 
 
 class RequestMetrics:

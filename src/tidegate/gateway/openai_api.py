@@ -49,8 +49,8 @@ __all__ = ["router"]
 # worker recorded: the provider's own 4xx, a routing or budget refusal, 502), cancelled or late.
 _WAIT_ERRORS = error_responses(400, 403, 413, 429, described={
     404: "Unknown model, or the provider answered 404 for it.",
-    409: "The job was cancelled while the call waited, or the Idempotency-Key was first used on the "
-         "other endpoint (chat vs embeddings).",
+    409: "The job was cancelled while the call waited, or the Idempotency-Key was first used for "
+         "another request (the other endpoint, another body).",
     "4XX": "The provider refused the request with another client error (such as 422): its status "
            "and its own message, type and code, relayed.",
     502: "The provider failed after every attempt, or refused tidegate's own credentials.",
@@ -144,8 +144,6 @@ async def _call(
     draft = draft_job(state, tenant, kind, body, priority=chosen,
                       idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
     [job_id] = await enqueue(state, tenant, [draft])
-    if draft.idempotency_key is not None:
-        await _check_repeat_kind(state, job_id, kind)
     request_body: dict[str, Any] = draft.payload["body"]
     if kind == "chat" and request_body.get("stream"):
         return await stream_job(state, job_id, chosen, request_body, timeout_s=timeout_s, started=started)
@@ -158,16 +156,6 @@ async def _call(
         raise ApiError(502, "the job succeeded without a provider response", code="upstream_error",
                        job_id=job.id)
     return Response(orjson.dumps(response), media_type="application/json", headers=result_headers(job))
-
-
-async def _check_repeat_kind(state: GatewayState, job_id: str, kind: Kind) -> None:
-    """An Idempotency-Key repeat is answered with the first job's result, so that job must be of
-    this endpoint's kind: an embeddings result is no chat completion."""
-    job = await state.queue.get(job_id)
-    if job is not None and job.payload.get("kind") != kind:
-        raise ApiError(409, f"the Idempotency-Key was first used for a {job.payload.get('kind')} "
-                       f"request, not {kind}", code="idempotency_key_reused", param="Idempotency-Key",
-                       job_id=job_id)
 
 
 def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:

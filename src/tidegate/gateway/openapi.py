@@ -6,6 +6,9 @@ says otherwise.
   (see errors.install_error_handlers), which each route documents.
 - Request headers carry the schema their check uses (intake.HEADER_SCHEMAS): FastAPI would
   describe them as free strings, or null.
+- The limits JSON Schema cannot state are given in words where they apply (each 413 names the
+  body limit) and as numbers under `info.x-tidegate-limits`; every other bound is the schemas' own
+  maximum / maxLength, from the constants of tidegate.gateway.limits.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from tidegate.gateway.http_server import MAX_HEADER_BYTES
 from tidegate.gateway.intake import HEADER_SCHEMAS
 
 __all__ = ["install_openapi"]
@@ -22,14 +26,16 @@ __all__ = ["install_openapi"]
 _VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Make `app.openapi()` (and so /openapi.json and /docs) serve the corrected document."""
+def install_openapi(app: FastAPI, *, max_body_bytes: int) -> None:
+    """Make `app.openapi()` (and so /openapi.json and /docs) serve the corrected document, which
+    states the request body limit `max_body_bytes`."""
     generate: Callable[[], dict[str, Any]] = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = generate()  # FastAPI's, which it caches in app.openapi_schema
             correct(document)
+            publish_limits(document, max_body_bytes)
         return app.openapi_schema or {}
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -49,3 +55,23 @@ def correct(document: dict[str, Any]) -> None:
     schemas = document.get("components", {}).get("schemas", {})
     for name in _VALIDATION_SCHEMAS:
         schemas.pop(name, None)
+
+
+def publish_limits(document: dict[str, Any], max_body_bytes: int) -> None:
+    """State the body and header limits: in each 413's description, and under
+    `info.x-tidegate-limits` for a client that reads them as numbers."""
+    document.setdefault("info", {})["x-tidegate-limits"] = {
+        "max_body_bytes": max_body_bytes, "max_header_bytes": MAX_HEADER_BYTES}
+    for path_item in document.get("paths", {}).values():
+        for operation in path_item.values():
+            if not isinstance(operation, dict):
+                continue
+            responses = operation.setdefault("responses", {})
+            if "413" in responses:
+                responses["413"]["description"] = (
+                    f"The request body is over {max_body_bytes} bytes (what the queue takes as one job, "
+                    "plus the request's own fields).")
+            responses.setdefault("431", {
+                "description": f"The request headers are over {MAX_HEADER_BYTES} bytes in all.",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+            })

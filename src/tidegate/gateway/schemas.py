@@ -14,6 +14,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
+from tidegate.gateway.limits import (
+    MAX_BUDGET_USD,
+    MAX_CHOICES,
+    MAX_EMBEDDING_DIMENSIONS,
+    MAX_EMBEDDING_INPUTS,
+    MAX_INPUT_TOKENS,
+    MAX_NAME_CHARS,
+    MAX_OUTPUT_TOKENS,
+    MAX_RPM,
+)
+
 __all__ = [
     "ChatCompletion",
     "ChatCompletionRequest",
@@ -79,13 +90,17 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    n: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
     user: str | None = None
     priority: PriorityValue | None = None
+
+
+_Texts = Annotated[list[str], Field(max_length=MAX_EMBEDDING_INPUTS)]
+_TokenIds = Annotated[list[int], Field(max_length=MAX_INPUT_TOKENS)]  # one input, as token ids
 
 
 class EmbeddingsRequest(BaseModel):
@@ -98,9 +113,10 @@ class EmbeddingsRequest(BaseModel):
     )
 
     model: str = Field("auto", min_length=1)
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | _Texts | _TokenIds | Annotated[list[_TokenIds], Field(max_length=MAX_EMBEDDING_INPUTS)]
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: int | None = Field(None, ge=1, le=MAX_EMBEDDING_DIMENSIONS, description=(
+        "The size of each vector; at most the model's own (OpenAI's largest is 3072)."))
     user: str | None = None
     priority: PriorityValue | None = None
 
@@ -359,9 +375,11 @@ class TenantBody(BaseModel):
 
     max_priority: PriorityValue = "high"
     default_priority: PriorityValue = "normal"
-    rpm: int | None = Field(None, gt=0)
-    daily_budget_usd: Decimal | None = Field(None, ge=0)
-    allowed_models: list[str] | None = None
+    rpm: int | None = Field(None, gt=0, le=MAX_RPM)
+    daily_budget_usd: Decimal | None = Field(None, ge=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
+    # Bounded like any name: a constrained string is also checked to be valid Unicode (a lone
+    # surrogate would be stored, and then fail every answer that shows the tenant).
+    allowed_models: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]] | None = None
     admin: bool = False
 
 

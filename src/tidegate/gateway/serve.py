@@ -17,6 +17,7 @@ from tidegate._shutdown import enter_bounded, stop_on_signals
 from tidegate.config import TidegateConfig
 from tidegate.errors import ConfigError
 from tidegate.gateway.app import create_app
+from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.settings import GatewaySettings, is_loopback_host
 from tidegate.gateway.state import GatewayState
 from tidegate.queue.base import redact_url
@@ -97,7 +98,8 @@ async def serve_gateway(
         app = create_app(state)
         # The state is opened and closed here, around the server: no ASGI lifespan is needed.
         server = GatewayServer(uvicorn.Config(app, host=settings.host, port=settings.port, lifespan="off",
-                                              log_level="info", timeout_graceful_shutdown=math.ceil(grace_s)))
+                                              log_level="info", timeout_graceful_shutdown=math.ceil(grace_s),
+                                              **UVICORN_OPTIONS))
         log.info("gateway serving %s on %s:%d", redact_url(config.queue_url), settings.host, settings.port)
         with stop_on_signals(server.request_exit, force=server.force, grace_s=grace_s):
             await server.serve()

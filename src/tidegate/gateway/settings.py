@@ -11,9 +11,12 @@ import ipaddress
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["GatewaySettings", "is_loopback_host"]
+__all__ = ["BODY_ENVELOPE_BYTES", "GatewaySettings", "is_loopback_host"]
 
 MIB = 1024 * 1024
+# What a request body may hold beyond its job's payload: the priority, callback URL and
+# timeout of a job, the JSON around them and the client's whitespace.
+BODY_ENVELOPE_BYTES = 64 * 1024
 
 
 def is_loopback_host(host: str) -> bool:
@@ -46,7 +49,11 @@ class GatewaySettings(BaseSettings):
     max_request_timeout_s: float = Field(600.0, gt=0)
     # The longest long-poll of GET /v1/jobs/{id}?wait=
     max_wait_s: float = Field(60.0, gt=0)
-    max_body_bytes: int = Field(8 * MIB, gt=0)  # larger request bodies are refused with 413
+    # Larger request bodies are refused with 413 before they are read in full. None: what the
+    # queue takes as one job (its max_payload_bytes) plus BODY_ENVELOPE_BYTES for the request's
+    # own fields; a value above that is lowered to it (see GatewayState.max_body_bytes), so no
+    # body is read and parsed only for the queue to refuse it.
+    max_body_bytes: int | None = Field(None, gt=0)
     max_messages: int = Field(1_000, gt=0)  # messages in one chat request
     max_batch: int = Field(1_000, gt=0)  # jobs in one POST /v1/jobs
     allow_unauthenticated_local: bool = True

@@ -20,7 +20,7 @@ from tidegate.dispatch.limiter import RateLimiter, rate_limiter_for
 from tidegate.dispatch.relay import ChunkRelay, relay_for
 from tidegate.errors import CallbackRefused
 from tidegate.gateway.metrics import GatewayMetrics, RecentResults
-from tidegate.gateway.settings import GatewaySettings, is_loopback_host
+from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, GatewaySettings, is_loopback_host
 from tidegate.gateway.tenant_store import tenant_store_for
 from tidegate.gateway.tenants import TenantStore
 from tidegate.queue import Queue
@@ -131,6 +131,14 @@ class GatewayState:
                       tenants=tenants, limiter=limiter, ledger=ledger, relay=relay,
                       metrics=metrics or GatewayMetrics(), extra_registries=tuple(extra_registries),
                       recommender=recommender, recs_monitor=recs_monitor)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body read: the configured limit, never above what the queue
+        accepts as one job plus the request's own fields (BODY_ENVELOPE_BYTES)."""
+        queue_limit = self.queue.settings.max_payload_bytes + BODY_ENVELOPE_BYTES
+        configured = self.settings.max_body_bytes
+        return queue_limit if configured is None else min(configured, queue_limit)
 
     @property
     def registries(self) -> tuple[CollectorRegistry, ...]:

@@ -115,7 +115,9 @@ def _event(data: bytes) -> bytes:
 
 
 def _error_event(error: ApiError) -> bytes:
-    body: dict[str, Any] = {"message": error.message, "type": error.type, "code": error.code}
+    # The same shape as every other error answer: param and a code always present.
+    body: dict[str, Any] = {"message": error.message, "type": error.type,
+                            "param": error.param, "code": error.code or "stream_failed"}
     if error.job_id is not None:
         body["job_id"] = error.job_id
     return _event(orjson.dumps({"error": body}))
@@ -160,26 +162,38 @@ class _ChunkFilter:
         self.saw_content = False
         self.saw_error = False
 
-    def keep(self, chunk: bytes) -> bool:
+    def keep(self, chunk: bytes) -> bytes | None:
+        """The chunk to relay (an error chunk in the API's full error shape), or None to drop it."""
         try:
             document = orjson.loads(chunk)
         except orjson.JSONDecodeError:
-            return True  # not ours to judge: relay it as the provider sent it
+            return chunk  # not ours to judge: relay it as the provider sent it
         if not isinstance(document, dict):
-            return True
+            return chunk
         if "error" in document:
             self.saw_error = True
-            return True
+            return _complete_error(document["error"])
         choices = document.get("choices")
         if choices == [] and "usage" in document and not self.include_usage:
-            return False
+            return None
         if not self.saw_content and isinstance(choices, list):
             self.saw_content = any(
                 isinstance(choice, dict) and isinstance(choice.get("delta"), dict)
                 and bool(choice["delta"].get("content"))
                 for choice in choices
             )
-        return True
+        return chunk
+
+
+def _complete_error(error: object) -> bytes:
+    """An error chunk (the worker's, or the provider's own mid-stream error) with every field of
+    the API's error shape and a code, so an SDK reading it sees what a non-streamed call would."""
+    given = error if isinstance(error, dict) else {"message": str(error)}
+    body = {"message": str(given.get("message") or "the stream failed"),
+            "type": str(given.get("type") or "upstream_error"),
+            "param": given.get("param") if isinstance(given.get("param"), str) else None,
+            "code": str(given.get("code") or "stream_failed")}
+    return orjson.dumps({"error": {**given, **body}})
 
 
 async def stream_job(
@@ -239,11 +253,12 @@ class _Relay:
 
     def _event(self, chunk: bytes) -> bytes | None:
         had_content = self._filter.saw_content
-        if not self._filter.keep(chunk):
+        kept = self._filter.keep(chunk)
+        if kept is None:
             return None
         if self._filter.saw_content and not had_content:
             self._ttft.observe(time.perf_counter() - self._started)
-        return _event(chunk)
+        return _event(kept)
 
     async def events(self, head: list[bytes], timeout_s: float) -> AsyncIterator[bytes]:
         """The SSE body: the chunks already read, the rest as they arrive, then the end."""

@@ -286,6 +286,7 @@ class Simulator:
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         try:
             embed, served = await self._accept(request, "embeddings", parse_embeddings)
+            _check_dimensions(embed, served)
         except InvalidRequest as exc:
             return _error_response(exc)
         return await self._answer(request, served, embed)
@@ -497,6 +498,14 @@ def _completion_body(rng: random.Random, model: str, prompt: int, completion: in
                      "logprobs": None, "finish_reason": finish}],
         "usage": _usage(prompt, completion),
     }
+
+
+def _check_dimensions(embed: EmbeddingsRequest, served: ServedModel) -> None:
+    """Like OpenAI: a vector may be shortened, never made longer than the model's own."""
+    largest = served.behaviour.embedding_dimensions
+    if embed.dimensions is not None and embed.dimensions > largest:
+        raise InvalidRequest(f"Invalid 'dimensions': {embed.dimensions} is above the {largest} dimensions "
+                             f"of `{served.name}`.", param="dimensions", code="invalid_value")
 
 
 def _embeddings_body(served: ServedModel, embed: EmbeddingsRequest) -> dict[str, Any]:

@@ -377,6 +377,12 @@ class Queue(abc.ABC):
         self._check_open()
         return await self._get(job_id)
 
+    async def idempotent_ids(self, keys: Sequence[str]) -> dict[str, str]:
+        """The job id each known idempotency key maps to (unknown keys are left out): what a
+        caller checks before enqueueing, to refuse a key reused for another request."""
+        self._check_open()
+        return await self._idempotent_ids(list(dict.fromkeys(keys))) if keys else {}
+
     async def cancel(self, job_id: str) -> bool:
         """Cancel a job that has not finished. True if it was cancelled by this call; a leased
         job's worker then gets LeaseLost on complete or fail."""
@@ -473,6 +479,9 @@ class Queue(abc.ABC):
 
     @abc.abstractmethod
     async def _get(self, job_id: str) -> Job | None: ...
+
+    @abc.abstractmethod
+    async def _idempotent_ids(self, keys: list[str]) -> dict[str, str]: ...
 
     @abc.abstractmethod
     async def _cancel(self, job_id: str) -> bool: ...

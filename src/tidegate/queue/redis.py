@@ -224,6 +224,14 @@ class RedisQueue(Queue):
         jobs = await self._read("ids", job_id)
         return jobs[0] if jobs else None
 
+    async def _idempotent_ids(self, keys: list[str]) -> dict[str, str]:
+        try:
+            ids = await self._redis.hmget(self._keys[3], keys)  # the "idem" hash of _common.lua
+        except RedisError as exc:
+            raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
+        return {key: job_id.decode() if isinstance(job_id, bytes) else job_id
+                for key, job_id in zip(keys, ids, strict=True) if job_id is not None}
+
     async def _cancel(self, job_id: str) -> bool:
         return bool(await self._call("cancel", job_id))
 

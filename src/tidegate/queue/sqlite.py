@@ -419,6 +419,18 @@ class SqliteQueue(Queue):
 
         return await self._run(body)
 
+    async def _idempotent_ids(self, keys: list[str]) -> dict[str, str]:
+        def body(conn: sqlite3.Connection) -> dict[str, str]:
+            found: dict[str, str] = {}
+            for start in range(0, len(keys), 500):
+                chunk = keys[start:start + 500]
+                marks = ",".join("?" * len(chunk))
+                found.update(conn.execute(
+                    f"SELECT idempotency_key, id FROM jobs WHERE idempotency_key IN ({marks})", chunk))
+            return found
+
+        return await self._run(body)
+
     async def _cancel(self, job_id: str) -> bool:
         marks = ",".join("?" * len(_ACTIVE))
 

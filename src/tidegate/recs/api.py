@@ -7,6 +7,12 @@
   through the database; the same `record` path the change flow's events take;
 - `GET /v1/health`: the model's size and freshness.
 
+Profiles are per tenant (see `profile_id`): a tenant reads and writes only its own users. The
+change flow's profiles, built from the database, which knows no tenant, are the operator's: admin
+tenants (and the local tenant of embedded mode) address them, as the database's user ids. Items
+and the signals between them (co-occurrence, trending) are one shared model: one catalogue.
+Recording interactions is counted against the tenant's rate limit, like every call that writes.
+
 The recommender comes from the GatewayState (`state.recommender`); a gateway without one answers
 503 saying so. Bad input answers 400 naming what is wrong, unknown query parameters included
 (FastAPI would silently ignore a misspelt filter, and the caller would get unfiltered items).
@@ -22,15 +28,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Path, Query, Request
 
 from tidegate.errors import CacheUnavailable, InvalidRecsInput
-from tidegate.gateway.auth import StateDep, TenantDep
+from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.state import GatewayState
+from tidegate.gateway.tenants import Tenant
 from tidegate.recs.engine import Recommender
 from tidegate.recs.model import Interaction, InteractionKind, RecQuery, RecResult
 from tidegate.recs.schemas import (
     ID_MAX_LENGTH,
     MAX_CATEGORIES,
     MAX_N,
+    USER_ID_PATTERN,
     Category,
     FreshnessView,
     HealthView,
@@ -44,7 +52,7 @@ from tidegate.recs.schemas import (
     RecommendationView,
 )
 
-__all__ = ["FUTURE_SKEW_S", "router"]
+__all__ = ["FUTURE_SKEW_S", "TENANT_SEPARATOR", "profile_id", "router"]
 
 FUTURE_SKEW_S = 300.0  # an interaction may be this far ahead of the gateway's clock (clock skew)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # and no older than this
@@ -53,8 +61,21 @@ router = APIRouter(prefix="/v1", tags=["Recommendations"], responses=error_respo
     400, 401, described={503: "No recommender is configured on this gateway, or its store cannot "
                               "be reached."}))
 
-UserId = Annotated[str, Path(min_length=1, max_length=ID_MAX_LENGTH, description="The user's id.",
-                             examples=["17850"])]
+# Between a tenant's name and its user's id in the recommender's store; refused in user ids, so
+# no id given to the API can name another tenant's user.
+TENANT_SEPARATOR = "\x1f"
+UserId = Annotated[str, Path(min_length=1, max_length=ID_MAX_LENGTH, pattern=USER_ID_PATTERN,
+                             description="The user's id (no control characters).", examples=["17850"])]
+
+
+def profile_id(tenant: Tenant, user_id: str) -> str:
+    """The recommender's id of the tenant's user: the user id itself for an admin tenant (the
+    database's users, which the change flow feeds), else the id prefixed with the tenant's name,
+    so that tenants never read or write each other's profiles, nor the database's."""
+    if TENANT_SEPARATOR in user_id:
+        raise ApiError(400, "a user id must not contain control characters", code="invalid_request",
+                       param="user_id")
+    return user_id if is_admin(tenant) else f"{tenant.name}{TENANT_SEPARATOR}{user_id}"
 
 
 # -- shared checks --------------------------------------------------------------------------
@@ -110,9 +131,9 @@ def _query(user_id: str, fields: RecommendationsQuery, max_n: int) -> RecQuery:
                     diversity=fields.diversity)
 
 
-def _view(result: RecResult) -> RecommendationsView:
+def _view(result: RecResult, user_id: str) -> RecommendationsView:
     return RecommendationsView(
-        user_id=result.user_id, cold_start=result.cold_start, generated_at=result.generated_at,
+        user_id=user_id, cold_start=result.cold_start, generated_at=result.generated_at,
         items=[RecommendationView(item_id=r.item_id, score=r.score, signals=dict(r.signals), reason=r.reason)
                for r in result.items])
 
@@ -127,7 +148,7 @@ def _view(result: RecResult) -> RecommendationsView:
 async def recommendations(
     user_id: UserId,
     state: StateDep,
-    _: TenantDep,
+    tenant: TenantDep,
     n: Annotated[int, Query(ge=1, le=MAX_N, description="How many items.")] = 10,
     context: Annotated[str | None, Query(min_length=1, max_length=ID_MAX_LENGTH, description=(
         "An item the user is looking at: its neighbours become candidates, and on a cold start its "
@@ -148,9 +169,9 @@ async def recommendations(
     fields = RecommendationsQuery.model_construct(
         user_id=user_id, n=n, context=context, categories=category or [], min_price=min_price,
         max_price=max_price, explain=explain, diversity=diversity)
-    query = _query(user_id, fields, recommender.settings.max_n)
+    query = _query(profile_id(tenant, user_id), fields, recommender.settings.max_n)
     with _answering():
-        return _view(await recommender.recommend(query))
+        return _view(await recommender.recommend(query), user_id)
 
 
 @router.post("/recommendations:batch", response_model=RecommendationsBatchResult,
@@ -161,7 +182,7 @@ async def recommendations_batch(
             {"user_id": "17850", "n": 3}, {"user_id": "13047", "n": 3, "categories": ["kitchen"],
                                           "explain": True}]}}})],
     state: StateDep,
-    _: TenantDep,
+    tenant: TenantDep,
 ) -> RecommendationsBatchResult:
     """Up to 100 queries, each with the fields of GET /v1/recommendations/{user_id} plus its
     `user_id` (the category filter as the list `categories`), answered in order."""
@@ -169,13 +190,13 @@ async def recommendations_batch(
     queries = []
     for index, fields in enumerate(batch.queries):
         try:
-            queries.append(_query(fields.user_id, fields, recommender.settings.max_n))
+            queries.append(_query(profile_id(tenant, fields.user_id), fields, recommender.settings.max_n))
         except ApiError as exc:
             raise exc.located(f"queries.{index}") from None
     results = []
-    for index, query in enumerate(queries):
+    for index, (query, fields) in enumerate(zip(queries, batch.queries, strict=True)):
         with _answering(f"queries.{index}"):
-            results.append(_view(await recommender.recommend(query)))
+            results.append(_view(await recommender.recommend(query), fields.user_id))
     return RecommendationsBatchResult(results=results)
 
 
@@ -190,19 +211,20 @@ async def record_interactions(
             {"item_id": "85123A", "kind": "purchase", "quantity": 2, "at": "2026-01-01T12:03:00Z"}]},
     })],
     state: StateDep,
-    _: TenantDep,
+    tenant: MeteredTenantDep,
 ) -> InteractionsAccepted:
     """Record what the user did (one interaction, or a list of up to 1,000), all or none: the
     same path the change flow's interaction events take, so the user's next recommendations
     reflect it. `at` defaults to now and may be at most five minutes ahead of the gateway's
-    clock."""
+    clock. Counted against the tenant's requests-per-minute limit."""
     recommender = recommender_of(state)
     given = body if isinstance(body, list) else [body]
-    interactions = _interactions(user_id, given, listed=isinstance(body, list))
+    stored_id = profile_id(tenant, user_id)
+    interactions = _interactions(stored_id, given, listed=isinstance(body, list))
     with _answering():
         await recommender.record(interactions)
     if state.recs_monitor is not None:
-        state.recs_monitor.activity.add(user_id, len(interactions))
+        state.recs_monitor.activity.add(stored_id, len(interactions))
         state.recs_monitor.interactions.labels("api").inc(len(interactions))
     return InteractionsAccepted(user_id=user_id, recorded=len(interactions))
 
@@ -230,7 +252,7 @@ def _interactions(user_id: str, given: Sequence[InteractionIn], *, listed: bool)
 
 @router.get("/health", response_model=HealthView, summary="The recommender's freshness",
             dependencies=[_only_query()])
-async def health(state: StateDep, _: TenantDep) -> HealthView:
+async def health(state: StateDep, tenant: TenantDep) -> HealthView:
     """How many items and user profiles the recommender holds, when its model last changed and
     how long ago; with a change flow in this process, the commit → recommendation-updated
     latency (p50/p99) and the most active user lately."""
@@ -243,7 +265,8 @@ async def health(state: StateDep, _: TenantDep) -> HealthView:
         freshness = monitor.freshness()
         view.commit_to_updated = FreshnessView(p50_ms=freshness.p50_ms, p99_ms=freshness.p99_ms,
                                                count=freshness.count)
-        view.most_active_user = monitor.activity.most_active()
+        # A user id is a tenant's own: only the operator sees whose it is.
+        view.most_active_user = monitor.activity.most_active() if is_admin(tenant) else None
     return view
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_CATEGORIES",
     "MAX_INTERACTIONS",
     "MAX_N",
+    "USER_ID_PATTERN",
     "Category",
     "FreshnessView",
     "HealthView",
@@ -35,6 +36,8 @@ MAX_BATCH = 100  # users in one POST /v1/recommendations:batch
 MAX_INTERACTIONS = 1_000  # interactions in one POST /v1/profiles/{user_id}/interactions
 MAX_CATEGORIES = 20  # category filters in one query
 ID_MAX_LENGTH = 256  # user, item and category ids
+# A user id has no control characters: the API keeps a tenant's users apart with one (api.py).
+USER_ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 
 ItemId = Annotated[str, Field(min_length=1, max_length=ID_MAX_LENGTH, examples=["85123A"])]
 Category = Annotated[str, Field(min_length=1, max_length=ID_MAX_LENGTH, examples=["kitchen"])]
@@ -47,7 +50,7 @@ class RecommendationsQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
         "user_id": "17850", "n": 5, "categories": ["kitchen"], "max_price": 10, "explain": True}]})
 
-    user_id: ItemId
+    user_id: str = Field(min_length=1, max_length=ID_MAX_LENGTH, pattern=USER_ID_PATTERN, examples=["17850"])
     n: int = Field(10, ge=1, le=MAX_N, description="How many items (1 to the recommender's max_n).")
     context: ItemId | None = Field(None, description=(
         "An item the user is looking at: its neighbours become candidates, and on a cold start "
