@@ -14,11 +14,11 @@
   oldest retained offset (`auto_offset_reset="earliest"`).
 - Commits leave in the background: `ack` records the offsets and returns; one commit at a time
   is in flight, carrying the newest offset of every partition acked meanwhile. So the consumer's
-  next fetch never waits for the broker's commit round trip (on Tansu 7 ms at p50 and up to
-  ~190 ms at p99 in bench/sync.py). Closing, and a rebalance taking partitions away, first wait
-  for what was acked to be committed. A consumer that dies between an ack and its commit has
-  those deliveries delivered again (at least once, as for any unacked delivery); a commit the
-  broker refuses surfaces as BusUnavailable from the next `fetch` or `ack`.
+  next fetch never waits for the broker's commit round trip (on Tansu 4-7 ms at p50, 90-190 ms
+  at p99 in bench/sync.py on a busy machine). Closing, and a rebalance taking partitions away,
+  first wait for what was acked to be committed. A consumer that dies between an ack and its
+  commit has those deliveries delivered again (at least once, as for any unacked delivery); a
+  commit the broker refuses surfaces as BusUnavailable from the next `fetch` or `ack`.
 - Fetch wait: the broker holds a fetch that finds nothing new for up to `fetch_max_wait_ms`.
   Apache Kafka answers it as soon as a change arrives; Tansu does not, it looks again only at
   points within the wait, so there the wait is the latency a change can wait on the broker
