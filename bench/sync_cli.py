@@ -69,10 +69,11 @@ def _maybe(needed: bool, manager: contextlib.AbstractContextManager[object]) -> 
         yield value
 
 
-async def run(specs: Sequence[SystemSpec], plan: Plan, folder: Path) -> Report:
+async def run(specs: Sequence[SystemSpec], plan: Plan, folder: Path, kafka_options: str = "") -> Report:
     """Start the servers, measure every system, return the report."""
     report = Report(plan={"rate_per_s": plan.rate_per_s, "duration_s": plan.duration_s,
-                          "backlog": plan.backlog, "systems": [s.key for s in specs]})
+                          "backlog": plan.backlog, "systems": [s.key for s in specs],
+                          "kafka_options": kafka_options})
     load_before = load_average()
     needs_redis = any("redis" in (s.bus, s.cache) for s in specs)
     needs_kafka = any(s.bus == "kafka" for s in specs)
@@ -90,9 +91,10 @@ async def run(specs: Sequence[SystemSpec], plan: Plan, folder: Path) -> Report:
         if needs_kafka:
             try:
                 broker = stack.enter_context(kafka_broker())
-                kafka_url = broker.bus_url
+                kafka_url = broker.bus_url + (f"&{kafka_options}" if kafka_options else "")
                 pids["tansu"] = broker.proc.pid
                 versions["Kafka broker"] = f"{tansu_version()} (in memory)"
+                versions["Kafka bus settings"] = f"{kafka_url.partition('?')[2]} (the rest: defaults)"
             except BenchmarkError as exc:
                 kafka_reason = str(exc)
         urls = Urls(redis=redis_url, kafka=kafka_url, pids=pids)
@@ -134,6 +136,8 @@ def parse_args(argv: Sequence[str] | None, description: str | None) -> argparse.
     parser.add_argument("--rate", type=float, default=2000.0, help="phase 1 changes per second")
     parser.add_argument("--duration-s", type=float, help=f"phase 1 length (default {FULL['duration_s']:.0f})")
     parser.add_argument("--backlog", type=int, help=f"phase 2 changes (default {FULL['backlog']:,})")
+    parser.add_argument("--kafka-options", default="", metavar="QUERY",
+                        help="Kafka bus settings as a URL query, e.g. fetch_max_wait_ms=500&partitions=1")
     parser.add_argument("--drain-timeout-s", type=float, default=90.0,
                         help="how long phase 2 waits for the drain before reporting it unfinished")
     parser.add_argument("--profile", type=Path, metavar="DIR",
@@ -162,7 +166,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     folder = args.logs or Path(tempfile.mkdtemp(prefix="tidegate-bench-sync-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        report = asyncio.run(run(args.specs, plan, folder))
+        report = asyncio.run(run(args.specs, plan, folder, args.kafka_options))
     except BenchmarkError as exc:
         console.print(f"[red]benchmark failed:[/red] {exc}\nlogs: {folder}")
         return 1

@@ -56,6 +56,11 @@ class Recorder:
     latencies_s: list[float] = field(default_factory=list)
     published_s: list[float] = field(default_factory=list)  # commit → publish acknowledged
     applied: list[tuple[float, int]] = field(default_factory=list)  # (wall clock, streamed) per batch
+    fetches_s: list[float] = field(default_factory=list)  # bus fetch calls that returned changes
+    empty_fetches: int = 0  # bus fetch calls that returned nothing (their wait ran out)
+    fetched: int = 0  # deliveries those calls returned
+    acks_s: list[float] = field(default_factory=list)  # bus ack calls (Kafka: the offset commit)
+    publishes: int = 0  # bus publish calls (Kafka: one record batch per partition each touches)
     target: int | None = None  # changes in the window after which `reached` is set
     reached: float | None = None
 
@@ -85,6 +90,8 @@ class Recorder:
         """Forget the samples so far; count from now."""
         self.window_started, self.window_base = time.time(), self.streamed
         self.latencies_s, self.published_s, self.applied = [], [], []
+        self.fetches_s, self.empty_fetches, self.fetched, self.acks_s = [], 0, 0, []
+        self.publishes = 0
         self.target, self.reached = target, None
 
     def report(self) -> dict[str, Any]:
@@ -103,6 +110,12 @@ class Recorder:
             "first_applied": self.applied[0][0] if self.applied else None,
             "last_applied": self.applied[-1][0] if self.applied else None,
             "reached": self.reached, "peak_per_s": self._peak_per_s(),
+            "fetch_p50_ms": percentile(self.fetches_s, 0.50) if self.fetches_s else None,
+            "fetch_p99_ms": percentile(self.fetches_s, 0.99) if self.fetches_s else None,
+            "fetches": len(self.fetches_s), "empty_fetches": self.empty_fetches, "publishes": self.publishes,
+            "per_fetch": self.fetched / len(self.fetches_s) if self.fetches_s else None,
+            "ack_p50_ms": percentile(self.acks_s, 0.50) if self.acks_s else None,
+            "ack_p99_ms": percentile(self.acks_s, 0.99) if self.acks_s else None,
             "cpu_s": _cpu_s(),
         }
 
@@ -131,11 +144,54 @@ class TimedBus:
         """Publish, then record."""
         await self.inner.publish(changes)
         now = time.time()
+        self.recorder.publishes += 1
         self.recorder.published_s.extend(now - change.commit_time.timestamp()
                                          for change in changes if change.xid is not None)
 
+    def subscribe(self, group: str, consumer: str, entity_types: Sequence[str]) -> TimedSubscription:
+        """The inner bus's subscription, its fetch and ack calls timed."""
+        return TimedSubscription(self.inner.subscribe(group, consumer, entity_types), self.recorder)
+
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)  # subscribe() and the rest
+        return getattr(self.inner, name)
+
+
+class TimedSubscription:
+    """The pipeline's subscription, recording how long each fetch call took (those that returned
+    changes: from the call until the bus handed them over, which is how long the changes waited
+    there once the consumer asked) and each ack (Kafka: the offset commit, on the consumer's path
+    before its next fetch)."""
+
+    def __init__(self, inner: Any, recorder: Recorder) -> None:
+        self.inner = inner
+        self.recorder = recorder
+
+    async def __aenter__(self) -> Self:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.inner.__aexit__(*exc_info)
+
+    async def fetch(self, max_count: int, timeout_s: float) -> list[Any]:
+        """Fetch, then record."""
+        started = time.perf_counter()
+        deliveries: list[Any] = await self.inner.fetch(max_count, timeout_s)
+        if deliveries:
+            self.recorder.fetches_s.append(time.perf_counter() - started)
+            self.recorder.fetched += len(deliveries)
+        else:
+            self.recorder.empty_fetches += 1
+        return deliveries
+
+    async def ack(self, deliveries: Sequence[Any]) -> None:
+        """Ack, then record."""
+        started = time.perf_counter()
+        await self.inner.ack(deliveries)
+        self.recorder.acks_s.append(time.perf_counter() - started)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class GatedSource:

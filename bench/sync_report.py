@@ -184,6 +184,22 @@ def cpu_lines(results: Sequence[SystemResult]) -> list[str]:
     return lines
 
 
+def bus_lines(results: Sequence[SystemResult]) -> list[str]:
+    """How the consumer's bus calls went in phase 1: fetch calls that returned changes, and acks."""
+    lines = []
+    for result in results:
+        steady = result.steady
+        if not steady.get("fetches"):
+            continue
+        fetch = f"p50 {_ms(steady.get('fetch_p50_ms'))} / p99 {_ms(steady.get('fetch_p99_ms'))} ms"
+        ack = f"p50 {_ms(steady.get('ack_p50_ms'))} / p99 {_ms(steady.get('ack_p99_ms'))} ms"
+        lines.append(f"{system_name(result)} — phase 1 bus calls: {steady.get('publishes', 0):,} publishes; "
+                     f"{steady['fetches']:,} fetches with changes "
+                     f"({_num(steady.get('per_fetch'))} per fetch) took {fetch}, "
+                     f"{steady.get('empty_fetches', 0):,} came back empty; acks {ack}")
+    return lines
+
+
 def writer_line(results: Sequence[SystemResult]) -> str:
     """How closely the writer kept its schedule in phase 1."""
     parts = []
@@ -224,7 +240,7 @@ def print_report(report: Report, console: Console) -> None:
                          freshness_rows(report.results)))
     console.print(_table("Throughput: draining a backlog, next to pg_recvlogical on the same backlog",
                          THROUGHPUT_HEADERS, throughput_rows(report.results)))
-    for line in (writer_line(report.results), *cpu_lines(report.results)):
+    for line in (writer_line(report.results), *cpu_lines(report.results), *bus_lines(report.results)):
         if line:
             console.print(f"- {line}")
     for item in report.not_run:
@@ -243,7 +259,8 @@ def markdown(report: Report) -> str:
              "", markdown_table(FRESHNESS_HEADERS, freshness_rows(report.results)), "",
              "**Throughput: draining a backlog, next to pg_recvlogical on the same backlog**", "",
              markdown_table(THROUGHPUT_HEADERS, throughput_rows(report.results)), ""]
-    parts += [f"- {line}" for line in (writer_line(report.results), *cpu_lines(report.results)) if line]
+    parts += [f"- {line}" for line in (writer_line(report.results), *cpu_lines(report.results),
+                                       *bus_lines(report.results)) if line]
     parts += [f"- {item.key} not run: {item.reason}" for item in report.not_run]
     parts += ["", "Verdicts:", "", *(f"- {line}" for line in verdicts(report.results, rate))]
     return "\n".join(parts) + "\n"

@@ -596,6 +596,30 @@ async def test_kafka_a_killed_consumers_partitions_go_to_the_group(bus_factory: 
 
 
 @pytest.mark.kafka_only
+async def test_kafka_acks_hold_when_a_rebalance_follows_at_once(bus_factory: BusFactory) -> None:
+    # Given a consumer that acked everything it fetched (commits leave in the background)
+    bus = await bus_factory.open(partitions=1)
+    published = [change(6, n) for n in range(1, 4)]
+    await bus.publish(published)
+    sentinel = change(6, 4)
+    seen: list[Change] = []
+    async with bus.subscribe("g", "c1", ["product"]) as first:
+        assert [d.change for d in await fetch_until(first, 3)] == published
+        # When a second consumer joins right after the ack (the partition may move to it)
+        async with bus.subscribe("g", "c2", ["product"]) as second:
+            await bus.publish([sentinel])
+            deadline = time.monotonic() + WAIT_S
+            while sentinel not in seen and time.monotonic() < deadline:
+                for sub in (first, second):
+                    batch = await sub.fetch(100, timeout_s=0.2)
+                    if batch:
+                        await sub.ack(batch)
+                    seen += [d.change for d in batch]
+    # Then whichever consumer holds the partition resumes after the acked changes
+    assert seen == [sentinel]
+
+
+@pytest.mark.kafka_only
 async def test_kafka_a_broker_refusing_the_idempotent_producer_is_named(bus_factory: BusFactory) -> None:
     # The Tansu broker answers aiokafka's InitProducerId (v0) with an error (see support/tansu.py)
     with pytest.raises(BusUnavailable, match="idempotence=false"):

@@ -70,6 +70,10 @@ class BusSettings(BaseModel):
     max_poll_interval_s: float = Field(300.0, gt=0)
     # The longest one broker request (and one publish) may take before BusUnavailable (kafka).
     request_timeout_s: float = Field(30.0, gt=0)
+    # How long the broker may hold a fetch that finds no new change (kafka). Apache Kafka answers
+    # a waiting fetch as soon as a change arrives, so a long wait costs nothing there; Tansu looks
+    # again only at points within the wait (see kafka.py), so the wait is the latency it adds.
+    fetch_max_wait_ms: int = Field(20, ge=1, le=60_000)
 
     @model_validator(mode="after")
     def _heartbeat_within_session(self) -> Self:
