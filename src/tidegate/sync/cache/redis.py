@@ -40,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 __all__ = ["RedisEntityCache"]
 
-_SCRIPTS = ("apply", "read", "load", "write", "count")
+_SCRIPTS = ("apply", "read", "read_many", "load", "write", "repair", "count")
 _OPS = {Op.INSERT: b"u", Op.UPDATE: b"u", Op.DELETE: b"d", Op.TRUNCATE: b"t"}
 SCAN_PAGE = 500  # entries per ZSCAN/HMGET round trip of `scan`
 T = TypeVar("T")
@@ -146,6 +146,20 @@ class RedisEntityCache(BaseEntityCache):
             orjson.dumps(row),
         )
         return bool(written), int(revision)
+
+    async def _read_many(self, entity_type: str, entity_ids: Sequence[str]) -> list[Entry | None]:
+        if not entity_ids:
+            return []
+        blobs = await self._script("read_many", entity_type, *entity_ids)
+        return [_decode(entity_type, entity_id, blob)[0] if blob else None
+                for entity_id, blob in zip(entity_ids, blobs, strict=True)]
+
+    async def _repair(self, entity_type: str, entity_id: str, row: bytes, row_checksum: str,
+                      expected: Entry | None) -> bool:
+        revision, version = (0, "") if expected is None else (expected.revision, expected.version.key)
+        written = await self._script("repair", entity_type, entity_id, revision, version,
+                                     *self._ttl_args, row_checksum, row)
+        return bool(written)
 
     async def _scan(self, entity_type: str) -> AsyncIterator[Entry]:
         rows_key, live_key = self._keys(entity_type)[:2]
