@@ -210,7 +210,8 @@ class MemoryEntityCache(BaseEntityCache):
                 return False
             revision, version = slot.revision, slot.version
         ttl_s = self.entry_ttl_s if row else self.tombstone_ttl_s
-        table.put(entity_id, _Slot(version, revision + 1, row_checksum, row or None, self._deadline(now, ttl_s)))
+        table.put(entity_id, _Slot(version, revision + 1, row_checksum, row or None,
+                                   self._deadline(now, ttl_s)))
         return True
 
     async def _scan(self, entity_type: str) -> AsyncIterator[Entry]:
