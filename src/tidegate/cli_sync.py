@@ -161,10 +161,16 @@ def status(
         per_table.add_row(entity_type, str(counts["source_rows"]), str(counts["cached"]))
     with contextlib.suppress(BrokenPipeError):
         console.print(per_table)
-        last = report.get("verify")
-        console.print("last verify: " + ("never" if not isinstance(last, dict) else
-                      f"{last['finished_at']} {'ok' if last['ok'] else 'DRIFT'}, {last['checked']} row(s) "
-                      f"checked, {last['drift']} wrong ({'repaired' if last['repair'] else 'not repaired'})"))
+        console.print(f"last verify: {_last_verify(report.get('verify'))}", soft_wrap=True)
+
+
+def _last_verify(last: Any) -> str:
+    if not isinstance(last, dict):
+        return "never"
+    line = f"{last['finished_at']} {'ok' if last['ok'] else 'DRIFT'}, {last['checked']} row(s) checked"
+    if last["drift"]:
+        line += f", {last['drift']} wrong ({'repaired' if last['repair'] else 'not repaired'})"
+    return line
 
 
 @sync_app.command("verify")

@@ -71,6 +71,7 @@ LAST_VERIFY_CHECKPOINT = "verify:last"
 
 KINDS = ("missing", "extra", "differing", "unsettled")
 _APPLIED_POLL_S = 0.1
+_QUICK_LOOKS, _QUICK_LOOK_S = 10, 0.05
 _ZERO = Version(0, 0)
 
 
@@ -313,23 +314,36 @@ class _Table:
                         "left unsettled", self.entity_type, high, self.settings.settle_timeout_s,
                         len(self.suspects))
             return False
+        await self._compare(decide=True)
+        # Rows still moving: a few quick looks catch each between two of its changes, sooner
+        # than the next round (which waits for the slot's position to move again).
+        for _ in range(_QUICK_LOOKS):
+            if not any(s.key is not None for s in self.suspects.values()):
+                break
+            await asyncio.sleep(_QUICK_LOOK_S)
+            await self._read_again(keyed_only=True)
+            await self._compare(decide=False)
+        return True
+
+    async def _compare(self, *, decide: bool) -> None:
+        """Drop the suspects the cache now agrees on; with `decide`, report those proven wrong."""
         ids = list(self.suspects)
         for entity_id, entry in zip(ids, await self.cache.get_many(self.entity_type, ids), strict=True):
             suspect = self.suspects[entity_id]
             if _same(suspect.db, entry):
                 del self.suspects[entity_id]
-            elif (entry.version.lsn if entry is not None else 0) < suspect.decide_below:
+            elif decide and (entry.version.lsn if entry is not None else 0) < suspect.decide_below:
                 del self.suspects[entity_id]
                 suspect.entry = entry
                 await self._drifted(suspect)
-        return True
 
-    async def _read_again(self) -> None:
+    async def _read_again(self, *, keyed_only: bool = False) -> None:
         """A fresh database read of every suspect: by key where the key is known, else (an entry
-        no row had) by reading the table again and looking for its id."""
-        for suspect in self.suspects.values():
-            suspect.decide_below = suspect.low
+        no row had) by reading the table again and looking for its id. The previous read's
+        `low` becomes the bound a drifted entry's version must be below."""
         keyed = [s for s in self.suspects.values() if s.key is not None]
+        for suspect in (keyed if keyed_only else self.suspects.values()):
+            suspect.decide_below = suspect.low
         for start in range(0, len(keyed), self.settings.batch_size):
             chunk = keyed[start:start + self.settings.batch_size]
             read = await self.source.rows(self.entity_type, [s.key for s in chunk if s.key is not None])
@@ -338,7 +352,7 @@ class _Table:
                 suspect.db, suspect.low, suspect.high = found.get(suspect.entity_id), read.low, read.high
             await self.throttle.passed(len(chunk))
         unkeyed = {s.entity_id: s for s in self.suspects.values() if s.key is None}
-        if not unkeyed:
+        if not unkeyed or keyed_only:
             return
         first_low = last_high = None
         async for read in self._reads():
@@ -346,8 +360,8 @@ class _Table:
             last_high = read.high
             for row in read.rows:
                 if row.entity_id in unkeyed:
-                    found = unkeyed.pop(row.entity_id)
-                    found.key, found.db, found.low, found.high = row.key, row, read.low, read.high
+                    hit = unkeyed.pop(row.entity_id)
+                    hit.key, hit.db, hit.low, hit.high = row.key, row, read.low, read.high
         assert first_low is not None and last_high is not None
         for suspect in unkeyed.values():
             suspect.db, suspect.low, suspect.high = None, first_low, last_high
