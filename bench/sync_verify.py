@@ -42,12 +42,17 @@ async def _snapshot(sync: SyncConfig, cache: EntityCache, rows: int) -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(pipeline.run(stop))
         deadline = time.monotonic() + 600
-        while await cache.count("products") < rows:
+        while not await _snapshot_done(sync, cache):
             if time.monotonic() > deadline or task.done():
                 raise RuntimeError("the snapshot did not reach the cache")
             await asyncio.sleep(0.2)
         stop.set()
         await task
+
+
+async def _snapshot_done(sync: SyncConfig, cache: EntityCache) -> bool:
+    checkpoint = await cache.get_checkpoint(f"pg:{sync.slot}")
+    return isinstance(checkpoint, dict) and bool(checkpoint.get("snapshot_done"))
 
 
 async def _measure(sync: SyncConfig, cache_url: str, rows: int, pg_pid: int) -> dict[str, float]:

@@ -349,6 +349,7 @@ async def test_live_entries_expire_after_the_entry_ttl(caches: Caches) -> None:
     assert await cache.get_entity("products", "p2") is None
     assert await cache.count("products") == 0
     assert await live_ids(cache) == set()
+    assert [i async for i in cache.scan_ids("products")] == []
     # Expired means forgotten: even an older change applies, and a load caches again.
     assert outcomes(await cache.apply([insert("p1", 1)])) == [APPLIED]
     loads: list[str] = []
@@ -659,6 +660,8 @@ async def test_scan_and_count_see_live_entries_of_one_type(cache: BaseEntityCach
     expected = {f"p{i}" for i in range(1_200) if i % 3}
     assert len(entries) == len(expected) == 800
     assert {e.entity_id for e in entries} == expected
+    assert sorted([i async for i in cache.scan_ids("products")]) == sorted(expected)
+    assert [i async for i in cache.scan_ids("nothing")] == []
     assert all(e.data == {"id": e.entity_id, "n": int(e.entity_id[1:])} for e in entries)
     assert await cache.count("products") == 800
     assert await cache.count("users") == 1

@@ -221,6 +221,10 @@ class EntityCache(CheckpointStore, Protocol):
         """Every live entry of the type (tombstones left out), in no particular order."""
         ...
 
+    def scan_ids(self, entity_type: str) -> AsyncIterator[str]:
+        """The ids of every live entry of the type, in no particular order."""
+        ...
+
     async def get_many(self, entity_type: str, entity_ids: Sequence[str]) -> list[Entry | None]:
         """The entries of `entity_ids` (tombstones included; None: nothing cached), in order."""
         ...

@@ -282,17 +282,19 @@ class _Table:
             last_high = read.high
             self.report.checked += read.read
             unreadable = read.read - len(read.rows)
-            if unreadable:
-                self.report.missing += unreadable  # rows no change can carry are not in the cache
+            if unreadable:  # rows no change can carry: the cache cannot hold them
+                log.warning("%s: %d row(s) after key %r cannot become changes (the sync logs why): "
+                            "counted as missing", self.entity_type, unreadable, read.last_key)
+                self.report.missing += unreadable
             entries = await self.cache.get_many(self.entity_type, [r.entity_id for r in read.rows])
             for row, entry in zip(read.rows, entries, strict=True):
                 seen.add(row.entity_id)
                 if not _same(row, entry):
                     self.suspects[row.entity_id] = _Suspect(row.entity_id, row.key, row, read.low, read.high)
         assert first_low is not None and last_high is not None
-        async for entry in self.cache.scan(self.entity_type):
-            if entry.entity_id not in seen:
-                self.suspects[entry.entity_id] = _Suspect(entry.entity_id, None, None, first_low, last_high)
+        async for entity_id in self.cache.scan_ids(self.entity_type):
+            if entity_id not in seen:
+                self.suspects[entity_id] = _Suspect(entity_id, None, None, first_low, last_high)
 
     async def _reads(self) -> AsyncIterator[SourceRead]:
         """The table in key order, batch by batch (at least one read, even of an empty table)."""

@@ -161,6 +161,12 @@ class BaseEntityCache(Lifecycle):
         _check_key(entity_type, "*")
         return self._scan(entity_type)
 
+    def scan_ids(self, entity_type: str) -> AsyncIterator[str]:
+        """The ids of every live entry of the type, like `scan` without reading the rows."""
+        self._check_open()
+        _check_key(entity_type, "*")
+        return self._scan_ids(entity_type)
+
     async def count(self, entity_type: str) -> int:
         """How many live entries of the type are cached."""
         self._check_open()
@@ -286,6 +292,9 @@ class BaseEntityCache(Lifecycle):
 
     @abc.abstractmethod
     def _scan(self, entity_type: str) -> AsyncIterator[Entry]: ...
+
+    @abc.abstractmethod
+    def _scan_ids(self, entity_type: str) -> AsyncIterator[str]: ...
 
     @abc.abstractmethod
     async def _count(self, entity_type: str) -> int: ...

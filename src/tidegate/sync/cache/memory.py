@@ -228,6 +228,16 @@ class MemoryEntityCache(BaseEntityCache):
         for entry in live:
             yield entry
 
+    async def _scan_ids(self, entity_type: str) -> AsyncIterator[str]:
+        table = self._tables.get(entity_type)
+        if table is None:
+            return
+        now = self._clock()
+        live = [entity_id for entity_id, slot in table.slots.items()
+                if slot.data is not None and (slot.deadline is None or slot.deadline > now)]
+        for entity_id in live:
+            yield entity_id
+
     async def _count(self, entity_type: str) -> int:
         table = self._tables.get(entity_type)
         if table is None:

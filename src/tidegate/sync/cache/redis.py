@@ -179,6 +179,20 @@ class RedisEntityCache(BaseEntityCache):
             if cursor == 0:
                 return
 
+    async def _scan_ids(self, entity_type: str) -> AsyncIterator[str]:
+        # The live index alone: its scores are the entries' expiry times.
+        live_key = self._keys(entity_type)[1]
+        seconds, micros = await self._guard(self._redis.time())
+        now_ms = seconds * 1000 + micros // 1000
+        cursor = 0
+        while True:
+            cursor, members = await self._guard(self._redis.zscan(live_key, cursor, count=SCAN_PAGE))
+            for member, expires_ms in members:
+                if expires_ms > now_ms:
+                    yield member.decode()
+            if cursor == 0:
+                return
+
     async def _count(self, entity_type: str) -> int:
         return int(await self._script("count", entity_type))
 
