@@ -73,6 +73,7 @@ KINDS = ("missing", "extra", "differing", "unsettled")
 _APPLIED_POLL_S = 0.1
 _QUICK_LOOKS, _QUICK_LOOK_S = 10, 0.05
 _ZERO = Version(0, 0)
+_NO_TIME = datetime(1970, 1, 1, tzinfo=UTC)  # a compared row has no commit of its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +126,7 @@ def source_row(entity_type: str, key_columns: Sequence[str], key: tuple[Any, ...
     """A row as the snapshot would turn it into a change: the same entity id, canonical row and
     checksum (raises InvalidChange where the snapshot would fail too)."""
     change = Change.of_row(entity_type=entity_type, op=Op.INSERT, key_columns=key_columns,
-                           version=_ZERO, commit_time=datetime.now(UTC), after=values)
+                           version=_ZERO, commit_time=_NO_TIME, after=values)
     assert change.after is not None
     return SourceRow(change.entity_id, key, change.after, change.checksum)
 
