@@ -23,6 +23,7 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
+from support.redis_keys import delete_prefixed
 from sync_support import eventually, pg_url
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.sync.cache import cache_for
@@ -86,14 +87,18 @@ def _sync_config(dsn: str, cache_url: str) -> SyncConfig:
 async def _syncing(sync: SyncConfig, cache: EntityCache | None = None) -> AsyncIterator[Pipeline]:
     """The change flow running in this process until the block ends."""
     config = TidegateConfig.load(queue_url="sqlite:///unused.db").model_copy(update={"sync": sync})
-    async with open_sync(config, cache=cache) as pipeline:
-        stop = asyncio.Event()
-        task = asyncio.create_task(pipeline.run(stop))
-        try:
-            yield pipeline
-        finally:
-            stop.set()
-            await task
+    try:
+        async with open_sync(config, cache=cache) as pipeline:
+            stop = asyncio.Event()
+            task = asyncio.create_task(pipeline.run(stop))
+            try:
+                yield pipeline
+            finally:
+                stop.set()
+                await task
+    finally:
+        if sync.cache_url.startswith("redis://"):
+            await delete_prefixed(sync.cache_url, sync.prefix, f"{sync.prefix}:sync:checkpoints")
 
 
 async def _verify(sync: SyncConfig, cache: EntityCache, settings: VerifySettings = FAST,
@@ -192,10 +197,13 @@ def _writer(dsn: str, stop: threading.Event, counter: list[int]) -> None:
                 stop.wait(0.004)
 
 
-async def test_verify_reports_no_drift_on_a_correct_cache_while_writes_continue(pg_dsn: str) -> None:
+@pytest.mark.parametrize("cache_kind", ["memory", "redis"])
+async def test_verify_reports_no_drift_on_a_correct_cache_while_writes_continue(
+    pg_dsn: str, redis_server: str, cache_kind: str,
+) -> None:
     # Given a synced cache and a writer changing rows all through the verify pass
     _execute(pg_dsn, *SCHEMA)
-    sync = _sync_config(pg_dsn, "memory://")
+    sync = _sync_config(pg_dsn, "memory://" if cache_kind == "memory" else redis_server)
     async with _syncing(sync) as pipeline:
         await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the snapshot is cached", 30)
         stop, written = threading.Event(), [0]
