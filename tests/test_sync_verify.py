@@ -26,6 +26,7 @@ import pytest
 from support.redis_keys import delete_prefixed
 from sync_support import eventually, pg_url
 from tidegate.config import SyncConfig, TidegateConfig
+from tidegate.errors import SourceError
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Change, Op, Version, entity_id_of
 from tidegate.sync.contracts import EntityCache
@@ -320,3 +321,12 @@ async def _caught_up(sync: SyncConfig, cache: EntityCache, shop: Path) -> bool:
     with contextlib.closing(sqlite3.connect(shop)) as conn:
         rows = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in sync.tables}
     return {t: await cache.count(t) for t in rows} == rows
+
+
+async def test_verify_before_the_snapshot_is_done_is_refused_with_the_reason(pg_dsn: str) -> None:
+    _execute(pg_dsn, *SCHEMA)
+    sync = _sync_config(pg_dsn, "memory://")
+    async with cache_for("memory://") as cache:  # a cache no sync has filled
+        with pytest.raises(SourceError, match="no finished snapshot"):
+            async with row_source_for(sync, cache):
+                pass
