@@ -17,9 +17,14 @@ the cached entries again:
 - still different, and the cached entry's version is below the *previous* read's `low`: nothing
   changed the row since before the previous look and every change visible in the new read is
   applied, so the cache is wrong: drift;
-- still different with a newer version: it changed again meanwhile; one more round (at most
-  `rounds`). Suspects left after the rounds, or when the sync does not catch up within
-  `settle_timeout_s`, are reported as *unsettled*, not as drift.
+- still different with a newer version: it changed again meanwhile. A few quick looks (both
+  sides read again, 50 ms apart) catch such a row between two of its changes; otherwise one
+  more round (at most `rounds`). Suspects left after the rounds, or when the sync does not
+  catch up within `settle_timeout_s`, are reported as *unsettled*, not as drift.
+
+Drift is thus only ever reported after two reads of the database, the second one fully applied
+by the sync: a change committed while a read was taken cannot pass for drift. An entry no row had
+(a candidate *extra*) has no key to read by, so its second look reads the table again.
 
 Reads are short statements, not one long transaction, so a pass holds back no vacuum. The
 entity ids seen in a table are kept in memory for the extra-row check (about 100 bytes a row).
