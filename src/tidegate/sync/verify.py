@@ -164,6 +164,7 @@ class TableReport:
     differing: int = 0
     unsettled: int = 0
     repaired: int = 0
+    rechecked: int = 0  # rows that did not match at first and were looked at again
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -175,6 +176,7 @@ class TableReport:
         """JSON-ready."""
         return {"checked": self.checked, "missing": self.missing, "extra": self.extra,
                 "differing": self.differing, "unsettled": self.unsettled, "repaired": self.repaired,
+                "rechecked": self.rechecked,
                 "examples": {kind: list(ids) for kind, ids in self.examples.items()}}
 
 
@@ -273,6 +275,10 @@ class _Table:
 
     async def run(self) -> TableReport:
         await self._pass()
+        self.report.rechecked = len(self.suspects)
+        if self.suspects:
+            log.info("%s: %d row(s) did not match; looking again once the sync has applied what "
+                     "a new read sees", self.entity_type, len(self.suspects))
         for _ in range(self.settings.rounds):
             if not self.suspects or not await self._round():
                 break
