@@ -349,6 +349,7 @@ async def test_live_entries_expire_after_the_entry_ttl(caches: Caches) -> None:
     assert await cache.get_entity("products", "p2") is None
     assert await cache.count("products") == 0
     assert await live_ids(cache) == set()
+    assert [i async for i in cache.scan_ids("products")] == []
     # Expired means forgotten: even an older change applies, and a load caches again.
     assert outcomes(await cache.apply([insert("p1", 1)])) == [APPLIED]
     loads: list[str] = []
@@ -659,11 +660,96 @@ async def test_scan_and_count_see_live_entries_of_one_type(cache: BaseEntityCach
     expected = {f"p{i}" for i in range(1_200) if i % 3}
     assert len(entries) == len(expected) == 800
     assert {e.entity_id for e in entries} == expected
+    assert sorted([i async for i in cache.scan_ids("products")]) == sorted(expected)
+    assert [i async for i in cache.scan_ids("nothing")] == []
     assert all(e.data == {"id": e.entity_id, "n": int(e.entity_id[1:])} for e in entries)
     assert await cache.count("products") == 800
     assert await cache.count("users") == 1
     assert await cache.count("nothing") == 0
     assert [e async for e in cache.scan("nothing")] == []
+
+
+async def test_get_many_reads_entries_and_tombstones_in_the_order_asked(cache: BaseEntityCache) -> None:
+    # More ids than one page of get_many.
+    await cache.apply([insert(f"p{i}", i + 1, n=i) for i in range(1_100)])
+    await cache.apply([delete("p7", 9_000)])
+    ids = ["p1099", "absent", "p7", *(f"p{i}" for i in range(1_050))]
+
+    entries = await cache.get_many("products", ids)
+
+    assert len(entries) == len(ids)
+    assert entries[1] is None
+    assert entries[2] is not None and entries[2].deleted and entries[2].version == Version(9_000, 0)
+    assert entries[0] == await cache.get("products", "p1099")
+    assert [e.entity_id if e else None for e in entries[3:]] == [f"p{i}" for i in range(1_050)]
+    assert all(e.data == {"id": e.entity_id, "n": int(e.entity_id[1:])}
+               for e in entries[3:] if e and not e.deleted)
+    assert await cache.get_many("products", []) == []
+    assert await cache.get_many("users", ["p1"]) == [None]
+
+
+async def test_get_many_leaves_out_expired_entries(caches: Caches) -> None:
+    cache = await caches.open(entry_ttl_s=SHORT_TTL_S)
+    await cache.apply([insert("p1", 1)])
+    await caches.advance(PAST_TTL_S)
+
+    assert await cache.get_many("products", ["p1"]) == [None]
+
+
+async def test_repair_replaces_the_entry_read_keeping_its_version(cache: BaseEntityCache) -> None:
+    await cache.apply([insert("p1", 10, price="1")])
+    held = await cache.get("products", "p1")
+    row = {"id": "p1", "price": "2"}
+
+    assert await cache.repair("products", "p1", row, checksum(row), held) is True
+
+    entry = await cache.get("products", "p1")
+    assert entry is not None and held is not None
+    assert (entry.data, entry.version, entry.revision) == (row, Version(10, 0), 2)
+    assert entry.checksum == checksum(row)
+    # A later change from the source still wins; an older one stays out.
+    assert outcomes(await cache.apply([update("p1", 9, price="0")])) == [STALE]
+    assert outcomes(await cache.apply([update("p1", 11, price="3")])) == [APPLIED]
+    assert (await cache.get_entity("products", "p1")) == {"id": "p1", "price": "3"}
+
+
+async def test_repair_writes_nothing_over_an_entry_that_changed_since_it_was_read(
+    cache: BaseEntityCache,
+) -> None:
+    await cache.apply([insert("p1", 10, price="1")])
+    held = await cache.get("products", "p1")
+    await cache.apply([update("p1", 11, price="newer")])
+    row = {"id": "p1", "price": "2"}
+
+    assert await cache.repair("products", "p1", row, checksum(row), held) is False
+    with pytest.raises(InvalidChange, match="another entity"):
+        await cache.repair("products", "p2", row, checksum(row), held)  # held is p1's
+    assert await cache.get_entity("products", "p1") == {"id": "p1", "price": "newer"}
+    # Something appeared where nothing was held: refused too.
+    assert await cache.repair("products", "p1", row, checksum(row), None) is False
+
+
+async def test_repair_of_a_missing_row_writes_it_at_the_zero_version(cache: BaseEntityCache) -> None:
+    row = {"id": "p1", "price": "2"}
+
+    assert await cache.repair("products", "p1", row, checksum(row), None) is True
+
+    entry = await cache.get("products", "p1")
+    assert entry is not None and (entry.data, entry.version, entry.revision) == (row, ZERO_VERSION, 1)
+    assert outcomes(await cache.apply([insert("p1", 1, price="from the source")])) == [APPLIED]
+
+
+async def test_repair_with_no_row_leaves_a_tombstone_at_the_entrys_version(cache: BaseEntityCache) -> None:
+    await cache.apply([insert("p1", 10, price="1")])
+    held = await cache.get("products", "p1")
+
+    assert await cache.repair("products", "p1", None, "sum", held) is True
+
+    entry = await cache.get("products", "p1")
+    assert entry is not None and entry.deleted and entry.version == Version(10, 0)
+    assert await cache.count("products") == 0
+    assert await live_ids(cache) == set()
+    assert outcomes(await cache.apply([insert("p1", 12, price="again")])) == [APPLIED]
 
 
 async def test_checkpoints_round_trip_json_values(cache: BaseEntityCache) -> None:

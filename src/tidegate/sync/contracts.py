@@ -221,6 +221,20 @@ class EntityCache(CheckpointStore, Protocol):
         """Every live entry of the type (tombstones left out), in no particular order."""
         ...
 
+    def scan_ids(self, entity_type: str) -> AsyncIterator[str]:
+        """The ids of every live entry of the type, in no particular order."""
+        ...
+
+    async def get_many(self, entity_type: str, entity_ids: Sequence[str]) -> list[Entry | None]:
+        """The entries of `entity_ids` (tombstones included; None: nothing cached), in order."""
+        ...
+
+    async def repair(self, entity_type: str, entity_id: str, row: Row | None, row_checksum: str,
+                     expected: Entry | None) -> bool:
+        """Write the source's `row` (None: a tombstone) only over the entry `expected` (None:
+        nothing held), keeping its version; False when the entry changed since it was read."""
+        ...
+
     async def count(self, entity_type: str) -> int:
         """How many live entries of the type are cached."""
         ...

@@ -60,6 +60,11 @@ class SyncMetrics:
             "tidegate_sync_confirmed_position", "Last source position confirmed (LSN or outbox seq)",
             registry=r,
         )
+        self.drift_rows = Gauge(
+            "tidegate_sync_drift_rows",
+            "Rows the last `sync verify` found wrong in the cache (kind: missing, extra, differing; "
+            "unsettled: still changing when it gave up)", ["entity_type", "kind"], registry=r,
+        )
         self.pending = Gauge(
             "tidegate_sync_pending_changes", "Changes published and not yet applied", registry=r,
         )

@@ -98,8 +98,9 @@ async def open_sync(
 
 
 async def sync_status(config: SyncConfig) -> dict[str, JsonValue]:
-    """What `tidegate sync status` shows: the source's position and lag (`source`), and per
-    table the rows in the source next to the live entries in the cache (`tables`)."""
+    """What `tidegate sync status` shows: the source's position and lag (`source`), per table
+    the rows in the source next to the live entries in the cache (`tables`), and the last
+    `sync verify`'s report (`verify`, None if never)."""
     async with open_cache(config) as cache:
         source: dict[str, Any]
         if urlsplit(config.source_url).scheme in _POSTGRES_SCHEMES:
@@ -120,7 +121,10 @@ async def sync_status(config: SyncConfig) -> dict[str, JsonValue]:
         for table, entity_type in zip(config.tables, entity_types_of(config), strict=True):
             tables[entity_type] = {"source_rows": rows.get(entity_type, rows.get(table)),
                                    "cached": await cache.count(entity_type)}
-    return {"source": source, "tables": tables}
+        from tidegate.sync.verify import LAST_VERIFY_CHECKPOINT
+
+        last_verify = await cache.get_checkpoint(LAST_VERIFY_CHECKPOINT)
+    return {"source": source, "tables": tables, "verify": last_verify}
 
 
 async def supervise_sync(config: TidegateConfig, stop: asyncio.Event, *, queue: Queue | None = None,

@@ -24,6 +24,10 @@ Semantics (the same for memory:// and redis://):
   VersionConflict. `force_update` always writes.
 - A batch spanning several entity types is applied type by type; if the store fails half-way the
   whole batch may be applied again: the types already done answer STALE.
+- `repair` (what `tidegate sync verify --repair` writes) replaces an entry with the database's row
+  or a tombstone only if the entry is still exactly the one the caller read (revision and
+  version), and keeps that entry's source version (ZERO_VERSION when nothing was held): it never
+  overwrites a change that landed meanwhile, and every later change from the source still wins.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import ApplyOutcome, ApplyResult, Entry, Loader
 from tidegate.sync.values import JsonValue, Row, canonical, checksum
 
-__all__ = ["DEFAULT_TOMBSTONE_TTL_S", "ZERO_VERSION", "BaseEntityCache", "Outcome", "row_json"]
+__all__ = ["DEFAULT_TOMBSTONE_TTL_S", "READ_PAGE", "ZERO_VERSION", "BaseEntityCache", "Outcome", "row_json"]
 
 DEFAULT_TOMBSTONE_TTL_S = 24 * 3600.0
 """How long a delete is remembered by default: a change arriving later than this after the delete
@@ -49,6 +53,9 @@ that superseded it could resurrect the row."""
 ZERO_VERSION = Version(0, 0)
 """The version of rows the source did not write (loaded on a miss, created by an application
 write): every change from the source is newer."""
+
+READ_PAGE = 1000
+"""Entries `get_many` reads per round trip (a Lua script's arguments stay well below its limits)."""
 
 # Version.key is fixed-width only within these bounds; stores compare the keys as strings.
 _MAX_LSN = 2**64 - 1
@@ -136,12 +143,29 @@ class BaseEntityCache(Lifecycle):
         answer = await self._put_loaded(entity_type, entity_id, row, checksum(row), floor)
         return None if answer is None else orjson.dumps(answer)
 
+    async def get_many(self, entity_type: str, entity_ids: Sequence[str]) -> list[Entry | None]:
+        """The entries of `entity_ids` (tombstones included; None: nothing cached), in the
+        order given, read in pages of `READ_PAGE` per round trip."""
+        self._check_open()
+        for entity_id in entity_ids:
+            _check_key(entity_type, entity_id)
+        entries: list[Entry | None] = []
+        for start in range(0, len(entity_ids), READ_PAGE):
+            entries += await self._read_many(entity_type, entity_ids[start:start + READ_PAGE])
+        return entries
+
     def scan(self, entity_type: str) -> AsyncIterator[Entry]:
         """Every live entry of the type (tombstones and expired entries left out), in no
         particular order. Entries written while the scan runs may or may not be seen."""
         self._check_open()
         _check_key(entity_type, "*")
         return self._scan(entity_type)
+
+    def scan_ids(self, entity_type: str) -> AsyncIterator[str]:
+        """The ids of every live entry of the type, like `scan` without reading the rows."""
+        self._check_open()
+        _check_key(entity_type, "*")
+        return self._scan_ids(entity_type)
 
     async def count(self, entity_type: str) -> int:
         """How many live entries of the type are cached."""
@@ -188,6 +212,24 @@ class BaseEntityCache(Lifecycle):
             written, revision = await self._write(entity_type, entity_id, row, checksum(row), current)
             if written:
                 return revision
+
+    async def repair(self, entity_type: str, entity_id: str, row: Row | None, row_checksum: str,
+                     expected: Entry | None) -> bool:
+        """Write `row` (canonical; None: a tombstone) over the entry if the cache still holds
+        exactly `expected` (same revision and version; None: nothing held), keeping the entry's
+        source version (ZERO_VERSION when nothing was held) and counting a revision. False, with
+        nothing written, when the entry changed since it was read.
+
+        Keeping the version is what makes a repair safe beside a running sync: the repair never
+        overwrites a change that landed after `expected` was read (the compare fails), and any
+        change the source commits later carries a newer version than `expected`'s, so it still
+        replaces the repaired row."""
+        self._check_open()
+        _check_key(entity_type, entity_id)
+        if expected is not None and (expected.entity_type, expected.entity_id) != (entity_type, entity_id):
+            raise InvalidChange(f"repair of {entity_type} {entity_id!r} given the entry of another entity")
+        raw = b"" if row is None else orjson.dumps(_patch(row))
+        return await self._repair(entity_type, entity_id, raw, row_checksum, expected)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -240,7 +282,19 @@ class BaseEntityCache(Lifecycle):
         (True, new revision), else (False, current revision) with nothing written."""
 
     @abc.abstractmethod
+    async def _read_many(self, entity_type: str, entity_ids: Sequence[str]) -> list[Entry | None]:
+        """The unexpired entries (tombstones included) of up to READ_PAGE ids, in order."""
+
+    @abc.abstractmethod
+    async def _repair(self, entity_type: str, entity_id: str, row: bytes, row_checksum: str,
+                      expected: Entry | None) -> bool:
+        """`repair` on the store: `row` is the row's JSON, empty for a tombstone."""
+
+    @abc.abstractmethod
     def _scan(self, entity_type: str) -> AsyncIterator[Entry]: ...
+
+    @abc.abstractmethod
+    def _scan_ids(self, entity_type: str) -> AsyncIterator[str]: ...
 
     @abc.abstractmethod
     async def _count(self, entity_type: str) -> int: ...

@@ -186,6 +186,34 @@ class MemoryEntityCache(BaseEntityCache):
                                    self._deadline(now, self.entry_ttl_s)))
         return True, revision + 1
 
+    async def _read_many(self, entity_type: str, entity_ids: Sequence[str]) -> list[Entry | None]:
+        table = self._tables.get(entity_type)
+        if table is None:
+            return [None] * len(entity_ids)
+        now = self._clock()
+        slots = [table.held(entity_id, now) for entity_id in entity_ids]
+        return [None if slot is None else _entry(entity_type, entity_id, slot)
+                for entity_id, slot in zip(entity_ids, slots, strict=True)]
+
+    async def _repair(self, entity_type: str, entity_id: str, row: bytes, row_checksum: str,
+                      expected: Entry | None) -> bool:
+        table = self._table(entity_type)
+        now = self._clock()
+        table.prune(now)
+        slot = table.held(entity_id, now)
+        if slot is None:
+            if expected is not None:
+                return False
+            revision, version = 0, ZERO_VERSION
+        else:
+            if expected is None or (slot.revision, slot.version) != (expected.revision, expected.version):
+                return False
+            revision, version = slot.revision, slot.version
+        ttl_s = self.entry_ttl_s if row else self.tombstone_ttl_s
+        table.put(entity_id, _Slot(version, revision + 1, row_checksum, row or None,
+                                   self._deadline(now, ttl_s)))
+        return True
+
     async def _scan(self, entity_type: str) -> AsyncIterator[Entry]:
         table = self._tables.get(entity_type)
         if table is None:
@@ -199,6 +227,16 @@ class MemoryEntityCache(BaseEntityCache):
         ]
         for entry in live:
             yield entry
+
+    async def _scan_ids(self, entity_type: str) -> AsyncIterator[str]:
+        table = self._tables.get(entity_type)
+        if table is None:
+            return
+        now = self._clock()
+        live = [entity_id for entity_id, slot in table.slots.items()
+                if slot.data is not None and (slot.deadline is None or slot.deadline > now)]
+        for entity_id in live:
+            yield entity_id
 
     async def _count(self, entity_type: str) -> int:
         table = self._tables.get(entity_type)

@@ -40,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 __all__ = ["RedisEntityCache"]
 
-_SCRIPTS = ("apply", "read", "load", "write", "count")
+_SCRIPTS = ("apply", "read", "read_many", "load", "write", "repair", "count")
 _OPS = {Op.INSERT: b"u", Op.UPDATE: b"u", Op.DELETE: b"d", Op.TRUNCATE: b"t"}
 SCAN_PAGE = 500  # entries per ZSCAN/HMGET round trip of `scan`
 T = TypeVar("T")
@@ -147,6 +147,20 @@ class RedisEntityCache(BaseEntityCache):
         )
         return bool(written), int(revision)
 
+    async def _read_many(self, entity_type: str, entity_ids: Sequence[str]) -> list[Entry | None]:
+        if not entity_ids:
+            return []
+        blobs = await self._script("read_many", entity_type, *entity_ids)
+        return [_decode(entity_type, entity_id, blob)[0] if blob else None
+                for entity_id, blob in zip(entity_ids, blobs, strict=True)]
+
+    async def _repair(self, entity_type: str, entity_id: str, row: bytes, row_checksum: str,
+                      expected: Entry | None) -> bool:
+        revision, version = (0, "") if expected is None else (expected.revision, expected.version.key)
+        written = await self._script("repair", entity_type, entity_id, revision, version,
+                                     *self._ttl_args, row_checksum, row)
+        return bool(written)
+
     async def _scan(self, entity_type: str) -> AsyncIterator[Entry]:
         rows_key, live_key = self._keys(entity_type)[:2]
         seconds, micros = await self._guard(self._redis.time())
@@ -162,6 +176,20 @@ class RedisEntityCache(BaseEntityCache):
                 entry, expires_ms = _decode(entity_type, raw_id.decode(), blob)
                 if entry.data is not None and (expires_ms == 0 or expires_ms > now_ms):
                     yield entry
+            if cursor == 0:
+                return
+
+    async def _scan_ids(self, entity_type: str) -> AsyncIterator[str]:
+        # The live index alone: its scores are the entries' expiry times.
+        live_key = self._keys(entity_type)[1]
+        seconds, micros = await self._guard(self._redis.time())
+        now_ms = seconds * 1000 + micros // 1000
+        cursor = 0
+        while True:
+            cursor, members = await self._guard(self._redis.zscan(live_key, cursor, count=SCAN_PAGE))
+            for member, expires_ms in members:
+                if expires_ms > now_ms:
+                    yield member.decode()
             if cursor == 0:
                 return
 
