@@ -122,6 +122,8 @@ class Filler:
             previous = self._images.get(ident) if change.after is None else None
             self._images[ident] = _Image(change.after, change.version, exact_from, previous)
             filled.append(change)
+        if any(self._repeatable(c.entity_type) for c in filled):
+            await self._settle_repeated_keys(filled)
         if all(a is b for a, b in zip(filled, transaction.changes, strict=True)):
             return transaction
         return dataclasses.replace(transaction, changes=tuple(filled))
@@ -153,6 +155,42 @@ class Filler:
         if filled.unchanged:
             self._unresolved(filled, "the source's row lacks them")
         return filled, _ahead(position, lsn)
+
+    async def _settle_repeated_keys(self, changes: list[Change]) -> None:
+        """Under a deferrable key, a removal of a key that a row of this transaction moved onto
+        may be another row's departure (both held the key mid-transaction: a swap by one
+        statement); the stream cannot say which. Such a key's final removal is checked against
+        PostgreSQL and becomes the row it holds, when it holds one."""
+        last: dict[Ident, int] = {}
+        written: dict[Ident, Change] = {}
+        suspect: list[int] = []
+        for index, change in enumerate(changes):
+            ident = (change.entity_type, change.entity_id)
+            if change.op is Op.TRUNCATE:
+                written = {i: c for i, c in written.items() if i[0] != change.entity_type}
+                continue
+            last[ident] = index
+            if change.after is not None:
+                written[ident] = change
+        for ident, index in last.items():
+            change = changes[index]
+            if change.op is Op.DELETE and ident in written and self._repeatable(ident[0]):
+                suspect.append(index)
+        for index in suspect:
+            change = changes[index]
+            model = written[(change.entity_type, change.entity_id)]
+            if model.source_key is None or model.after is None:
+                continue
+            columns = [*model.after, *model.unchanged]
+            wanted = dataclasses.replace(model, unchanged=tuple(columns))
+            read = await self._read(change.entity_type, [wanted])
+            row, position = read.get((change.entity_type, change.entity_id), (None, 0))
+            if row is None:
+                continue
+            changes[index] = dataclasses.replace(change, op=Op.UPDATE, after=row, before=None,
+                                                 unchanged=(), checksum="")
+            self._images[(change.entity_type, change.entity_id)] = _Image(
+                row, change.version, _ahead(position, change.version.lsn))
 
     def _source_image(self, change: Change, moved_from: Ident | None) -> _Image | None:
         """The image this change continues: its own key's, or for a key change the row the old
