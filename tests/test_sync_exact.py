@@ -259,8 +259,8 @@ async def test_keys_swapped_by_one_statement_under_a_deferrable_key(
 async def test_delete_and_reinsert_in_one_transaction(pg_dsn: str, redis_server: str,
                                                       backend: str) -> None:
     async with docs_flow(pg_dsn, redis_server, backend) as flow:
-        transaction(pg_dsn, "DELETE FROM docs WHERE id = 5", f"INSERT INTO docs VALUES {DOCS_ROW.format(id=5)}",
-                    "UPDATE docs SET n = 3 WHERE id = 5")
+        transaction(pg_dsn, "DELETE FROM docs WHERE id = 5",
+                    f"INSERT INTO docs VALUES {DOCS_ROW.format(id=5)}", "UPDATE docs SET n = 3 WHERE id = 5")
         transaction(pg_dsn, "UPDATE docs SET n = 4 WHERE id = 5")
         # Reinserted with small values, then updated without touching them.
         transaction(pg_dsn, "DELETE FROM docs WHERE id = 6", "INSERT INTO docs (id, big) VALUES (6, 'small')",
@@ -341,7 +341,8 @@ async def test_every_key_postgresql_accepts(pg_dsn: str, redis_server: str, back
                     f"('', '', 0, {BIG_TEXT}), ('[', ']', 0, {BIG_TEXT}), ('\"', '', 0, {BIG_TEXT}), "
                     f"('', '\"', 0, {BIG_TEXT})")
         cur.execute("CREATE TABLE uk (id uuid PRIMARY KEY, at timestamptz, n integer, big text)")
-        cur.execute(f"INSERT INTO uk SELECT gen_random_uuid(), now(), 0, {BIG_TEXT} FROM generate_series(1, 3)")
+        cur.execute(f"INSERT INTO uk SELECT gen_random_uuid(), now(), 0, {BIG_TEXT} "
+                    "FROM generate_series(1, 3)")
         cur.execute("CREATE TABLE mk (day date, at timestamp, amount numeric(8, 2), tags text[], "
                     "n integer, big text, PRIMARY KEY (day, at, amount, tags))")
         cur.execute(f"INSERT INTO mk VALUES ('2024-02-29', '2024-02-29 23:59:59.5', -1.50, "
@@ -367,7 +368,8 @@ async def test_every_key_postgresql_accepts(pg_dsn: str, redis_server: str, back
 async def test_after_a_restart_unchanged_values_are_read_from_postgresql(
         pg_dsn: str, redis_server: str) -> None:
     # Given rows applied by one run of the sync (its memory of them gone with it) ...
-    transaction(pg_dsn, DOCS, "INSERT INTO docs VALUES " + ", ".join(DOCS_ROW.format(id=i) for i in range(1, 5)))
+    transaction(pg_dsn, DOCS,
+                "INSERT INTO docs VALUES " + ", ".join(DOCS_ROW.format(id=i) for i in range(1, 5)))
     sync = sync_config(pg_dsn, redis_server, "redis", ["docs"])
     async with flowing(pg_dsn, sync, {"docs": ["id"]}):
         pass
