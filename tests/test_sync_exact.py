@@ -71,6 +71,13 @@ def db_rows(dsn: str, table: str, key_columns: Sequence[str]) -> dict[str, Row]:
     return {entity_id_of(row, key_columns): row for row in rows}
 
 
+def row_count(dsn: str, table: str) -> int:
+    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {table}")
+        row = cur.fetchone()
+        return int(row[0]) if row is not None else 0
+
+
 async def cache_rows(cache: EntityCache, entity_type: str) -> dict[str, Row]:
     return {entry.entity_id: entry.data async for entry in cache.scan(entity_type)
             if entry.data is not None}
@@ -102,8 +109,14 @@ async def assert_cache_equals_db(dsn: str, cache: EntityCache, tables: dict[str,
     while True:
         problems = []
         for table, key_columns in tables.items():
+            if time.monotonic() < deadline and await cache.count(table) != await asyncio.to_thread(
+                    row_count, dsn, table):
+                problems.append(f"{table}: counts differ")  # still applying: no need to compare yet
+                continue
             expected = await asyncio.to_thread(db_rows, dsn, table, key_columns)
-            problems += [f"{table} {p}" for p in differences(expected, await cache_rows(cache, table))]
+            actual = await cache_rows(cache, table)
+            if expected != actual:
+                problems += [f"{table} {p}" for p in differences(expected, actual)]
         if not problems:
             return
         if time.monotonic() > deadline:

@@ -108,6 +108,7 @@ class Filler:
 
     async def fill(self, transaction: Transaction) -> Transaction:
         """The transaction with every unchanged column filled that can be; images tracked."""
+        repeatable = {t for t in {c.entity_type for c in transaction.changes} if self._repeatable(t)}
         fetched = await self._prefetch(transaction.changes)
         filled: list[Change] = []
         for change in transaction.changes:
@@ -122,7 +123,7 @@ class Filler:
             previous = self._images.get(ident) if change.after is None else None
             self._images[ident] = _Image(change.after, change.version, exact_from, previous)
             filled.append(change)
-        if any(self._repeatable(c.entity_type) for c in filled):
+        if repeatable:
             await self._settle_repeated_keys(filled)
         if all(a is b for a, b in zip(filled, transaction.changes, strict=True)):
             return transaction
