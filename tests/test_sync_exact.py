@@ -45,6 +45,7 @@ ALTER TABLE docs ALTER COLUMN ext SET STORAGE EXTERNAL;
 """
 DOCS_ROW = f"({{id}}, 0, {BIG_TEXT}, jsonb_build_object('body', {BIG_TEXT}), {BIG_TEXT})"
 BACKENDS = ["memory", "redis"]
+DOCUMENT_KEYED = {"jk"}  # tables keyed by one jsonb column
 
 
 # ---------------------------------------------------------------------- database and cache
@@ -68,7 +69,7 @@ def db_rows(dsn: str, table: str, key_columns: Sequence[str]) -> dict[str, Row]:
             conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
         cur.execute(f"SELECT * FROM {table}")
         rows = [canonical(dict(row)) for row in cur.fetchall()]
-    return {entity_id_of(row, key_columns): row for row in rows}
+    return {entity_id_of(row, key_columns, documents=table in DOCUMENT_KEYED): row for row in rows}
 
 
 def row_count(dsn: str, table: str) -> int:
@@ -360,13 +361,19 @@ async def test_every_key_postgresql_accepts(pg_dsn: str, redis_server: str, back
                     "n integer, big text, PRIMARY KEY (day, at, amount, tags))")
         cur.execute(f"INSERT INTO mk VALUES ('2024-02-29', '2024-02-29 23:59:59.5', -1.50, "
                     f"'{{\"a,b\",\"\"}}', 0, {BIG_TEXT})")
+        # jsonb keys: the string "7" and the number 7 are two keys.
+        cur.execute("CREATE TABLE jk (id jsonb PRIMARY KEY, n integer, big text)")
+        cur.execute(f"INSERT INTO jk SELECT k::jsonb, 0, {BIG_TEXT} FROM unnest(ARRAY["
+                    "'\"7\"', '7', '\"\"', '[1]', '\"[1]\"', '{\"a\": 1}']) AS k")
         conn.commit()
-    keys = {"tk": ["id"], "ck": ["a", "b"], "uk": ["id"], "mk": ["day", "at", "amount", "tags"]}
+    keys = {"tk": ["id"], "ck": ["a", "b"], "uk": ["id"], "mk": ["day", "at", "amount", "tags"],
+            "jk": ["id"]}
     sync = sync_config(pg_dsn, redis_server, backend, list(keys))
     async with flowing(pg_dsn, sync, keys) as flow:
         # Every row updated without its large value, keys moved onto and off '' and whitespace.
         transaction(pg_dsn, "UPDATE tk SET n = n + 1", "UPDATE ck SET n = n + 1",
-                    "UPDATE uk SET n = n + 1", "UPDATE mk SET n = n + 1")
+                    "UPDATE uk SET n = n + 1", "UPDATE mk SET n = n + 1", "UPDATE jk SET n = n + 1",
+                    "UPDATE jk SET id = '8' WHERE id = '\"7\"'")
         transaction(pg_dsn, "UPDATE tk SET id = 'was empty' WHERE id = ''",
                     "UPDATE tk SET id = '' WHERE id = ' '", "UPDATE ck SET b = 'x' WHERE a = '' AND b = ''",
                     "UPDATE uk SET at = at + interval '1 day'", "UPDATE uk SET id = gen_random_uuid()",

@@ -43,7 +43,7 @@ from tidegate.sync.pgoutput import (
     decode_message,
 )
 
-__all__ = ["HEARTBEAT_PREFIX", "ReplicationReader", "TransactionAssembler"]
+__all__ = ["HEARTBEAT_PREFIX", "ReplicationReader", "TransactionAssembler", "document_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class TransactionAssembler:
         self._clock = clock
         self._relations: dict[int, _RelationState] = {}
         self._open: _OpenTransaction | None = None
+        self._documents = {table.entity_type for table in tables if document_key(table, self._base_types)}
 
     def feed(self, message: Message) -> Transaction | None:
         """Take one message; returns a transaction when it completes one."""
@@ -214,7 +215,21 @@ class TransactionAssembler:
             entity_type=table.entity_type, op=op, key_columns=table.key_columns, version=version,
             commit_time=begin.commit_time, after=after, before=before, xid=begin.xid,
             captured_at=self._clock(), unchanged=unchanged, source_key=source_key,
+            documents=table.entity_type in self._documents,
         ))
+
+
+_DOCUMENT_TYPES = frozenset({114, 3802})  # json, jsonb
+
+
+def document_key(table: TableInfo, base_types: Mapping[int, int]) -> bool:
+    """True when the table's key is one column of JSON documents (jsonb, or a domain over it),
+    whose values may be strings and numbers alike: its entity ids take the array form
+    (`entity_id_of(..., documents=True)`)."""
+    if len(table.key_columns) != 1:
+        return False
+    oid = table.type_oids.get(table.key_columns[0], 0)
+    return base_types.get(oid, oid) in _DOCUMENT_TYPES
 
 
 def _key_text(state: _RelationState, table: TableInfo,

@@ -33,7 +33,7 @@ from tidegate.sync.contracts import CheckpointStore, Transaction
 from tidegate.sync.fill import RowsRead
 from tidegate.sync.pg_catalog import SlotInfo, TableInfo
 from tidegate.sync.pg_driver import psycopg2, sql
-from tidegate.sync.pg_stream import ReplicationReader, TransactionAssembler
+from tidegate.sync.pg_stream import ReplicationReader, TransactionAssembler, document_key
 from tidegate.sync.pg_types import SESSION_OPTIONS, decode_text
 from tidegate.sync.pgoutput import format_lsn, parse_lsn
 from tidegate.sync.values import JsonValue, Row, canonical, source_zone
@@ -373,7 +373,8 @@ class PostgresSource:
             try:
                 changes.append(Change.of_row(
                     entity_type=table.entity_type, op=Op.INSERT, key_columns=table.key_columns,
-                    version=version, commit_time=reader.as_of, after=values))
+                    version=version, commit_time=reader.as_of, after=values,
+                    documents=document_key(table, self._base_types)))
             except InvalidChange as exc:
                 raise SourceError(f"snapshot row of {table.entity_type}: {exc}") from exc
         if rows:
@@ -473,7 +474,8 @@ class PostgresSource:
                                            value, self._zone)
                        for column, value in zip(columns, values, strict=True)}
             row = canonical(decoded)
-            rows[entity_id_of(row, table.key_columns)] = row
+            rows[entity_id_of(row, table.key_columns,
+                              documents=document_key(table, self._base_types))] = row
         return rows, parse_lsn(result[0][0])
 
     def _close_row_conn(self) -> None:
