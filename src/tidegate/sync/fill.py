@@ -120,10 +120,12 @@ class Filler:
                 continue
             ident = (change.entity_type, change.entity_id)
             exact_from = 0
-            moved_from = _moved_from(change, previous_change)
-            previous_change = change
             if change.unchanged and change.after is not None:
+                moved_from = _moved_from(change, previous_change)
+                previous_change = change
                 change, exact_from = await self._filled(change, ident, moved_from, fetched)
+            else:
+                previous_change = change
             previous = self._images.get(ident) if change.after is None else None
             self._images[ident] = _Image(change.after, change.version, exact_from, previous)
             filled.append(change)
