@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -23,11 +24,14 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
-from sync_support import eventually, pg_url
+from sync_support import DictCheckpoints, eventually, pg_url
 from tidegate.config import SyncConfig, TidegateConfig
-from tidegate.sync.changes import entity_id_of
-from tidegate.sync.contracts import EntityCache
+from tidegate.sync.changes import Change, Op, Version, entity_id_of
+from tidegate.sync.contracts import EntityCache, Transaction
+from tidegate.sync.fill import Filler
+from tidegate.sync.metrics import SyncMetrics
 from tidegate.sync.pipeline import Pipeline
+from tidegate.sync.postgres import PostgresSource, PostgresSourceSettings
 from tidegate.sync.run import open_sync
 from tidegate.sync.values import Row, canonical
 
@@ -426,3 +430,73 @@ async def test_the_confirmed_position_reaches_the_slot_at_once_and_on_stop(
         await flow.settled()
         await eventually(lambda: flow.pipeline.applied_changes >= 1, "the new change is applied")
         assert flow.pipeline.applied_changes == 1
+
+
+# ---------------------------------------------------------------------- the fill, step by step
+
+
+def fold(state: dict[str, tuple[Version, Row | None]], changes: Sequence[Change]) -> None:
+    """Apply changes as the versioned cache does: a change wins only over an older version."""
+    for change in changes:
+        current = state.get(change.entity_id)
+        if current is None or change.version > current[0]:
+            state[change.entity_id] = (change.version, change.after if change.op is not Op.DELETE else None)
+
+
+async def streamed(source: PostgresSource, iterator: Any, count: int) -> list[Transaction]:
+    """The next `count` streamed transactions that carry changes."""
+    found: list[Transaction] = []
+    while len(found) < count:
+        transaction = await asyncio.wait_for(iterator.__anext__(), SETTLE_S)
+        if transaction.snapshot_mark is not None:
+            await source.confirm_snapshot(transaction.snapshot_mark)
+        elif transaction.changes:
+            found.append(transaction)
+    return found
+
+
+async def test_a_fill_takes_the_value_as_of_the_previous_change_not_the_newest(pg_dsn: str) -> None:
+    # Given three commits that all happened before the fill sees the first: a new large value, an
+    # update leaving it alone, and another large value.
+    first_value, newest_value = secrets.token_hex(5000), secrets.token_hex(5000)
+    transaction(pg_dsn, DOCS, f"INSERT INTO docs VALUES {DOCS_ROW.format(id=1)}")
+    settings = PostgresSourceSettings(dsn=pg_dsn, tables=("docs",), slot_name=f"s_{uuid.uuid4().hex[:8]}")
+    async with PostgresSource(settings, DictCheckpoints()) as source:
+        iterator = source.transactions().__aiter__()
+        filler = Filler(source, SyncMetrics())
+        await filler.fill(await asyncio.wait_for(iterator.__anext__(), SETTLE_S))  # the snapshot
+        transaction(pg_dsn, f"UPDATE docs SET big = '{first_value}' WHERE id = 1")
+        transaction(pg_dsn, "UPDATE docs SET n = 1 WHERE id = 1")
+        transaction(pg_dsn, f"UPDATE docs SET big = '{newest_value}' WHERE id = 1")
+        first, second, third = await streamed(source, iterator, 3)
+        assert "big" in second.changes[0].unchanged  # PostgreSQL did not send it
+        # When the fill passes them on (none applied yet)
+        filled = [await filler.fill(t) for t in (first, second, third)]
+    # Then the middle one carries the value its predecessor left, not the database's newest.
+    middle = filled[1].changes[0]
+    assert middle.unchanged == () and middle.after is not None
+    assert middle.after["big"] == first_value
+
+
+async def test_a_value_read_ahead_of_the_stream_is_not_carried_to_a_new_key(pg_dsn: str) -> None:
+    # Given row 1 updated without its large values, then moved to key 2, then a new row on key 1,
+    # all committed before the fill reads the first: reading key 1 for the first finds the new row.
+    transaction(pg_dsn, DOCS, f"INSERT INTO docs VALUES {DOCS_ROW.format(id=1)}")
+    settings = PostgresSourceSettings(dsn=pg_dsn, tables=("docs",), slot_name=f"s_{uuid.uuid4().hex[:8]}")
+    state: dict[str, tuple[Version, Row | None]] = {}
+    async with PostgresSource(settings, DictCheckpoints()) as source:
+        iterator = source.transactions().__aiter__()
+        snapshot = await asyncio.wait_for(iterator.__anext__(), SETTLE_S)
+        await source.confirm_snapshot(snapshot.snapshot_mark)
+        fold(state, snapshot.changes)
+        filler = Filler(source, SyncMetrics())  # a fresh process: nothing in memory
+        transaction(pg_dsn, "UPDATE docs SET n = 1 WHERE id = 1")
+        transaction(pg_dsn, "UPDATE docs SET id = 2 WHERE id = 1")
+        transaction(pg_dsn, f"INSERT INTO docs VALUES {DOCS_ROW.format(id=1)}")
+        for streamed_transaction in await streamed(source, iterator, 3):
+            fold(state, (await filler.fill(streamed_transaction)).changes)
+    # Then row 2 has its own large values (read again under its new key), and both rows equal
+    # the database's, every column.
+    expected = db_rows(pg_dsn, "docs", ["id"])
+    actual = {key: row for key, (_, row) in state.items() if row is not None}
+    assert differences(expected, actual) == []
