@@ -263,7 +263,7 @@ async def test_the_command_exits_1_on_drift_repairs_and_status_shows_the_last_ve
     async with _syncing(sync) as pipeline:
         await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the snapshot is cached", 30)
         assert (await sync_status(sync))["verify"] is None
-        await _inject_drift(pipeline.cache)
+        ids = await _inject_drift(pipeline.cache)
         with _env(sync) as env:
             found = await asyncio.to_thread(_tidegate, "verify", "--json", cwd=tmp_path, env=env)
             assert found.returncode == 1, found.stderr
@@ -277,6 +277,8 @@ async def test_the_command_exits_1_on_drift_repairs_and_status_shows_the_last_ve
                                             str(metrics_file), cwd=tmp_path, env=env)
             assert fixed.returncode == 0, fixed.stdout + fixed.stderr
             assert "repaired" in fixed.stdout
+            assert f"items missing: {ids['missing']}" in fixed.stdout
+            assert f"items differing: {ids['changed']}" in fixed.stdout
             gauge = 'tidegate_sync_drift_rows{entity_type="items",kind="missing"} 1.0'
             assert gauge in metrics_file.read_text()
             shown = await asyncio.to_thread(_tidegate, "status", cwd=tmp_path, env=env)

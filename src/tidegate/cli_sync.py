@@ -217,5 +217,10 @@ def verify(
             summary.add_row(name, str(result.checked), *(str(getattr(result, k)) for k in KINDS),
                             str(result.repaired))
         with contextlib.suppress(BrokenPipeError):
-            Console().print(summary)
+            out = Console()
+            out.print(summary)
+            for name, result in found.tables.items():
+                for kind, ids in result.examples.items():
+                    out.print(f"{name} {kind}: {', '.join(ids)}", soft_wrap=True, markup=False,
+                              highlight=False)
     raise typer.Exit(found.exit_code)
