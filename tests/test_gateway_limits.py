@@ -248,8 +248,11 @@ async def test_the_document_publishes_the_limits_the_code_checks(gw: Gateway) ->
     assert chat["n"]["anyOf"][0]["maximum"] == MAX_CHOICES
     assert chat["max_tokens"]["anyOf"][0]["maximum"] == MAX_OUTPUT_TOKENS
     assert dlq["offset"]["maximum"] == MAX_OFFSET and dlq["limit"]["maximum"] == 1000
-    assert document["info"]["x-tidegate-limits"] == {"max_body_bytes": gw.state.max_body_bytes,
-                                                     "max_header_bytes": MAX_HEADER_BYTES}
+    assert document["info"]["x-tidegate-limits"] == {
+        "max_body_bytes": gw.state.max_body_bytes, "max_header_bytes": MAX_HEADER_BYTES,
+        "max_messages": gw.state.settings.max_messages, "max_batch": gw.state.settings.max_batch}
+    assert chat["messages"]["maxItems"] == gw.state.settings.max_messages
+    assert schemas["JobBatch"]["properties"]["jobs"]["maxItems"] == gw.state.settings.max_batch
     too_large = document["paths"]["/v1/jobs"]["post"]["responses"]["413"]["description"]
     assert str(gw.state.max_body_bytes) in too_large
 

@@ -58,7 +58,7 @@ def create_app(state: GatewayState) -> FastAPI:
                   openapi_tags=_TAGS)
     app.state.gateway = state
     install_error_handlers(app)
-    install_openapi(app, max_body_bytes=state.max_body_bytes)
+    install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
     for module in (openai_api, jobs_api, recs_api, admin_api, ops, dashboard):
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413.

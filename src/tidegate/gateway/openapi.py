@@ -20,22 +20,23 @@ from fastapi import FastAPI
 
 from tidegate.gateway.http_server import MAX_HEADER_BYTES
 from tidegate.gateway.intake import HEADER_SCHEMAS
+from tidegate.gateway.settings import GatewaySettings
 
 __all__ = ["install_openapi"]
 
 _VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
 
 
-def install_openapi(app: FastAPI, *, max_body_bytes: int) -> None:
+def install_openapi(app: FastAPI, *, max_body_bytes: int, settings: GatewaySettings) -> None:
     """Make `app.openapi()` (and so /openapi.json and /docs) serve the corrected document, which
-    states the request body limit `max_body_bytes`."""
+    states the request body limit `max_body_bytes` and the limits of `settings`."""
     generate: Callable[[], dict[str, Any]] = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = generate()  # FastAPI's, which it caches in app.openapi_schema
             correct(document)
-            publish_limits(document, max_body_bytes)
+            publish_limits(document, max_body_bytes, settings)
         return app.openapi_schema or {}
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -57,11 +58,19 @@ def correct(document: dict[str, Any]) -> None:
         schemas.pop(name, None)
 
 
-def publish_limits(document: dict[str, Any], max_body_bytes: int) -> None:
-    """State the body and header limits: in each 413's description, and under
-    `info.x-tidegate-limits` for a client that reads them as numbers."""
+def publish_limits(document: dict[str, Any], max_body_bytes: int, settings: GatewaySettings) -> None:
+    """State the limits the schemas cannot know on their own: the body and header sizes (in each
+    413's description, and under `info.x-tidegate-limits` as numbers), and the gateway's
+    configured counts of messages and batched jobs (as the schemas' maxItems)."""
     document.setdefault("info", {})["x-tidegate-limits"] = {
-        "max_body_bytes": max_body_bytes, "max_header_bytes": MAX_HEADER_BYTES}
+        "max_body_bytes": max_body_bytes, "max_header_bytes": MAX_HEADER_BYTES,
+        "max_messages": settings.max_messages, "max_batch": settings.max_batch}
+    schemas = document.get("components", {}).get("schemas", {})
+    for model, field, limit in (("ChatCompletionRequest", "messages", settings.max_messages),
+                                ("JobBatch", "jobs", settings.max_batch)):
+        prop = schemas.get(model, {}).get("properties", {}).get(field)
+        if prop is not None:
+            prop["maxItems"] = limit
     for path_item in document.get("paths", {}).values():
         for operation in path_item.values():
             if not isinstance(operation, dict):
