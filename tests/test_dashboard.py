@@ -359,7 +359,7 @@ async def test_without_embedded_mode_the_page_asks_for_an_admin_key(
         await expect(page.locator("#levels tbody tr")).to_have_count(5)
         row = f'#dlq tr[data-job-id="{refused}"]'
         assert await cell(page, row, "tenant") == "globex"
-        assert "budget exhausted" in await cell(page, row, "last-error")
+        assert "daily budget" in await cell(page, row, "last-error")
         stats = await admin_json(gw, "/v1/stats", headers=gw.auth("ops"))
         assert await cell(page, '#tenants tr[data-tenant="globex"]', "budget") == "$0.0000"
         acme = stats["budgets_today"]["acme"]

@@ -168,6 +168,7 @@ async def _run(
             await _first_of(stop, server.main_loop_done)
             force = asyncio.create_task(_force_when(forced, server, worker))
             try:
+                state.begin_drain(settings.shutdown_grace_s)
                 await _shut_down(settings.shutdown_grace_s, server, serving, worker, worker_task,
                                  sync_stop, sync_task)
             finally:

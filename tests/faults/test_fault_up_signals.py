@@ -97,27 +97,34 @@ async def test_a_stop_lets_calls_in_flight_finish_and_exits_0(tmp_path: Path, si
 async def test_past_the_grace_jobs_in_flight_are_released_with_their_attempt_given_back(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
-    # Given an asynchronous job whose call takes 30 s, and a grace of 1 s
+    # Given a synchronous call and an asynchronous job whose calls take 30 s, and a grace of 1 s
     grace_s = 1
     async with tidegate("up", "--port", "0", "--grace-s", str(grace_s), "--no-change-flow",
                         cwd=tmp_path) as process, httpx.AsyncClient(timeout=30) as http:
         up = await up_ready(process)
         await _simulator(up, http, 30_000)
+        call = asyncio.create_task(http.post(f"{up.api_url}/chat/completions", json=CHAT,
+                                             headers={"Authorization": f"Bearer {up.admin_key}"}))
         job_id = await _submit(up, http)
-        await _received(up, http, 1)
+        await _received(up, http, 2)
 
         # When it is stopped
         stopped = time.monotonic()
         process.send(sig)
         status = await process.exited(grace_s + MARGIN_S)
         took_s = time.monotonic() - stopped
+        answer = await call
 
-    # Then it exits 0 within the grace and the job waits in the queue, its attempt uncounted
+    # Then it exits 0 within the grace, the waiting caller was told so in the API's shape, and
+    # both jobs wait in the queue, their attempts uncounted
     assert status == 0, process.output
     assert took_s < grace_s + MARGIN_S
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "gateway_shutting_down"
     _assert_clean(process)
     async with _queue(tmp_path) as queue:
         job = await queue.get(job_id)
+        synchronous = await queue.get(answer.json()["error"]["job_id"])
         stats = await queue.stats()
     assert job is not None and job.state is JobState.QUEUED and job.attempts == 0
+    assert synchronous is not None and synchronous.state is JobState.QUEUED and synchronous.attempts == 0
     assert stats.in_flight == 0

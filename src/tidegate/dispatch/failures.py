@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from tidegate.errors import BudgetExhausted, RoutingError, RoutingRefusal, UpstreamError
+from tidegate.errors import RoutingError, RoutingRefusal, UpstreamError
 from tidegate.jobs import JobFailure
 
 __all__ = [
-    "budget_exhausted",
     "budget_refused",
     "internal_error",
     "invalid_job",
@@ -95,12 +94,6 @@ def routing_refused(exc: RoutingError) -> JobFailure:
     if param is not None:
         failure["param"] = param
     return failure
-
-
-def budget_exhausted(exc: BudgetExhausted) -> JobFailure:
-    """A daily budget with no room for the job's reservation, when the config rejects such jobs."""
-    return {"status": 429, "type": "insufficient_quota", "code": "budget_exhausted",
-            "message": _clip(f"budget exhausted: {exc}")}
 
 
 def budget_refused(reason: str, message: str) -> JobFailure:

@@ -33,24 +33,25 @@ async def run_worker(
     secret = os.environ.get(config.callbacks.secret_env)
     if not secret:
         log.warning("%s is not set: results will not be sent to callback URLs", config.callbacks.secret_env)
-    async with contextlib.AsyncExitStack() as stack:
-        # Each part closes after the worker that uses it, each close bounded (tidegate._shutdown).
-        queue = await enter_bounded(stack, Queue.from_url(config.queue_url), "the queue")
-        callbacks = None
-        if secret:
-            callbacks = await enter_bounded(stack, CallbackSender(config.callbacks, secret.encode()),
-                                            "the callback sender")
-        relay = relay_for(config.queue_url)
-        close_bounded(stack, relay.close, "the relay")
-        tenants = await enter_bounded(stack, tenant_store_for(config.queue_url), "the tenant store")
-        # A ledger always, so spend is tracked per tenant and model even where no budget is set.
-        ledger = await enter_bounded(stack, budget_ledger_for(config.queue_url), "the budget ledger")
-        worker = await stack.enter_async_context(
-            Worker(queue, config, settings, metrics=metrics, callbacks=callbacks, relay=relay,
-                   tenants=tenants, ledger=ledger)
-        )
-        log.info("worker %s serving %s", worker.worker_id, redact_url(config.queue_url))
-        with stop_on_signals(worker.request_stop, force=worker.force_stop,
-                             grace_s=settings.shutdown_grace_s):
+    queue = Queue.from_url(config.queue_url)
+    callbacks = CallbackSender(config.callbacks, secret.encode()) if secret else None
+    relay = relay_for(config.queue_url)
+    tenants = tenant_store_for(config.queue_url)
+    # A ledger always, so spend is tracked per tenant and model even where no budget is set.
+    ledger = budget_ledger_for(config.queue_url)
+    worker = Worker(queue, config, settings, metrics=metrics, callbacks=callbacks, relay=relay,
+                    tenants=tenants, ledger=ledger)
+    # Signals are handled from here on, so a stop during the start is a graceful one too.
+    with stop_on_signals(worker.request_stop, force=worker.force_stop, grace_s=settings.shutdown_grace_s):
+        async with contextlib.AsyncExitStack() as stack:
+            # Each part closes after the worker that uses it, each close bounded.
+            await enter_bounded(stack, queue, "the queue")
+            if callbacks is not None:
+                await enter_bounded(stack, callbacks, "the callback sender")
+            close_bounded(stack, relay.close, "the relay")
+            await enter_bounded(stack, tenants, "the tenant store")
+            await enter_bounded(stack, ledger, "the budget ledger")
+            await stack.enter_async_context(worker)
+            log.info("worker %s serving %s", worker.worker_id, redact_url(config.queue_url))
             await worker.run()
-        log.info("worker %s stopped", worker.worker_id)
+    log.info("worker %s stopped", worker.worker_id)

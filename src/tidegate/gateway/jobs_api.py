@@ -107,7 +107,7 @@ async def get_job(
     """The job's state, result, usage, cost, timings and errors."""
     job = await visible_job(state, tenant, job_id)
     if wait > 0 and not job.is_final:
-        job = await state.queue.wait(job_id, min(wait, state.settings.max_wait_s))
+        job = await state.wait_job(job_id, min(wait, state.settings.max_wait_s))
     state.recent.record(job)
     return job_view(job)
 

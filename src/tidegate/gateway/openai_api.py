@@ -29,7 +29,7 @@ from tidegate.gateway.intake import (
     scoped_idempotency_key,
     wait_timeout_s,
 )
-from tidegate.gateway.outcomes import failure_of, result_headers
+from tidegate.gateway.outcomes import failure_of, result_headers, shutting_down
 from tidegate.gateway.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -147,9 +147,9 @@ async def _call(
     request_body: dict[str, Any] = draft.payload["body"]
     if kind == "chat" and request_body.get("stream"):
         return await stream_job(state, job_id, chosen, request_body, timeout_s=timeout_s, started=started)
-    job = await state.queue.wait(job_id, timeout_s)
+    job = await state.wait_job(job_id, timeout_s)
     if job.state is not JobState.SUCCEEDED:
-        raise failure_of(job, timeout_s)
+        raise shutting_down(job) if state.draining and not job.is_final else failure_of(job, timeout_s)
     state.recent.record(job)
     response = job.result.get("response") if isinstance(job.result, dict) else None
     if response is None:

@@ -12,7 +12,7 @@ from tidegate.gateway.errors import ApiError
 from tidegate.gateway.views import failure_view
 from tidegate.jobs import Job, JobState
 
-__all__ = ["failure_of", "result_headers"]
+__all__ = ["failure_of", "result_headers", "shutting_down"]
 
 
 def result_headers(job: Job) -> dict[str, str]:
@@ -54,6 +54,13 @@ def failure_of(job: Job, waited_s: float) -> ApiError:
         return ApiError(504, "the job passed its deadline before a worker could start it",
                         code="job_expired", job_id=job.id)
     return _still_waiting(job, waited_s)
+
+
+def shutting_down(job: Job) -> ApiError:
+    """503 for a call whose gateway stops before its job finished: the job goes on."""
+    return ApiError(503, f"this gateway is shutting down; the job goes on: poll GET /v1/jobs/{job.id}",
+                    code="gateway_shutting_down", type_="service_unavailable", job_id=job.id,
+                    headers={"Retry-After": "1"})
 
 
 def _still_waiting(job: Job, waited_s: float) -> ApiError:

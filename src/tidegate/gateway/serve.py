@@ -101,6 +101,10 @@ async def serve_gateway(
                                               log_level="info", timeout_graceful_shutdown=math.ceil(grace_s),
                                               **UVICORN_OPTIONS))
         log.info("gateway serving %s on %s:%d", redact_url(config.queue_url), settings.host, settings.port)
-        with stop_on_signals(server.request_exit, force=server.force, grace_s=grace_s):
+        def stop() -> None:
+            state.begin_drain(grace_s)
+            server.request_exit()
+
+        with stop_on_signals(stop, force=server.force, grace_s=grace_s):
             await server.serve()
         log.info("gateway stopped")

@@ -5,7 +5,9 @@ app around components of their own."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -23,6 +25,7 @@ from tidegate.gateway.metrics import GatewayMetrics, RecentResults
 from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, GatewaySettings, is_loopback_host
 from tidegate.gateway.tenant_store import tenant_store_for
 from tidegate.gateway.tenants import TenantStore
+from tidegate.jobs import Job
 from tidegate.queue import Queue
 
 if TYPE_CHECKING:
@@ -40,6 +43,7 @@ class _FromConfig:
 FROM_CONFIG: Final = _FromConfig()
 """`recs_url` not given: the change flow's cache when it is shared (Redis), else no recommender."""
 _SHARED_SCHEMES = ("redis", "rediss", "unix")
+DRAIN_ANSWER_S = 0.5  # how long before the drain's cut waiting calls are answered
 
 
 @dataclass(eq=False)
@@ -64,6 +68,8 @@ class GatewayState:
     recent: RecentResults = field(init=False)
     models: dict[str, ModelConfig] = field(init=False)
     _credentials_seen: bool = field(default=False, init=False)
+    _drain_deadline: float | None = field(default=None, init=False)  # time.monotonic()
+    _draining: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     def __post_init__(self) -> None:
         self.recent = RecentResults(self.settings.stats_window)
@@ -139,6 +145,35 @@ class GatewayState:
         queue_limit = self.queue.settings.max_payload_bytes + BODY_ENVELOPE_BYTES
         configured = self.settings.max_body_bytes
         return queue_limit if configured is None else min(configured, queue_limit)
+
+    @property
+    def draining(self) -> bool:
+        """True once the server stopped accepting (`begin_drain`)."""
+        return self._draining.is_set()
+
+    def begin_drain(self, grace_s: float) -> None:
+        """The server stops accepting and cuts open calls after `grace_s`: calls waiting for a
+        job answer before then (see `wait_job`), in the API's own error shape, rather than be
+        cut without an answer."""
+        self._drain_deadline = time.monotonic() + max(grace_s - DRAIN_ANSWER_S, 0.0)
+        self._draining.set()
+
+    async def wait_job(self, job_id: str, timeout_s: float) -> Job:
+        """`queue.wait`, returned early (the job as it is then) when a drain leaves less time."""
+        waiting = asyncio.ensure_future(self.queue.wait(job_id, timeout_s))
+        draining = asyncio.ensure_future(self._draining.wait())
+        try:
+            await asyncio.wait([waiting, draining], return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done() and self._drain_deadline is not None:
+                await asyncio.wait([waiting], timeout=max(self._drain_deadline - time.monotonic(), 0.0))
+            if waiting.done():
+                return waiting.result()
+        finally:
+            draining.cancel()
+            waiting.cancel()
+        job = await self.queue.get(job_id)
+        assert job is not None  # waited for, so it existed; retention keeps it for a day
+        return job
 
     @property
     def registries(self) -> tuple[CollectorRegistry, ...]:
