@@ -17,7 +17,13 @@ from importlib import resources
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from tidegate._redis import Outage, call_with_reconnect, connection_options, is_connection_error
+from tidegate._redis import (
+    Outage,
+    call_with_reconnect,
+    connection_options,
+    honouring_cancellation,
+    is_connection_error,
+)
 from tidegate.errors import ConfigError, DispatchClosed, DispatchUnavailable, MissingDependency
 from tidegate.queue.base import redact_url
 
@@ -94,7 +100,7 @@ class RedisStore:
         try:
             if retry:
                 return await call_with_reconnect(call, self._outage)
-            result = await call()
+            result = await honouring_cancellation(call())
         except self._errors as exc:
             if is_connection_error(exc):
                 self._outage.lost(exc)
