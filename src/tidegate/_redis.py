@@ -115,11 +115,6 @@ class Outage:
         self._since: float | None = None  # monotonic start of the current outage
         self.recoveries = 0  # outages this component has come back from
 
-    @property
-    def down(self) -> bool:
-        """Whether the connection is lost now (an attempt failed, none succeeded since)."""
-        return self._since is not None
-
     def lost(self, exc: BaseException) -> None:
         """An attempt failed on a lost or refused connection."""
         self._failures += 1

@@ -4,10 +4,9 @@ into DispatchUnavailable at the boundary.
 
 A lost connection (a Redis restart) heals by itself: the pool replaces a connection the server
 closed before lending it, and redis-py loads a script again when the restarted server answers
-NOSCRIPT. A call that may be sent twice (`retry=True`: reads, pauses, settles) is retried with
-backoff on a lost or refused connection for up to tidegate._redis.RETRY_WITHIN_S before
-DispatchUnavailable;
-one that must not (a reservation, an admission) surfaces at once."""
+NOSCRIPT. A call that may be sent twice (`retry=True`: reads, admissions, pauses, settles) is
+retried with backoff on a lost or refused connection for up to `tidegate._redis.RETRY_WITHIN_S`
+before DispatchUnavailable; one that must not (a reservation) surfaces at once."""
 
 from __future__ import annotations
 
