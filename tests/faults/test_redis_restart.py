@@ -41,6 +41,7 @@ from tidegate.recs import Item, recs_store_for
 from tidegate.sync.buses import bus_for
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.contracts import Subscription
 from tidegate.sync.run import supervise_sync
 from tidegate.sync.shop import ShopLoad, create_shop
 
@@ -315,7 +316,7 @@ def _change(entity_id: str, n: int) -> Change:
                          after={"id": entity_id, "n": n})
 
 
-async def _fetch_until(subscription: object, count: int, timeout_s: float = 10.0) -> list[Change]:
+async def _fetch_until(subscription: Subscription, count: int, timeout_s: float = 10.0) -> list[Change]:
     """Changes fetched and acked until `count` arrived; BusUnavailable is retried, as the sync
     pipeline's supervisor does."""
     got: list[Change] = []
@@ -323,11 +324,11 @@ async def _fetch_until(subscription: object, count: int, timeout_s: float = 10.0
     while len(got) < count:
         assert time.monotonic() < give_up, f"only {len(got)} of {count} changes arrived"
         try:
-            batch = await subscription.fetch(100, timeout_s=0.5)  # type: ignore[attr-defined]
+            batch = await subscription.fetch(100, timeout_s=0.5)
         except BusUnavailable:
             await asyncio.sleep(0.1)
             continue
-        await subscription.ack(batch)  # type: ignore[attr-defined]
+        await subscription.ack(batch)
         got += [delivery.change for delivery in batch]
     return got
 
