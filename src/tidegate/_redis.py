@@ -41,6 +41,7 @@ __all__ = [
     "Outage",
     "call_with_reconnect",
     "connection_options",
+    "honouring_cancellation",
     "is_connection_error",
     "open_scripted_client",
 ]
@@ -114,11 +115,6 @@ class Outage:
         self._since: float | None = None  # monotonic start of the current outage
         self.recoveries = 0  # outages this component has come back from
 
-    @property
-    def down(self) -> bool:
-        """Whether the connection is lost now (an attempt failed, none succeeded since)."""
-        return self._since is not None
-
     def lost(self, exc: BaseException) -> None:
         """An attempt failed on a lost or refused connection."""
         self._failures += 1
@@ -147,6 +143,19 @@ class Outage:
         await asyncio.sleep(self.delay_s())
 
 
+async def honouring_cancellation(call: Awaitable[T]) -> T:
+    """`await call`, raising CancelledError if the task was cancelled meanwhile even when the
+    call returned. redis-py can swallow a cancellation that arrives while a pooled command is
+    under way (seen in a pipeline's execute): the command completes and the cancel is lost, and
+    the cancelled task runs on, so a shutdown that cancels it and waits for it waits forever."""
+    task = asyncio.current_task()
+    before = task.cancelling() if task is not None else 0
+    result = await call
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
+    return result
+
+
 async def call_with_reconnect(call: Callable[[], Awaitable[T]], outage: Outage, *,
                               within_s: float = RETRY_WITHIN_S) -> T:
     """`call()`, sent again on a lost or refused connection, with `outage`'s backoff, for up to
@@ -155,7 +164,7 @@ async def call_with_reconnect(call: Callable[[], Awaitable[T]], outage: Outage, 
     give_up = time.monotonic() + within_s
     while True:
         try:
-            result = await call()
+            result = await honouring_cancellation(call())
         except Exception as exc:
             if not is_connection_error(exc):
                 raise

@@ -82,6 +82,9 @@ async def _sync_until_stopped(config: TidegateConfig, metrics_port: int | None,
     if metrics_port is not None:
         from prometheus_client import start_http_server
 
+        from tidegate._redis import RECONNECTS
+
+        metrics.registry.register(RECONNECTS)  # the bus's and the cache's Redis reconnections too
         start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -24,7 +24,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.cluster import start_gateway, start_worker, write_config
+from test_sync_pipeline import _shop_matches
 from tidegate._redis import RECONNECT_REGISTRY
+from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.dispatch.budget import RedisBudgetLedger
 from tidegate.dispatch.limiter import RedisRateLimiter
 from tidegate.dispatch.relay import RedisRelay
@@ -39,6 +41,9 @@ from tidegate.recs import Item, recs_store_for
 from tidegate.sync.buses import bus_for
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.contracts import Subscription
+from tidegate.sync.run import supervise_sync
+from tidegate.sync.shop import ShopLoad, create_shop
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -311,7 +316,7 @@ def _change(entity_id: str, n: int) -> Change:
                          after={"id": entity_id, "n": n})
 
 
-async def _fetch_until(subscription: object, count: int, timeout_s: float = 10.0) -> list[Change]:
+async def _fetch_until(subscription: Subscription, count: int, timeout_s: float = 10.0) -> list[Change]:
     """Changes fetched and acked until `count` arrived; BusUnavailable is retried, as the sync
     pipeline's supervisor does."""
     got: list[Change] = []
@@ -319,11 +324,11 @@ async def _fetch_until(subscription: object, count: int, timeout_s: float = 10.0
     while len(got) < count:
         assert time.monotonic() < give_up, f"only {len(got)} of {count} changes arrived"
         try:
-            batch = await subscription.fetch(100, timeout_s=0.5)  # type: ignore[attr-defined]
+            batch = await subscription.fetch(100, timeout_s=0.5)
         except BusUnavailable:
             await asyncio.sleep(0.1)
             continue
-        await subscription.ack(batch)  # type: ignore[attr-defined]
+        await subscription.ack(batch)
         got += [delivery.change for delivery in batch]
     return got
 
@@ -432,3 +437,36 @@ async def test_a_relayed_stream_read_across_a_restart_continues_from_its_last_ch
         assert reconnects("relay") > before
     finally:
         await relay.close()
+
+
+# ---------------------------------------------------------------------- the change flow
+
+
+async def test_the_change_flow_heals_a_bus_restart_that_lost_the_streams_and_the_cache_equals_the_db(
+    volatile_redis: RestartableRedis, tmp_path: Path,
+) -> None:
+    # Given the change flow from a SQLite shop over Redis Streams into a cache, as `tidegate up`
+    # supervises it, under a steady write load
+    shop = tmp_path / "shop.db"
+    create_shop(shop, products=60, users=20, interactions=60)
+    sync = SyncConfig(source_url=f"sqlite:///{shop}", bus_url=volatile_redis.url, cache_url="memory://",
+                      prefix=f"t{uuid.uuid4().hex[:8]}")
+    config = TidegateConfig.load(queue_url="sqlite:///unused.db").model_copy(update={"sync": sync})
+    stop = asyncio.Event()
+    async with cache_for("memory://") as cache:
+        flow = asyncio.create_task(supervise_sync(config, stop, cache=cache, retry_s=0.2))
+        try:
+            await _shop_matches(shop, cache)
+            load = asyncio.create_task(ShopLoad(shop).run(rate_per_s=200, duration_s=2.0))
+            await asyncio.sleep(0.7)
+            # When Redis restarts without persistence mid-load: the streams, the consumer group
+            # and whatever was published and not yet applied are gone
+            await asyncio.to_thread(volatile_redis.restart)
+            written = await load
+            assert sum(written.values()) > 100
+            # Then the flow replays from its confirmed position: every column of every row equals
+            # the database again
+            await _shop_matches(shop, cache)
+        finally:
+            stop.set()
+            await asyncio.wait_for(flow, 30)

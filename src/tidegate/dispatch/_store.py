@@ -4,10 +4,9 @@ into DispatchUnavailable at the boundary.
 
 A lost connection (a Redis restart) heals by itself: the pool replaces a connection the server
 closed before lending it, and redis-py loads a script again when the restarted server answers
-NOSCRIPT. A call that may be sent twice (`retry=True`: reads, pauses, settles) is retried with
-backoff on a lost or refused connection for up to tidegate._redis.RETRY_WITHIN_S before
-DispatchUnavailable;
-one that must not (a reservation, an admission) surfaces at once."""
+NOSCRIPT. A call that may be sent twice (`retry=True`: reads, admissions, pauses, settles) is
+retried with backoff on a lost or refused connection for up to `tidegate._redis.RETRY_WITHIN_S`
+before DispatchUnavailable; one that must not (a reservation) surfaces at once."""
 
 from __future__ import annotations
 
@@ -17,7 +16,13 @@ from importlib import resources
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from tidegate._redis import Outage, call_with_reconnect, connection_options, is_connection_error
+from tidegate._redis import (
+    Outage,
+    call_with_reconnect,
+    connection_options,
+    honouring_cancellation,
+    is_connection_error,
+)
 from tidegate.errors import ConfigError, DispatchClosed, DispatchUnavailable, MissingDependency
 from tidegate.queue.base import redact_url
 
@@ -94,7 +99,7 @@ class RedisStore:
         try:
             if retry:
                 return await call_with_reconnect(call, self._outage)
-            result = await call()
+            result = await honouring_cancellation(call())
         except self._errors as exc:
             if is_connection_error(exc):
                 self._outage.lost(exc)

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
-from tidegate._redis import BLOCK_MAX_S, Outage, connection_options, is_connection_error
+from tidegate._redis import (
+    BLOCK_MAX_S,
+    Outage,
+    connection_options,
+    honouring_cancellation,
+    is_connection_error,
+)
 from tidegate.errors import MissingDependency, QueueUnavailable
 
 CHANNEL_TTL_S = 300  # how long a finished stream stays readable for a late subscriber
@@ -124,11 +130,15 @@ class RedisRelay:
 
     async def _append(self, job_id: str, chunk: bytes) -> None:
         key = self._prefix + job_id
-        try:
+
+        async def send() -> None:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.xadd(key, {"d": chunk}, maxlen=MAX_CHUNKS, approximate=True)
                 pipe.expire(key, CHANNEL_TTL_S)
                 await pipe.execute()
+
+        try:
+            await honouring_cancellation(send())
         except self._errors as exc:
             if is_connection_error(exc):
                 self._outage.lost(exc)
@@ -157,8 +167,9 @@ class RedisRelay:
         known entry id can be sent again."""
         while (remaining := quiet_until - time.monotonic()) > 0:
             try:
-                answer = await self._redis.xread(
-                    {key: last}, count=500, block=max(int(min(remaining, BLOCK_MAX_S) * 1000), 1))
+                block_ms = max(int(min(remaining, BLOCK_MAX_S) * 1000), 1)
+                answer = await honouring_cancellation(
+                    self._redis.xread({key: last}, count=500, block=block_ms))
             except self._errors as exc:
                 if not is_connection_error(exc):
                     raise QueueUnavailable(f"stream relay: {exc}") from exc

@@ -42,7 +42,13 @@ from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
-from tidegate._redis import Outage, call_with_reconnect, connection_options, is_connection_error
+from tidegate._redis import (
+    Outage,
+    call_with_reconnect,
+    connection_options,
+    honouring_cancellation,
+    is_connection_error,
+)
 from tidegate._sqlite import SqliteThread
 from tidegate.dispatch._store import backend_of, without_query
 from tidegate.errors import ConfigError, MissingDependency, QueueClosed, QueueUnavailable, TenantNotFound
@@ -548,7 +554,7 @@ class RedisTenantStore(_TenantStoreBase):
         try:
             if retry:
                 return await call_with_reconnect(lambda: fn(self._redis), self._outage)
-            result = await fn(self._redis)
+            result = await honouring_cancellation(fn(self._redis))
         except self._errors as exc:
             if is_connection_error(exc):
                 self._outage.lost(exc)

@@ -26,7 +26,13 @@ from typing import Any
 import msgpack
 import orjson
 
-from tidegate._redis import BLOCK_MAX_S, Outage, connection_options, is_connection_error
+from tidegate._redis import (
+    BLOCK_MAX_S,
+    Outage,
+    connection_options,
+    honouring_cancellation,
+    is_connection_error,
+)
 from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue.base import (
@@ -119,16 +125,19 @@ class RedisQueue(Queue):
 
     async def _call(self, name: str, *args: Any) -> Any:
         """Run one script; stale leases and full levels come back as our own errors."""
+        def run() -> Any:
+            return self._scripts[name](keys=self._keys, args=[*self._common_args, *args])
+
         try:
             try:
-                return await self._scripts[name](keys=self._keys, args=[*self._common_args, *args])
+                return await honouring_cancellation(run())
             except RedisConnectionError:
                 # A pooled connection can outlive its server (a Redis restart): a read is sent
                 # again once on a fresh connection. State changes are not — their first attempt may
                 # have run — and surface as QueueUnavailable for the caller's own retry.
                 if name not in _READ_ONLY_SCRIPTS:
                     raise
-                return await self._scripts[name](keys=self._keys, args=[*self._common_args, *args])
+                return await honouring_cancellation(run())
         except ResponseError as exc:
             message = str(exc)
             if message.startswith("LEASE_LOST "):
@@ -173,7 +182,7 @@ class RedisQueue(Queue):
         give_up = time.monotonic() + wait_s
         while (remaining := give_up - time.monotonic()) > 0.001:
             try:
-                await self._redis.blpop(keys, timeout=remaining)
+                await honouring_cancellation(self._redis.blpop(keys, timeout=remaining))
             except RedisError as exc:
                 if not is_connection_error(exc):
                     raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
