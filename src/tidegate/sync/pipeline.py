@@ -191,6 +191,7 @@ class Pipeline:
         for transaction in batch:
             self._tracker.add(transaction)
             self._unpublished -= len(transaction.changes)
+            self._count_backfill(transaction)
         self.metrics.pending.set(self._tracker.pending_changes)
         changes = [change for transaction in batch for change in transaction.changes]
         if changes:
@@ -204,6 +205,16 @@ class Pipeline:
                         max(0.0, now - change.commit_time.timestamp()))
         if not all(transaction.changes for transaction in batch):
             await self._confirm()  # a heartbeat or an empty commit: nothing to wait for
+
+    def _count_backfill(self, transaction: Transaction) -> None:
+        """A source's backfill batch (rows re-read after a schema change) carries a mark naming
+        the table in `backfill`."""
+        mark = transaction.snapshot_mark
+        if isinstance(mark, dict) and isinstance(mark.get("backfill"), str):
+            entity_type = str(mark["backfill"])
+            self.metrics.backfill_rows.labels(entity_type).inc(len(transaction.changes))
+            if mark.get("done"):
+                self.metrics.backfills.labels(entity_type).inc()
 
     async def _fill_unchanged(self, transaction: Transaction) -> Transaction:
         """Fill unchanged (TOAST) columns from the entity's latest row: one published earlier in

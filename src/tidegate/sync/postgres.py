@@ -5,11 +5,21 @@
     snapshot       every row of every table in key order, in batches, versioned just below the
                    slot's consistent point; resumable from the last batch confirmed
     stream         committed transactions from the slot, read on a thread (psycopg2 blocks)
+    backfills      a table re-read after its columns changed (tidegate.sync.backfill), between
+                   the stream's transactions
     confirm(lsn)   the only way the slot's flush position moves
 
 The checkpoint `pg:<slot>` in the checkpoint store (kept next to the cache) records the slot's
-consistent point and the snapshot's progress. Without it the cache cannot be trusted to hold the
-snapshot, so the slot is dropped and everything is read again.
+consistent point, the snapshot's progress and the shape (columns and types) the cache's rows of
+each table are in. Without it the cache cannot be trusted to hold the snapshot, so the slot is
+dropped and everything is read again.
+
+The configured tables are the ones followed. One configured later (not in the checkpoint yet) is
+added to the publication and read like the snapshot before the stream resumes. One dropped while
+followed loses its cached rows (the database has none) with a warning, and is followed again once
+re-created; at start, a configured table that does not exist is refused unless the checkpoint knows
+it (then it is the dropped case). Tables added to the publication by hand but not configured are
+ignored.
 """
 
 from __future__ import annotations
@@ -26,14 +36,27 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tidegate.errors import ConfigError, InvalidChange, SourceError
+from tidegate.errors import ConfigError, SourceError
 from tidegate.sync import pg_catalog
-from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.backfill import (
+    SCHEMA_PREFIX,
+    BackfillRequest,
+    Shape,
+    decode_shape,
+    encode_shape,
+    raw_text_caster,
+    read_batch,
+    row_changes,
+    schema_message,
+    select_batch,
+    shapes_of_catalog,
+)
+from tidegate.sync.changes import Change, Version
 from tidegate.sync.contracts import CheckpointStore, Transaction
 from tidegate.sync.pg_catalog import SlotInfo, TableInfo
-from tidegate.sync.pg_driver import psycopg2, sql
+from tidegate.sync.pg_driver import psycopg2
 from tidegate.sync.pg_stream import ReplicationReader, TransactionAssembler
-from tidegate.sync.pg_types import SESSION_OPTIONS, decode_text
+from tidegate.sync.pg_types import SESSION_OPTIONS
 from tidegate.sync.pgoutput import format_lsn, parse_lsn
 from tidegate.sync.values import JsonValue, source_zone
 
@@ -68,6 +91,9 @@ class PostgresSourceSettings(BaseModel):
     status_interval_s: float = Field(10.0, ge=1.0)
     # Committed transactions read ahead of the consumer; the reader waits when this many wait.
     max_pending_transactions: int = Field(1000, gt=0)
+    # How often the catalog is compared with the tables' known shapes, to catch a schema change
+    # of a table no one writes to afterwards (None: only Relation messages tell).
+    schema_check_s: float | None = Field(5.0, gt=0)
 
     @field_validator("source_zone")
     @classmethod
@@ -147,6 +173,7 @@ class PostgresSource:
         self._params = _connection_params(settings.dsn)
         self._where = _describe(self._params)
         self._tables: list[TableInfo] = []
+        self._shapes: dict[str, Shape | None] = {}  # entity type → shape in the catalog at setup
         self._base_types: dict[int, int] = {}
         self._checkpoint: dict[str, Any] | None = None
         # The replication connection that created the slot, kept open (and idle) while its
@@ -180,10 +207,12 @@ class PostgresSource:
     async def setup(self) -> None:
         """Check the tables, create or complete the publication and make sure the slot exists
         with a checkpoint describing it. Idempotent."""
-        slot = await asyncio.to_thread(self._inspect_and_publish)
         checkpoint = await self._checkpoints.get_checkpoint(self._checkpoint_key)
+        known = set(checkpoint.get("shapes") or ()) if isinstance(checkpoint, dict) else set()
+        slot = await asyncio.to_thread(self._inspect_and_publish, known)
         if slot is not None and isinstance(checkpoint, dict):
-            self._checkpoint = checkpoint
+            self._checkpoint = self._reconcile(checkpoint)
+            await self._checkpoints.put_checkpoint(self._checkpoint_key, self._checkpoint)
             return
         if slot is not None:
             logger.warning(
@@ -196,10 +225,29 @@ class PostgresSource:
                 self.settings.slot_name)
         consistent_point = await asyncio.to_thread(self._create_slot, slot is not None)
         self._checkpoint = {"consistent_point": consistent_point, "tables_done": [],
-                            "table": None, "after": None, "snapshot_done": False}
+                            "table": None, "after": None, "snapshot_done": False,
+                            "shapes": {name: encode_shape(shape) for name, shape in self._shapes.items()}}
         await self._checkpoints.put_checkpoint(self._checkpoint_key, self._checkpoint)
 
-    def _inspect_and_publish(self) -> SlotInfo | None:
+    def _reconcile(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint for this run's configured tables: a table configured since the last run
+        is to be read like the snapshot (the stream never carried its older rows); a table no
+        longer configured is forgotten (configured again later, it is read again)."""
+        recorded = dict(checkpoint.get("shapes") or {})
+        if "shapes" not in checkpoint:  # written before shapes were recorded: take the catalog's
+            recorded = {name: encode_shape(shape) for name, shape in self._shapes.items()}
+        shapes = {name: recorded[name] if name in recorded else encode_shape(shape)
+                  for name, shape in self._shapes.items()}
+        done = [name for name in checkpoint.get("tables_done") or () if name in recorded]
+        present = {table.entity_type for table in self._tables}
+        new = sorted(present - set(recorded))
+        if new:
+            logger.info("table(s) %s newly configured for slot %s: reading their rows before "
+                        "the stream resumes", ", ".join(new), self.settings.slot_name)
+        return {**checkpoint, "shapes": shapes, "tables_done": done,
+                "snapshot_done": bool(checkpoint.get("snapshot_done")) and present <= set(done)}
+
+    def _inspect_and_publish(self, known: set[str]) -> SlotInfo | None:
         with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
                 _catalog_errors(f"setting up the publication and slot at {self._where}"):
             cur.execute("SELECT current_setting('wal_level'), current_database()")
@@ -209,13 +257,22 @@ class PostgresSource:
                     f"PostgreSQL at {self._where} has wal_level={wal_level}: logical replication "
                     "needs wal_level = logical (postgresql.conf) and a server restart"
                 )
-            self._tables = pg_catalog.inspect_tables(cur, self.settings.tables)
+            catalog = shapes_of_catalog(cur, self.settings.tables)
+            self._shapes = {_entity_type(name): shape for name, shape in catalog.items()}
+            gone = [name for name, shape in catalog.items()
+                    if shape is None and _entity_type(name) in known]
+            for name in gone:
+                logger.warning("configured table %s was dropped: its cached rows are removed; it "
+                               "is followed again if it is created again", name)
+            self._tables = pg_catalog.inspect_tables(
+                cur, [name for name in self.settings.tables if name not in gone])
             self._base_types = pg_catalog.base_types(cur)
             fresh = [t for t in self._tables
                      if (self.settings.slot_name, t.entity_type) not in _warned_toast]
             pg_catalog.warn_toast_risk(fresh)
             _warned_toast.update((self.settings.slot_name, t.entity_type) for t in fresh)
-            pg_catalog.ensure_publication(cur, self.settings.publication_name, self._tables)
+            if self._tables:
+                pg_catalog.ensure_publication(cur, self.settings.publication_name, self._tables)
             slot = pg_catalog.slot_info(cur, self.settings.slot_name)
             if slot is not None and (slot.plugin != "pgoutput" or slot.database != database):
                 raise SourceError(
@@ -283,6 +340,9 @@ class PostgresSource:
         """Every snapshot batch up to the one carrying `mark` is applied: record the progress."""
         if self._checkpoint is None:
             raise SourceError("confirm_snapshot before the source was set up")
+        if isinstance(mark, dict) and "backfill" in mark:
+            await self._confirm_backfill(mark)
+            return
         names = {table.entity_type for table in self._tables}
         if not isinstance(mark, dict) or mark.get("table") not in names:
             raise SourceError(f"{mark!r} is not a snapshot mark of this source")
@@ -296,6 +356,16 @@ class PostgresSource:
             checkpoint.update(table=table, after=mark.get("after"))
         self._checkpoint = checkpoint
         await self._checkpoints.put_checkpoint(self._checkpoint_key, checkpoint)
+
+    async def _confirm_backfill(self, mark: dict[str, JsonValue]) -> None:
+        """A backfill's batch is applied; once its last one is, the cache's rows of that table
+        are in the backfill's shape: record it (a restart compares the catalog with it)."""
+        if not mark.get("done") or self._checkpoint is None:
+            return
+        shapes = dict(self._checkpoint.get("shapes") or {})
+        shapes[str(mark["backfill"])] = mark.get("shape")
+        self._checkpoint = {**self._checkpoint, "shapes": shapes}
+        await self._checkpoints.put_checkpoint(self._checkpoint_key, self._checkpoint)
 
     # ------------------------------------------------------------------ snapshot
 
@@ -355,19 +425,7 @@ class PostgresSource:
         if reader is None:
             raise SourceError("the snapshot read was closed")
         rows = reader.batch(table, after, size)
-        changes = []
-        for row in rows:
-            # Timestamps made aware in the source zone by the decoder, as the stream's are.
-            values = {
-                column: decode_text(self._base_types.get(oid, oid), row[column], self._zone)
-                for column, oid in table.type_oids.items()
-            }
-            try:
-                changes.append(Change.of_row(
-                    entity_type=table.entity_type, op=Op.INSERT, key_columns=table.key_columns,
-                    version=version, commit_time=reader.as_of, after=values))
-            except InvalidChange as exc:
-                raise SourceError(f"snapshot row of {table.entity_type}: {exc}") from exc
+        changes = row_changes(table, rows, version, reader.as_of, self._base_types, self._zone)
         if rows:
             after = [rows[-1][column] for column in table.key_columns]
         return tuple(changes), after
@@ -377,7 +435,11 @@ class PostgresSource:
     async def _stream(self) -> AsyncIterator[Transaction]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Transaction | BaseException] = asyncio.Queue()  # bounded by the reader
-        assembler = TransactionAssembler(self._tables, self._zone, self._base_types)
+        assert self._checkpoint is not None
+        recorded = self._checkpoint.get("shapes") or {}
+        assembler = TransactionAssembler(
+            self._tables, self._zone, self._base_types,
+            shapes={name: decode_shape(recorded.get(name)) for name in self._shapes})
         self._reader = ReplicationReader(
             connect=lambda replication: self._connect(replication=replication),
             slot_name=self.settings.slot_name, publication=self.settings.publication_name,
@@ -387,17 +449,95 @@ class PostgresSource:
         )
         self._reader.confirmed_lsn = self._confirmed_lsn
         self._reader.start()
+        watcher = asyncio.create_task(self._watch_schemas(assembler), name="pg-schema-watch")
+        try:
+            while True:
+                item = await queue.get()
+                self._reader.taken()
+                if isinstance(item, BaseException):
+                    if isinstance(item, SourceError):
+                        raise item
+                    raise SourceError(
+                        f"replication from slot {self.settings.slot_name} at {self._where} failed: "
+                        f"{type(item).__name__}: {item}".strip()
+                    ) from item
+                yield item
+                for request in assembler.take_backfills(item.position):
+                    async for batch in self._backfill(request):
+                        yield batch
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _backfill(self, request: BackfillRequest) -> AsyncIterator[Transaction]:
+        """The table's rows re-read in key order, batch by batch, at the request's version (see
+        tidegate.sync.backfill); each batch is marked so the last one records the shape."""
+        logger.info("table %s changed (%s): re-reading its rows at version %s", request.table,
+                    request.reason, request.version)
+        mark: dict[str, JsonValue] = {"backfill": request.entity_type,
+                                      "shape": encode_shape(request.shape)}
+        if request.shape is None:
+            yield Transaction((), position=None, snapshot_mark={**mark, "after": None, "done": True})
+            return
+        conn = await asyncio.to_thread(self._connect, replication=False)
+        try:
+            after: list[str | None] | None = None
+            size = self.settings.snapshot_batch_size
+            while True:
+                changes, after, table = await asyncio.to_thread(
+                    read_batch, conn, request, after, size, self._base_types, self._zone)
+                done = table is None or len(changes) < size
+                yield Transaction(tuple(changes), position=None,
+                                  snapshot_mark={**mark, "after": after, "done": done})
+                if done:
+                    return
+        finally:
+            await asyncio.to_thread(conn.close)
+
+    async def _watch_schemas(self, assembler: TransactionAssembler) -> None:
+        """Compare the catalog with the shapes the stream knows, every `schema_check_s`."""
+        interval = self.settings.schema_check_s
+        if interval is None:
+            return
+        pending: dict[str, Shape | None] = {}
+        announced: dict[str, Shape | None] = {}
         while True:
-            item = await queue.get()
-            self._reader.taken()
-            if isinstance(item, BaseException):
-                if isinstance(item, SourceError):
-                    raise item
-                raise SourceError(
-                    f"replication from slot {self.settings.slot_name} at {self._where} failed: "
-                    f"{type(item).__name__}: {item}".strip()
-                ) from item
-            yield item
+            try:
+                await asyncio.to_thread(self._check_schemas, assembler, pending, announced)
+            except SourceError as exc:
+                logger.warning("cannot compare the tables' schemas with the catalog: %s", exc)
+            await asyncio.sleep(interval)
+
+    def _check_schemas(self, assembler: TransactionAssembler, pending: dict[str, Shape | None],
+                       announced: dict[str, Shape | None]) -> None:
+        """A table whose catalog shape differs from the stream's for two checks in a row (a
+        write to it brings a Relation message meanwhile, so most changes never get here) is
+        announced with a schema message in the WAL; the stream turns it into a backfill, or for
+        a dropped table into the removal of its rows. A re-created table is published again."""
+        missing = object()
+        with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
+                _catalog_errors(f"comparing schemas at {self._where}"):
+            for name, shape in shapes_of_catalog(cur, self.settings.tables).items():
+                entity_type = _entity_type(name)
+                if assembler.shapes.get(entity_type, missing) == shape:
+                    pending.pop(entity_type, None)
+                    announced.pop(entity_type, None)
+                    continue
+                if pending.get(entity_type, missing) != shape:
+                    pending[entity_type] = shape
+                    continue
+                if announced.get(entity_type, missing) == shape:
+                    continue
+                if shape is not None:
+                    (table,) = pg_catalog.inspect_tables(cur, [name])
+                    assembler.follow(table)
+                    pg_catalog.ensure_publication(cur, self.settings.publication_name, [table])
+                else:
+                    logger.warning("configured table %s was dropped: its cached rows are removed; "
+                                   "it is followed again if it is created again", name)
+                cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                            (SCHEMA_PREFIX, schema_message(entity_type, shape)))
+                announced[entity_type] = shape
 
     async def _stop_reader(self) -> None:
         reader, self._reader = self._reader, None
@@ -475,21 +615,12 @@ class _SnapshotReader:
     def batch(self, table: TableInfo, after: Sequence[str | None] | None,
               limit: int) -> list[dict[str, str | None]]:
         """Up to `limit` rows after key `after` (key texts), each column as the type's text."""
-        keys = sql.SQL(", ").join(sql.Identifier(c) for c in table.key_columns)
-        where = sql.SQL("")
-        if after is not None:
-            typed = sql.SQL(", ").join(sql.SQL("%s::" + t) for t in table.key_types)
-            where = sql.SQL("WHERE ({}) > ({})").format(keys, typed)
-        query = sql.SQL("SELECT {} FROM {} {} ORDER BY {} LIMIT {}").format(
-            sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), table.identifier,
-            where, keys, sql.Literal(limit))
         try:
             with self._conn.cursor() as cur:
                 # Every value as the text its output function wrote, as pgoutput sends it:
                 # pg_types decodes both the same way.
-                psycopg2.extensions.register_type(_raw_text_caster(), cur)
-                cur.execute(query, tuple(after) if after is not None else None)
-                return [dict(zip(table.columns, row, strict=True)) for row in cur.fetchall()]
+                psycopg2.extensions.register_type(raw_text_caster(), cur)
+                return select_batch(cur, table, after, limit)
         except psycopg2.Error as exc:
             raise SourceError(f"snapshot read of {table.entity_type} failed: {exc}".strip()) from exc
 
@@ -508,10 +639,10 @@ def _catalog_errors(doing: str) -> Iterator[None]:
         raise SourceError(f"{doing}: {type(exc).__name__}: {exc}".strip()) from exc
 
 
-def _raw_text_caster() -> Any:
-    # psycopg2 leaves types it has no caster for as text; this covers the ones it has.
-    oids = tuple(psycopg2.extensions.string_types)
-    return psycopg2.extensions.new_type(oids, "TIDEGATE_RAW_TEXT", lambda value, _cursor: value)
+def _entity_type(name: str) -> str:
+    """The entity type of a configured table name (as TableInfo.entity_type names it)."""
+    schema, table = pg_catalog.split_table_name(name)
+    return table if schema == pg_catalog.DEFAULT_SCHEMA else f"{schema}.{table}"
 
 
 def _connection_params(dsn: str) -> dict[str, str]:
