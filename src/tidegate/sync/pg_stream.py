@@ -145,6 +145,8 @@ class TransactionAssembler:
             table = _reshaped(table, relation, previous.columns if previous is not None else None)
             self._tables[key] = table
             self._shape_seen(table, shape_of_relation(relation), "relation message")
+            if not table.key_columns:
+                table = None  # a dropped table's replayed changes, without a key: its rows go
         self._relations[relation.relation_id] = _RelationState(table, relation.columns, decoders)
 
     def _shape_seen(self, table: TableInfo, shape: Shape | None, reason: str) -> None:
@@ -278,11 +280,15 @@ def _reshaped(table: TableInfo, relation: Relation,
     the key: a rename is recognised as the same position, type and count of columns as before
     with another name (the previous Relation message of this session, when there was one)."""
     names = tuple(c.name for c in relation.columns)
-    key_columns = table.key_columns
+    # A table known by name only (dropped before this run) takes the key the message flags.
+    key_columns = table.key_columns or tuple(c.name for c in relation.columns if c.in_key)
     if previous is not None and not set(key_columns) <= set(names) and len(previous) == len(names):
         renamed = {old.name: new.name for old, new in zip(previous, relation.columns, strict=True)
                    if old.type_oid == new.type_oid}
         key_columns = tuple(renamed.get(c, c) for c in key_columns)
+    flagged = [c.name for c in relation.columns if c.in_key]
+    if not set(key_columns) <= set(names) and len(key_columns) == len(flagged) == 1:
+        key_columns = (flagged[0],)  # no earlier message to compare with: the one key column
     if names == table.columns and key_columns == table.key_columns:
         return table
     type_oids = {c.name: c.type_oid for c in relation.columns}

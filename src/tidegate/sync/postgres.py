@@ -174,6 +174,7 @@ class PostgresSource:
         self._where = _describe(self._params)
         self._tables: list[TableInfo] = []
         self._shapes: dict[str, Shape | None] = {}  # entity type → shape in the catalog at setup
+        self._gone: list[str] = []  # configured tables followed before and dropped since
         self._base_types: dict[int, int] = {}
         self._checkpoint: dict[str, Any] | None = None
         # The replication connection that created the slot, kept open (and idle) while its
@@ -264,6 +265,7 @@ class PostgresSource:
             for name in gone:
                 logger.warning("configured table %s was dropped: its cached rows are removed; it "
                                "is followed again if it is created again", name)
+            self._gone = gone
             self._tables = pg_catalog.inspect_tables(
                 cur, [name for name in self.settings.tables if name not in gone])
             self._base_types = pg_catalog.base_types(cur)
@@ -447,6 +449,9 @@ class PostgresSource:
             status_interval_s=self.settings.status_interval_s, heartbeat_s=self.settings.heartbeat_s,
             max_pending=self.settings.max_pending_transactions,
         )
+        for name in self._gone:  # known by name only, so their removal can be streamed
+            schema, table = pg_catalog.split_table_name(name)
+            assembler.follow(TableInfo(schema, table, 0, (), {}, (), (), "d", ()))
         self._reader.confirmed_lsn = self._confirmed_lsn
         self._reader.start()
         watcher = asyncio.create_task(self._watch_schemas(assembler), name="pg-schema-watch")
@@ -563,7 +568,9 @@ class PostgresSource:
     def _read_status(self) -> tuple[SlotInfo | None, int, dict[str, int]]:
         with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
                 _catalog_errors(f"reading the status at {self._where}"):
-            tables = pg_catalog.inspect_tables(cur, self.settings.tables)
+            present = [name for name, shape in shapes_of_catalog(cur, self.settings.tables).items()
+                       if shape is not None]
+            tables = pg_catalog.inspect_tables(cur, present)
             slot = pg_catalog.slot_info(cur, self.settings.slot_name)
             cur.execute("SELECT pg_current_wal_lsn()::text")
             current = parse_lsn(cur.fetchone()[0])
