@@ -68,8 +68,22 @@ TRUNCATED = "*"
 
 
 def entity_id_of(key: Mapping[str, JsonValue], key_columns: Sequence[str]) -> str:
-    """The id of the row with primary-key values `key`: the value itself for a one-column key,
-    the canonical JSON array of the values (in key-column order) for a composite one."""
+    """The id of the row with primary-key values `key` (canonical), an injective encoding of the
+    key tuple. This is the one place ids are made: every reader of a cache (`sync verify`, the
+    recommender, tests) must call it rather than build ids itself.
+
+    - One key column: a string value is itself, unless it is empty or starts with a double quote,
+      in which case it is its JSON string (`""` for ''), so plain forms (non-empty, never starting
+      with `"`) and JSON forms (always starting with `"`) cannot meet; a non-string value (an
+      integer, an array) is its canonical JSON. One column has one type, so its values are either
+      all strings or all non-strings, and "7" (text) and 7 (integer) never share a table. The plain
+      form keeps the ids caches already hold for ordinary keys.
+    - Several key columns: the canonical JSON array of the values in key-column order, which is
+      injective by itself (strings are quoted, so a part may hold commas, brackets or '').
+
+    A key value may not be NULL: PostgreSQL's primary keys and replica identity indexes, the only
+    keys the sources accept, are NOT NULL.
+    """
     if not key_columns:
         raise InvalidChange("a row needs at least one key column to have an entity id")
     missing = [c for c in key_columns if key.get(c) is None]
@@ -77,7 +91,9 @@ def entity_id_of(key: Mapping[str, JsonValue], key_columns: Sequence[str]) -> st
         raise InvalidChange(f"key column(s) {', '.join(missing)} missing or NULL")
     if len(key_columns) == 1:
         value = key[key_columns[0]]
-        return value if isinstance(value, str) else canonical_json(value).decode()
+        if isinstance(value, str) and value and value[0] != '"':
+            return value
+        return canonical_json(value).decode()
     return canonical_json([key[c] for c in key_columns]).decode()
 
 
@@ -103,6 +119,10 @@ class Change:
     # When the change was seen by the source (epoch seconds, this host's clock): with commit_time
     # it gives the freshness figures; not part of the row and not compared.
     captured_at: float = field(default=0.0, compare=False)
+    # The key as the source's own text (PostgreSQL's output of each key column), so the source
+    # can read the row back by key to fill `unchanged`; in process only: not on the wire, not
+    # compared.
+    source_key: tuple[str, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.commit_time.tzinfo is None:
@@ -141,7 +161,8 @@ class Change:
     def of_row(cls, *, entity_type: str, op: Op, key_columns: Sequence[str], version: Version,
                commit_time: datetime, after: Mapping[str, Any] | None = None,
                before: Mapping[str, Any] | None = None, xid: int | None = None,
-               captured_at: float = 0.0, unchanged: Sequence[str] = ()) -> Change:
+               captured_at: float = 0.0, unchanged: Sequence[str] = (),
+               source_key: Sequence[str] | None = None) -> Change:
         """A Change from raw row values (made canonical here); the key is taken from the
         after-image, else the before-image."""
         after_row = canonical(after) if after is not None else None
@@ -154,7 +175,8 @@ class Change:
             raise InvalidChange(f"a {op} change of {entity_type} has no row to take its key from")
         key = {c: source.get(c) for c in key_columns}
         return cls(entity_type, entity_id_of(key, key_columns), op, key, after_row, before_row,
-                   commit_time, version, xid, unchanged=tuple(unchanged), captured_at=captured_at)
+                   commit_time, version, xid, unchanged=tuple(unchanged), captured_at=captured_at,
+                   source_key=tuple(source_key) if source_key is not None else None)
 
     def to_json(self) -> bytes:
         """The change as JSON bytes, the form every bus carries."""

@@ -49,7 +49,7 @@ class TableInfo:
     relation_id: int
     columns: tuple[str, ...]  # in attnum order, generated columns left out (pgoutput omits them)
     type_oids: dict[str, int]
-    key_columns: tuple[str, ...]  # the primary key, else the replica identity index
+    key_columns: tuple[str, ...]  # the replica identity index when USING INDEX, else the primary key
     key_types: tuple[str, ...]  # format_type of each key column, for typed keyset comparisons
     replica_identity: str  # pg_class.relreplident: d(efault), n(othing), f(ull), i(ndex)
     toastable: tuple[str, ...]  # columns whose values may be TOASTed
@@ -99,15 +99,17 @@ WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated
 ORDER BY a.attnum
 """
 
-# The primary key first, else the replica identity index; columns in index order.
+# The replica identity index when REPLICA IDENTITY USING INDEX names one (its columns are what
+# the old key tuple carries, and a change of them is what PostgreSQL reports as a key change),
+# else the primary key; columns in index order.
 _KEY_SQL = """
 SELECT i.indisprimary, array_agg(a.attname ORDER BY k.ord)
 FROM pg_index i
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
-GROUP BY i.indexrelid, i.indisprimary
-ORDER BY i.indisprimary DESC
+GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
+ORDER BY i.indisreplident DESC, i.indisprimary DESC
 LIMIT 1
 """
 

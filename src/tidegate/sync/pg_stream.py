@@ -203,36 +203,43 @@ class TransactionAssembler:
         state = self._state(message.relation_id)
         if state.table is None:
             return
+        table = state.table
         if isinstance(message, Insert):
             after, _ = self._row(state, message.new)
-            self._emit(state.table, Op.INSERT, after=after)
+            self._emit(table, Op.INSERT, after=after, source_key=_key_text(state, table, message.new))
         elif isinstance(message, Update):
-            self._update(state, state.table, message)
+            self._update(state, table, message)
         else:
             before, _ = self._row(state, message.old)
             if message.old_kind == "K":
-                before = {c: before.get(c) for c in state.table.key_columns}
-            self._emit(state.table, Op.DELETE, before=before)
+                before = {c: before.get(c) for c in table.key_columns}
+            self._emit(table, Op.DELETE, before=before, source_key=_key_text(state, table, message.old))
 
     def _update(self, state: _RelationState, table: TableInfo, message: Update) -> None:
         after, unchanged = self._row(state, message.new)
         before: dict[str, object] | None = None
+        key_text = _key_text(state, table, message.new, message.old)
         if message.old is not None:
             before, _ = self._row(state, message.old)
             if message.old_kind == "O":
                 # REPLICA IDENTITY FULL: the old row is complete (PostgreSQL inlines its TOASTed
                 # values), so unchanged ones are taken from it.
-                for column in list(unchanged):
-                    if column in before:
-                        after[column] = before[column]
-                        unchanged.remove(column)
+                fill = [column for column in unchanged if column in before]
             else:
+                # The old key alone ('K'): sent when the key changed, or when a key value is
+                # stored out of line; an unchanged out-of-line key value is taken from it.
                 before = {c: before.get(c) for c in table.key_columns}
+                fill = [column for column in unchanged if column in before]
+            for column in fill:
+                after[column] = before[column]
+                unchanged.remove(column)
         if before is not None and any(before.get(c) != after.get(c) for c in table.key_columns):
             # The key changed: the entity under the old key is gone. Its removal comes first, so
             # a reader of this transaction never sees two rows for one database row.
-            self._emit(table, Op.DELETE, before=before)
-        self._emit(table, Op.UPDATE, after=after, before=before, unchanged=unchanged)
+            old_key = _key_text(state, table, message.old) if message.old is not None else None
+            self._emit(table, Op.DELETE, before=before, source_key=old_key)
+        self._emit(table, Op.UPDATE, after=after, before=before, unchanged=unchanged,
+                   source_key=key_text)
 
     # ------------------------------------------------------------------ rows
 
@@ -263,14 +270,15 @@ class TransactionAssembler:
         return row, unchanged
 
     def _emit(self, table: TableInfo, op: Op, *, after: Mapping[str, object] | None = None,
-              before: Mapping[str, object] | None = None, unchanged: Sequence[str] = ()) -> None:
+              before: Mapping[str, object] | None = None, unchanged: Sequence[str] = (),
+              source_key: Sequence[str] | None = None) -> None:
         assert self._open is not None
         begin = self._open.begin
         version = Version(begin.final_lsn, len(self._open.changes))
         self._open.changes.append(Change.of_row(
             entity_type=table.entity_type, op=op, key_columns=table.key_columns, version=version,
             commit_time=begin.commit_time, after=after, before=before, xid=begin.xid,
-            captured_at=self._clock(), unchanged=unchanged,
+            captured_at=self._clock(), unchanged=unchanged, source_key=source_key,
         ))
 
 
@@ -295,6 +303,27 @@ def _reshaped(table: TableInfo, relation: Relation,
     return dataclasses.replace(
         table, columns=names, type_oids=type_oids, key_columns=key_columns,
         toastable=tuple(c for c in table.toastable if c in type_oids))
+
+
+def _key_text(state: _RelationState, table: TableInfo,
+              *tuples: TupleData | None) -> tuple[str, ...] | None:
+    """The key columns' values as the server's text, from the first tuple that sent each (an
+    unchanged out-of-line key value is only in the old key tuple); None when one was not sent."""
+    texts: list[str] = []
+    for name in table.key_columns:
+        for data in tuples:
+            if data is None:
+                continue
+            index = next((i for i, c in enumerate(state.columns) if c.name == name), None)
+            if index is None or index >= len(data):
+                return None
+            kind, raw = data[index]
+            if kind == TEXT and raw is not None:
+                texts.append(raw.decode("utf-8"))
+                break
+        else:
+            return None
+    return tuple(texts)
 
 
 class ReplicationReader:
@@ -369,6 +398,9 @@ class ReplicationReader:
                 transaction = self._assembler.feed(decode_message(message.payload))
                 if transaction is not None:
                     self._hand_over(transaction, cursor)
+            # Stopping: what the pipeline confirmed last (its drain ends with a confirm) goes
+            # out before the connection closes.
+            self._feedback(cursor, final=True)
         except BaseException as exc:  # every failure must reach the consumer, not die here
             if not self._stopping.is_set():
                 self._hand_over(exc, None)
@@ -397,15 +429,19 @@ class ReplicationReader:
                     raise
                 time.sleep(POLL_S)
 
-    def _feedback(self, cursor: Any) -> None:
-        """Hand psycopg2 the positions to report. It sends them every status interval and
-        whenever the server asks for a reply; the flush position is only ever what the pipeline
-        confirmed. (psycopg2 also moves it up to a keepalive's WAL end once every message it
-        returned is confirmed: nothing the pipeline still has to apply lies below that point.)"""
+    def _feedback(self, cursor: Any, *, final: bool = False) -> None:
+        """Report the positions. A flush position the pipeline newly confirmed goes out at once
+        (forced; psycopg2 would otherwise hold it until the status interval, and a sync that
+        restarts more often than that would never advance the slot), so a restart replays only
+        what was in flight. Otherwise psycopg2 sends them every status interval and whenever the
+        server asks for a reply; the flush position is only ever what the pipeline confirmed.
+        (psycopg2 also moves it up to a keepalive's WAL end once every message it returned is
+        confirmed: nothing the pipeline still has to apply lies below that point.)"""
         flush = self.confirmed_lsn
         write = max(self._received_lsn, flush)
-        if (write, flush) != self._reported:
-            cursor.send_feedback(write_lsn=write, flush_lsn=flush)
+        if (write, flush) != self._reported or final:
+            cursor.send_feedback(write_lsn=write, flush_lsn=flush,
+                                 force=final or flush != self._reported[1])
             self._reported = (write, flush)
 
     def _heartbeat(self, conn: Any) -> None:

@@ -3,7 +3,8 @@
 Two tasks share one tracker:
 
 - the producer takes committed transactions from the source, fills columns the source could not
-  send (unchanged TOAST values) from the entity's latest row, and publishes them on the bus;
+  send (unchanged TOAST values) from the row's latest image in commit order or from the source
+  itself (`tidegate.sync.fill`), and publishes them on the bus;
 - the consumer fetches from the bus as a member of the pipeline's consumer group, applies each
   batch to the cache (compare-and-set on versions) and then to the sinks with the cache's results,
   acks the batch, and confirms to the source every position whose transaction and all before it
@@ -23,12 +24,10 @@ import logging
 import os
 import socket
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tidegate.errors import TidegateError
-from tidegate.sync.changes import Change, Op
 from tidegate.sync.contracts import (
     ApplyOutcome,
     Bus,
@@ -38,9 +37,9 @@ from tidegate.sync.contracts import (
     Subscription,
     Transaction,
 )
+from tidegate.sync.fill import Filler, RowReader
 from tidegate.sync.metrics import SyncMetrics
 from tidegate.sync.tracker import PositionTracker
-from tidegate.sync.values import Row
 
 __all__ = ["Pipeline", "PipelineSettings", "default_consumer_name"]
 
@@ -62,7 +61,6 @@ class PipelineSettings:
     max_pending_changes: int = 20_000  # published, not yet applied: the producer waits beyond this
     fetch_timeout_s: float = 0.5
     drain_timeout_s: float = 10.0  # on stop: how long to let the consumer apply what is in flight
-    recent_rows: int = 20_000  # latest rows kept to fill unchanged columns of the next change
     status_interval_s: float = 5.0  # how often the source's status (slot, lag) feeds the metrics
 
 
@@ -81,7 +79,8 @@ class Pipeline:
         self.metrics = metrics or SyncMetrics()
         self._tracker = PositionTracker()
         self._room = asyncio.Condition()
-        self._recent: OrderedDict[tuple[str, str], Row] = OrderedDict()
+        reader = self.source if isinstance(self.source, RowReader) else None
+        self._filler = Filler(reader, self.metrics)
         self._producing = True
         self._unpublished = 0  # changes read from the source, not yet published
         self.applied_changes = 0  # applied by the cache and every sink, stale ones included
@@ -173,7 +172,7 @@ class Pipeline:
     async def _read_source(self, ready: asyncio.Queue[Transaction | None]) -> None:
         try:
             async for transaction in self.source.transactions():
-                transaction = await self._fill_unchanged(transaction)
+                transaction = await self._filler.fill(transaction)
                 async with self._room:
                     await self._room.wait_for(self._has_room)
                 self._unpublished += len(transaction.changes)
@@ -216,42 +215,6 @@ class Pipeline:
             if mark.get("done"):
                 self.metrics.backfills.labels(entity_type).inc()
 
-    async def _fill_unchanged(self, transaction: Transaction) -> Transaction:
-        """Fill unchanged (TOAST) columns from the entity's latest row: one published earlier in
-        this run (it may still be on its way to the cache), else the cached row."""
-        filled: list[Change] = []
-        for change in transaction.changes:
-            ident = (change.entity_type, change.entity_id)
-            if change.unchanged:
-                latest = self._recent.get(ident)
-                if latest is None:
-                    entry = await self.cache.get(*ident)
-                    latest = entry.data if entry is not None else None
-                change = change.with_columns(latest or {})
-                if change.unchanged:
-                    self.metrics.unresolved_unchanged.labels(change.entity_type).inc(len(change.unchanged))
-                    log.warning("%s %s: unchanged column(s) %s not known from a before-image or the cache; "
-                                "the row is cached without them until they change",
-                                change.entity_type, change.entity_id, ", ".join(change.unchanged))
-            self._remember(ident, change)
-            filled.append(change)
-        if all(a is b for a, b in zip(filled, transaction.changes, strict=True)):
-            return transaction
-        return dataclasses.replace(transaction, changes=tuple(filled))
-
-    def _remember(self, ident: tuple[str, str], change: Change) -> None:
-        if change.op is Op.TRUNCATE:
-            for key in [k for k in self._recent if k[0] == change.entity_type]:
-                del self._recent[key]
-            return
-        if change.after is None:
-            self._recent.pop(ident, None)
-            return
-        self._recent[ident] = change.after
-        self._recent.move_to_end(ident)
-        while len(self._recent) > self.settings.recent_rows:
-            self._recent.popitem(last=False)
-
     # -- consumer ---------------------------------------------------------------------------
 
     async def _consume(self, subscription: Subscription) -> None:
@@ -266,6 +229,7 @@ class Pipeline:
             now = time.time()
             for result in results:
                 change = result.change
+                self._filler.applied(change)
                 streamed = self._tracker.applied(change)
                 self.metrics.events.labels(change.entity_type, change.op.value).inc()
                 if result.outcome is ApplyOutcome.STALE:

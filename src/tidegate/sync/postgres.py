@@ -44,21 +44,22 @@ from tidegate.sync.backfill import (
     Shape,
     decode_shape,
     encode_shape,
-    raw_text_caster,
     read_batch,
     row_changes,
     schema_message,
     select_batch,
     shapes_of_catalog,
 )
-from tidegate.sync.changes import Change, Version
+from tidegate.sync.backfill import raw_text_caster as _raw_text_caster
+from tidegate.sync.changes import Change, Version, entity_id_of
 from tidegate.sync.contracts import CheckpointStore, Transaction
+from tidegate.sync.fill import RowsRead
 from tidegate.sync.pg_catalog import SlotInfo, TableInfo
-from tidegate.sync.pg_driver import psycopg2
+from tidegate.sync.pg_driver import psycopg2, sql
 from tidegate.sync.pg_stream import ReplicationReader, TransactionAssembler
-from tidegate.sync.pg_types import SESSION_OPTIONS
+from tidegate.sync.pg_types import SESSION_OPTIONS, decode_text
 from tidegate.sync.pgoutput import format_lsn, parse_lsn
-from tidegate.sync.values import JsonValue, source_zone
+from tidegate.sync.values import JsonValue, Row, canonical, source_zone
 
 __all__ = ["PostgresSource", "PostgresSourceSettings", "SourceStatus"]
 
@@ -71,6 +72,8 @@ READER_STOP_TIMEOUT_S = 10.0
 # Tables already warned about in this process (slot, table): the warning is for start-up, not
 # for every restart of the source after a lost connection.
 _warned_toast: set[tuple[str, str]] = set()
+# Keys per statement when reading rows back for the fill.
+READ_BATCH = 500
 
 
 class PostgresSourceSettings(BaseModel):
@@ -184,6 +187,8 @@ class PostgresSource:
         self._reader: ReplicationReader | None = None
         self._snapshot_reader: _SnapshotReader | None = None
         self._confirmed_lsn = 0
+        self._repeatable: frozenset[str] = frozenset()  # tables with a deferrable unique key
+        self._row_conn: Any = None  # reads rows back by key for the fill (tidegate.sync.fill)
         self._iterated = False
         self._closed = False
 
@@ -202,6 +207,7 @@ class PostgresSource:
         await self._close_snapshot_reader()
         await self._stop_reader()
         await asyncio.to_thread(self._close_exporter)
+        await asyncio.to_thread(self._close_row_conn)
 
     # ------------------------------------------------------------------ setup
 
@@ -269,6 +275,7 @@ class PostgresSource:
             self._tables = pg_catalog.inspect_tables(
                 cur, [name for name in self.settings.tables if name not in gone])
             self._base_types = pg_catalog.base_types(cur)
+            self._repeatable = _deferrable_keys(cur, self._tables)
             fresh = [t for t in self._tables
                      if (self.settings.slot_name, t.entity_type) not in _warned_toast]
             pg_catalog.warn_toast_risk(fresh)
@@ -327,12 +334,13 @@ class PostgresSource:
             async for transaction in self._stream():
                 yield transaction
         finally:
+            # The replication reader stays until close(): the pipeline's drain confirms what it
+            # applied after it stopped iterating, and the reader sends that before it ends.
             await self._close_snapshot_reader()
-            await self._stop_reader()
 
     async def confirm(self, position: int) -> None:
         """Everything up to `position` is applied: the slot may release it. The reader reports
-        it to the server at its next status message."""
+        it to the server at once (within its poll interval), and again when it stops."""
         if position > self._confirmed_lsn:
             self._confirmed_lsn = position
             if self._reader is not None:
@@ -550,6 +558,75 @@ class PostgresSource:
             reader.stop()
             await asyncio.to_thread(reader.join, READER_STOP_TIMEOUT_S)
 
+    # ------------------------------------------------------------------ reading rows back
+
+    def keys_may_repeat(self, entity_type: str) -> bool:
+        """True when the table has a DEFERRABLE unique key: inside a transaction two rows may
+        share a key, so images by key are not enough to fill unchanged columns."""
+        return entity_type in self._repeatable
+
+    async def read_rows(self, entity_type: str, keys: Sequence[Sequence[str]],
+                        columns: Sequence[str]) -> RowsRead:
+        """The current committed values of `columns` (and the key) of the rows with `keys`
+        (each key's values as the server's text), as canonical rows by entity id, with the WAL
+        insert position at the read: no commit at or after it is visible to the read.
+
+        A plain autocommit connection takes a new snapshot per statement, so the read sees every
+        transaction committed before it, the one whose change asked for it included; see
+        `tidegate.sync.fill` for why a value newer than the change is safe."""
+        table = next((t for t in self._tables if t.entity_type == entity_type), None)
+        if table is None:
+            raise SourceError(f"{entity_type} is not a table of this source")
+        wanted = [c for c in dict.fromkeys([*table.key_columns, *columns]) if c in table.type_oids]
+        rows: dict[str, Row] = {}
+        position = 0
+        for start in range(0, len(keys), READ_BATCH):
+            batch = [tuple(key) for key in keys[start:start + READ_BATCH]]
+            found, position = await asyncio.to_thread(self._read_batch, table, wanted, batch)
+            rows.update(found)
+        return RowsRead(rows, position)
+
+    def _read_batch(self, table: TableInfo, columns: list[str],
+                    keys: list[tuple[str, ...]]) -> tuple[dict[str, Row], int]:
+        one = sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL("%s::" + t) for t in table.key_types))
+        key_list = sql.SQL(", ").join(sql.Identifier(c) for c in table.key_columns)
+        # The position is taken after the statement's snapshot; the outer join keeps one row
+        # (the position) when no key matches.
+        query = sql.SQL(
+            "SELECT pg_current_wal_insert_lsn()::text, r.* FROM (SELECT 1) AS one LEFT JOIN "
+            "(SELECT {} FROM {} WHERE ({}) IN ({})) AS r ON true").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in columns), table.identifier, key_list,
+            sql.SQL(", ").join([one] * len(keys)))
+        params = [text for key in keys for text in key]
+        try:
+            if self._row_conn is None:
+                self._row_conn = self._connect(replication=False)
+            with self._row_conn.cursor() as cur:
+                psycopg2.extensions.register_type(_raw_text_caster(), cur)
+                cur.execute(query, params)
+                result = cur.fetchall()
+        except psycopg2.Error as exc:
+            self._close_row_conn()
+            raise SourceError(f"reading {table.entity_type} rows back at {self._where} failed: "
+                              f"{exc}".strip()) from exc
+        rows: dict[str, Row] = {}
+        for _, *values in result:
+            if values[0] is None:  # keys are NOT NULL: the empty outer row
+                continue
+            decoded = {column: decode_text(self._base_types.get(table.type_oids[column],
+                                                                table.type_oids[column]),
+                                           value, self._zone)
+                       for column, value in zip(columns, values, strict=True)}
+            row = canonical(decoded)
+            rows[entity_id_of(row, table.key_columns)] = row
+        return rows, parse_lsn(result[0][0])
+
+    def _close_row_conn(self) -> None:
+        conn, self._row_conn = self._row_conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg2.Error):
+                conn.close()
+
     # ------------------------------------------------------------------ status
 
     async def status(self) -> SourceStatus:
@@ -626,7 +703,7 @@ class _SnapshotReader:
             with self._conn.cursor() as cur:
                 # Every value as the text its output function wrote, as pgoutput sends it:
                 # pg_types decodes both the same way.
-                psycopg2.extensions.register_type(raw_text_caster(), cur)
+                psycopg2.extensions.register_type(_raw_text_caster(), cur)
                 return select_batch(cur, table, after, limit)
         except psycopg2.Error as exc:
             raise SourceError(f"snapshot read of {table.entity_type} failed: {exc}".strip()) from exc
@@ -635,6 +712,14 @@ class _SnapshotReader:
         with contextlib.suppress(psycopg2.Error):
             self._conn.rollback()
             self._conn.close()
+
+
+def _deferrable_keys(cur: Any, tables: Sequence[TableInfo]) -> frozenset[str]:
+    """Entity types of the tables with a DEFERRABLE primary key or unique constraint."""
+    cur.execute("SELECT DISTINCT conrelid FROM pg_constraint WHERE contype IN ('p', 'u') "
+                "AND condeferrable AND conrelid = ANY(%s)", ([t.relation_id for t in tables],))
+    deferrable = {row[0] for row in cur.fetchall()}
+    return frozenset(t.entity_type for t in tables if t.relation_id in deferrable)
 
 
 @contextlib.contextmanager
