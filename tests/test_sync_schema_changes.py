@@ -177,6 +177,27 @@ async def test_streamed_changes_win_over_the_backfill_whatever_the_order(
         assert backfilled and all(isinstance(v, Version) for v in backfilled)
 
 
+async def test_a_type_change_of_an_out_of_line_column_left_unchanged_by_later_updates(
+    pg_dsn: str, redis_server: str, suffix: str,
+) -> None:
+    # Given rows whose jsonb document is stored out of line (random text, > 8 KB, incompressible)
+    big = "(SELECT jsonb_build_object('text', string_agg(md5(random()::text), '')) " \
+          "FROM generate_series(1, 400))"
+    execute(pg_dsn, "CREATE TABLE docs (id integer PRIMARY KEY, n integer, doc jsonb)",
+            *(f"INSERT INTO docs VALUES ({i}, 0, {big})" for i in range(1, 6)))
+    async with syncing(sync_config(pg_dsn, redis_server, ["docs"], suffix)) as pipeline:
+        await wait_until_exact(pg_dsn, "docs", pipeline.cache)
+        # When its type changes (every value now reads as text, not as a JSON object) between
+        # updates that leave it alone, in one transaction, and right after it
+        in_one_transaction(pg_dsn, "UPDATE docs SET n = 1 WHERE id = 1",
+                           "ALTER TABLE docs ALTER COLUMN doc TYPE text USING doc::text",
+                           "UPDATE docs SET n = 2 WHERE id = 1")
+        execute(pg_dsn, "UPDATE docs SET n = 3 WHERE id = 1", "UPDATE docs SET n = 3 WHERE id = 2")
+        # Then every row, the updated ones included, holds the document in its new form
+        rows = await wait_until_exact(pg_dsn, "docs", pipeline.cache)
+        assert all(isinstance(row["doc"], str) and len(row["doc"]) > 8000 for row in rows.values())
+
+
 async def test_truncate_empties_the_cached_table_and_later_rows_arrive(
     pg_dsn: str, redis_server: str, suffix: str,
 ) -> None:

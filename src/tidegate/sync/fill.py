@@ -169,6 +169,12 @@ class Filler:
     def _repeatable(self, entity_type: str) -> bool:
         return self._reader is not None and self._reader.keys_may_repeat(entity_type)
 
+    def forget(self, entity_type: str) -> None:
+        """Drop every image of the type: the table's shape changed (a column's type, name or
+        presence), so an image of an earlier change may hold a value in the old form; the next
+        fills read PostgreSQL instead (tidegate.sync.backfill)."""
+        self._truncate(entity_type)
+
     def _truncate(self, entity_type: str) -> None:
         for ident in [i for i in self._images if i[0] == entity_type]:
             del self._images[ident]

@@ -166,6 +166,10 @@ class TransactionAssembler:
         the source runs). Called from another thread; a dict assignment is atomic."""
         self._tables[(table.schema, table.name)] = table
 
+    def table(self, entity_type: str) -> TableInfo | None:
+        """The table as the stream last described it (columns renamed, added, dropped)."""
+        return next((t for t in list(self._tables.values()) if t.entity_type == entity_type), None)
+
     def take_backfills(self, position: int | None) -> list[BackfillRequest]:
         """The backfills the transaction committed at `position` asks for (taken once)."""
         return self._backfills.pop(position, []) if position is not None else []
@@ -297,9 +301,9 @@ def _reshaped(table: TableInfo, relation: Relation,
     flagged = [c.name for c in relation.columns if c.in_key]
     if not set(key_columns) <= set(names) and len(key_columns) == len(flagged) == 1:
         key_columns = (flagged[0],)  # no earlier message to compare with: the one key column
-    if names == table.columns and key_columns == table.key_columns:
-        return table
     type_oids = {c.name: c.type_oid for c in relation.columns}
+    if names == table.columns and key_columns == table.key_columns and type_oids == table.type_oids:
+        return table
     return dataclasses.replace(
         table, columns=names, type_oids=type_oids, key_columns=key_columns,
         toastable=tuple(c for c in table.toastable if c in type_oids))

@@ -185,6 +185,7 @@ class PostgresSource:
         self._exporter: Any = None
         self._snapshot_name: str | None = None
         self._reader: ReplicationReader | None = None
+        self._assembler: TransactionAssembler | None = None
         self._snapshot_reader: _SnapshotReader | None = None
         self._confirmed_lsn = 0
         self._repeatable: frozenset[str] = frozenset()  # tables with a deferrable unique key
@@ -457,6 +458,7 @@ class PostgresSource:
             status_interval_s=self.settings.status_interval_s, heartbeat_s=self.settings.heartbeat_s,
             max_pending=self.settings.max_pending_transactions,
         )
+        self._assembler = assembler
         for name in self._gone:  # known by name only, so their removal can be streamed
             schema, table = pg_catalog.split_table_name(name)
             assembler.follow(TableInfo(schema, table, 0, (), {}, (), (), "d", ()))
@@ -574,9 +576,11 @@ class PostgresSource:
         A plain autocommit connection takes a new snapshot per statement, so the read sees every
         transaction committed before it, the one whose change asked for it included; see
         `tidegate.sync.fill` for why a value newer than the change is safe."""
-        table = next((t for t in self._tables if t.entity_type == entity_type), None)
+        table = self._current_table(entity_type)
         if table is None:
             raise SourceError(f"{entity_type} is not a table of this source")
+        if not table.key_columns:  # dropped before this run, known by name only: no rows
+            return RowsRead({}, 0)
         wanted = [c for c in dict.fromkeys([*table.key_columns, *columns]) if c in table.type_oids]
         rows: dict[str, Row] = {}
         position = 0
@@ -585,6 +589,11 @@ class PostgresSource:
             found, position = await asyncio.to_thread(self._read_batch, table, wanted, batch)
             rows.update(found)
         return RowsRead(rows, position)
+
+    def _current_table(self, entity_type: str) -> TableInfo | None:
+        """The table as the stream knows it now (after schema changes), else as at setup."""
+        current = self._assembler.table(entity_type) if self._assembler is not None else None
+        return current or next((t for t in self._tables if t.entity_type == entity_type), None)
 
     def _read_batch(self, table: TableInfo, columns: list[str],
                     keys: list[tuple[str, ...]]) -> tuple[dict[str, Row], int]:
@@ -605,6 +614,12 @@ class PostgresSource:
                 psycopg2.extensions.register_type(_raw_text_caster(), cur)
                 cur.execute(query, params)
                 result = cur.fetchall()
+        except (psycopg2.errors.UndefinedColumn, psycopg2.errors.UndefinedTable):
+            # The table changed shape (or went) since the change: that schema change comes later
+            # in the stream, with a backfill (or the removal) above this change's version.
+            logger.info("reading %s rows back: its columns changed since; the re-read that "
+                        "follows the change fills them", table.entity_type)
+            return {}, 0
         except psycopg2.Error as exc:
             self._close_row_conn()
             raise SourceError(f"reading {table.entity_type} rows back at {self._where} failed: "
