@@ -36,8 +36,8 @@ SEED = 20261201
 TABLES = ("docs", "pairs", "bulk")
 # Random text the server makes (md5 of random(): incompressible), stored out of line (> 8 KB).
 BIG = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300))"
-DOCS = 1500
-BULK = 20_000
+DOCS = 1000
+BULK = 5_000
 BULK_TX_ROWS = 20_000
 R = 1  # the row the big transaction updates before and after its bulk; the writer leaves it alone
 
@@ -81,7 +81,7 @@ class Writer(threading.Thread):
                         continue
                     conn.commit()
                     self.transactions += 1
-                    time.sleep(0.003)
+                    time.sleep(0.01)
         except BaseException as exc:  # reported by the test, which joins this thread
             self.failure = exc
 
@@ -175,6 +175,22 @@ class SyncProcess:
     def log(self) -> str:
         return (self.tmp_path / f"sync-{self.runs}.log").read_text(errors="replace")[-4000:]
 
+    async def started(self, timeout_s: float = 60.0) -> None:
+        """Until the process says it is syncing (its interpreter and imports take a while on a
+        busy machine: a kill before that would test nothing)."""
+        deadline = time.monotonic() + timeout_s
+        while "INFO tidegate.sync: syncing" not in self.log():
+            assert self.proc is not None and self.proc.poll() is None, f"sync exited:\n{self.log()}"
+            assert time.monotonic() < deadline, f"the sync did not start:\n{self.log()}"
+            await asyncio.sleep(0.02)
+
+    async def run_for(self, seconds: float) -> None:
+        """Start, let it work `seconds` once started, kill."""
+        self.start()
+        await self.started()
+        await asyncio.sleep(seconds)
+        self.kill()
+
 
 class Versions:
     """Every entity's version at every observation: live entries by a scan, the ones seen before
@@ -229,70 +245,82 @@ async def test_killed_at_random_moments_the_cache_ends_exactly_equal_and_version
     async with cache_for(redis_server, prefix=sync.prefix) as cache:
         versions = Versions(cache)
 
-        async def snapshot_progress() -> tuple[bool, int]:
+        async def snapshot_progress() -> Any:
             checkpoint: Any = await cache.get_checkpoint(f"pg:{sync.slot}")
             if not isinstance(checkpoint, dict):
-                return False, 0
-            return bool(checkpoint.get("snapshot_done")), len(checkpoint.get("tables_done") or ())
+                return None
+            return (checkpoint.get("snapshot_done"), checkpoint.get("tables_done"),
+                    checkpoint.get("table"), checkpoint.get("after"))
 
         # Given a kill in the middle of the initial snapshot, and another after it resumed
         mid_snapshot_kills = 0
         for _ in range(2):
+            before = await snapshot_progress()
             sync.start()
 
-            async def snapshotting() -> bool:
-                done, tables_done = await snapshot_progress()
-                return done or (await cache.count("bulk")) > 0 or tables_done > 0
+            async def progressed(before: Any = before) -> bool:
+                now = await snapshot_progress()
+                return now is not None and now != before and (bool(now[1]) or now[2] is not None)
 
-            await _until(snapshotting, "the snapshot makes progress", sync)
-            done, _ = await snapshot_progress()
+            await _until(progressed, "the snapshot makes progress", sync)
+            progress = await snapshot_progress()
             sync.kill()
-            mid_snapshot_kills += not done
+            mid_snapshot_kills += not progress[0]
             await versions.observe()
-        assert mid_snapshot_kills >= 1, "no kill landed inside the snapshot"
+        assert mid_snapshot_kills == 2, "a kill was meant to land inside the snapshot"
 
         # When a writer runs the hostile mix, and the sync is killed at random moments
         writer = Writer(pg_dsn)
         writer.start()
         try:
-            for _ in range(4):
-                sync.start()
-                await asyncio.sleep(rng.uniform(1.0, 3.0))
-                sync.kill()
-                await versions.observe()
-
-            # ... inside the transaction of 20,000 rows (partly applied when killed), twice
             sync.start()
-            await asyncio.to_thread(big_transaction, pg_dsn)
-            for attempt in range(2):
-                async def inside(attempt: int = attempt) -> bool:
-                    return (await cache.count("bulk")) > BULK + attempt * 1000
 
-                await _until(inside, "the big transaction reaches the cache", sync)
-                partly = await cache.count("bulk")
-                sync.kill()
-                assert partly < BULK + BULK_TX_ROWS or attempt == 1, "the kill was meant to land inside"
+            async def snapshot_done() -> bool:
+                progress = await snapshot_progress()
+                return bool(progress and progress[0])
+
+            await _until(snapshot_done, "the snapshot is done", sync)
+            await asyncio.sleep(rng.uniform(0.0, 0.5))
+            sync.kill()
+            await versions.observe()
+            for _ in range(3):
+                await sync.run_for(rng.uniform(0.2, 1.5))
                 await versions.observe()
-                if attempt == 0:
-                    sync.start()
+
+            # ... inside the transaction of 20,000 rows, partly applied when killed
+            sync.start()
+            await sync.started()
+            await asyncio.to_thread(big_transaction, pg_dsn)
+
+            async def inside() -> bool:
+                return (await cache.count("bulk")) > BULK
+
+            await _until(inside, "the big transaction reaches the cache", sync)
+            partly = await cache.count("bulk")
+            sync.kill()
+            assert partly < BULK + BULK_TX_ROWS, "the kill was meant to land inside"
+            await versions.observe()
+            # ... and again while the restarted sync replays it
+            await sync.run_for(rng.uniform(0.2, 1.0))
+            await versions.observe()
 
             # ... and around schema changes: a column added with a default, one renamed
             sync.start()
-            await asyncio.sleep(rng.uniform(0.5, 1.5))
+            await sync.started()
+            await asyncio.sleep(rng.uniform(0.2, 1.0))
             await asyncio.to_thread(_execute, pg_dsn, "ALTER TABLE docs ADD COLUMN extra integer DEFAULT 7")
             await asyncio.sleep(rng.uniform(0.2, 1.0))
             sync.kill()
             await versions.observe()
             sync.start()
-            await asyncio.sleep(rng.uniform(1.0, 2.0))
+            await sync.started()
+            await asyncio.sleep(rng.uniform(0.2, 1.0))
             await asyncio.to_thread(_execute, pg_dsn, "ALTER TABLE pairs RENAME COLUMN v TO w")
             await asyncio.sleep(rng.uniform(0.2, 1.0))
             sync.kill()
             await versions.observe()
             for _ in range(2):
-                sync.start()
-                await asyncio.sleep(rng.uniform(1.0, 3.0))
-                sync.kill()
+                await sync.run_for(rng.uniform(0.2, 1.5))
                 await versions.observe()
         finally:
             writer.stopped.set()
@@ -306,9 +334,34 @@ async def test_killed_at_random_moments_the_cache_ends_exactly_equal_and_version
             await wait_until_exact(pg_dsn, table, cache, timeout_s=120)
         await versions.observe()
         assert sync.proc is not None and sync.proc.poll() is None, sync.log()
+        # ... and the slot's confirmed position catches up with the database (heartbeats)
+        target = _wal_position(pg_dsn)
+
+        async def slot_caught_up() -> bool:
+            return (_confirmed_position(pg_dsn, sync.slot) or 0) >= target
+
+        await _until(slot_caught_up, "the slot's confirmed position reaches the WAL's end", sync)
+        if os.environ.get("KILL_LOGS"):
+            import shutil
+            for log in sync.tmp_path.glob("sync-*.log"):
+                shutil.copy(log, os.environ["KILL_LOGS"])
 
 
 def _execute(dsn: str, statement: str) -> None:
     with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
         cur.execute(statement)
         conn.commit()
+
+
+def _wal_position(dsn: str) -> int:
+    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        return int(cur.fetchone()[0])
+
+
+def _confirmed_position(dsn: str, slot: str) -> int | None:
+    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots "
+                    "WHERE slot_name = %s", (slot,))
+        row = cur.fetchone()
+        return int(row[0]) if row and row[0] is not None else None
