@@ -92,6 +92,36 @@ def test_entity_ids_of_single_and_composite_keys() -> None:
         entity_id_of({"order": 7, "line": None}, ["order", "line"])
 
 
+def test_entity_ids_of_keys_that_are_empty_or_look_like_encodings() -> None:
+    # '' and strings starting with a double quote take their JSON form; the rest stay plain.
+    assert entity_id_of({"id": ""}, ["id"]) == '""'
+    assert entity_id_of({"id": '""'}, ["id"]) == '"\\"\\""'
+    assert entity_id_of({"id": '"x'}, ["id"]) == '"\\"x"'
+    assert entity_id_of({"id": " "}, ["id"]) == " "
+    assert entity_id_of({"id": "[1,2]"}, ["id"]) == "[1,2]"
+    assert entity_id_of({"a": "", "b": ""}, ["a", "b"]) == '["",""]'
+    assert entity_id_of({"a": "a,b", "b": "c"}, ["a", "b"]) != entity_id_of(
+        {"a": "a", "b": "b,c"}, ["a", "b"])
+
+
+@given(st.text(), st.text())
+def test_entity_ids_of_one_text_column_are_injective_and_never_empty(a: str, b: str) -> None:
+    first, second = entity_id_of({"k": a}, ["k"]), entity_id_of({"k": b}, ["k"])
+    assert first and second
+    assert (first == second) == (a == b)
+
+
+PART = st.one_of(st.text(max_size=4), st.integers(-2**63, 2**63 - 1))
+
+
+@given(st.lists(st.tuples(st.text(max_size=4), PART), min_size=2, max_size=2))
+def test_entity_ids_of_composite_keys_are_injective(keys: list[tuple[str, str | int]]) -> None:
+    (a1, b1), (a2, b2) = keys
+    first = entity_id_of({"a": a1, "b": b1}, ["a", "b"])
+    second = entity_id_of({"a": a2, "b": b2}, ["a", "b"])
+    assert (first == second) == ((a1, b1) == (a2, b2) and type(b1) is type(b2))
+
+
 def test_a_change_survives_its_wire_form_and_keeps_its_checksum() -> None:
     change = Change.of_row(entity_type="products", op=Op.UPDATE, key_columns=["id"], version=Version(99, 2),
                            commit_time=COMMIT, after={"id": "p1", "price": Decimal("9.50")},

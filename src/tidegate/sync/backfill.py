@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import tzinfo
 from typing import Any
@@ -171,9 +171,11 @@ def select_batch(cur: Any, table: TableInfo, after: Sequence[str | None] | None,
 
 
 def row_changes(table: TableInfo, rows: Sequence[Mapping[str, str | None]], version: Version,
-                commit_time: Any, base_types: Mapping[int, int], zone: tzinfo) -> list[Change]:
+                commit_time: Any, base_types: Mapping[int, int], zone: tzinfo,
+                documents: bool) -> list[Change]:
     """Rows read as text, as INSERT changes at `version` (timestamps made aware in the source
-    zone by the decoder, as the stream's are)."""
+    zone by the decoder, as the stream's are); `documents`: the key is one JSON column, whose
+    entity ids take the array form."""
     changes = []
     for row in rows:
         values = {column: decode_text(base_types.get(oid, oid), row[column], zone)
@@ -181,15 +183,16 @@ def row_changes(table: TableInfo, rows: Sequence[Mapping[str, str | None]], vers
         try:
             changes.append(Change.of_row(
                 entity_type=table.entity_type, op=Op.INSERT, key_columns=table.key_columns,
-                version=version, commit_time=commit_time, after=values))
+                version=version, commit_time=commit_time, after=values, documents=documents))
         except InvalidChange as exc:
             raise SourceError(f"row of {table.entity_type} read from the table: {exc}") from exc
     return changes
 
 
 def read_batch(conn: Any, request: BackfillRequest, after: list[str | None] | None, size: int,
-               base_types: Mapping[int, int],
-               zone: tzinfo) -> tuple[list[Change], list[str | None] | None, TableInfo | None]:
+               base_types: Mapping[int, int], zone: tzinfo,
+               documents: Callable[[TableInfo], bool],
+               ) -> tuple[list[Change], list[str | None] | None, TableInfo | None]:
     """One backfill batch in a short REPEATABLE READ transaction of its own: the table as the
     catalog describes it now and up to `size` rows after key `after`. Returns the changes, the key
     of the last row (as text) and the table (None: it no longer exists, the backfill ends).
@@ -214,7 +217,7 @@ def read_batch(conn: Any, request: BackfillRequest, after: list[str | None] | No
     finally:
         with contextlib.suppress(psycopg2.Error):
             conn.rollback()
-    changes = row_changes(table, rows, request.version, as_of, base_types, zone)
+    changes = row_changes(table, rows, request.version, as_of, base_types, zone, documents(table))
     last = [rows[-1][column] for column in table.key_columns] if rows else after
     return changes, last, table
 

@@ -67,7 +67,8 @@ class Version(NamedTuple):
 TRUNCATED = "*"
 
 
-def entity_id_of(key: Mapping[str, JsonValue], key_columns: Sequence[str]) -> str:
+def entity_id_of(key: Mapping[str, JsonValue], key_columns: Sequence[str], *,
+                 documents: bool = False) -> str:
     """The id of the row with primary-key values `key` (canonical), an injective encoding of the
     key tuple. This is the one place ids are made: every reader of a cache (`sync verify`, the
     recommender, tests) must call it rather than build ids itself.
@@ -77,7 +78,9 @@ def entity_id_of(key: Mapping[str, JsonValue], key_columns: Sequence[str]) -> st
       with `"`) and JSON forms (always starting with `"`) cannot meet; a non-string value (an
       integer, an array) is its canonical JSON. One column has one type, so its values are either
       all strings or all non-strings, and "7" (text) and 7 (integer) never share a table. The plain
-      form keeps the ids caches already hold for ordinary keys.
+      form keeps the ids caches already hold for ordinary keys. The exception is a column of JSON
+      documents (jsonb), whose values may be the string "7" and the number 7: `documents=True`
+      (the source says so for such a key) gives it the array form below.
     - Several key columns: the canonical JSON array of the values in key-column order, which is
       injective by itself (strings are quoted, so a part may hold commas, brackets or '').
 
@@ -89,7 +92,7 @@ def entity_id_of(key: Mapping[str, JsonValue], key_columns: Sequence[str]) -> st
     missing = [c for c in key_columns if key.get(c) is None]
     if missing:
         raise InvalidChange(f"key column(s) {', '.join(missing)} missing or NULL")
-    if len(key_columns) == 1:
+    if len(key_columns) == 1 and not documents:
         value = key[key_columns[0]]
         if isinstance(value, str) and value and value[0] != '"':
             return value
@@ -162,9 +165,9 @@ class Change:
                commit_time: datetime, after: Mapping[str, Any] | None = None,
                before: Mapping[str, Any] | None = None, xid: int | None = None,
                captured_at: float = 0.0, unchanged: Sequence[str] = (),
-               source_key: Sequence[str] | None = None) -> Change:
+               source_key: Sequence[str] | None = None, documents: bool = False) -> Change:
         """A Change from raw row values (made canonical here); the key is taken from the
-        after-image, else the before-image."""
+        after-image, else the before-image. `documents`: see `entity_id_of`."""
         after_row = canonical(after) if after is not None else None
         before_row = canonical(before) if before is not None else None
         source = after_row if after_row is not None else before_row
@@ -174,7 +177,8 @@ class Change:
         if source is None:
             raise InvalidChange(f"a {op} change of {entity_type} has no row to take its key from")
         key = {c: source.get(c) for c in key_columns}
-        return cls(entity_type, entity_id_of(key, key_columns), op, key, after_row, before_row,
+        return cls(entity_type, entity_id_of(key, key_columns, documents=documents), op, key,
+                   after_row, before_row,
                    commit_time, version, xid, unchanged=tuple(unchanged), captured_at=captured_at,
                    source_key=tuple(source_key) if source_key is not None else None)
 

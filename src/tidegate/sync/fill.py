@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from tidegate.sync.changes import Change, Op, Version, entity_id_of
+from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import Transaction
 from tidegate.sync.metrics import SyncMetrics
 from tidegate.sync.values import Row
@@ -108,30 +108,38 @@ class Filler:
 
     async def fill(self, transaction: Transaction) -> Transaction:
         """The transaction with every unchanged column filled that can be; images tracked."""
+        repeatable = {t for t in {c.entity_type for c in transaction.changes} if self._repeatable(t)}
         fetched = await self._prefetch(transaction.changes)
         filled: list[Change] = []
+        previous_change: Change | None = None
         for change in transaction.changes:
             if change.op is Op.TRUNCATE:
                 self._truncate(change.entity_type)
                 filled.append(change)
+                previous_change = change
                 continue
             ident = (change.entity_type, change.entity_id)
             exact_from = 0
             if change.unchanged and change.after is not None:
-                change, exact_from = await self._filled(change, ident, fetched)
+                moved_from = _moved_from(change, previous_change)
+                previous_change = change
+                change, exact_from = await self._filled(change, ident, moved_from, fetched)
+            else:
+                previous_change = change
             previous = self._images.get(ident) if change.after is None else None
             self._images[ident] = _Image(change.after, change.version, exact_from, previous)
             filled.append(change)
+        if repeatable:
+            await self._settle_repeated_keys(filled)
         if all(a is b for a, b in zip(filled, transaction.changes, strict=True)):
             return transaction
         return dataclasses.replace(transaction, changes=tuple(filled))
 
     # ------------------------------------------------------------------ one change
 
-    async def _filled(self, change: Change, ident: Ident,
+    async def _filled(self, change: Change, ident: Ident, moved_from: Ident | None,
                       fetched: dict[Ident, tuple[Row | None, int]]) -> tuple[Change, int]:
         lsn = change.version.lsn
-        moved_from = _moved_from(change)
         if not self._repeatable(change.entity_type):
             image = self._source_image(change, moved_from)
             if image is not None and image.row is not None and _has(image.row, change.unchanged) \
@@ -153,6 +161,42 @@ class Filler:
         if filled.unchanged:
             self._unresolved(filled, "the source's row lacks them")
         return filled, _ahead(position, lsn)
+
+    async def _settle_repeated_keys(self, changes: list[Change]) -> None:
+        """Under a deferrable key, a removal of a key that a row of this transaction moved onto
+        may be another row's departure (both held the key mid-transaction: a swap by one
+        statement); the stream cannot say which. Such a key's final removal is checked against
+        PostgreSQL and becomes the row it holds, when it holds one."""
+        last: dict[Ident, int] = {}
+        written: dict[Ident, Change] = {}
+        suspect: list[int] = []
+        for index, change in enumerate(changes):
+            ident = (change.entity_type, change.entity_id)
+            if change.op is Op.TRUNCATE:
+                written = {i: c for i, c in written.items() if i[0] != change.entity_type}
+                continue
+            last[ident] = index
+            if change.after is not None:
+                written[ident] = change
+        for ident, index in last.items():
+            change = changes[index]
+            if change.op is Op.DELETE and ident in written and self._repeatable(ident[0]):
+                suspect.append(index)
+        for index in suspect:
+            change = changes[index]
+            model = written[(change.entity_type, change.entity_id)]
+            if model.source_key is None or model.after is None:
+                continue
+            columns = [*model.after, *model.unchanged]
+            wanted = dataclasses.replace(model, unchanged=tuple(columns))
+            read = await self._read(change.entity_type, [wanted])
+            row, position = read.get((change.entity_type, change.entity_id), (None, 0))
+            if row is None:
+                continue
+            changes[index] = dataclasses.replace(change, op=Op.UPDATE, after=row, before=None,
+                                                 unchanged=(), checksum="")
+            self._images[(change.entity_type, change.entity_id)] = _Image(
+                row, change.version, _ahead(position, change.version.lsn))
 
     def _source_image(self, change: Change, moved_from: Ident | None) -> _Image | None:
         """The image this change continues: its own key's, or for a key change the row the old
@@ -209,14 +253,16 @@ class Filler:
         needed: dict[str, list[Change]] = {}
         live: set[Ident] = set()  # keys a change of this transaction left a row on
         removed: dict[Ident, bool] = {}  # key → its removal took a known row
+        previous: Change | None = None
         for change in changes:
             ident = (change.entity_type, change.entity_id)
+            moved_from, previous = _moved_from(change, previous), change
             if change.op is Op.TRUNCATE:
                 live = {i for i in live if i[0] != change.entity_type}
             elif change.op is Op.DELETE:
                 removed[ident] = ident in live or self._usable(ident, change.version.lsn)
                 live.discard(ident)
-            elif change.unchanged and not self._planned_known(change, live, removed):
+            elif change.unchanged and not self._planned_known(change, moved_from, live, removed):
                 needed.setdefault(change.entity_type, []).append(change)
                 live.add(ident)
             else:
@@ -226,10 +272,10 @@ class Filler:
             fetched.update(await self._read(entity_type, wanted))
         return fetched
 
-    def _planned_known(self, change: Change, live: set[Ident], removed: dict[Ident, bool]) -> bool:
+    def _planned_known(self, change: Change, moved_from: Ident | None, live: set[Ident],
+                       removed: dict[Ident, bool]) -> bool:
         if self._repeatable(change.entity_type):
             return False
-        moved_from = _moved_from(change)
         if moved_from is not None:
             return removed.get(moved_from, False)
         ident = (change.entity_type, change.entity_id)
@@ -242,12 +288,16 @@ class Filler:
         return exact_at is None or image.exact_from <= exact_at
 
 
-def _moved_from(change: Change) -> Ident | None:
-    """The old key's ident when this change moved its row to a new key."""
-    if change.op is not Op.UPDATE or change.before is None:
+def _moved_from(change: Change, previous: Change | None) -> Ident | None:
+    """The old key's ident when this change moved its row to a new key: the source emits the
+    old key's removal right before the row under its new key (same commit, previous ordinal)."""
+    if change.op is not Op.UPDATE or change.before is None or previous is None:
         return None
-    old_id = entity_id_of(change.before, tuple(change.key))
-    return None if old_id == change.entity_id else (change.entity_type, old_id)
+    if any(change.before.get(column) != value for column, value in change.key.items()) \
+            and previous.op is Op.DELETE and previous.entity_type == change.entity_type \
+            and previous.version == Version(change.version.lsn, change.version.ordinal - 1):
+        return (previous.entity_type, previous.entity_id)
+    return None
 
 
 def _has(row: Row, columns: Sequence[str]) -> bool:

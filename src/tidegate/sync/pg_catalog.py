@@ -158,7 +158,8 @@ def warn_toast_risk(tables: Iterable[TableInfo]) -> None:
             logger.warning(
                 "table %s.%s has REPLICA IDENTITY %s and TOAST-able columns (%s): an update that "
                 "leaves a large value unchanged does not carry it, so those columns are filled "
-                "from the cache; ALTER TABLE ... REPLICA IDENTITY FULL sends whole before-images",
+                "from the row's previous image or read back from the table; ALTER TABLE ... "
+                "REPLICA IDENTITY FULL sends whole before-images",
                 table.schema, table.name,
                 {"d": "DEFAULT", "n": "NOTHING", "i": "USING INDEX"}.get(table.replica_identity,
                                                                           table.replica_identity),

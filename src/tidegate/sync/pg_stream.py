@@ -52,7 +52,7 @@ from tidegate.sync.pgoutput import (
     decode_message,
 )
 
-__all__ = ["HEARTBEAT_PREFIX", "ReplicationReader", "TransactionAssembler"]
+__all__ = ["HEARTBEAT_PREFIX", "ReplicationReader", "TransactionAssembler", "document_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class TransactionAssembler:
         self.shapes: dict[str, Shape | None] = dict(shapes or {})
         self._asked: list[BackfillRequest] = []
         self._backfills: dict[int, list[BackfillRequest]] = {}
+        self._documents = {table.entity_type for table in tables if document_key(table, self._base_types)}
 
     def feed(self, message: Message) -> Transaction | None:
         """Take one message; returns a transaction when it completes one."""
@@ -144,6 +145,7 @@ class TransactionAssembler:
             previous = self._relations.get(relation.relation_id)
             table = _reshaped(table, relation, previous.columns if previous is not None else None)
             self._tables[key] = table
+            self._keep_documents(table)
             self._shape_seen(table, shape_of_relation(relation), "relation message")
             if not table.key_columns:
                 table = None  # a dropped table's replayed changes, without a key: its rows go
@@ -165,6 +167,14 @@ class TransactionAssembler:
         """Take `table`'s changes from now on (a configured table created or re-created while
         the source runs). Called from another thread; a dict assignment is atomic."""
         self._tables[(table.schema, table.name)] = table
+        self._keep_documents(table)
+
+    def _keep_documents(self, table: TableInfo) -> None:
+        """Whether the table's key is a JSON document, after its columns changed."""
+        if document_key(table, self._base_types):
+            self._documents.add(table.entity_type)
+        else:
+            self._documents.discard(table.entity_type)
 
     def table(self, entity_type: str) -> TableInfo | None:
         """The table as the stream last described it (columns renamed, added, dropped)."""
@@ -283,6 +293,7 @@ class TransactionAssembler:
             entity_type=table.entity_type, op=op, key_columns=table.key_columns, version=version,
             commit_time=begin.commit_time, after=after, before=before, xid=begin.xid,
             captured_at=self._clock(), unchanged=unchanged, source_key=source_key,
+            documents=table.entity_type in self._documents,
         ))
 
 
@@ -307,6 +318,19 @@ def _reshaped(table: TableInfo, relation: Relation,
     return dataclasses.replace(
         table, columns=names, type_oids=type_oids, key_columns=key_columns,
         toastable=tuple(c for c in table.toastable if c in type_oids))
+
+
+_DOCUMENT_TYPES = frozenset({114, 3802})  # json, jsonb
+
+
+def document_key(table: TableInfo, base_types: Mapping[int, int]) -> bool:
+    """True when the table's key is one column of JSON documents (jsonb, or a domain over it),
+    whose values may be strings and numbers alike: its entity ids take the array form
+    (`entity_id_of(..., documents=True)`)."""
+    if len(table.key_columns) != 1:
+        return False
+    oid = table.type_oids.get(table.key_columns[0], 0)
+    return base_types.get(oid, oid) in _DOCUMENT_TYPES
 
 
 def _key_text(state: _RelationState, table: TableInfo,

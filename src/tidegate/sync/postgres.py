@@ -56,7 +56,7 @@ from tidegate.sync.contracts import CheckpointStore, Transaction
 from tidegate.sync.fill import RowsRead
 from tidegate.sync.pg_catalog import SlotInfo, TableInfo
 from tidegate.sync.pg_driver import psycopg2, sql
-from tidegate.sync.pg_stream import ReplicationReader, TransactionAssembler
+from tidegate.sync.pg_stream import ReplicationReader, TransactionAssembler, document_key
 from tidegate.sync.pg_types import SESSION_OPTIONS, decode_text
 from tidegate.sync.pgoutput import format_lsn, parse_lsn
 from tidegate.sync.values import JsonValue, Row, canonical, source_zone
@@ -436,7 +436,8 @@ class PostgresSource:
         if reader is None:
             raise SourceError("the snapshot read was closed")
         rows = reader.batch(table, after, size)
-        changes = row_changes(table, rows, version, reader.as_of, self._base_types, self._zone)
+        changes = row_changes(table, rows, version, reader.as_of, self._base_types, self._zone,
+                               document_key(table, self._base_types))
         if rows:
             after = [rows[-1][column] for column in table.key_columns]
         return tuple(changes), after
@@ -500,7 +501,8 @@ class PostgresSource:
             size = self.settings.snapshot_batch_size
             while True:
                 changes, after, table = await asyncio.to_thread(
-                    read_batch, conn, request, after, size, self._base_types, self._zone)
+                    read_batch, conn, request, after, size, self._base_types, self._zone,
+                    lambda table: document_key(table, self._base_types))
                 done = table is None or len(changes) < size
                 yield Transaction(tuple(changes), position=None,
                                   snapshot_mark={**mark, "after": after, "done": done})
@@ -633,7 +635,8 @@ class PostgresSource:
                                            value, self._zone)
                        for column, value in zip(columns, values, strict=True)}
             row = canonical(decoded)
-            rows[entity_id_of(row, table.key_columns)] = row
+            rows[entity_id_of(row, table.key_columns,
+                              documents=document_key(table, self._base_types))] = row
         return rows, parse_lsn(result[0][0])
 
     def _close_row_conn(self) -> None:
