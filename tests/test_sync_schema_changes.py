@@ -9,6 +9,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg2
@@ -17,8 +18,23 @@ import pytest
 from sync_exact import cached_rows, database_rows, wait_until_exact
 from sync_support import eventually, pg_url
 from tidegate.config import SyncConfig, TidegateConfig
-from tidegate.sync.backfill import MAX_ORDINAL
-from tidegate.sync.changes import Version
+from tidegate.sync.backfill import MAX_ORDINAL, SCHEMA_PREFIX, schema_message
+from tidegate.sync.changes import Op, Version
+from tidegate.sync.contracts import Transaction
+from tidegate.sync.pg_catalog import TableInfo
+from tidegate.sync.pg_stream import TransactionAssembler
+from tidegate.sync.pgoutput import (
+    COLUMN_IN_KEY,
+    TEXT,
+    Begin,
+    Column,
+    ColumnValue,
+    Commit,
+    Insert,
+    LogicalMessage,
+    Message,
+    Relation,
+)
 from tidegate.sync.pipeline import Pipeline
 from tidegate.sync.run import open_sync
 
@@ -277,3 +293,66 @@ async def test_a_schema_change_while_the_sync_is_stopped_is_found_at_restart(
 
         await eventually(recorded, "the new shape is recorded in the checkpoint")
     assert database_rows(pg_dsn, "items") == rows
+
+
+# ---------------------------------------------------------------------- the assembler's rules
+# (pure: messages built by hand, no server)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+DOCS_INFO = TableInfo(schema="public", name="docs", relation_id=7, columns=("id", "n"),
+                      type_oids={"id": 23, "n": 23}, key_columns=("id",), key_types=("integer",),
+                      replica_identity="d", toastable=())
+
+
+def relation(*columns: tuple[str, int]) -> Relation:
+    return Relation(7, "public", "docs", "d", tuple(
+        Column(COLUMN_IN_KEY if index == 0 else 0, name, oid, -1)
+        for index, (name, oid) in enumerate(columns)))
+
+
+def transaction(assembler: TransactionAssembler, lsn: int, *messages: Message) -> Transaction:
+    assert assembler.feed(Begin(lsn, T0, lsn)) is None
+    for message in messages:
+        assert assembler.feed(message) is None
+    done = assembler.feed(Commit(0, lsn, lsn + 8, T0))
+    assert done is not None
+    return done
+
+
+def row(*values: str) -> tuple[ColumnValue, ...]:
+    return tuple(ColumnValue(TEXT, value.encode()) for value in values)
+
+
+def test_a_relation_message_with_another_shape_asks_for_a_backfill_at_its_commit() -> None:
+    shape = (("id", 23, -1), ("n", 23, -1))
+    assembler = TransactionAssembler([DOCS_INFO], UTC, shapes={"docs": shape})
+    # The known shape again (every new session sends it): nothing to re-read
+    first = transaction(assembler, 100, relation(("id", 23), ("n", 23)), Insert(7, row("1", "2")))
+    assert assembler.take_backfills(first.position) == []
+    # A column added: a backfill at (this commit, the top ordinal), above the changes it holds
+    second = transaction(assembler, 200, relation(("id", 23), ("n", 23), ("c", 25)),
+                         Insert(7, row("2", "3", "x")))
+    (request,) = assembler.take_backfills(second.position)
+    assert request.version == Version(200, MAX_ORDINAL) > second.changes[0].version
+    assert request.entity_type == "docs" and request.shape == (*shape, ("c", 25, -1))
+    assert assembler.take_backfills(second.position) == []  # taken once
+
+
+def test_a_renamed_key_column_keeps_identifying_rows() -> None:
+    assembler = TransactionAssembler([DOCS_INFO], UTC)
+    transaction(assembler, 100, relation(("id", 23), ("n", 23)), Insert(7, row("1", "2")))
+    renamed = transaction(assembler, 200, relation(("key", 23), ("n", 23)), Insert(7, row("5", "6")))
+    (change,) = renamed.changes
+    assert change.key == {"key": 5} and change.after == {"key": 5, "n": 6}
+    assert assembler.table("docs") is not None and assembler.table("docs").key_columns == ("key",)
+
+
+def test_a_schema_message_for_a_dropped_table_truncates_it_once() -> None:
+    assembler = TransactionAssembler([DOCS_INFO], UTC, shapes={"docs": (("id", 23, -1),)})
+    gone = LogicalMessage(True, 300, SCHEMA_PREFIX, schema_message("docs", None).encode())
+    dropped = transaction(assembler, 300, gone)
+    assert [c.op for c in dropped.changes] == [Op.TRUNCATE]
+    (request,) = assembler.take_backfills(dropped.position)
+    assert request.shape is None and assembler.shapes["docs"] is None
+    again = transaction(assembler, 400, gone)  # announced twice: the second changes nothing
+    assert again.changes == () and assembler.take_backfills(again.position) == []
