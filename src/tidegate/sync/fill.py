@@ -67,9 +67,10 @@ class RowReader(Protocol):
     """A source that can read current rows back by key (PostgreSQL)."""
 
     async def read_rows(self, entity_type: str, keys: Sequence[Sequence[str]],
-                        columns: Sequence[str]) -> RowsRead:
+                        columns: Sequence[str], *, xid: int | None = None) -> RowsRead:
         """The current committed values of `columns` of the rows with these keys (each the key
-        columns' values as the source's text, `Change.source_key`); missing rows are absent."""
+        columns' values as the source's text, `Change.source_key`); missing rows are absent.
+        With `xid`, the read must see that transaction and every one committed before it."""
         ...
 
     def keys_may_repeat(self, entity_type: str) -> bool:
@@ -235,7 +236,8 @@ class Filler:
             return {}
         columns = list(dict.fromkeys(col for c in wanted.values() for col in c.unchanged))
         keys = [c.source_key for c in wanted.values() if c.source_key is not None]
-        read = await self._reader.read_rows(entity_type, keys, columns)
+        xid = next((c.xid for c in wanted.values() if c.xid is not None), None)
+        read = await self._reader.read_rows(entity_type, keys, columns, xid=xid)
         return {(entity_type, entity_id): (read.rows.get(entity_id), read.position)
                 for entity_id in wanted}
 
