@@ -13,7 +13,8 @@ producer, which sees every change in commit order, and uses two sources:
    non-deferrable unique key row by row, so two live rows never share a key at any point of the
    stream, and the image under a key is that of the one row holding it.
 2. **PostgreSQL itself**, for anything else: a keyed SELECT of only the missing columns, on a
-   plain connection, so at a snapshot taken after the change was committed. That value is never
+   plain connection, at a snapshot that shows the change's transaction (the source reads again
+   until it does: a commit can reach the slot before it is visible). That value is never
    older than the change; it may be *newer* (later commits are visible), which is safe because
    every later change of the row follows in the stream with its own, higher version and
    overwrites what it sent, and the cache's compare-and-set keeps the newest version. A read
