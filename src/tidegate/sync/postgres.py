@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
@@ -74,6 +75,16 @@ READER_STOP_TIMEOUT_S = 10.0
 _warned_toast: set[tuple[str, str]] = set()
 # Keys per statement when reading rows back for the fill.
 READ_BATCH = 500
+# How long a read back waits for the transaction that asked to become visible, and how often
+# it looks again.
+VISIBLE_WAIT_S = 10.0
+VISIBLE_POLL_S = 0.005
+# Is the 32-bit xid %s visible in the statement's snapshot? Its epoch is the snapshot's
+# (next xid's), or the one before when that would put it beyond the next xid.
+_VISIBLE_SQL = """pg_visible_in_snapshot(GREATEST(3,
+    (pg_snapshot_xmax(pg_current_snapshot())::text::bigint >> 32 << 32) + %s - CASE
+    WHEN (pg_snapshot_xmax(pg_current_snapshot())::text::bigint & 4294967295) < %s
+    THEN 4294967296 ELSE 0 END)::text::xid8, pg_current_snapshot())"""
 
 
 class PostgresSourceSettings(BaseModel):
@@ -570,14 +581,18 @@ class PostgresSource:
         return entity_type in self._repeatable
 
     async def read_rows(self, entity_type: str, keys: Sequence[Sequence[str]],
-                        columns: Sequence[str]) -> RowsRead:
+                        columns: Sequence[str], *, xid: int | None = None) -> RowsRead:
         """The current committed values of `columns` (and the key) of the rows with `keys`
         (each key's values as the server's text), as canonical rows by entity id, with the WAL
         insert position at the read: no commit at or after it is visible to the read.
 
         A plain autocommit connection takes a new snapshot per statement, so the read sees every
-        transaction committed before it, the one whose change asked for it included; see
-        `tidegate.sync.fill` for why a value newer than the change is safe."""
+        transaction committed before it; see `tidegate.sync.fill` for why a value newer than the
+        change is safe. Not older: a commit reaches the slot once its WAL is flushed, which can
+        be before other sessions see it (while it waits for a synchronous standby, say), so with
+        `xid` (the transaction whose change asks) the read is repeated until its snapshot shows
+        that transaction, and with it every one committed before (standbys release waiting
+        commits in WAL order)."""
         table = self._current_table(entity_type)
         if table is None:
             raise SourceError(f"{entity_type} is not a table of this source")
@@ -588,7 +603,18 @@ class PostgresSource:
         position = 0
         for start in range(0, len(keys), READ_BATCH):
             batch = [tuple(key) for key in keys[start:start + READ_BATCH]]
-            found, position = await asyncio.to_thread(self._read_batch, table, wanted, batch)
+            deadline = time.monotonic() + VISIBLE_WAIT_S
+            while True:
+                found, position, visible = await asyncio.to_thread(
+                    self._read_batch, table, wanted, batch, xid)
+                if visible:
+                    break
+                if time.monotonic() > deadline:
+                    raise SourceError(
+                        f"transaction {xid} reached slot {self.settings.slot_name} but is still "
+                        f"not visible at {self._where} after {VISIBLE_WAIT_S:.0f} s")
+                await asyncio.sleep(VISIBLE_POLL_S)
+            xid = None  # seen once: later batches' snapshots are newer still
             rows.update(found)
         return RowsRead(rows, position)
 
@@ -597,18 +623,20 @@ class PostgresSource:
         current = self._assembler.table(entity_type) if self._assembler is not None else None
         return current or next((t for t in self._tables if t.entity_type == entity_type), None)
 
-    def _read_batch(self, table: TableInfo, columns: list[str],
-                    keys: list[tuple[str, ...]]) -> tuple[dict[str, Row], int]:
+    def _read_batch(self, table: TableInfo, columns: list[str], keys: list[tuple[str, ...]],
+                    xid: int | None) -> tuple[dict[str, Row], int, bool]:
         one = sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL("%s::" + t) for t in table.key_types))
         key_list = sql.SQL(", ").join(sql.Identifier(c) for c in table.key_columns)
-        # The position is taken after the statement's snapshot; the outer join keeps one row
-        # (the position) when no key matches.
+        # The position and the visibility check use the statement's own snapshot (taken before
+        # the position is read); the outer join keeps one row when no key matches.
         query = sql.SQL(
-            "SELECT pg_current_wal_insert_lsn()::text, r.* FROM (SELECT 1) AS one LEFT JOIN "
+            "SELECT pg_current_wal_insert_lsn()::text, {}, r.* FROM (SELECT 1) AS one LEFT JOIN "
             "(SELECT {} FROM {} WHERE ({}) IN ({})) AS r ON true").format(
+            sql.SQL(_VISIBLE_SQL if xid is not None else "true"),
             sql.SQL(", ").join(sql.Identifier(c) for c in columns), table.identifier, key_list,
             sql.SQL(", ").join([one] * len(keys)))
-        params = [text for key in keys for text in key]
+        params: list[object] = [xid, xid] if xid is not None else []
+        params += [text for key in keys for text in key]
         try:
             if self._row_conn is None:
                 self._row_conn = self._connect(replication=False)
@@ -621,13 +649,14 @@ class PostgresSource:
             # in the stream, with a backfill (or the removal) above this change's version.
             logger.info("reading %s rows back: its columns changed since; the re-read that "
                         "follows the change fills them", table.entity_type)
-            return {}, 0
+            return {}, 0, True
         except psycopg2.Error as exc:
             self._close_row_conn()
             raise SourceError(f"reading {table.entity_type} rows back at {self._where} failed: "
                               f"{exc}".strip()) from exc
         rows: dict[str, Row] = {}
-        for _, *values in result:
+        documents = document_key(table, self._base_types)
+        for _, _, *values in result:
             if values[0] is None:  # keys are NOT NULL: the empty outer row
                 continue
             decoded = {column: decode_text(self._base_types.get(table.type_oids[column],
@@ -635,9 +664,8 @@ class PostgresSource:
                                            value, self._zone)
                        for column, value in zip(columns, values, strict=True)}
             row = canonical(decoded)
-            rows[entity_id_of(row, table.key_columns,
-                              documents=document_key(table, self._base_types))] = row
-        return rows, parse_lsn(result[0][0])
+            rows[entity_id_of(row, table.key_columns, documents=documents)] = row
+        return rows, parse_lsn(result[0][0]), result[0][1] in (True, "t", "true")
 
     def _close_row_conn(self) -> None:
         conn, self._row_conn = self._row_conn, None
