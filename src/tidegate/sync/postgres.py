@@ -534,6 +534,8 @@ class PostgresSource:
                 await asyncio.to_thread(self._check_schemas, assembler, pending, announced)
             except SourceError as exc:
                 logger.warning("cannot compare the tables' schemas with the catalog: %s", exc)
+            except Exception:  # the stream goes on; a check that fails is said, not swallowed
+                logger.exception("comparing the tables' schemas with the catalog failed")
             await asyncio.sleep(interval)
 
     def _check_schemas(self, assembler: TransactionAssembler, pending: dict[str, Shape | None],
