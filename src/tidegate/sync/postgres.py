@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tidegate.errors import ConfigError, SourceError
 from tidegate.sync import pg_catalog
 from tidegate.sync.backfill import (
+    MAX_ORDINAL,
     SCHEMA_PREFIX,
     BackfillRequest,
     Shape,
@@ -52,7 +53,7 @@ from tidegate.sync.backfill import (
     shapes_of_catalog,
 )
 from tidegate.sync.backfill import raw_text_caster as _raw_text_caster
-from tidegate.sync.changes import Change, Version, entity_id_of
+from tidegate.sync.changes import Change, Op, Version, entity_id_of
 from tidegate.sync.contracts import CheckpointStore, Transaction
 from tidegate.sync.fill import RowsRead
 from tidegate.sync.pg_catalog import SlotInfo, TableInfo
@@ -230,7 +231,7 @@ class PostgresSource:
         known = set(checkpoint.get("shapes") or ()) if isinstance(checkpoint, dict) else set()
         slot = await asyncio.to_thread(self._inspect_and_publish, known)
         if slot is not None and isinstance(checkpoint, dict):
-            self._checkpoint = self._reconcile(checkpoint)
+            self._checkpoint = self._reconcile(checkpoint, slot)
             await self._checkpoints.put_checkpoint(self._checkpoint_key, self._checkpoint)
             return
         if slot is not None:
@@ -248,10 +249,16 @@ class PostgresSource:
                             "shapes": {name: encode_shape(shape) for name, shape in self._shapes.items()}}
         await self._checkpoints.put_checkpoint(self._checkpoint_key, self._checkpoint)
 
-    def _reconcile(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    def _reconcile(self, checkpoint: dict[str, Any], slot: SlotInfo) -> dict[str, Any]:
         """The checkpoint for this run's configured tables: a table configured since the last run
         is to be read like the snapshot (the stream never carried its older rows); a table no
-        longer configured is forgotten (configured again later, it is read again)."""
+        longer configured is forgotten (configured again later, it is read again).
+
+        A late table's read is versioned at (the slot's confirmed position, top ordinal), after
+        a TRUNCATE just below it: above whatever the cache still holds of the table from an
+        earlier time it was configured (rows deleted since must go), below every change the
+        stream will carry (it resumes after that position; the read is newer than any change it
+        replays, which then converge as after a backfill, see tidegate.sync.backfill)."""
         recorded = dict(checkpoint.get("shapes") or {})
         if "shapes" not in checkpoint:  # written before shapes were recorded: take the catalog's
             recorded = {name: encode_shape(shape) for name, shape in self._shapes.items()}
@@ -263,7 +270,11 @@ class PostgresSource:
         if new:
             logger.info("table(s) %s newly configured for slot %s: reading their rows before "
                         "the stream resumes", ", ".join(new), self.settings.slot_name)
-        return {**checkpoint, "shapes": shapes, "tables_done": done,
+        start = slot.confirmed_flush_lsn or int(checkpoint["consistent_point"])
+        late = {name: lsn for name, lsn in (checkpoint.get("late") or {}).items()
+                if name in present and name not in done}
+        late.update((name, start) for name in new)
+        return {**checkpoint, "shapes": shapes, "tables_done": done, "late": late,
                 "snapshot_done": bool(checkpoint.get("snapshot_done")) and present <= set(done)}
 
     def _inspect_and_publish(self, known: set[str]) -> SlotInfo | None:
@@ -421,13 +432,23 @@ class PostgresSource:
             lambda: _SnapshotReader.open(self._connect(replication=False), snapshot_name))
         await asyncio.to_thread(self._close_exporter)  # imported (or never there): let it go
         size = self.settings.snapshot_batch_size
+        late = checkpoint.get("late") or {}
         for index, table in enumerate(pending):
             after = checkpoint.get("after") if checkpoint.get("table") == table.entity_type else None
+            start = late.get(table.entity_type)
+            table_version = version if start is None else Version(int(start), MAX_ORDINAL)
             done = False
             while not done:
+                first = after is None
                 changes, after = await asyncio.to_thread(
-                    self._snapshot_batch, self._snapshot_reader, table, after, size, version)
+                    self._snapshot_batch, self._snapshot_reader, table, after, size, table_version)
                 done = len(changes) < size
+                if first and start is not None:  # what an earlier time left of it goes first
+                    assert self._snapshot_reader is not None
+                    changes = (Change.of_row(
+                        entity_type=table.entity_type, op=Op.TRUNCATE, key_columns=table.key_columns,
+                        version=Version(int(start), MAX_ORDINAL - 1),
+                        commit_time=self._snapshot_reader.as_of), *changes)
                 if done and index == len(pending) - 1:
                     # End the read transaction before the consumer takes the last batch: it
                     # holds the tables' locks (a TRUNCATE or ALTER would wait on it).
