@@ -358,6 +358,20 @@ def test_a_renamed_key_column_keeps_identifying_rows() -> None:
     assert assembler.table("docs") is not None and assembler.table("docs").key_columns == ("key",)
 
 
+def test_a_renamed_composite_key_column_is_recognised_without_an_earlier_message() -> None:
+    # Given the catalog's view at start (key a, b) and a replayed message from before a rename
+    # the other way round (x was renamed to a since), the key is (x, b) for that message
+    pairs = TableInfo(schema="public", name="docs", relation_id=7, columns=("a", "b", "v"),
+                      type_oids={"a": 25, "b": 23, "v": 23}, key_columns=("a", "b"),
+                      key_types=("text", "integer"), replica_identity="d", toastable=("a",))
+    assembler = TransactionAssembler([pairs], UTC)
+    message = Relation(7, "public", "docs", "d", (Column(COLUMN_IN_KEY, "x", 25, -1),
+                                                  Column(COLUMN_IN_KEY, "b", 23, -1),
+                                                  Column(0, "v", 23, -1)))
+    (change,) = transaction(assembler, 100, message, Insert(7, row("", "2", "3"))).changes
+    assert change.key == {"x": "", "b": 2}
+
+
 def test_a_schema_message_for_a_dropped_table_truncates_it_once() -> None:
     assembler = TransactionAssembler([DOCS_INFO], UTC, shapes={"docs": (("id", 23, -1),)})
     gone = LogicalMessage(True, 300, SCHEMA_PREFIX, schema_message("docs", None).encode())

@@ -301,13 +301,16 @@ def _reshaped(table: TableInfo, relation: Relation,
               previous: Sequence[Column] | None) -> TableInfo:
     """`table` with the columns `relation` describes. A renamed key column keeps its place in
     the key: a rename is recognised as the same position, type and count of columns as before
-    with another name (the previous Relation message of this session, when there was one)."""
+    with another name (before: the previous Relation message of this session, else the table as
+    last described — the catalog at start, whose names a replayed older message may predate)."""
     names = tuple(c.name for c in relation.columns)
     # A table known by name only (dropped before this run) takes the key the message flags.
     key_columns = table.key_columns or tuple(c.name for c in relation.columns if c.in_key)
-    if previous is not None and not set(key_columns) <= set(names) and len(previous) == len(names):
-        renamed = {old.name: new.name for old, new in zip(previous, relation.columns, strict=True)
-                   if old.type_oid == new.type_oid}
+    before = ([(c.name, c.type_oid) for c in previous] if previous is not None
+              else [(name, table.type_oids.get(name, 0)) for name in table.columns])
+    if not set(key_columns) <= set(names) and len(before) == len(names):
+        renamed = {name: new.name for (name, oid), new in zip(before, relation.columns, strict=True)
+                   if oid == new.type_oid}
         key_columns = tuple(renamed.get(c, c) for c in key_columns)
     flagged = [c.name for c in relation.columns if c.in_key]
     if not set(key_columns) <= set(names) and len(key_columns) == len(flagged) == 1:
