@@ -500,3 +500,31 @@ async def test_a_value_read_ahead_of_the_stream_is_not_carried_to_a_new_key(pg_d
     expected = db_rows(pg_dsn, "docs", ["id"])
     actual = {key: row for key, (_, row) in state.items() if row is not None}
     assert differences(expected, actual) == []
+
+
+async def test_a_read_back_waits_until_the_transaction_that_asked_is_visible(pg_dsn: str) -> None:
+    transaction(pg_dsn, DOCS)
+    settings = PostgresSourceSettings(dsn=pg_dsn, tables=("docs",), slot_name=f"s_{uuid.uuid4().hex[:8]}")
+    # (The slot is created first: creating one waits for transactions in progress.)
+    async with PostgresSource(settings, DictCheckpoints()) as source:
+        # Given a transaction that has written a row but is not visible yet (not committed) ...
+        writer = psycopg2.connect(pg_dsn)
+        try:
+            with writer.cursor() as cur:
+                cur.execute(f"INSERT INTO docs VALUES {DOCS_ROW.format(id=50)}")
+                cur.execute("SELECT txid_current() & 4294967295")
+                row = cur.fetchone()
+                assert row is not None
+                xid = int(row[0])
+            # When the fill reads its row back on behalf of it
+            read = asyncio.create_task(source.read_rows("docs", [("50",)], ["big"], xid=xid))
+            await asyncio.sleep(0.3)
+            assert not read.done()  # waiting for it, not answering "no such row"
+            await asyncio.to_thread(writer.commit)
+            result = await asyncio.wait_for(read, SETTLE_S)
+        finally:
+            writer.close()
+        # Then the read sees it; a read for a transaction long visible answers at once.
+        assert result.rows["50"]["big"] == db_rows(pg_dsn, "docs", ["id"])["50"]["big"]
+        again = await asyncio.wait_for(source.read_rows("docs", [("50",)], ["n"], xid=xid), 1.0)
+        assert again.rows["50"] == {"id": 50, "n": 0}

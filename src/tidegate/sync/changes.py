@@ -116,7 +116,7 @@ class Change:
     checksum: str = ""
     # Columns the source did not send because they are unchanged (PostgreSQL's unchanged TOAST
     # values) and could not fill from a before-image: they are missing from `after` until the
-    # pipeline fills them from the entity's cached row (`with_columns`), and the checksum covers
+    # pipeline fills them (`tidegate.sync.fill`, through `with_columns`), and the checksum covers
     # the row only once they are filled.
     unchanged: tuple[str, ...] = ()
     # When the change was seen by the source (epoch seconds, this host's clock): with commit_time

@@ -13,7 +13,8 @@ producer, which sees every change in commit order, and uses two sources:
    non-deferrable unique key row by row, so two live rows never share a key at any point of the
    stream, and the image under a key is that of the one row holding it.
 2. **PostgreSQL itself**, for anything else: a keyed SELECT of only the missing columns, on a
-   plain connection, so at a snapshot taken after the change was committed. That value is never
+   plain connection, at a snapshot that shows the change's transaction (the source reads again
+   until it does: a commit can reach the slot before it is visible). That value is never
    older than the change; it may be *newer* (later commits are visible), which is safe because
    every later change of the row follows in the stream with its own, higher version and
    overwrites what it sent, and the cache's compare-and-set keeps the newest version. A read
@@ -67,9 +68,10 @@ class RowReader(Protocol):
     """A source that can read current rows back by key (PostgreSQL)."""
 
     async def read_rows(self, entity_type: str, keys: Sequence[Sequence[str]],
-                        columns: Sequence[str]) -> RowsRead:
+                        columns: Sequence[str], *, xid: int | None = None) -> RowsRead:
         """The current committed values of `columns` of the rows with these keys (each the key
-        columns' values as the source's text, `Change.source_key`); missing rows are absent."""
+        columns' values as the source's text, `Change.source_key`); missing rows are absent.
+        With `xid`, the read must see that transaction and every one committed before it."""
         ...
 
     def keys_may_repeat(self, entity_type: str) -> bool:
@@ -213,6 +215,12 @@ class Filler:
     def _repeatable(self, entity_type: str) -> bool:
         return self._reader is not None and self._reader.keys_may_repeat(entity_type)
 
+    def forget(self, entity_type: str) -> None:
+        """Drop every image of the type: the table's shape changed (a column's type, name or
+        presence), so an image of an earlier change may hold a value in the old form; the next
+        fills read PostgreSQL instead (tidegate.sync.backfill)."""
+        self._truncate(entity_type)
+
     def _truncate(self, entity_type: str) -> None:
         for ident in [i for i in self._images if i[0] == entity_type]:
             del self._images[ident]
@@ -235,7 +243,8 @@ class Filler:
             return {}
         columns = list(dict.fromkeys(col for c in wanted.values() for col in c.unchanged))
         keys = [c.source_key for c in wanted.values() if c.source_key is not None]
-        read = await self._reader.read_rows(entity_type, keys, columns)
+        xid = next((c.xid for c in wanted.values() if c.xid is not None), None)
+        read = await self._reader.read_rows(entity_type, keys, columns, xid=xid)
         return {(entity_type, entity_id): (read.rows.get(entity_id), read.position)
                 for entity_id in wanted}
 

@@ -60,6 +60,14 @@ class SyncMetrics:
             "tidegate_sync_confirmed_position", "Last source position confirmed (LSN or outbox seq)",
             registry=r,
         )
+        self.backfills = Counter(
+            "tidegate_sync_backfills", "Tables re-read after a schema change (or dropped)",
+            ["entity_type"], registry=r,
+        )
+        self.backfill_rows = Counter(
+            "tidegate_sync_backfill_rows", "Rows re-read by backfills after a schema change",
+            ["entity_type"], registry=r,
+        )
         self.drift_rows = Gauge(
             "tidegate_sync_drift_rows",
             "Rows the last `sync verify` found wrong in the cache (kind: missing, extra, differing; "

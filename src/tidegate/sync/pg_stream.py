@@ -10,6 +10,7 @@ the optional heartbeats.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import select
 import threading
@@ -20,6 +21,14 @@ from datetime import tzinfo
 from typing import Any
 
 from tidegate.errors import SourceError
+from tidegate.sync.backfill import (
+    SCHEMA_PREFIX,
+    BackfillRequest,
+    Shape,
+    backfill_version,
+    parse_schema_message,
+    shape_of_relation,
+)
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import Transaction
 from tidegate.sync.pg_catalog import TableInfo
@@ -80,13 +89,22 @@ class TransactionAssembler:
 
     def __init__(self, tables: Sequence[TableInfo], zone: tzinfo,
                  base_types: Mapping[int, int] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 shapes: Mapping[str, Shape | None] | None = None) -> None:
         self._tables = {(table.schema, table.name): table for table in tables}
         self._zone = zone
         self._base_types = dict(base_types or {})
         self._clock = clock
         self._relations: dict[int, _RelationState] = {}
         self._open: _OpenTransaction | None = None
+        # Schema changes (see tidegate.sync.backfill): the shape the cache's rows are in per
+        # entity type (None: the table is gone; absent: not known, nothing compared), the
+        # backfills the open transaction asks for, and those of committed transactions by
+        # position until the source takes them. Written on the reader thread, read by the source
+        # after the transaction was handed over.
+        self.shapes: dict[str, Shape | None] = dict(shapes or {})
+        self._asked: list[BackfillRequest] = []
+        self._backfills: dict[int, list[BackfillRequest]] = {}
         self._documents = {table.entity_type for table in tables if document_key(table, self._base_types)}
 
     def feed(self, message: Message) -> Transaction | None:
@@ -96,7 +114,11 @@ class TransactionAssembler:
                 raise SourceError("pgoutput Begin inside an open transaction")
             self._open = _OpenTransaction(message)
         elif isinstance(message, Commit):
-            return self._commit(message)
+            transaction = self._commit(message)
+            if self._asked:
+                self._backfills.setdefault(message.end_lsn, []).extend(self._asked)
+                self._asked = []
+            return transaction
         elif isinstance(message, Relation):
             self._relation(message)
         elif isinstance(message, Insert | Update | Delete | Truncate):
@@ -115,17 +137,73 @@ class TransactionAssembler:
         return Transaction(changes, position=commit.end_lsn, commit_time=commit.commit_time)
 
     def _relation(self, relation: Relation) -> None:
-        table = self._tables.get((relation.namespace or "pg_catalog", relation.name))
+        key = (relation.namespace or "pg_catalog", relation.name)
+        table = self._tables.get(key)
         decoders = tuple(decoder_for(self._base_types.get(c.type_oid, c.type_oid), self._zone)
                          for c in relation.columns)
+        if table is not None:
+            previous = self._relations.get(relation.relation_id)
+            table = _reshaped(table, relation, previous.columns if previous is not None else None)
+            self._tables[key] = table
+            self._keep_documents(table)
+            self._shape_seen(table, shape_of_relation(relation), "relation message")
+            if not table.key_columns:
+                table = None  # a dropped table's replayed changes, without a key: its rows go
         self._relations[relation.relation_id] = _RelationState(table, relation.columns, decoders)
+
+    def _shape_seen(self, table: TableInfo, shape: Shape | None, reason: str) -> None:
+        """The table has `shape` from this transaction on: a shape other than the one the cache
+        holds asks for a backfill at this transaction's commit (see tidegate.sync.backfill)."""
+        name = table.entity_type
+        if name not in self.shapes or self.shapes[name] == shape or self._open is None:
+            self.shapes.setdefault(name, shape)
+            return
+        self.shapes[name] = shape
+        self._asked.append(BackfillRequest(
+            table=f"{table.schema}.{table.name}", entity_type=name,
+            version=backfill_version(self._open.begin.final_lsn), shape=shape, reason=reason))
+
+    def follow(self, table: TableInfo) -> None:
+        """Take `table`'s changes from now on (a configured table created or re-created while
+        the source runs). Called from another thread; a dict assignment is atomic."""
+        self._tables[(table.schema, table.name)] = table
+        self._keep_documents(table)
+
+    def _keep_documents(self, table: TableInfo) -> None:
+        """Whether the table's key is a JSON document, after its columns changed."""
+        if document_key(table, self._base_types):
+            self._documents.add(table.entity_type)
+        else:
+            self._documents.discard(table.entity_type)
+
+    def table(self, entity_type: str) -> TableInfo | None:
+        """The table as the stream last described it (columns renamed, added, dropped)."""
+        return next((t for t in list(self._tables.values()) if t.entity_type == entity_type), None)
+
+    def take_backfills(self, position: int | None) -> list[BackfillRequest]:
+        """The backfills the transaction committed at `position` asks for (taken once)."""
+        return self._backfills.pop(position, []) if position is not None else []
 
     def _logical_message(self, message: LogicalMessage) -> Transaction | None:
         # A transactional heartbeat arrives inside its own Begin..Commit, which yields the empty
         # transaction; a non-transactional one stands alone at its LSN.
         if message.prefix == HEARTBEAT_PREFIX and not message.transactional:
             return Transaction((), position=message.lsn)
+        if message.prefix == SCHEMA_PREFIX and message.transactional and self._open is not None:
+            self._schema_message(message.content)
         return None
+
+    def _schema_message(self, content: bytes) -> None:
+        """The source saw the catalog differ from the known shape of a table (or the table
+        gone): the change is committed before this message's transaction."""
+        entity_type, shape = parse_schema_message(content)
+        table = next((t for t in self._tables.values() if t.entity_type == entity_type), None)
+        if table is None or self.shapes.get(entity_type, ()) == shape:
+            return
+        if shape is None:
+            # A dropped table has no rows: its cached ones go, as a TRUNCATE would take them.
+            self._emit(table, Op.TRUNCATE)
+        self._shape_seen(table, shape, "dropped" if shape is None else "catalog")
 
     def _change(self, message: Insert | Update | Delete | Truncate) -> None:
         if self._open is None:
@@ -217,6 +295,32 @@ class TransactionAssembler:
             captured_at=self._clock(), unchanged=unchanged, source_key=source_key,
             documents=table.entity_type in self._documents,
         ))
+
+
+def _reshaped(table: TableInfo, relation: Relation,
+              previous: Sequence[Column] | None) -> TableInfo:
+    """`table` with the columns `relation` describes. A renamed key column keeps its place in
+    the key: a rename is recognised as the same position, type and count of columns as before
+    with another name (before: the previous Relation message of this session, else the table as
+    last described — the catalog at start, whose names a replayed older message may predate)."""
+    names = tuple(c.name for c in relation.columns)
+    # A table known by name only (dropped before this run) takes the key the message flags.
+    key_columns = table.key_columns or tuple(c.name for c in relation.columns if c.in_key)
+    before = ([(c.name, c.type_oid) for c in previous] if previous is not None
+              else [(name, table.type_oids.get(name, 0)) for name in table.columns])
+    if not set(key_columns) <= set(names) and len(before) == len(names):
+        renamed = {name: new.name for (name, oid), new in zip(before, relation.columns, strict=True)
+                   if oid == new.type_oid}
+        key_columns = tuple(renamed.get(c, c) for c in key_columns)
+    flagged = [c.name for c in relation.columns if c.in_key]
+    if not set(key_columns) <= set(names) and len(key_columns) == len(flagged) == 1:
+        key_columns = (flagged[0],)  # no earlier message to compare with: the one key column
+    type_oids = {c.name: c.type_oid for c in relation.columns}
+    if names == table.columns and key_columns == table.key_columns and type_oids == table.type_oids:
+        return table
+    return dataclasses.replace(
+        table, columns=names, type_oids=type_oids, key_columns=key_columns,
+        toastable=tuple(c for c in table.toastable if c in type_oids))
 
 
 _DOCUMENT_TYPES = frozenset({114, 3802})  # json, jsonb

@@ -46,6 +46,15 @@ __all__ = ["Pipeline", "PipelineSettings", "default_consumer_name"]
 log = logging.getLogger("tidegate.sync")
 
 
+def _backfill_of(transaction: Transaction) -> str | None:
+    """The entity type a source's backfill batch (rows re-read after a schema change) re-reads:
+    its mark names it in `backfill`."""
+    mark = transaction.snapshot_mark
+    if isinstance(mark, dict) and isinstance(mark.get("backfill"), str):
+        return str(mark["backfill"])
+    return None
+
+
 def default_consumer_name() -> str:
     """A consumer name unique to this process on this host."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -172,7 +181,13 @@ class Pipeline:
     async def _read_source(self, ready: asyncio.Queue[Transaction | None]) -> None:
         try:
             async for transaction in self.source.transactions():
-                transaction = await self._filler.fill(transaction)
+                backfilled = _backfill_of(transaction)
+                if backfilled is not None:
+                    # Rows re-read after a schema change are not in commit order: they neither
+                    # need a fill nor may they serve as one; earlier images may be in the old shape.
+                    self._filler.forget(backfilled)
+                else:
+                    transaction = await self._filler.fill(transaction)
                 async with self._room:
                     await self._room.wait_for(self._has_room)
                 self._unpublished += len(transaction.changes)
@@ -190,6 +205,7 @@ class Pipeline:
         for transaction in batch:
             self._tracker.add(transaction)
             self._unpublished -= len(transaction.changes)
+            self._count_backfill(transaction)
         self.metrics.pending.set(self._tracker.pending_changes)
         changes = [change for transaction in batch for change in transaction.changes]
         if changes:
@@ -203,6 +219,13 @@ class Pipeline:
                         max(0.0, now - change.commit_time.timestamp()))
         if not all(transaction.changes for transaction in batch):
             await self._confirm()  # a heartbeat or an empty commit: nothing to wait for
+
+    def _count_backfill(self, transaction: Transaction) -> None:
+        entity_type = _backfill_of(transaction)
+        if entity_type is not None:
+            self.metrics.backfill_rows.labels(entity_type).inc(len(transaction.changes))
+            if isinstance(transaction.snapshot_mark, dict) and transaction.snapshot_mark.get("done"):
+                self.metrics.backfills.labels(entity_type).inc()
 
     # -- consumer ---------------------------------------------------------------------------
 
