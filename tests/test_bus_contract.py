@@ -644,6 +644,10 @@ def test_bus_urls_pick_the_backend_and_refuse_what_cannot_work() -> None:
     with pytest.raises(ConfigError, match="cannot name a Kafka topic"):
         bus_for("kafka://127.0.0.1:9092").topic("odd table")  # type: ignore[attr-defined]
     assert bus_for("redis://h:1/0?max_len=5", prefix="shop").settings.max_len == 5  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="fetch_max_wait_ms"):
+        bus_for("kafka://127.0.0.1:9092?fetch_max_wait_ms=0")  # 0: the consumer would poll in a busy loop
+    waiting = bus_for("kafka://127.0.0.1:9092?fetch_max_wait_ms=250")
+    assert waiting.settings.fetch_max_wait_ms == 250  # type: ignore[attr-defined]
 
 
 def _closed_port() -> int:
