@@ -620,6 +620,26 @@ async def test_kafka_acks_hold_when_a_rebalance_follows_at_once(bus_factory: Bus
 
 
 @pytest.mark.kafka_only
+async def test_kafka_an_ack_and_close_stay_bounded_when_the_broker_dies(bus_factory: BusFactory,
+                                                                       tmp_path: Path) -> None:
+    # Given a consumer holding deliveries when its broker is killed
+    async with _server_that_goes_away(bus_factory, tmp_path) as (url, stop), \
+            bus_for(url, prefix=bus_factory.prefix, **FAST) as gone:
+        await gone.publish([change(1, 1), change(1, 2)])
+        sub = gone.subscribe("g", "c1", ["product"])
+        async with sub:
+            got = await fetch_until(sub, 2, ack=False)
+            assert len(got) == 2
+            await stop(gone)
+            # When it acks them (the commit cannot reach the broker) and closes
+            started = time.monotonic()
+            await asyncio.wait_for(sub.ack(got), timeout=1.0)  # the ack does not wait for the commit
+        # Then closing gave up on the commit after the request timeout rather than hanging
+        closed_after_s = time.monotonic() - started
+    assert closed_after_s < FAST["request_timeout_s"] + 10
+
+
+@pytest.mark.kafka_only
 async def test_kafka_a_broker_refusing_the_idempotent_producer_is_named(bus_factory: BusFactory) -> None:
     # The Tansu broker answers aiokafka's InitProducerId (v0) with an error (see support/tansu.py)
     with pytest.raises(BusUnavailable, match="idempotence=false"):
@@ -644,6 +664,10 @@ def test_bus_urls_pick_the_backend_and_refuse_what_cannot_work() -> None:
     with pytest.raises(ConfigError, match="cannot name a Kafka topic"):
         bus_for("kafka://127.0.0.1:9092").topic("odd table")  # type: ignore[attr-defined]
     assert bus_for("redis://h:1/0?max_len=5", prefix="shop").settings.max_len == 5  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="fetch_max_wait_ms"):
+        bus_for("kafka://127.0.0.1:9092?fetch_max_wait_ms=0")  # 0: the consumer would poll in a busy loop
+    waiting = bus_for("kafka://127.0.0.1:9092?fetch_max_wait_ms=250")
+    assert waiting.settings.fetch_max_wait_ms == 250  # type: ignore[attr-defined]
 
 
 def _closed_port() -> int:

@@ -18,6 +18,7 @@ from typing import Any, Self
 
 from tidegate.errors import InvalidChange, SourceError
 from tidegate.sync import pg_catalog
+from tidegate.sync.backfill import raw_text_caster
 from tidegate.sync.contracts import CheckpointStore
 from tidegate.sync.pg_catalog import TableInfo
 from tidegate.sync.pg_driver import psycopg2, sql
@@ -29,7 +30,6 @@ from tidegate.sync.postgres import (
     _catalog_errors,
     _connection_params,
     _describe,
-    _raw_text_caster,
     _SnapshotReader,
 )
 from tidegate.sync.values import source_zone
@@ -127,7 +127,7 @@ class PostgresRows:
             sql.SQL(", ").join(one for _ in keys))
         try:
             with self._conn.cursor() as cur:
-                psycopg2.extensions.register_type(_raw_text_caster(), cur)
+                psycopg2.extensions.register_type(raw_text_caster(), cur)
                 cur.execute(query, [value for key in keys for value in key])
                 return [dict(zip(table.columns, row, strict=True)) for row in cur.fetchall()]
         except psycopg2.Error as exc:

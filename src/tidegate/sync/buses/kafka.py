@@ -194,8 +194,10 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka i
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         # What was acked before the partitions go is committed first (aiokafka awaits this).
-        await self.subscription.settle_commits()
-        self.subscription.forget(revoked)
+        try:
+            await self.subscription.settle_commits()
+        finally:
+            self.subscription.forget(revoked)
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         self.subscription.forget(assigned)
@@ -234,13 +236,8 @@ class KafkaSubscription(SubscriptionBase):
 
     async def _close(self) -> None:
         # Leaving the group hands this consumer's partitions, from the committed offsets, to the
-        # others: its unacked deliveries reach them. What was acked is committed before (within
-        # the request timeout: a broker that does not answer must not hold the close up).
-        try:
-            await asyncio.wait_for(self.settle_commits(), self.bus.settings.request_timeout_s)
-        except TimeoutError:
-            log.warning("%r: offsets acked in the last %.0f s may not be committed: the broker did not "
-                        "answer; those deliveries come again", self, self.bus.settings.request_timeout_s)
+        # others: its unacked deliveries reach them. What was acked is committed before.
+        await self.settle_commits()
         if self._commit_failure is not None:
             log.warning("%r: %s; the deliveries after the last committed offset come again",
                         self, self._commit_failure)
@@ -248,6 +245,13 @@ class KafkaSubscription(SubscriptionBase):
             await self._consumer.stop()
         except KafkaError as exc:
             log.warning("%r: leaving the group failed: %s", self, exc)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this close itself is being cancelled
+            # With the broker gone, aiokafka's fetcher cancels its pending fetch on stop and lets
+            # that cancellation out of stop(): the consumer is stopped all the same.
+            log.warning("%r: left the group without a goodbye: the broker is unreachable", self)
 
     def forget(self, partitions: Iterable[Any]) -> None:
         """Partitions were revoked or (re)assigned: deliveries handed out before are not ours to
@@ -325,10 +329,17 @@ class KafkaSubscription(SubscriptionBase):
                 self._commit_failure = self.bus.unavailable(exc, "committing offsets")
 
     async def settle_commits(self) -> None:
-        """Wait until every offset acked so far was sent to the broker (or refused: logged)."""
+        """Wait until every offset acked so far was committed or refused, at most the request
+        timeout (a broker that does not answer must not hold a close or a rebalance up)."""
         committer = self._committer
-        if committer is not None:
-            await asyncio.shield(committer)
+        if committer is None:
+            return
+        timeout_s = self.bus.settings.request_timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(committer), timeout_s)
+        except TimeoutError:
+            log.warning("%r: offsets acked may not be committed, the broker did not answer within "
+                        "%.0f s: those deliveries come again", self, timeout_s)
 
     def _raise_commit_failure(self) -> None:
         failure, self._commit_failure = self._commit_failure, None
