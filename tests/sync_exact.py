@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg2
@@ -27,21 +28,24 @@ WHERE i.indrelid = %s::regclass AND i.indisprimary
 """
 
 
-def database_rows(dsn: str, table: str) -> dict[str, dict[str, JsonValue]]:
-    """entity id → canonical row of every row of `table` (empty when the table does not exist)."""
+def database_rows(dsn: str, table: str, key_columns: Sequence[str] | None = None, *,
+                  documents: bool = False) -> dict[str, dict[str, JsonValue]]:
+    """entity id → canonical row of every row of `table` (empty when the table does not exist),
+    keyed by `key_columns` (the primary key when not given; `documents` for a jsonb key)."""
     with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
         if not cur.fetchone()[0]:
             return {}
-        cur.execute(_PRIMARY_KEY_SQL, (table,))
-        key_columns = cur.fetchone()[0]
+        if key_columns is None:
+            cur.execute(_PRIMARY_KEY_SQL, (table,))
+            key_columns = cur.fetchone()[0]
         cur.execute(f"SELECT * FROM {table}")
         names = [d.name for d in cur.description]
         rows: dict[str, dict[str, JsonValue]] = {}
         for values in cur.fetchall():
             row = canonical(dict(zip(names, values, strict=True)))
             assert isinstance(row, dict)
-            rows[entity_id_of(row, key_columns)] = row
+            rows[entity_id_of(row, key_columns, documents=documents)] = row
         return rows
 
 

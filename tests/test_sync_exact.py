@@ -24,16 +24,17 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
+from sync_exact import cached_rows, database_rows, describe_difference
 from sync_support import DictCheckpoints, eventually, pg_url
 from tidegate.config import SyncConfig, TidegateConfig
-from tidegate.sync.changes import Change, Op, Version, entity_id_of
+from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import EntityCache, Transaction
 from tidegate.sync.fill import Filler
 from tidegate.sync.metrics import SyncMetrics
 from tidegate.sync.pipeline import Pipeline
 from tidegate.sync.postgres import PostgresSource, PostgresSourceSettings
 from tidegate.sync.run import open_sync
-from tidegate.sync.values import Row, canonical
+from tidegate.sync.values import Row
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -67,43 +68,11 @@ def transaction(dsn: str, *statements: str) -> int:
     return int(row[0]) if row is not None else 0
 
 
-def db_rows(dsn: str, table: str, key_columns: Sequence[str]) -> dict[str, Row]:
-    """Every row of `table` in the canonical form the cache holds, by entity id."""
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, \
-            conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
-        cur.execute(f"SELECT * FROM {table}")
-        rows = [canonical(dict(row)) for row in cur.fetchall()]
-    return {entity_id_of(row, key_columns, documents=table in DOCUMENT_KEYED): row for row in rows}
-
-
 def row_count(dsn: str, table: str) -> int:
     with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
         cur.execute(f"SELECT count(*) FROM {table}")
         row = cur.fetchone()
         return int(row[0]) if row is not None else 0
-
-
-async def cache_rows(cache: EntityCache, entity_type: str) -> dict[str, Row]:
-    return {entry.entity_id: entry.data async for entry in cache.scan(entity_type)
-            if entry.data is not None}
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) < 60 else f"{text[:40]}…({len(text)} chars)"
-
-
-def differences(expected: dict[str, Row], actual: dict[str, Row]) -> list[str]:
-    """What differs between the database's rows and the cache's, column by column."""
-    problems = [f"missing {key!r}" for key in sorted(set(expected) - set(actual))]
-    problems += [f"extra {key!r}" for key in sorted(set(actual) - set(expected))]
-    for key in sorted(set(expected) & set(actual)):
-        want, got = expected[key], actual[key]
-        for column in sorted(set(want) | set(got)):
-            if want.get(column, "<absent>") != got.get(column, "<absent>"):
-                problems.append(f"{key!r}.{column}: database {_short(want.get(column, '<absent>'))}, "
-                                f"cache {_short(got.get(column, '<absent>'))}")
-    return problems
 
 
 async def assert_cache_equals_db(dsn: str, cache: EntityCache, tables: dict[str, Sequence[str]],
@@ -118,10 +87,11 @@ async def assert_cache_equals_db(dsn: str, cache: EntityCache, tables: dict[str,
                     row_count, dsn, table):
                 problems.append(f"{table}: counts differ")  # still applying: no need to compare yet
                 continue
-            expected = await asyncio.to_thread(db_rows, dsn, table, key_columns)
-            actual = await cache_rows(cache, table)
+            expected = await asyncio.to_thread(database_rows, dsn, table, key_columns,
+                                               documents=table in DOCUMENT_KEYED)
+            actual = await cached_rows(cache, table)
             if expected != actual:
-                problems += [f"{table} {p}" for p in differences(expected, actual)]
+                problems.append(f"{table}: {describe_difference(expected, actual, limit=20)}")
         if not problems:
             return
         if time.monotonic() > deadline:
@@ -497,9 +467,9 @@ async def test_a_value_read_ahead_of_the_stream_is_not_carried_to_a_new_key(pg_d
             fold(state, (await filler.fill(streamed_transaction)).changes)
     # Then row 2 has its own large values (read again under its new key), and both rows equal
     # the database's, every column.
-    expected = db_rows(pg_dsn, "docs", ["id"])
+    expected = database_rows(pg_dsn, "docs", ["id"])
     actual = {key: row for key, (_, row) in state.items() if row is not None}
-    assert differences(expected, actual) == []
+    assert expected == actual, describe_difference(expected, actual)
 
 
 async def test_a_read_back_waits_until_the_transaction_that_asked_is_visible(pg_dsn: str) -> None:
@@ -525,6 +495,6 @@ async def test_a_read_back_waits_until_the_transaction_that_asked_is_visible(pg_
         finally:
             writer.close()
         # Then the read sees it; a read for a transaction long visible answers at once.
-        assert result.rows["50"]["big"] == db_rows(pg_dsn, "docs", ["id"])["50"]["big"]
+        assert result.rows["50"]["big"] == database_rows(pg_dsn, "docs", ["id"])["50"]["big"]
         again = await asyncio.wait_for(source.read_rows("docs", [("50",)], ["n"], xid=xid), 1.0)
         assert again.rows["50"] == {"id": 50, "n": 0}
