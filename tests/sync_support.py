@@ -1,14 +1,19 @@
-"""Helpers of the change-flow tests: a DSN as a URL, a dict checkpoint store, waiting until a
-cache holds exactly what a database holds."""
+"""Helpers of the change-flow tests: a DSN as a URL, statements run on PostgreSQL, a pipeline
+running for a block, a dict checkpoint store, waiting until a cache holds exactly what a
+database holds."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import psycopg2
+
 from tidegate.sync.contracts import EntityCache
+from tidegate.sync.pipeline import Pipeline
 from tidegate.sync.values import JsonValue, canonical, checksum
 
 
@@ -16,6 +21,36 @@ def pg_url(dsn: str) -> str:
     """A postgresql:// URL for a libpq keyword DSN (the fixture's form)."""
     parts = dict(item.split("=", 1) for item in dsn.split())
     return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+def execute(dsn: str, *statements: str) -> None:
+    """Each statement in its own transaction (autocommit)."""
+    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+
+
+def in_one_transaction(dsn: str, *statements: str) -> None:
+    """All statements in one transaction."""
+    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+        conn.commit()
+
+
+@contextlib.asynccontextmanager
+async def running(pipeline: Pipeline) -> AsyncIterator[Pipeline]:
+    """The pipeline running on a task of this process until the block ends (then stopped, with
+    its drain)."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(pipeline.run(stop))
+    try:
+        yield pipeline
+    finally:
+        stop.set()
+        await task
 
 
 class DictCheckpoints:

@@ -25,7 +25,7 @@ import psycopg2.extras
 import pytest
 
 from sync_exact import cached_rows, database_rows, describe_difference
-from sync_support import DictCheckpoints, eventually, pg_url
+from sync_support import DictCheckpoints, eventually, pg_url, running
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import EntityCache, Transaction
@@ -145,16 +145,10 @@ async def flowing(dsn: str, sync: SyncConfig, keys: dict[str, Sequence[str]],
                   cache: EntityCache | None = None) -> AsyncIterator[Flow]:
     """The pipeline running (stopped, with its drain, on exit), its snapshot applied."""
     config = TidegateConfig.load(queue_url="sqlite:///unused.db").model_copy(update={"sync": sync})
-    async with open_sync(config, cache=cache) as pipeline:
-        stop = asyncio.Event()
-        task = asyncio.create_task(pipeline.run(stop))
+    async with open_sync(config, cache=cache) as pipeline, running(pipeline):
         flow = Flow(dsn, sync, pipeline, keys)
-        try:
-            await flow.settled()
-            yield flow
-        finally:
-            stop.set()
-            await task
+        await flow.settled()
+        yield flow
 
 
 @pytest.fixture(params=BACKENDS)

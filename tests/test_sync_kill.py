@@ -25,7 +25,7 @@ import psycopg2
 import pytest
 
 from sync_exact import wait_until_exact
-from sync_support import pg_url
+from sync_support import in_one_transaction, pg_url
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Version
 from tidegate.sync.contracts import EntityCache
@@ -308,14 +308,15 @@ async def test_killed_at_random_moments_the_cache_ends_exactly_equal_and_version
             sync.start()
             await sync.started()
             await asyncio.sleep(rng.uniform(0.2, 1.0))
-            await asyncio.to_thread(_execute, pg_dsn, "ALTER TABLE docs ADD COLUMN extra integer DEFAULT 7")
+            await asyncio.to_thread(in_one_transaction, pg_dsn,
+                                    "ALTER TABLE docs ADD COLUMN extra integer DEFAULT 7")
             await asyncio.sleep(rng.uniform(0.2, 1.0))
             sync.kill()
             await versions.observe()
             sync.start()
             await sync.started()
             await asyncio.sleep(rng.uniform(0.2, 1.0))
-            await asyncio.to_thread(_execute, pg_dsn, "ALTER TABLE pairs RENAME COLUMN v TO w")
+            await asyncio.to_thread(in_one_transaction, pg_dsn, "ALTER TABLE pairs RENAME COLUMN v TO w")
             await asyncio.sleep(rng.uniform(0.2, 1.0))
             sync.kill()
             await versions.observe()
@@ -345,12 +346,6 @@ async def test_killed_at_random_moments_the_cache_ends_exactly_equal_and_version
             import shutil
             for log in sync.tmp_path.glob("sync-*.log"):
                 shutil.copy(log, os.environ["KILL_LOGS"])
-
-
-def _execute(dsn: str, statement: str) -> None:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
-        cur.execute(statement)
-        conn.commit()
 
 
 def _wal_position(dsn: str) -> int:

@@ -8,21 +8,28 @@ import asyncio
 import contextlib
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psycopg2
 import pytest
 
-from sync_support import cached_checksums, checksums_of, eventually, pg_url, wait_until_equal
+from sync_support import (
+    cached_checksums,
+    checksums_of,
+    eventually,
+    in_one_transaction,
+    pg_url,
+    running,
+    wait_until_equal,
+)
 from tidegate.config import RefreshRule, SyncConfig, TidegateConfig
 from tidegate.jobs import Priority
 from tidegate.queue import Queue
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import entity_id_of
 from tidegate.sync.contracts import EntityCache
-from tidegate.sync.pipeline import Pipeline, PipelineSettings
+from tidegate.sync.pipeline import PipelineSettings
 from tidegate.sync.run import open_sync
 from tidegate.sync.shop import SHOP_TABLES, ShopLoad, create_shop
 from tidegate.sync.values import normalise_timestamp
@@ -31,17 +38,6 @@ pytestmark = pytest.mark.timeout(120)
 
 SHOP_KEYS = {"products": ["id"], "users": ["id"], "interactions": ["id"]}
 SHOP_TIMESTAMPS = {"products": ("updated_at",), "users": ("created_at",), "interactions": ("created_at",)}
-
-
-@contextlib.asynccontextmanager
-async def running(pipeline: Pipeline) -> AsyncIterator[Pipeline]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(pipeline.run(stop))
-    try:
-        yield pipeline
-    finally:
-        stop.set()
-        await task
 
 
 def _config(sync: SyncConfig, queue_url: str = "sqlite:///unused.db") -> TidegateConfig:
@@ -151,13 +147,6 @@ def _pg_rows(dsn: str) -> dict[str, dict[str, Any]]:
         return {str(row[0]): dict(zip(names, row, strict=True)) for row in cur.fetchall()}
 
 
-def _execute(dsn: str, *statements: str) -> None:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
-        for statement in statements:
-            cur.execute(statement)
-        conn.commit()
-
-
 def _confirmed(dsn: str, slot: str) -> int:
     with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
         cur.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots "
@@ -171,7 +160,7 @@ async def test_postgresql_commits_reach_the_cache_through_every_bus(
 ) -> None:
     bus_url = {"memory": "memory://", "redis": redis_server}.get(bus) or request.getfixturevalue(
         "kafka_broker").bus_url
-    _execute(pg_dsn, ITEMS, SEED.format(50))
+    in_one_transaction(pg_dsn, ITEMS, SEED.format(50))
     suffix = uuid.uuid4().hex[:8]
     sync = SyncConfig(source_url=pg_url(pg_dsn), bus_url=bus_url, cache_url=redis_server, tables=("items",),
                       slot=f"s_{suffix}", publication=f"p_{suffix}", prefix=f"t{suffix}", heartbeat_s=None)
@@ -184,10 +173,10 @@ async def test_postgresql_commits_reach_the_cache_through_every_bus(
 
         await wait_until_equal(source, cached)  # the snapshot
         before = _confirmed(pg_dsn, sync.slot)
-        _execute(pg_dsn, "INSERT INTO items VALUES (100, 'new', 'x', 1.50, '2026-01-01 10:00+02')",
+        in_one_transaction(pg_dsn, "INSERT INTO items VALUES (100, 'new', 'x', 1.50, '2026-01-01 10:00+02')",
                  "UPDATE items SET price = price * 2 WHERE id <= 10",  # one statement, ten rows, one LSN
                  "DELETE FROM items WHERE id = 20")
-        _execute(pg_dsn, "UPDATE items SET name = 'renamed' WHERE id = 100")
+        in_one_transaction(pg_dsn, "UPDATE items SET name = 'renamed' WHERE id = 100")
         await wait_until_equal(source, cached)
         await eventually(lambda: (pipeline.last_confirmed or 0) > before, "a newer position is confirmed")
         deleted = await pipeline.cache.get("items", "20")
@@ -198,7 +187,7 @@ async def test_postgresql_commits_reach_the_cache_through_every_bus(
 async def test_an_unchanged_toast_column_keeps_its_value_in_the_cache(pg_dsn: str, redis_server: str) -> None:
     # Given a row whose body is large enough to be stored out of line (TOAST), incompressible
     big = "SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g"  # 12,800 characters
-    _execute(pg_dsn, ITEMS, f"INSERT INTO items VALUES (1, 'one', ({big}), 1, now())")
+    in_one_transaction(pg_dsn, ITEMS, f"INSERT INTO items VALUES (1, 'one', ({big}), 1, now())")
     suffix = uuid.uuid4().hex[:8]
     sync = SyncConfig(source_url=pg_url(pg_dsn), cache_url=redis_server, tables=("items",),
                       slot=f"s_{suffix}", publication=f"p_{suffix}", prefix=f"t{suffix}", heartbeat_s=None)
@@ -212,9 +201,9 @@ async def test_an_unchanged_toast_column_keeps_its_value_in_the_cache(pg_dsn: st
         await wait_until_equal(source, cached)
         # When other columns change (REPLICA IDENTITY DEFAULT: PostgreSQL does not resend the body),
         # twice in one transaction and once more later
-        _execute(pg_dsn, "UPDATE items SET price = 2 WHERE id = 1",
+        in_one_transaction(pg_dsn, "UPDATE items SET price = 2 WHERE id = 1",
                  "UPDATE items SET name = 'uno' WHERE id = 1")
-        _execute(pg_dsn, "UPDATE items SET price = 3 WHERE id = 1")
+        in_one_transaction(pg_dsn, "UPDATE items SET price = 3 WHERE id = 1")
         # Then the cached row still has the body, and equals the database's row
         await wait_until_equal(source, cached)
         entry = await pipeline.cache.get("items", "1")
@@ -225,7 +214,7 @@ async def test_an_unchanged_toast_column_keeps_its_value_in_the_cache(pg_dsn: st
 
 
 async def test_a_memory_cache_after_a_restart_means_a_fresh_snapshot(pg_dsn: str) -> None:
-    _execute(pg_dsn, ITEMS, SEED.format(20))
+    in_one_transaction(pg_dsn, ITEMS, SEED.format(20))
     suffix = uuid.uuid4().hex[:8]
     sync = SyncConfig(source_url=pg_url(pg_dsn), tables=("items",), slot=f"s_{suffix}",
                       publication=f"p_{suffix}", heartbeat_s=None)
@@ -240,11 +229,11 @@ async def test_a_memory_cache_after_a_restart_means_a_fresh_snapshot(pg_dsn: str
                 return await cached_checksums(cache, "items")
 
             await wait_until_equal(source, cached)
-        _execute(pg_dsn, "UPDATE items SET name = 'changed while stopped' WHERE id = 3")
+        in_one_transaction(pg_dsn, "UPDATE items SET name = 'changed while stopped' WHERE id = 3")
 
 
 async def test_the_slot_state_is_exported_from_the_source_status(pg_dsn: str) -> None:
-    _execute(pg_dsn, ITEMS, SEED.format(5))
+    in_one_transaction(pg_dsn, ITEMS, SEED.format(5))
     suffix = uuid.uuid4().hex[:8]
     sync = SyncConfig(source_url=pg_url(pg_dsn), tables=("items",), slot=f"s_{suffix}",
                       publication=f"p_{suffix}", heartbeat_s=None)

@@ -16,7 +16,7 @@ import psycopg2
 import pytest
 
 from sync_exact import cached_rows, database_rows, wait_until_exact
-from sync_support import eventually, pg_url
+from sync_support import eventually, execute, in_one_transaction, pg_url, running
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.sync.backfill import MAX_ORDINAL, SCHEMA_PREFIX, schema_message
 from tidegate.sync.changes import Op, Version
@@ -52,22 +52,6 @@ INSERT INTO other SELECT 'k' || g, g FROM generate_series(1, 10) g;
 """
 
 
-def execute(dsn: str, *statements: str) -> None:
-    """Each statement in its own transaction."""
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
-
-
-def in_one_transaction(dsn: str, *statements: str) -> None:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
-        for statement in statements:
-            cur.execute(statement)
-        conn.commit()
-
-
 def sync_config(dsn: str, redis_url: str, tables: Sequence[str], suffix: str) -> TidegateConfig:
     # Small backfill batches (bounded batches are the point) and a fast catalog check.
     sync = SyncConfig(source_url=f"{pg_url(dsn)}?schema_check_s=0.2&snapshot_batch_size=7",
@@ -79,14 +63,8 @@ def sync_config(dsn: str, redis_url: str, tables: Sequence[str], suffix: str) ->
 @contextlib.asynccontextmanager
 async def syncing(config: TidegateConfig) -> AsyncIterator[Pipeline]:
     """The change flow running in this process until the block ends."""
-    async with open_sync(config) as pipeline:
-        stop = asyncio.Event()
-        task = asyncio.create_task(pipeline.run(stop))
-        try:
-            yield pipeline
-        finally:
-            stop.set()
-            await task
+    async with open_sync(config) as pipeline, running(pipeline):
+        yield pipeline
 
 
 def counter(pipeline: Pipeline, name: str, entity_type: str) -> float:
