@@ -24,7 +24,7 @@ import psycopg2.extras
 import pytest
 
 from support.redis_keys import delete_prefixed
-from sync_support import eventually, pg_url
+from sync_support import eventually, execute, pg_url, running
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.errors import SourceError
 from tidegate.sync.cache import cache_for
@@ -48,14 +48,6 @@ SCHEMA = (
     "INSERT INTO pairs SELECT chr(97 + i % 5), i, 'note ' || i FROM generate_series(1, 120) i",
 )
 FAST = VerifySettings(max_rows_per_s=None, settle_timeout_s=20)
-
-
-def _execute(dsn: str, *statements: str) -> None:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
 
 
 def _db_checksums(dsn: str, table: str) -> dict[str, str]:
@@ -89,14 +81,8 @@ async def _syncing(sync: SyncConfig, cache: EntityCache | None = None) -> AsyncI
     """The change flow running in this process until the block ends."""
     config = TidegateConfig.load(queue_url="sqlite:///unused.db").model_copy(update={"sync": sync})
     try:
-        async with open_sync(config, cache=cache) as pipeline:
-            stop = asyncio.Event()
-            task = asyncio.create_task(pipeline.run(stop))
-            try:
-                yield pipeline
-            finally:
-                stop.set()
-                await task
+        async with open_sync(config, cache=cache) as pipeline, running(pipeline):
+            yield pipeline
     finally:
         if sync.cache_url.startswith("redis://"):
             await delete_prefixed(sync.cache_url, sync.prefix, f"{sync.prefix}:sync:checkpoints")
@@ -133,7 +119,7 @@ async def test_verify_finds_injected_drift_per_table_and_repair_fixes_it_without
     pg_dsn: str, redis_server: str, cache_kind: str,
 ) -> None:
     # Given a database synced into a cache that holds exactly its rows
-    _execute(pg_dsn, *SCHEMA)
+    execute(pg_dsn, *SCHEMA)
     sync = _sync_config(pg_dsn, "memory://" if cache_kind == "memory" else redis_server)
     async with _syncing(sync) as pipeline:
         cache = pipeline.cache
@@ -166,7 +152,7 @@ async def test_verify_finds_injected_drift_per_table_and_repair_fixes_it_without
         assert (await _verify(sync, cache)).drift == 0
 
         # And later changes of the repaired rows still land: their versions did not regress
-        _execute(pg_dsn, "UPDATE items SET name = 'renamed' WHERE id IN (3, 5)",
+        execute(pg_dsn, "UPDATE items SET name = 'renamed' WHERE id IN (3, 5)",
                  "DELETE FROM items WHERE id = 7", "INSERT INTO pairs VALUES ('zz', 999, 'real now')")
         await eventually(lambda: _cache_equals_db(pg_dsn, cache), "the later changes are cached", 30)
         renamed = await cache.get_entity("items", ids["changed"])
@@ -203,7 +189,7 @@ async def test_verify_reports_no_drift_on_a_correct_cache_while_writes_continue(
     pg_dsn: str, redis_server: str, cache_kind: str,
 ) -> None:
     # Given a synced cache and a writer changing rows all through the verify pass
-    _execute(pg_dsn, *SCHEMA)
+    execute(pg_dsn, *SCHEMA)
     sync = _sync_config(pg_dsn, "memory://" if cache_kind == "memory" else redis_server)
     async with _syncing(sync) as pipeline:
         await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the snapshot is cached", 30)
@@ -226,17 +212,37 @@ async def test_verify_reports_no_drift_on_a_correct_cache_while_writes_continue(
 
 
 async def test_rows_the_stopped_sync_never_applied_are_unsettled_not_drift(pg_dsn: str) -> None:
-    _execute(pg_dsn, *SCHEMA)
+    execute(pg_dsn, *SCHEMA)
     sync = _sync_config(pg_dsn, "memory://")
     async with cache_for("memory://") as cache:
         async with _syncing(sync, cache):
             await eventually(lambda: _cache_equals_db(pg_dsn, cache), "the snapshot is cached", 30)
         # When the sync has stopped and the database moves on without it
-        _execute(pg_dsn, "UPDATE items SET name = 'later' WHERE id <= 4")
+        execute(pg_dsn, "UPDATE items SET name = 'later' WHERE id <= 4")
         report = await _verify(sync, cache, VerifySettings(max_rows_per_s=None, settle_timeout_s=1.5))
     # Then the rows are stale, not proven wrong: unsettled, and the verify is not ok
     assert _counts(report)["items"] == (0, 0, 0, 4)
     assert report.drift == 0 and not report.ok and report.exit_code == 1
+
+
+async def test_a_table_keyed_by_one_jsonb_column_is_identified_as_the_sync_identifies_it(
+    pg_dsn: str,
+) -> None:
+    # Given a table keyed by JSON documents, where the number 7 and the string "7" are two keys
+    execute(pg_dsn, "CREATE TABLE docs (k jsonb PRIMARY KEY, v int)",
+            """INSERT INTO docs VALUES ('7', 1), ('"7"', 2), ('{"a": [1, 2]}', 3)""")
+    sync = _sync_config(pg_dsn, "memory://").model_copy(update={"tables": ("docs",)})
+    async with cache_for("memory://") as cache, _syncing(sync, cache):
+        await eventually(lambda: _count_is(cache, "docs", 3), "the snapshot is cached", 30)
+        # When verify compares them
+        report = await _verify(sync, cache)
+    # Then each row has the entity id the sync gave it: nothing missing, extra or differing
+    assert report.tables["docs"].checked == 3
+    assert _counts(report)["docs"] == (0, 0, 0, 0) and report.ok
+
+
+async def _count_is(cache: EntityCache, entity_type: str, rows: int) -> bool:
+    return await cache.count(entity_type) == rows
 
 
 # ---------------------------------------------------------------------- the command
@@ -258,7 +264,7 @@ def _env(sync: SyncConfig) -> Iterator[dict[str, str]]:
 async def test_the_command_exits_1_on_drift_repairs_and_status_shows_the_last_verify(
     tmp_path: Path, pg_dsn: str, redis_server: str,
 ) -> None:
-    _execute(pg_dsn, *SCHEMA)
+    execute(pg_dsn, *SCHEMA)
     sync = _sync_config(pg_dsn, redis_server)
     async with _syncing(sync) as pipeline:
         await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the snapshot is cached", 30)
@@ -327,7 +333,7 @@ async def _caught_up(sync: SyncConfig, cache: EntityCache, shop: Path) -> bool:
 
 
 async def test_verify_before_the_snapshot_is_done_is_refused_with_the_reason(pg_dsn: str) -> None:
-    _execute(pg_dsn, *SCHEMA)
+    execute(pg_dsn, *SCHEMA)
     sync = _sync_config(pg_dsn, "memory://")
     async with cache_for("memory://") as cache:  # a cache no sync has filled
         with pytest.raises(SourceError, match="no finished snapshot"):

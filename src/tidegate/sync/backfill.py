@@ -170,6 +170,14 @@ def select_batch(cur: Any, table: TableInfo, after: Sequence[str | None] | None,
     return [dict(zip(table.columns, row, strict=True)) for row in cur.fetchall()]
 
 
+def decode_row(table: TableInfo, row: Mapping[str, str | None], base_types: Mapping[int, int],
+               zone: tzinfo) -> dict[str, Any]:
+    """A row read as PostgreSQL's text, decoded column by column as the stream decodes its values
+    (timestamps made aware in the source zone)."""
+    return {column: decode_text(base_types.get(oid, oid), row[column], zone)
+            for column, oid in table.type_oids.items()}
+
+
 def row_changes(table: TableInfo, rows: Sequence[Mapping[str, str | None]], version: Version,
                 commit_time: Any, base_types: Mapping[int, int], zone: tzinfo,
                 documents: bool) -> list[Change]:
@@ -178,8 +186,7 @@ def row_changes(table: TableInfo, rows: Sequence[Mapping[str, str | None]], vers
     entity ids take the array form."""
     changes = []
     for row in rows:
-        values = {column: decode_text(base_types.get(oid, oid), row[column], zone)
-                  for column, oid in table.type_oids.items()}
+        values = decode_row(table, row, base_types, zone)
         try:
             changes.append(Change.of_row(
                 entity_type=table.entity_type, op=Op.INSERT, key_columns=table.key_columns,

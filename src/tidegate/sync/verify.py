@@ -127,11 +127,12 @@ class RowSource(Protocol):
 
 
 def source_row(entity_type: str, key_columns: Sequence[str], key: tuple[Any, ...],
-               values: dict[str, Any]) -> SourceRow:
+               values: dict[str, Any], *, documents: bool = False) -> SourceRow:
     """A row as the snapshot would turn it into a change: the same entity id, canonical row and
-    checksum (raises InvalidChange where the snapshot would fail too)."""
+    checksum (raises InvalidChange where the snapshot would fail too). `documents`: the key is
+    one JSON column (see `entity_id_of`), as the source decides for the stream."""
     change = Change.of_row(entity_type=entity_type, op=Op.INSERT, key_columns=key_columns,
-                           version=_ZERO, commit_time=_NO_TIME, after=values)
+                           version=_ZERO, commit_time=_NO_TIME, after=values, documents=documents)
     assert change.after is not None
     return SourceRow(change.entity_id, key, change.after, change.checksum)
 

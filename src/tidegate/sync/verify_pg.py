@@ -18,11 +18,11 @@ from typing import Any, Self
 
 from tidegate.errors import InvalidChange, SourceError
 from tidegate.sync import pg_catalog
-from tidegate.sync.backfill import raw_text_caster
+from tidegate.sync.backfill import decode_row, raw_text_caster
 from tidegate.sync.contracts import CheckpointStore
 from tidegate.sync.pg_catalog import TableInfo
 from tidegate.sync.pg_driver import psycopg2, sql
-from tidegate.sync.pg_types import decode_text
+from tidegate.sync.pg_stream import document_key
 from tidegate.sync.pgoutput import parse_lsn
 from tidegate.sync.postgres import (
     CHECKPOINT_PREFIX,
@@ -107,13 +107,14 @@ class PostgresRows:
         raw: list[dict[str, str | None]] = select()
         high = self._insert_lsn()
         rows = []
+        documents = document_key(table, self._base_types)
         for values in raw:
             key = tuple(values[c] for c in table.key_columns)
-            # Decoded as the snapshot decodes (postgres._snapshot_batch), timestamps in the zone.
-            decoded = {column: decode_text(self._base_types.get(oid, oid), values[column], self._zone)
-                       for column, oid in table.type_oids.items()}
+            # Decoded and identified as the snapshot does (backfill.row_changes).
+            decoded = decode_row(table, values, self._base_types, self._zone)
             with contextlib.suppress(InvalidChange):  # counted by the caller as unreadable
-                rows.append(source_row(table.entity_type, table.key_columns, key, decoded))
+                rows.append(source_row(table.entity_type, table.key_columns, key, decoded,
+                                       documents=documents))
         last = tuple(raw[-1][c] for c in table.key_columns) if raw else None
         return SourceRead(tuple(rows), low, high, last, len(raw))
 
