@@ -224,6 +224,13 @@ local function leased_job(id, token)
   return job
 end
 
+-- A job back in line, claimable at its own priority (whatever aging raised it to before).
+local function requeue(job, now, wake)
+  job.level = job.priority
+  make_ready(job, now, wake)
+  save(job)
+end
+
 -- Delayed and failed jobs of one priority whose time has come become claimable.
 local function promote_due(level, now, batch, wake)
   local key = delayed_key(level)
@@ -232,9 +239,7 @@ local function promote_due(level, now, batch, wake)
     redis.call('ZREM', key, id)
     local job = load(id)
     if job and (job.state == 'delayed' or job.state == 'failed') then
-      job.level = job.priority
-      make_ready(job, now, wake)
-      save(job)
+      requeue(job, now, wake)
     end
   end
   return #ids
@@ -276,9 +281,7 @@ local function recover_expired(now, batch, wake)
           finish(job, 'dead', now)
           dead = dead + 1
         else
-          job.level = job.priority
-          make_ready(job, now, wake)
-          save(job)
+          requeue(job, now, wake)
           recovered = recovered + 1
         end
       end

@@ -18,9 +18,7 @@ for _, id in ipairs(ids) do
     job.attempts = 0
     job.finished_ms = nil
     job.failure = nil
-    job.level = job.priority
-    make_ready(job, now, wake)
-    save(job)
+    requeue(job, now, wake)
     count = count + 1
   end
 end
