@@ -195,15 +195,7 @@ class SqliteQueue(Queue):
     def _dedupe(conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> tuple[list[str], list[NewJob]]:
         """Resolve idempotency keys: a known key (stored, or earlier in the batch) maps to its
         first job's id; returns the id for every job and the jobs to insert."""
-        keys = [job.idempotency_key for job in jobs if job.idempotency_key is not None]
-        known: dict[str, str] = {}
-        for chunk_start in range(0, len(keys), 500):
-            chunk = keys[chunk_start:chunk_start + 500]
-            marks = ",".join("?" * len(chunk))
-            for row in conn.execute(
-                f"SELECT idempotency_key, id FROM jobs WHERE idempotency_key IN ({marks})", chunk
-            ):
-                known[row[0]] = row[1]
+        known = _known_keys(conn, [job.idempotency_key for job in jobs if job.idempotency_key is not None])
         ids: list[str] = []
         new: list[NewJob] = []
         for job in jobs:
@@ -420,16 +412,7 @@ class SqliteQueue(Queue):
         return await self._run(body)
 
     async def _idempotent_ids(self, keys: list[str]) -> dict[str, str]:
-        def body(conn: sqlite3.Connection) -> dict[str, str]:
-            found: dict[str, str] = {}
-            for start in range(0, len(keys), 500):
-                chunk = keys[start:start + 500]
-                marks = ",".join("?" * len(chunk))
-                found.update(conn.execute(
-                    f"SELECT idempotency_key, id FROM jobs WHERE idempotency_key IN ({marks})", chunk))
-            return found
-
-        return await self._run(body)
+        return await self._run(lambda conn: _known_keys(conn, keys))
 
     async def _cancel(self, job_id: str) -> bool:
         marks = ",".join("?" * len(_ACTIVE))
@@ -653,6 +636,17 @@ class SqliteQueue(Queue):
 
 # ---------------------------------------------------------------------- row helpers
 
+
+def _known_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, str]:
+    """idempotency key → id of the job that holds it, for the keys stored (500 bound parameters
+    a query, well under SQLite's limit)."""
+    known: dict[str, str] = {}
+    for start in range(0, len(keys), 500):
+        chunk = keys[start:start + 500]
+        marks = ",".join("?" * len(chunk))
+        known.update(conn.execute(
+            f"SELECT idempotency_key, id FROM jobs WHERE idempotency_key IN ({marks})", chunk))
+    return known
 
 def _job(row: sqlite3.Row) -> Job:
     record = dict(row)
