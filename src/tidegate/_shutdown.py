@@ -25,6 +25,7 @@ __all__ = [
     "HARD_STOP_MARGIN_S",
     "STOP_SIGNALS",
     "bounded",
+    "cancel_bounded",
     "close_bounded",
     "enter_bounded",
     "stop_on_signals",
@@ -97,6 +98,17 @@ async def bounded(step: Awaitable[T], what: str, timeout_s: float = CLOSE_BOUND_
     except TimeoutError:
         log.warning("%s did not finish within %.1fs; abandoned", what, timeout_s)
         return None
+
+
+async def cancel_bounded(task: asyncio.Task[object], what: str) -> None:
+    """Cancel `task` and wait, bounded like `bounded`, until it has ended."""
+    task.cancel()
+    await bounded(_ended(task), what)
+
+
+async def _ended(task: asyncio.Task[object]) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def enter_bounded(stack: AsyncExitStack, manager: AbstractAsyncContextManager[T], what: str) -> T:

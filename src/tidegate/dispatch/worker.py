@@ -16,7 +16,6 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tidegate._shutdown import CLOSE_BOUND_S, bounded
+from tidegate._shutdown import CLOSE_BOUND_S, bounded, cancel_bounded, close_bounded
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.dispatch import failures
 from tidegate.dispatch.budget import (
@@ -148,17 +147,13 @@ class Worker:
         for provider in self.config.providers:
             client = self._clients[provider.name] = UpstreamClient(provider)
             await client.open()
-            self._close_later(client.close, f"the upstream pool of {provider.name}")
+            close_bounded(self._stack, client.close, f"the upstream pool of {provider.name}")
         if self._owns_limiter:
-            self._close_later(self._limiter.close, "the worker's rate limiter")
+            close_bounded(self._stack, self._limiter.close, "the worker's rate limiter")
         if self._ledger is None and self._budgets_configured():
             self._ledger = budget_ledger_for(self.config.queue_url)
-            self._close_later(self._ledger.close, "the worker's budget ledger")
+            close_bounded(self._stack, self._ledger.close, "the worker's budget ledger")
         return self
-
-    def _close_later(self, close: Callable[[], Awaitable[None]], what: str) -> None:
-        """On exit, `close` — bounded, so a pool that cannot close does not hold the process."""
-        self._stack.push_async_callback(lambda: bounded(close(), what))
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._stack.aclose()
@@ -217,8 +212,7 @@ class Worker:
                     self._start(job)
         finally:
             await self._drain()
-            heartbeat.cancel()
-            await bounded(_cancelled(heartbeat), "the lease renewals' stop")
+            await cancel_bounded(heartbeat, "the lease renewals' stop")
 
     def _start(self, job: Job) -> None:
         waited_s = 0.0 if job.ready_at is None else max(time.time() - job.ready_at.timestamp(), 0.0)
@@ -688,12 +682,6 @@ class Worker:
             tenant, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit
         )
         return status.fraction_left
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    """Until a cancelled task has ended."""
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 def parse_priorities(text: str) -> tuple[int, ...]:

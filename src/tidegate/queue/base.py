@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -20,7 +19,7 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 from pydantic import ValidationError
 
-from tidegate._shutdown import bounded
+from tidegate._shutdown import bounded, cancel_bounded
 from tidegate.errors import (
     ConfigError,
     InvalidJob,
@@ -179,8 +178,7 @@ class Queue(abc.ABC):
             return
         self._state = _Lifecycle.CLOSED
         if self._maintenance is not None:
-            self._maintenance.cancel()
-            await bounded(_cancelled(self._maintenance), "the queue's upkeep stop")
+            await cancel_bounded(self._maintenance, "the queue's upkeep stop")
         # Bounded: a listener or pool stuck on a server that stopped answering must not hold
         # the process that closes the queue.
         await bounded(self._close(), "the queue's close")
@@ -507,11 +505,6 @@ class Queue(abc.ABC):
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 def _levels(priorities: Iterable[Priority | int | str] | None) -> tuple[int, ...]:
