@@ -17,11 +17,10 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from tidegate._redis import (
+    RETRY_WITHIN_S,
     Outage,
     call_with_reconnect,
     connection_options,
-    honouring_cancellation,
-    is_connection_error,
 )
 from tidegate.errors import ConfigError, DispatchClosed, DispatchUnavailable, MissingDependency
 from tidegate.queue.base import redact_url
@@ -97,15 +96,9 @@ class RedisStore:
     async def _run(self, call: Callable[[], Awaitable[Any]], doing: str, retry: bool) -> Any:
         self.check_open()
         try:
-            if retry:
-                return await call_with_reconnect(call, self._outage)
-            result = await honouring_cancellation(call())
+            return await call_with_reconnect(call, self._outage, within_s=RETRY_WITHIN_S if retry else 0.0)
         except self._errors as exc:
-            if is_connection_error(exc):
-                self._outage.lost(exc)
             raise DispatchUnavailable(f"{doing} on {redact_url(self.url)}: {exc}") from exc
-        self._outage.restored()
-        return result
 
     async def close(self) -> None:
         """Release the connections. Idempotent."""

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, urlsplit
 from tidegate._redis import (
     BLOCK_MAX_S,
     Outage,
+    call_with_reconnect,
     connection_options,
     honouring_cancellation,
     is_connection_error,
@@ -138,12 +139,10 @@ class RedisRelay:
                 await pipe.execute()
 
         try:
-            await honouring_cancellation(send())
+            # Sent once (within_s=0): a chunk sent twice would repeat in the answer.
+            await call_with_reconnect(send, self._outage, within_s=0.0)
         except self._errors as exc:
-            if is_connection_error(exc):
-                self._outage.lost(exc)
             raise QueueUnavailable(f"stream relay: {exc}") from exc
-        self._outage.restored()
 
     async def subscribe(self, job_id: str, *, timeout_s: float) -> AsyncIterator[bytes]:
         key, last = self._prefix + job_id, "0-0"

@@ -43,11 +43,10 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 
 from tidegate._redis import (
+    RETRY_WITHIN_S,
     Outage,
     call_with_reconnect,
     connection_options,
-    honouring_cancellation,
-    is_connection_error,
 )
 from tidegate._sqlite import SqliteThread
 from tidegate.dispatch._store import backend_of, without_query
@@ -552,12 +551,7 @@ class RedisTenantStore(_TenantStoreBase):
         when `retry` (reads, and writes that are harmless twice), driver errors translated."""
         self._check_open()
         try:
-            if retry:
-                return await call_with_reconnect(lambda: fn(self._redis), self._outage)
-            result = await honouring_cancellation(fn(self._redis))
+            return await call_with_reconnect(lambda: fn(self._redis), self._outage,
+                                             within_s=RETRY_WITHIN_S if retry else 0.0)
         except self._errors as exc:
-            if is_connection_error(exc):
-                self._outage.lost(exc)
             raise QueueUnavailable(f"Redis {self._what} on {redact_url(self.url)}: {exc}") from exc
-        self._outage.restored()
-        return result
