@@ -46,8 +46,10 @@ __all__ = [
     "ApiError",
     "ErrorBody",
     "ErrorResponse",
+    "error_body",
     "error_response",
     "error_responses",
+    "headers_too_large",
     "install_error_handlers",
     "retry_after_header",
 ]
@@ -156,12 +158,25 @@ def api_error_from(exc: TidegateError) -> ApiError:
     return ApiError(500, str(exc), code="internal_error", type_="api_error")
 
 
-def error_response(error: ApiError) -> Response:
-    """The HTTP response for an ApiError."""
-    body: dict[str, Any] = {"message": error.message, "type": error.type, "code": error.code,
-                            "param": error.param}
+def error_body(error: ApiError) -> dict[str, Any]:
+    """The `error` object of an answer in OpenAI's shape (message, type, param, code), with the
+    job's id when there is one."""
+    body: dict[str, Any] = {"message": error.message, "type": error.type, "param": error.param,
+                            "code": error.code}
     if error.job_id is not None:
         body["job_id"] = error.job_id
+    return body
+
+
+def headers_too_large(limit_bytes: int) -> ApiError:
+    """The refusal of a request whose line and headers are over `limit_bytes`."""
+    return ApiError(431, f"the request headers are over the limit of {limit_bytes} bytes",
+                    code="request_headers_too_large")
+
+
+def error_response(error: ApiError) -> Response:
+    """The HTTP response for an ApiError."""
+    body = error_body(error)
     headers = dict(error.headers)
     if error.job_id is not None:
         headers.setdefault("X-Tidegate-Job-Id", error.job_id)

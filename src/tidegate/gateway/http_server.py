@@ -16,6 +16,8 @@ import h11
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from tidegate.gateway.errors import ApiError, error_body, headers_too_large
+
 __all__ = ["MAX_HEADER_BYTES", "UVICORN_OPTIONS", "GatewayH11Protocol", "refusal"]
 
 # The request line and headers together; uvicorn's default too. A larger head is refused.
@@ -25,14 +27,9 @@ MAX_HEADER_BYTES: Final = 16 * 1024
 def refusal(head_bytes: int) -> tuple[int, bytes]:
     """The status and JSON body answering a request the HTTP server could not read, of which it
     holds `head_bytes` unparsed bytes: 431 when that is over the header limit, else 400."""
-    if head_bytes > MAX_HEADER_BYTES:
-        status, code = 431, "request_headers_too_large"
-        message = f"the request headers are over the limit of {MAX_HEADER_BYTES} bytes"
-    else:
-        status, code = 400, "invalid_http_request"
-        message = "the request could not be read as HTTP/1.1"
-    return status, orjson.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                           "param": None, "code": code}})
+    error = (headers_too_large(MAX_HEADER_BYTES) if head_bytes > MAX_HEADER_BYTES
+             else ApiError(400, "the request could not be read as HTTP/1.1", code="invalid_http_request"))
+    return error.status, orjson.dumps({"error": error_body(error)})
 
 
 class GatewayH11Protocol(H11Protocol):

@@ -8,7 +8,7 @@ import time
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tidegate.gateway.errors import ApiError, error_response
+from tidegate.gateway.errors import ApiError, error_response, headers_too_large
 from tidegate.gateway.http_server import MAX_HEADER_BYTES
 from tidegate.gateway.metrics import GatewayMetrics
 
@@ -31,9 +31,7 @@ class BodyLimit:
             return
         header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
         if header_bytes > MAX_HEADER_BYTES:
-            await error_response(ApiError(
-                431, f"the request headers are over the limit of {MAX_HEADER_BYTES} bytes",
-                code="request_headers_too_large"))(scope, receive, send)
+            await error_response(headers_too_large(MAX_HEADER_BYTES))(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:

@@ -22,7 +22,7 @@ import orjson
 from fastapi.responses import StreamingResponse
 
 from tidegate.dispatch.relay import ChunkRelay
-from tidegate.gateway.errors import ApiError
+from tidegate.gateway.errors import ApiError, error_body
 from tidegate.gateway.outcomes import failure_of
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Job, JobState, Priority
@@ -115,11 +115,9 @@ def _event(data: bytes) -> bytes:
 
 
 def _error_event(error: ApiError) -> bytes:
-    # The same shape as every other error answer: param and a code always present.
-    body: dict[str, Any] = {"message": error.message, "type": error.type,
-                            "param": error.param, "code": error.code or "stream_failed"}
-    if error.job_id is not None:
-        body["job_id"] = error.job_id
+    # The same shape as every other error answer, a code always present.
+    body = error_body(error)
+    body["code"] = body["code"] or "stream_failed"
     return _event(orjson.dumps({"error": body}))
 
 
