@@ -71,6 +71,9 @@ class _RelationState:
     table: TableInfo | None  # None: a relation the source was not configured for
     columns: tuple[Column, ...]
     decoders: tuple[Decoder, ...]  # per column, by its type (domains resolved to their base)
+    # Per key column of the table, its position in `columns` (None: not among them); found once
+    # here, since every change of the relation looks its key up.
+    key_indexes: tuple[int | None, ...] = ()
 
 
 @dataclass(slots=True)
@@ -149,7 +152,10 @@ class TransactionAssembler:
             self._shape_seen(table, shape_of_relation(relation), "relation message")
             if not table.key_columns:
                 table = None  # a dropped table's replayed changes, without a key: its rows go
-        self._relations[relation.relation_id] = _RelationState(table, relation.columns, decoders)
+        positions = {c.name: i for i, c in enumerate(relation.columns)}
+        key_indexes = tuple(positions.get(name) for name in table.key_columns) if table else ()
+        self._relations[relation.relation_id] = _RelationState(table, relation.columns, decoders,
+                                                               key_indexes)
 
     def _shape_seen(self, table: TableInfo, shape: Shape | None, reason: str) -> None:
         """The table has `shape` from this transaction on: a shape other than the one the cache
@@ -197,7 +203,7 @@ class TransactionAssembler:
         """The source saw the catalog differ from the known shape of a table (or the table
         gone): the change is committed before this message's transaction."""
         entity_type, shape = parse_schema_message(content)
-        table = next((t for t in self._tables.values() if t.entity_type == entity_type), None)
+        table = self.table(entity_type)
         if table is None or self.shapes.get(entity_type, ()) == shape:
             return
         if shape is None:
@@ -220,19 +226,19 @@ class TransactionAssembler:
         table = state.table
         if isinstance(message, Insert):
             after, _ = self._row(state, message.new)
-            self._emit(table, Op.INSERT, after=after, source_key=_key_text(state, table, message.new))
+            self._emit(table, Op.INSERT, after=after, source_key=_key_text(state, message.new))
         elif isinstance(message, Update):
             self._update(state, table, message)
         else:
             before, _ = self._row(state, message.old)
             if message.old_kind == "K":
                 before = {c: before.get(c) for c in table.key_columns}
-            self._emit(table, Op.DELETE, before=before, source_key=_key_text(state, table, message.old))
+            self._emit(table, Op.DELETE, before=before, source_key=_key_text(state, message.old))
 
     def _update(self, state: _RelationState, table: TableInfo, message: Update) -> None:
         after, unchanged = self._row(state, message.new)
         before: dict[str, object] | None = None
-        key_text = _key_text(state, table, message.new, message.old)
+        key_text = _key_text(state, message.new, message.old)
         if message.old is not None:
             before, _ = self._row(state, message.old)
             if message.old_kind == "O":
@@ -250,7 +256,7 @@ class TransactionAssembler:
         if before is not None and any(before.get(c) != after.get(c) for c in table.key_columns):
             # The key changed: the entity under the old key is gone. Its removal comes first, so
             # a reader of this transaction never sees two rows for one database row.
-            old_key = _key_text(state, table, message.old) if message.old is not None else None
+            old_key = _key_text(state, message.old) if message.old is not None else None
             self._emit(table, Op.DELETE, before=before, source_key=old_key)
         self._emit(table, Op.UPDATE, after=after, before=before, unchanged=unchanged,
                    source_key=key_text)
@@ -336,16 +342,14 @@ def document_key(table: TableInfo, base_types: Mapping[int, int]) -> bool:
     return base_types.get(oid, oid) in _DOCUMENT_TYPES
 
 
-def _key_text(state: _RelationState, table: TableInfo,
-              *tuples: TupleData | None) -> tuple[str, ...] | None:
+def _key_text(state: _RelationState, *tuples: TupleData | None) -> tuple[str, ...] | None:
     """The key columns' values as the server's text, from the first tuple that sent each (an
     unchanged out-of-line key value is only in the old key tuple); None when one was not sent."""
     texts: list[str] = []
-    for name in table.key_columns:
+    for index in state.key_indexes:
         for data in tuples:
             if data is None:
                 continue
-            index = next((i for i, c in enumerate(state.columns) if c.name == name), None)
             if index is None or index >= len(data):
                 return None
             kind, raw = data[index]
