@@ -22,6 +22,7 @@ __all__ = [
     "base_types",
     "drop_slot",
     "ensure_publication",
+    "entity_type_of",
     "inspect_tables",
     "row_estimates",
     "slot_info",
@@ -40,6 +41,11 @@ SLOT_RELEASE_WAIT_S = 10.0
 _TOASTABLE_STORAGE = ("x", "e", "m")
 
 
+
+def entity_type_of(schema: str, name: str) -> str:
+    """The entity type of a table's changes: its name, schema-qualified outside `public`."""
+    return name if schema == DEFAULT_SCHEMA else f"{schema}.{name}"
+
 @dataclass(frozen=True, slots=True)
 class TableInfo:
     """One configured table as the catalog describes it."""
@@ -57,7 +63,7 @@ class TableInfo:
     @property
     def entity_type(self) -> str:
         """The changes' entity type: the table's name, schema-qualified outside `public`."""
-        return self.name if self.schema == DEFAULT_SCHEMA else f"{self.schema}.{self.name}"
+        return entity_type_of(self.schema, self.name)
 
     @property
     def identifier(self) -> Any:

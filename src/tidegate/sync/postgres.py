@@ -802,8 +802,7 @@ def _catalog_errors(doing: str) -> Iterator[None]:
 
 def _entity_type(name: str) -> str:
     """The entity type of a configured table name (as TableInfo.entity_type names it)."""
-    schema, table = pg_catalog.split_table_name(name)
-    return table if schema == pg_catalog.DEFAULT_SCHEMA else f"{schema}.{table}"
+    return pg_catalog.entity_type_of(*pg_catalog.split_table_name(name))
 
 
 def _connection_params(dsn: str) -> dict[str, str]:
