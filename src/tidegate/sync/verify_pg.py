@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from tidegate.errors import InvalidChange, SourceError
 from tidegate.sync import pg_catalog
-from tidegate.sync.backfill import decode_row, raw_text_caster
+from tidegate.sync.backfill import decode_row, raw_text_caster, select_batch
 from tidegate.sync.contracts import CheckpointStore
 from tidegate.sync.pg_catalog import TableInfo
 from tidegate.sync.pg_driver import psycopg2, sql
@@ -30,7 +29,6 @@ from tidegate.sync.postgres import (
     _catalog_errors,
     _connection_params,
     _describe,
-    _SnapshotReader,
 )
 from tidegate.sync.values import source_zone
 from tidegate.sync.verify import SourceRead, source_row
@@ -87,9 +85,8 @@ class PostgresRows:
     async def batch(self, entity_type: str, after: tuple[Any, ...] | None, limit: int) -> SourceRead:
         """Up to `limit` rows after key `after`, by the snapshot's own keyset query."""
         table = self._tables[entity_type]
-        reader = _SnapshotReader(self._conn, datetime.now(UTC))
-        return await asyncio.to_thread(
-            self._read, table, lambda: reader.batch(table, list(after) if after else None, limit))
+        return await asyncio.to_thread(self._read, table, lambda: self._text_rows(
+            table, lambda cur: select_batch(cur, table, list(after) if after else None, limit)))
 
     async def rows(self, entity_type: str, keys: Sequence[tuple[Any, ...]]) -> SourceRead:
         """The rows with these keys (key values as PostgreSQL's text, as `batch` gives them)."""
@@ -126,11 +123,21 @@ class PostgresRows:
             sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), table.identifier,
             sql.SQL(", ").join(sql.Identifier(c) for c in table.key_columns),
             sql.SQL(", ").join(one for _ in keys))
+
+        def read(cur: Any) -> list[dict[str, str | None]]:
+            cur.execute(query, [value for key in keys for value in key])
+            return [dict(zip(table.columns, row, strict=True)) for row in cur.fetchall()]
+
+        return self._text_rows(table, read)
+
+    def _text_rows(self, table: TableInfo,
+                   read: Callable[[Any], list[dict[str, str | None]]]) -> list[dict[str, str | None]]:
+        """`read(cursor)` on a cursor that gives every value as the text its output function
+        wrote, as the snapshot and pgoutput do, so pg_types decodes all three alike."""
         try:
             with self._conn.cursor() as cur:
                 psycopg2.extensions.register_type(raw_text_caster(), cur)
-                cur.execute(query, [value for key in keys for value in key])
-                return [dict(zip(table.columns, row, strict=True)) for row in cur.fetchall()]
+                return read(cur)
         except psycopg2.Error as exc:
             raise SourceError(f"verify read of {table.entity_type} failed: {exc}".strip()) from exc
 
