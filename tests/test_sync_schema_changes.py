@@ -52,6 +52,17 @@ INSERT INTO other SELECT 'k' || g, g FROM generate_series(1, 10) g;
 """
 
 
+async def sql(dsn: str, *statements: str) -> None:
+    """`execute` off the event loop: a DDL statement may wait for the sync's snapshot
+    transaction, which needs the loop to go on."""
+    await asyncio.to_thread(execute, dsn, *statements)
+
+
+async def sql_in_one_transaction(dsn: str, *statements: str) -> None:
+    """`in_one_transaction` off the event loop (see `sql`)."""
+    await asyncio.to_thread(in_one_transaction, dsn, *statements)
+
+
 def sync_config(dsn: str, redis_url: str, tables: Sequence[str], suffix: str) -> TidegateConfig:
     # Small backfill batches (bounded batches are the point) and a fast catalog check.
     sync = SyncConfig(source_url=f"{pg_url(dsn)}?schema_check_s=0.2&snapshot_batch_size=7",
@@ -81,19 +92,19 @@ def suffix() -> str:
 async def test_add_column_reads_null_or_its_default_in_rows_untouched_since(
     pg_dsn: str, redis_server: str, suffix: str,
 ) -> None:
-    execute(pg_dsn, ITEMS)
+    await sql(pg_dsn, ITEMS)
     async with syncing(sync_config(pg_dsn, redis_server, ["items"], suffix)) as pipeline:
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
         # When a column without a default is added and one row is written (a Relation message)
-        execute(pg_dsn, "ALTER TABLE items ADD COLUMN note text",
-                "UPDATE items SET note = 'written' WHERE id = 3")
+        await sql(pg_dsn, "ALTER TABLE items ADD COLUMN note text",
+                  "UPDATE items SET note = 'written' WHERE id = 3")
         # Then every cached row has it: NULL where untouched, the value where written
         rows = await wait_until_exact(pg_dsn, "items", pipeline.cache)
         assert rows["1"]["note"] is None and rows["3"]["note"] == "written"
         # When columns with a constant and a volatile default are added and nothing writes to
         # the table afterwards (only the catalog check can tell)
-        execute(pg_dsn, "ALTER TABLE items ADD COLUMN colour text DEFAULT 'red'",
-                "ALTER TABLE items ADD COLUMN token double precision DEFAULT random()")
+        await sql(pg_dsn, "ALTER TABLE items ADD COLUMN colour text DEFAULT 'red'",
+                  "ALTER TABLE items ADD COLUMN token double precision DEFAULT random()")
         # Then the rows read the default, and each row its own value of the volatile one
         rows = await wait_until_exact(pg_dsn, "items", pipeline.cache)
         assert {row["colour"] for row in rows.values()} == {"red"}
@@ -105,33 +116,33 @@ async def test_add_column_reads_null_or_its_default_in_rows_untouched_since(
 async def test_drop_alter_type_and_rename_columns_are_reflected_in_every_cached_row(
     pg_dsn: str, redis_server: str, suffix: str,
 ) -> None:
-    execute(pg_dsn, ITEMS)
+    await sql(pg_dsn, ITEMS)
     async with syncing(sync_config(pg_dsn, redis_server, ["items"], suffix)) as pipeline:
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
         # DROP COLUMN: gone from every cached row
-        execute(pg_dsn, "ALTER TABLE items DROP COLUMN body", "UPDATE items SET qty = 0 WHERE id = 1")
+        await sql(pg_dsn, "ALTER TABLE items DROP COLUMN body", "UPDATE items SET qty = 0 WHERE id = 1")
         rows = await wait_until_exact(pg_dsn, "items", pipeline.cache)
         assert all("body" not in row for row in rows.values())
         # ALTER COLUMN TYPE: cached values read in the new type's form ("2.50" → "2.500", 7 → "7")
-        execute(pg_dsn, "ALTER TABLE items ALTER COLUMN price TYPE numeric(12, 3)",
-                "ALTER TABLE items ALTER COLUMN qty TYPE text")
+        await sql(pg_dsn, "ALTER TABLE items ALTER COLUMN price TYPE numeric(12, 3)",
+                  "ALTER TABLE items ALTER COLUMN qty TYPE text")
         rows = await wait_until_exact(pg_dsn, "items", pipeline.cache)
         assert rows["10"]["price"] == "2.500" and rows["7"]["qty"] == "7"
         # RENAME COLUMN, a plain one and the key: the rows carry the new names, not the old
-        execute(pg_dsn, "ALTER TABLE items RENAME COLUMN name TO title",
-                "UPDATE items SET title = 'renamed' WHERE id = 2")
-        execute(pg_dsn, "ALTER TABLE items RENAME COLUMN id TO item_id")
+        await sql(pg_dsn, "ALTER TABLE items RENAME COLUMN name TO title",
+                  "UPDATE items SET title = 'renamed' WHERE id = 2")
+        await sql(pg_dsn, "ALTER TABLE items RENAME COLUMN id TO item_id")
         rows = await wait_until_exact(pg_dsn, "items", pipeline.cache)
         assert set(rows["40"]) == {"item_id", "title", "price", "qty"}
-        execute(pg_dsn, "UPDATE items SET title = 'after the rename' WHERE item_id = 5",
-                "DELETE FROM items WHERE item_id = 6", "INSERT INTO items VALUES (41, 'new', 1, '1')")
+        await sql(pg_dsn, "UPDATE items SET title = 'after the rename' WHERE item_id = 5",
+                  "DELETE FROM items WHERE item_id = 6", "INSERT INTO items VALUES (41, 'new', 1, '1')")
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
 
 
 async def test_streamed_changes_win_over_the_backfill_whatever_the_order(
     pg_dsn: str, redis_server: str, suffix: str,
 ) -> None:
-    execute(pg_dsn, ITEMS, "INSERT INTO items SELECT g, 'item ' || g, g, g FROM generate_series(41, 600) g")
+    await sql(pg_dsn, ITEMS, "INSERT INTO items SELECT g, 'item ' || g, g, g FROM generate_series(41, 600) g")
     async with syncing(sync_config(pg_dsn, redis_server, ["items"], suffix)) as pipeline:
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
         # Given writers that keep updating, deleting and inserting rows while the table is re-read
@@ -154,9 +165,9 @@ async def test_streamed_changes_win_over_the_backfill_whatever_the_order(
         writer.start()
         try:
             # When the schema changes inside a transaction that writes before and after the ALTER
-            in_one_transaction(pg_dsn, "UPDATE items SET name = 'before' WHERE id = 1",
-                               "ALTER TABLE items ADD COLUMN extra integer DEFAULT 5",
-                               "UPDATE items SET extra = 6 WHERE id = 2")
+            await sql_in_one_transaction(pg_dsn, "UPDATE items SET name = 'before' WHERE id = 1",
+                                         "ALTER TABLE items ADD COLUMN extra integer DEFAULT 5",
+                                         "UPDATE items SET extra = 6 WHERE id = 2")
             await asyncio.sleep(1.0)
         finally:
             stop.set()
@@ -177,16 +188,16 @@ async def test_a_type_change_of_an_out_of_line_column_left_unchanged_by_later_up
     # Given rows whose jsonb document is stored out of line (random text, > 8 KB, incompressible)
     big = "(SELECT jsonb_build_object('text', string_agg(md5(random()::text), '')) " \
           "FROM generate_series(1, 400))"
-    execute(pg_dsn, "CREATE TABLE docs (id integer PRIMARY KEY, n integer, doc jsonb)",
-            *(f"INSERT INTO docs VALUES ({i}, 0, {big})" for i in range(1, 6)))
+    await sql(pg_dsn, "CREATE TABLE docs (id integer PRIMARY KEY, n integer, doc jsonb)",
+              *(f"INSERT INTO docs VALUES ({i}, 0, {big})" for i in range(1, 6)))
     async with syncing(sync_config(pg_dsn, redis_server, ["docs"], suffix)) as pipeline:
         await wait_until_exact(pg_dsn, "docs", pipeline.cache)
         # When its type changes (every value now reads as text, not as a JSON object) between
         # updates that leave it alone, in one transaction, and right after it
-        in_one_transaction(pg_dsn, "UPDATE docs SET n = 1 WHERE id = 1",
-                           "ALTER TABLE docs ALTER COLUMN doc TYPE text USING doc::text",
-                           "UPDATE docs SET n = 2 WHERE id = 1")
-        execute(pg_dsn, "UPDATE docs SET n = 3 WHERE id = 1", "UPDATE docs SET n = 3 WHERE id = 2")
+        await sql_in_one_transaction(pg_dsn, "UPDATE docs SET n = 1 WHERE id = 1",
+                                     "ALTER TABLE docs ALTER COLUMN doc TYPE text USING doc::text",
+                                     "UPDATE docs SET n = 2 WHERE id = 1")
+        await sql(pg_dsn, "UPDATE docs SET n = 3 WHERE id = 1", "UPDATE docs SET n = 3 WHERE id = 2")
         # Then every row, the updated ones included, holds the document in its new form
         rows = await wait_until_exact(pg_dsn, "docs", pipeline.cache)
         assert all(isinstance(row["doc"], str) and len(row["doc"]) > 8000 for row in rows.values())
@@ -195,82 +206,82 @@ async def test_a_type_change_of_an_out_of_line_column_left_unchanged_by_later_up
 async def test_truncate_empties_the_cached_table_and_later_rows_arrive(
     pg_dsn: str, redis_server: str, suffix: str,
 ) -> None:
-    execute(pg_dsn, ITEMS)
+    await sql(pg_dsn, ITEMS)
     async with syncing(sync_config(pg_dsn, redis_server, ["items"], suffix)) as pipeline:
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
-        execute(pg_dsn, "TRUNCATE items")
+        await sql(pg_dsn, "TRUNCATE items")
         assert await wait_until_exact(pg_dsn, "items", pipeline.cache) == {}
-        execute(pg_dsn, "INSERT INTO items VALUES (1, 'back', 1, 1, 'x')")
+        await sql(pg_dsn, "INSERT INTO items VALUES (1, 'back', 1, 1, 'x')")
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
 
 
 async def test_a_dropped_table_loses_its_rows_is_followed_again_when_recreated_and_no_restart_fails(
     pg_dsn: str, redis_server: str, suffix: str,
 ) -> None:
-    execute(pg_dsn, ITEMS, OTHER)
+    await sql(pg_dsn, ITEMS, OTHER)
     config = sync_config(pg_dsn, redis_server, ["items", "other"], suffix)
     async with syncing(config) as pipeline:
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
         # When a followed table is dropped: its cached rows go (the database has none)
-        execute(pg_dsn, "DROP TABLE items")
+        await sql(pg_dsn, "DROP TABLE items")
         assert await wait_until_exact(pg_dsn, "items", pipeline.cache) == {}
         # ... the other table is still followed
-        execute(pg_dsn, "UPDATE other SET v = -1 WHERE k = 'k1'")
+        await sql(pg_dsn, "UPDATE other SET v = -1 WHERE k = 'k1'")
         await wait_until_exact(pg_dsn, "other", pipeline.cache)
         # When it is created again, with other columns: followed again, rows and changes
-        execute(pg_dsn, "CREATE TABLE items (id integer PRIMARY KEY, label text)",
-                "INSERT INTO items SELECT g, 'l' || g FROM generate_series(1, 9) g")
+        await sql(pg_dsn, "CREATE TABLE items (id integer PRIMARY KEY, label text)",
+                  "INSERT INTO items SELECT g, 'l' || g FROM generate_series(1, 9) g")
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
-        execute(pg_dsn, "UPDATE items SET label = 'changed' WHERE id = 4")
+        await sql(pg_dsn, "UPDATE items SET label = 'changed' WHERE id = 4")
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
     # When it is dropped while the sync is stopped, a restart neither fails nor keeps its rows
-    execute(pg_dsn, "DROP TABLE items")
+    await sql(pg_dsn, "DROP TABLE items")
     async with syncing(config) as pipeline:
         assert await wait_until_exact(pg_dsn, "items", pipeline.cache) == {}
-        execute(pg_dsn, "UPDATE other SET v = -2 WHERE k = 'k2'")
+        await sql(pg_dsn, "UPDATE other SET v = -2 WHERE k = 'k2'")
         await wait_until_exact(pg_dsn, "other", pipeline.cache)
 
 
 async def test_a_newly_configured_table_is_read_and_an_unconfigured_published_one_ignored(
     pg_dsn: str, redis_server: str, suffix: str,
 ) -> None:
-    execute(pg_dsn, ITEMS, OTHER)
+    await sql(pg_dsn, ITEMS, OTHER)
     async with syncing(sync_config(pg_dsn, redis_server, ["items"], suffix)) as pipeline:
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
         # A table added to the publication by hand but not configured is not followed
-        execute(pg_dsn, f"ALTER PUBLICATION p_{suffix} ADD TABLE other",
-                "UPDATE other SET v = 0 WHERE k = 'k3'", "UPDATE items SET qty = 0 WHERE id = 1")
+        await sql(pg_dsn, f"ALTER PUBLICATION p_{suffix} ADD TABLE other",
+                  "UPDATE other SET v = 0 WHERE k = 'k3'", "UPDATE items SET qty = 0 WHERE id = 1")
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
         assert await cached_rows(pipeline.cache, "other") == {}
     # Written while the sync was stopped, before it was configured: every row arrives all the same
-    execute(pg_dsn, "UPDATE other SET v = 100 WHERE k = 'k4'", "INSERT INTO other VALUES ('k99', 99)")
+    await sql(pg_dsn, "UPDATE other SET v = 100 WHERE k = 'k4'", "INSERT INTO other VALUES ('k99', 99)")
     async with syncing(sync_config(pg_dsn, redis_server, ["items", "other"], suffix)) as pipeline:
         await wait_until_exact(pg_dsn, "other", pipeline.cache)
-        execute(pg_dsn, "DELETE FROM other WHERE k = 'k5'", "UPDATE items SET qty = 1 WHERE id = 1")
+        await sql(pg_dsn, "DELETE FROM other WHERE k = 'k5'", "UPDATE items SET qty = 1 WHERE id = 1")
         await wait_until_exact(pg_dsn, "other", pipeline.cache)
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
     # Configured out, changed meanwhile (rows deleted among them), then configured again: what
     # the cache kept of it from before is replaced, deleted rows included
     async with syncing(sync_config(pg_dsn, redis_server, ["items"], suffix)) as pipeline:
         # (while it is not configured: the stream passes these by, and confirms past them)
-        execute(pg_dsn, "DELETE FROM other WHERE k IN ('k1', 'k2')",
-                "UPDATE other SET v = -7 WHERE k = 'k6'", "UPDATE items SET qty = 2 WHERE id = 1")
+        await sql(pg_dsn, "DELETE FROM other WHERE k IN ('k1', 'k2')",
+                  "UPDATE other SET v = -7 WHERE k = 'k6'", "UPDATE items SET qty = 2 WHERE id = 1")
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
     async with syncing(sync_config(pg_dsn, redis_server, ["items", "other"], suffix)) as pipeline:
         await wait_until_exact(pg_dsn, "other", pipeline.cache)
-        execute(pg_dsn, "UPDATE other SET v = 8 WHERE k = 'k7'")
+        await sql(pg_dsn, "UPDATE other SET v = 8 WHERE k = 'k7'")
         await wait_until_exact(pg_dsn, "other", pipeline.cache)
 
 
 async def test_a_schema_change_while_the_sync_is_stopped_is_found_at_restart(
     pg_dsn: str, redis_server: str, suffix: str,
 ) -> None:
-    execute(pg_dsn, ITEMS)
+    await sql(pg_dsn, ITEMS)
     config = sync_config(pg_dsn, redis_server, ["items"], suffix)
     async with syncing(config) as pipeline:
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
     # When a column is added (and nothing written) while no sync runs
-    execute(pg_dsn, "ALTER TABLE items ADD COLUMN stock integer NOT NULL DEFAULT 3")
+    await sql(pg_dsn, "ALTER TABLE items ADD COLUMN stock integer NOT NULL DEFAULT 3")
     async with syncing(config) as pipeline:
         # Then the restarted sync re-reads the table, and records the shape it now holds
         rows = await wait_until_exact(pg_dsn, "items", pipeline.cache)
