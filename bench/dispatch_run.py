@@ -27,7 +27,7 @@ from bench.dispatch_load import Arrival, Clock, DepthSample, DepthSampler, LoopL
 from bench.dispatch_scenario import Scenario
 from bench.dispatch_sim import SimHandle
 from bench.machine import CpuMeter
-from tidegate.dispatch.limiter import rate_limiter_for
+from tidegate.coord.limiter import rate_limiter_for
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.jobs import Job, JobState, Priority

@@ -17,7 +17,7 @@ from typing import Any
 
 from tidegate.config import ModelConfig, ProviderConfig, RoutingConfig, TidegateConfig
 from tidegate.jobs import Priority
-from tidegate.providers.sim_settings import ModelBehaviour, SimulatorSettings
+from tidegate.simulator.settings import ModelBehaviour, SimulatorSettings
 
 PRIORITIES: tuple[Priority, ...] = tuple(Priority)
 DEFAULT_MIX_TEXT = "critical=5,high=15,normal=30,low=25,bulk=25"

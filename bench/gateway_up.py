@@ -1,4 +1,4 @@
-"""`tidegate up` for the gateway benchmark: the same wiring (`tidegate.up.run_up`: SQLite queue,
+"""`tidegate up` for the gateway benchmark: the same wiring (`tidegate.app.up.run_up`: SQLite queue,
 one worker and the gateway in one process) with the admin key printed as one JSON line that the
 benchmark reads, instead of the table `tidegate up` prints for people, and without the change
 flow.
@@ -18,9 +18,9 @@ import logging
 import os
 import sys
 
+from tidegate.app.up import UpInfo, UpSettings, run_up
 from tidegate.config import TidegateConfig
-from tidegate.demo import ensure_sqlite_folder
-from tidegate.up import UpInfo, UpSettings, run_up
+from tidegate.demo.run import ensure_sqlite_folder
 
 READY_PREFIX = "tidegate up ready: "
 

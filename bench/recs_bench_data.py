@@ -1,5 +1,5 @@
 """The synthetic shop every part of the recommendations benchmark uses: a catalogue of products
-named like the demo shop's (feature-hashed vectors, categories from `tidegate.sync.shop`), a
+named like the demo shop's (feature-hashed vectors, categories from `tidegate.demo.shop`), a
 population of users, and a stream of interactions drawn the way shops see them.
 
 Draws (numpy, seeded, so each part sees the same shop):
@@ -21,8 +21,8 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from tidegate.demo.shop import categories_of
 from tidegate.recs import Interaction, InteractionKind, Item, Recommender
-from tidegate.sync.shop import categories_of
 
 ADJECTIVES = ("Vintage", "Red", "Pink", "Blue", "Ivory", "Regency", "Rustic", "Polkadot", "Retro", "Floral",
               "Glass", "Enamel", "Wooden", "Zinc", "Paper", "Green", "Gold", "Silver", "Striped", "Spotty")

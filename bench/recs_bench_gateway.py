@@ -37,9 +37,9 @@ import uvicorn
 from bench.common import percentile
 from bench.recs_bench_data import Shop, seed, user_id
 from tidegate.config import SyncConfig, TidegateConfig
+from tidegate.coord.tenants import Tenant
 from tidegate.gateway.app import create_app
 from tidegate.gateway.state import GatewayState
-from tidegate.gateway.tenants import Tenant
 from tidegate.recs import Recommender, RecQuery, recs_store_for
 
 WARMUP_QUERIES = 50

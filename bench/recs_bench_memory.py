@@ -32,7 +32,7 @@ import redis.asyncio as aioredis
 
 from bench.recs_bench_data import Shop
 from tidegate.recs import InteractionKind, RecsSettings, recs_store_for
-from tidegate.recs.store import RecsStore, UserEvent, UserParams
+from tidegate.recs.store.base import RecsStore, UserEvent, UserParams
 from tidegate.recs.vectors import item_vector
 
 BATCH_USERS = 500

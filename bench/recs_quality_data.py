@@ -8,7 +8,7 @@ Cleaning (every dropped row is counted by reason, so the report can say what wen
 - cancellations (an InvoiceNo starting with "C") and rows with a non-positive quantity or price;
 - rows without a CustomerID (a purchase nobody can be recommended to);
 - stock codes that are not products: postage, carriage, manual adjustments, bank charges, samples…
-  (a product code is five digits with up to two letters, as in tidegate.sync.shop).
+  (a product code is five digits with up to two letters, as in tidegate.demo.shop).
 
 An invoice is one purchase event of one customer: its distinct stock codes, with the summed
 quantities. Invoice times are UK local time (Europe/London, so GMT/BST) and become UTC here.
@@ -27,8 +27,8 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from bench.common import BenchmarkError
+from tidegate.demo.shop import categories_of
 from tidegate.recs import Item
-from tidegate.sync.shop import categories_of
 
 RETAIL_ZONE = ZoneInfo("Europe/London")
 _PRODUCT_CODE = re.compile(r"^\d{5}[A-Z]{0,2}$")

@@ -346,7 +346,7 @@ class TidegateMethod(_Timed):
 
     async def start(self, catalogue: dict[str, Item]) -> None:
         from tidegate.recs import Recommender
-        from tidegate.recs.store import recs_store_for
+        from tidegate.recs.store.base import recs_store_for
 
         store = await self._stack.enter_async_context(recs_store_for("memory://"))
         self._recommender = Recommender(store, self.settings, clock=lambda: self._now)

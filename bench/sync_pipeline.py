@@ -1,7 +1,7 @@
 """The pipeline process of the change-flow benchmark, and its parent-side handle.
 
 The child (`python -m bench.sync_pipeline …`) opens the change flow as `tidegate sync` does
-(`tidegate.sync.run.open_sync`: PostgreSQL source, the given bus and cache) with one more sink,
+(`tidegate.app.sync.open_sync`: PostgreSQL source, the given bus and cache) with one more sink,
 the recorder, and runs it until told to stop. It is driven over its stdin and stdout with JSON
 lines: the parent sends commands, the child answers each one and, every 0.1 s, reports its
 progress (`{"event": "progress", "snapshot": n, "streamed": m}`).
@@ -300,8 +300,8 @@ async def _progress(recorder: Recorder) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     """Run the change flow with the recorder until `stop`."""
+    from tidegate.app.sync import open_sync
     from tidegate.config import SyncConfig, TidegateConfig
-    from tidegate.sync.run import open_sync
 
     sync = SyncConfig(source_url=args.source_url, bus_url=args.bus_url, cache_url=args.cache_url,
                       tables=(args.table,), slot=args.slot, publication=args.publication,

@@ -29,10 +29,10 @@ import time  # noqa: E402
 from bench.servers import private_redis  # noqa: E402
 from bench.sync_cpu import tree_cpu_s  # noqa: E402
 from bench.sync_servers import create_database, postgres, postmaster_pid  # noqa: E402
+from tidegate.app.sync import open_sync  # noqa: E402
 from tidegate.config import SyncConfig, TidegateConfig  # noqa: E402
 from tidegate.sync.cache import cache_for  # noqa: E402
 from tidegate.sync.contracts import EntityCache  # noqa: E402
-from tidegate.sync.run import open_sync  # noqa: E402
 from tidegate.sync.verify import VerifySettings, row_source_for, verify  # noqa: E402
 
 

@@ -18,18 +18,18 @@ from openai import AsyncOpenAI
 from conftest import QueueFactory
 from dispatch_support import queue_url_of, running_worker, sim_config
 from tidegate.config import TidegateConfig
+from tidegate.coord.relay import ChunkRelay, relay_for
+from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.relay import ChunkRelay, relay_for
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.gateway.app import create_app
 from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.gateway.state import GatewayState
-from tidegate.gateway.tenants import Tenant, TenantStore
 from tidegate.jobs import Priority
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
+from tidegate.simulator.server import Simulator
+from tidegate.simulator.settings import SimulatorSettings
 
 TENANTS = (
     Tenant(name="acme", max_priority=Priority.HIGH, default_priority=Priority.NORMAL),

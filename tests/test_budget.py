@@ -15,7 +15,7 @@ import pytest
 
 from conftest import _delete_redis_queue
 from tidegate.config import ModelConfig
-from tidegate.dispatch.budget import (
+from tidegate.coord.budget import (
     GLOBAL,
     KEEP_DAYS,
     BudgetExhausted,
@@ -24,7 +24,7 @@ from tidegate.dispatch.budget import (
     SqliteBudgetLedger,
     budget_ledger_for,
 )
-from tidegate.dispatch.costs import (
+from tidegate.costs import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     IMAGE_TOKENS,
     cost_micros,

@@ -14,16 +14,16 @@ from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final
 from sync_support import eventually
 from tidegate.config import BudgetConfig, RoutingConfig
-from tidegate.dispatch.budget import budget_ledger_for, budget_outcome, seconds_to_next_day
-from tidegate.dispatch.costs import usd_to_micros
+from tidegate.coord.budget import budget_ledger_for, budget_outcome, seconds_to_next_day
+from tidegate.costs import usd_to_micros
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.errors import BudgetExhausted
 from tidegate.gateway.outcomes import failure_of
 from tidegate.gateway.views import job_view
 from tidegate.jobs import Job, JobState, Priority
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
+from tidegate.simulator.server import Simulator
+from tidegate.simulator.settings import SimulatorSettings
 
 BIG = {"max_tokens": 100_000}  # gpt-4.1 at $8/M output: an estimate of about $0.80
 

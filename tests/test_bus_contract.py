@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange, MissingDependency
-from tidegate.sync.buses import BusBase, SubscriptionBase, bus_for
+from tidegate.sync.buses.base import BusBase, SubscriptionBase, bus_for
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import Delivery, Subscription
 
@@ -556,7 +556,7 @@ async def test_memory_refuses_to_publish_what_is_not_a_change(bus: BusBase) -> N
 
 _KILLED_CONSUMER = """
 import asyncio, sys
-from tidegate.sync.buses import bus_for
+from tidegate.sync.buses.base import bus_for
 
 async def main(url, prefix):
     async with bus_for(url, prefix=prefix, partitions=1, session_timeout_s=2.0,

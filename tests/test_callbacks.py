@@ -9,8 +9,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from tidegate.callback_urls import SIGNATURE_HEADER, is_public_address, sign, verify
 from tidegate.config import CallbackConfig
-from tidegate.dispatch.callbacks import SIGNATURE_HEADER, CallbackSender, is_public_address, sign, verify
+from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.errors import CallbackRefused
 
 SECRET = b"whsec-test-0123456789"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from tidegate import JobState, Priority, Queue, __version__
-from tidegate.cli import app
+from tidegate.cli.main import app
 
 runner = CliRunner()
 

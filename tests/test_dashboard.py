@@ -31,15 +31,15 @@ from conftest import QueueFactory
 from dispatch_support import queue_url_of, running_worker, sim_config
 from gateway_support import CHAT, Gateway, add_tenants, serving
 from tidegate.config import BudgetConfig
+from tidegate.coord.relay import relay_for
 from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.relay import relay_for
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import JobState, Priority
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import InjectedFault, Simulator
 from tidegate.recs.monitor import RecsMonitor
 from tidegate.recs.sink import RecsSink
+from tidegate.simulator.server import InjectedFault, Simulator
+from tidegate.simulator.settings import SimulatorSettings
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Change, Op, Version
 

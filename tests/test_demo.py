@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tidegate.demo import DemoSettings, DemoSummary, run_demo
-from tidegate.demo_load import DENIED_MODEL
-from tidegate.demo_stats import Snapshot
-from tidegate.demo_view import accounting
+from tidegate.demo.load import DENIED_MODEL
+from tidegate.demo.run import DemoSettings, DemoSummary, run_demo
+from tidegate.demo.stats import Snapshot
+from tidegate.demo.view import accounting
 from tidegate.jobs import Priority
 
 # A short run: a few seconds of load at a small rate, the simulator's latencies cut to a fifth.

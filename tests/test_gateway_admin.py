@@ -11,12 +11,12 @@ from typer.testing import CliRunner
 
 from conftest import QueueFactory
 from gateway_support import CHAT, add_tenants, open_gateway
-from tidegate.cli import app as cli
+from tidegate.app.gateway import check_bind
+from tidegate.cli.main import app as cli
 from tidegate.errors import ConfigError
-from tidegate.gateway.serve import check_bind
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.jobs import JobState
-from tidegate.providers.simulator import InjectedFault
+from tidegate.simulator.server import InjectedFault
 
 ADMIN_ROUTES = [
     ("GET", "/v1/stats"), ("GET", "/v1/dlq"), ("POST", "/v1/dlq/redrive"), ("DELETE", "/v1/dlq"),

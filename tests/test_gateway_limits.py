@@ -39,7 +39,7 @@ from tidegate.gateway.limits import (
     MAX_PAGE,
 )
 from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, MIB, GatewaySettings
-from tidegate.providers.simulator import InjectedFault
+from tidegate.simulator.server import InjectedFault
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello"}]
 

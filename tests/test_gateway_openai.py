@@ -15,7 +15,7 @@ from conftest import QueueFactory
 from dispatch_support import running_worker
 from gateway_support import open_gateway
 from tidegate.jobs import JobState, Priority
-from tidegate.providers.simulator import InjectedFault
+from tidegate.simulator.server import InjectedFault
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello"}]
 

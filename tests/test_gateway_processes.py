@@ -25,12 +25,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import _delete_redis_queue
 from dispatch_support import wait_received
 from support.cluster import GatewayProcess, TidegateProcess, start_gateway, start_worker, write_config
-from tidegate.gateway.tenant_store import tenant_store_for
-from tidegate.gateway.tenants import Tenant
+from tidegate.coord.tenant_store import tenant_store_for
+from tidegate.coord.tenants import Tenant
 from tidegate.jobs import Job, JobState, Priority
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
+from tidegate.simulator.server import Simulator
+from tidegate.simulator.settings import SimulatorSettings
 
 MODELS = ("deepseek-v3.2", "gemini-2.5-flash")
 PRIORITIES = ("critical", "high", "normal", "low", "bulk")

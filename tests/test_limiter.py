@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import _delete_redis_queue
-from tidegate.dispatch.limiter import (
+from tidegate.coord.limiter import (
     DEFAULT_BURST_FRACTION,
     AdaptiveConcurrency,
     LocalRateLimiter,

@@ -27,10 +27,8 @@ import pytest
 
 from tidegate.errors import SourceError
 from tidegate.sync.changes import Op, Version
-from tidegate.sync.pg_catalog import TableInfo
-from tidegate.sync.pg_stream import TransactionAssembler
-from tidegate.sync.pg_types import decode_text
-from tidegate.sync.pgoutput import (
+from tidegate.sync.sources.postgres.catalog import TableInfo
+from tidegate.sync.sources.postgres.pgoutput import (
     Begin,
     Column,
     ColumnValue,
@@ -47,6 +45,8 @@ from tidegate.sync.pgoutput import (
     format_lsn,
     parse_lsn,
 )
+from tidegate.sync.sources.postgres.stream import TransactionAssembler
+from tidegate.sync.sources.postgres.types import decode_text
 
 COMMIT_TIME = datetime(2026, 11, 29, 10, 13, 54, 191248, tzinfo=UTC)
 

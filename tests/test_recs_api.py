@@ -24,10 +24,11 @@ import pytest
 from conftest import _delete_redis_queue
 from gateway_support import add_tenants, serving
 from sync_support import eventually
+from tidegate.app.up import UpInfo, UpSettings, run_up
 from tidegate.config import SyncConfig, TidegateConfig
+from tidegate.demo.embedded import embedded_sync_config
 from tidegate.gateway.state import GatewayState
 from tidegate.recs import Interaction, InteractionKind, Item, Recommender
-from tidegate.up import UpInfo, UpSettings, run_up
 
 STATES = ["memory", "redis"]
 
@@ -375,7 +376,8 @@ async def test_a_click_in_the_database_changes_that_users_recommendations(tmp_pa
                             sync=SyncConfig(source_url=f"sqlite:///{shop}"))
     stop = asyncio.Event()
     ready: asyncio.Future[UpInfo] = asyncio.get_running_loop().create_future()
-    running = asyncio.create_task(run_up(config, UpSettings(port=0), on_ready=ready.set_result, stop=stop))
+    running = asyncio.create_task(run_up(embedded_sync_config(config), UpSettings(port=0),
+                                         on_ready=ready.set_result, stop=stop))
     try:
         info = await asyncio.wait_for(asyncio.shield(ready), 30)
         async with httpx.AsyncClient(base_url=info.api_url.removesuffix("/v1"), timeout=20.0,

@@ -23,19 +23,19 @@ from dispatch_support import running_worker, sim_config, wait_final
 from sync_support import eventually
 from tidegate.config import RefreshRule
 from tidegate.jobs import Job, JobState, Priority
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
 from tidegate.recs import Interaction, InteractionKind, Item, Recommender, RecQuery, recs_store_for
 from tidegate.recs.monitor import RecsMonitor
 from tidegate.recs.refresh_watch import RefreshWatcher
 from tidegate.recs.sink import MalformedRow, RecsMapping, RecsSink, interaction_from_row, item_from_row
 from tidegate.recs.vectors import item_vector
+from tidegate.simulator.server import Simulator
+from tidegate.simulator.settings import SimulatorSettings
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import ApplyResult, EntityCache
 from tidegate.sync.refresh import RefreshSink
-from tidegate.sync.sqlite_source import SNAPSHOT_ORDINAL
+from tidegate.sync.sources.sqlite.source import SNAPSHOT_ORDINAL
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

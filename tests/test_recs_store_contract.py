@@ -24,8 +24,8 @@ from support.redis_keys import delete_prefixed
 from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.recs import Item, RecsStore, recs_store_for
 from tidegate.recs.score import log_add, log_weight
-from tidegate.recs.store import RecentItem, UserEvent, UserParams
-from tidegate.recs.store_memory import MemoryRecsStore
+from tidegate.recs.store.base import RecentItem, UserEvent, UserParams
+from tidegate.recs.store.memory import MemoryRecsStore
 
 BACKENDS = ["memory", "redis"]
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

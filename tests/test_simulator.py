@@ -21,10 +21,10 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from tidegate.cli import app
+from tidegate.cli.main import app
 from tidegate.config import default_models
 from tidegate.errors import ConfigError
-from tidegate.providers import Simulator, SimulatorSettings
+from tidegate.simulator import Simulator, SimulatorSettings
 
 CHAT_MODEL = "deepseek-v3.2"
 EMBEDDING_MODEL = "text-embedding-3-small"
@@ -387,7 +387,7 @@ def test_the_command_refuses_a_remote_host() -> None:
 
 async def test_the_command_serves_until_interrupted() -> None:
     # Given `tidegate simulate` started as a user would, on a free port
-    command = [sys.executable, "-c", "from tidegate.cli import app; app()", "simulate", "--port", "0",
+    command = [sys.executable, "-c", "from tidegate.cli.main import app; app()", "simulate", "--port", "0",
                "--rpm", "7", "--seed", "1"]
     proc = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -20,8 +20,8 @@ import psycopg2
 import pytest
 
 from sync_support import pg_url
+from tidegate.demo.shop import ShopLoad, create_shop
 from tidegate.recs import Recommender, recs_store_for
-from tidegate.sync.shop import ShopLoad, create_shop
 
 pytestmark = pytest.mark.timeout(120)
 

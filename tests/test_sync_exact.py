@@ -26,14 +26,14 @@ import pytest
 
 from sync_exact import cached_rows, database_rows, describe_difference
 from sync_support import DictCheckpoints, eventually, pg_url, running
+from tidegate.app.sync import open_sync
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import EntityCache, Transaction
 from tidegate.sync.fill import Filler
 from tidegate.sync.metrics import SyncMetrics
 from tidegate.sync.pipeline import Pipeline
-from tidegate.sync.postgres import PostgresSource, PostgresSourceSettings
-from tidegate.sync.run import open_sync
+from tidegate.sync.sources.postgres.source import PostgresSource, PostgresSourceSettings
 from tidegate.sync.values import Row
 
 pytestmark = pytest.mark.timeout(180)

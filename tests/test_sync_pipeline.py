@@ -23,15 +23,15 @@ from sync_support import (
     running,
     wait_until_equal,
 )
+from tidegate.app.sync import open_sync
 from tidegate.config import RefreshRule, SyncConfig, TidegateConfig
+from tidegate.demo.shop import SHOP_TABLES, ShopLoad, create_shop
 from tidegate.jobs import Priority
 from tidegate.queue import Queue
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import entity_id_of
 from tidegate.sync.contracts import EntityCache
 from tidegate.sync.pipeline import PipelineSettings
-from tidegate.sync.run import open_sync
-from tidegate.sync.shop import SHOP_TABLES, ShopLoad, create_shop
 from tidegate.sync.values import normalise_timestamp
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Self
 
 from sync_support import eventually
-from tidegate.sync.buses import BusSettings
+from tidegate.sync.buses.base import BusSettings
 from tidegate.sync.buses.memory import MemoryBus
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Change, Op, Version

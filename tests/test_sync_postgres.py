@@ -19,8 +19,8 @@ from sync_support import DictCheckpoints as MemoryCheckpoints
 from tidegate.errors import ConfigError, SourceError
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import ChangeSource, Transaction
-from tidegate.sync.pgoutput import parse_lsn
-from tidegate.sync.postgres import PostgresSource, PostgresSourceSettings
+from tidegate.sync.sources.postgres.pgoutput import parse_lsn
+from tidegate.sync.sources.postgres.source import PostgresSource, PostgresSourceSettings
 from tidegate.sync.values import canonical, checksum, source_zone
 
 WAIT_S = 15.0
@@ -291,7 +291,7 @@ async def test_unchanged_toast_column(pg_dsn: str, identity: str,
                                       caplog: pytest.LogCaptureFixture) -> None:
     execute(pg_dsn, "CREATE TABLE docs (id int PRIMARY KEY, body text, n int)",
             f"ALTER TABLE docs REPLICA IDENTITY {identity.upper()}")
-    caplog.set_level(logging.WARNING, logger="tidegate.sync.pg_catalog")
+    caplog.set_level(logging.WARNING, logger="tidegate.sync.sources.postgres.catalog")
     async with running(make_settings(pg_dsn, "docs")) as reader:
         await reader.snapshot()
         execute(pg_dsn, f"INSERT INTO docs VALUES (1, {BIG_VALUE}, 0)",
@@ -399,7 +399,7 @@ async def test_without_a_checkpoint_the_slot_is_recreated_and_read_again(
         await reader.changes(1)
     old_point = first_store.values[f"pg:{settings.slot_name}"]["consistent_point"]
     # A cache that lost everything (memory://, restarted) has no checkpoint.
-    caplog.set_level(logging.WARNING, logger="tidegate.sync.postgres")
+    caplog.set_level(logging.WARNING, logger="tidegate.sync.sources.postgres.source")
     fresh_store = MemoryCheckpoints()
     async with running(settings, fresh_store) as reader:
         (batch,) = await reader.snapshot()

@@ -17,13 +17,14 @@ import pytest
 
 from sync_exact import cached_rows, database_rows, wait_until_exact
 from sync_support import eventually, execute, in_one_transaction, pg_url, running
+from tidegate.app.sync import open_sync
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.sync.backfill import MAX_ORDINAL, SCHEMA_PREFIX, schema_message
 from tidegate.sync.changes import Op, Version
 from tidegate.sync.contracts import Transaction
-from tidegate.sync.pg_catalog import TableInfo
-from tidegate.sync.pg_stream import TransactionAssembler
-from tidegate.sync.pgoutput import (
+from tidegate.sync.pipeline import Pipeline
+from tidegate.sync.sources.postgres.catalog import TableInfo
+from tidegate.sync.sources.postgres.pgoutput import (
     COLUMN_IN_KEY,
     TEXT,
     Begin,
@@ -35,8 +36,7 @@ from tidegate.sync.pgoutput import (
     Message,
     Relation,
 )
-from tidegate.sync.pipeline import Pipeline
-from tidegate.sync.run import open_sync
+from tidegate.sync.sources.postgres.stream import TransactionAssembler
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from tidegate.demo.shop import SHOP_TABLES, ShopLoad, categories_of, create_shop
 from tidegate.errors import ConfigError, SourceError
 from tidegate.sync.changes import Change, Op, Version, entity_id_of
 from tidegate.sync.contracts import Transaction
-from tidegate.sync.shop import SHOP_TABLES, ShopLoad, categories_of, create_shop
-from tidegate.sync.sqlite_capture import OUTBOX, drop_triggers, install_triggers, read_shape
-from tidegate.sync.sqlite_source import SNAPSHOT_ORDINAL, SqliteSource, SqliteSourceSettings
+from tidegate.sync.sources.sqlite.capture import OUTBOX, drop_triggers, install_triggers, read_shape
+from tidegate.sync.sources.sqlite.source import SNAPSHOT_ORDINAL, SqliteSource, SqliteSourceSettings
 from tidegate.sync.values import JsonValue, Row, canonical, checksum, normalise_timestamp, source_zone
 
 WAIT_S = 20.0  # liveness bound for changes to arrive; never a speed assertion
@@ -546,7 +546,7 @@ def test_create_shop_from_the_online_retail_layout(tmp_path: Path) -> None:
 def test_create_shop_without_the_data_is_generated_and_deterministic(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     size = {"products": 30, "users": 10, "interactions": 20}
-    with caplog.at_level(logging.WARNING, logger="tidegate.sync.shop"):
+    with caplog.at_level(logging.WARNING, logger="tidegate.demo.shop"):
         first = create_shop(tmp_path / "a.db", **size, data=tmp_path / "none.gz")
     assert "none.gz" in caplog.text
     create_shop(tmp_path / "b.db", **size)

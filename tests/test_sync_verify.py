@@ -25,15 +25,15 @@ import pytest
 
 from support.redis_keys import delete_prefixed
 from sync_support import eventually, execute, pg_url, running
+from tidegate.app.sync import open_sync, sync_status
 from tidegate.config import SyncConfig, TidegateConfig
+from tidegate.demo.shop import ShopLoad, create_shop
 from tidegate.errors import SourceError
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Change, Op, Version, entity_id_of
 from tidegate.sync.contracts import EntityCache
 from tidegate.sync.metrics import SyncMetrics
 from tidegate.sync.pipeline import Pipeline
-from tidegate.sync.run import open_sync, sync_status
-from tidegate.sync.shop import ShopLoad, create_shop
 from tidegate.sync.values import canonical, checksum
 from tidegate.sync.verify import VerifyReport, VerifySettings, row_source_for, verify
 

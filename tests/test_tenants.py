@@ -17,15 +17,15 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from dispatch_support import queue_url_of
-from tidegate.cli import app
-from tidegate.errors import ConfigError, QueueClosed, TenantNotFound, TidegateError
-from tidegate.gateway.tenant_store import (
+from tidegate.cli.main import app
+from tidegate.coord.tenant_store import (
     RedisTenantStore,
     SqliteTenantStore,
     parse_api_key,
     tenant_store_for,
 )
-from tidegate.gateway.tenants import Tenant, TenantStore
+from tidegate.coord.tenants import Tenant, TenantStore
+from tidegate.errors import ConfigError, QueueClosed, TenantNotFound, TidegateError
 from tidegate.jobs import Priority
 
 KEY_FORMAT = re.compile(r"tg_[0-9a-f]{12}_[A-Za-z0-9_-]{43}")

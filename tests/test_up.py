@@ -12,12 +12,13 @@ import httpx
 import openai
 
 from sync_support import eventually
+from tidegate.app.up import UP_TENANT, UpInfo, UpSettings, run_up, with_simulator_limits
 from tidegate.config import SyncConfig, TidegateConfig
-from tidegate.gateway.tenant_store import tenant_store_for
-from tidegate.gateway.tenants import Tenant
+from tidegate.coord.tenant_store import tenant_store_for
+from tidegate.coord.tenants import Tenant
+from tidegate.demo.embedded import embedded_sync_config
 from tidegate.jobs import Priority
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.up import UP_TENANT, UpInfo, UpSettings, run_up, with_simulator_limits
+from tidegate.simulator.settings import SimulatorSettings
 
 
 async def test_up_serves_the_sdk_with_the_admin_key_it_created(tmp_path: Path) -> None:
@@ -25,7 +26,8 @@ async def test_up_serves_the_sdk_with_the_admin_key_it_created(tmp_path: Path) -
                             sync=SyncConfig(source_url=f"sqlite:///{tmp_path}/shop.db"))
     stop = asyncio.Event()
     ready: asyncio.Future[UpInfo] = asyncio.get_running_loop().create_future()
-    running = asyncio.create_task(run_up(config, UpSettings(port=0), on_ready=ready.set_result, stop=stop))
+    running = asyncio.create_task(run_up(embedded_sync_config(config), UpSettings(port=0),
+                                         on_ready=ready.set_result, stop=stop))
     try:
         info = await asyncio.wait_for(asyncio.shield(ready), 20)
         assert info.simulator_url is not None  # no provider configured → the simulator
@@ -48,7 +50,8 @@ async def test_up_serves_the_sdk_with_the_admin_key_it_created(tmp_path: Path) -
 async def _start(config: TidegateConfig) -> tuple[asyncio.Task[None], asyncio.Event, UpInfo]:
     stop = asyncio.Event()
     ready: asyncio.Future[UpInfo] = asyncio.get_running_loop().create_future()
-    running = asyncio.create_task(run_up(config, UpSettings(port=0), on_ready=ready.set_result, stop=stop))
+    running = asyncio.create_task(run_up(embedded_sync_config(config), UpSettings(port=0),
+                                         on_ready=ready.set_result, stop=stop))
     info = await asyncio.wait_for(asyncio.shield(ready), 20)
     return running, stop, info
 

@@ -16,14 +16,12 @@ import pytest
 from tidegate.config import ProviderConfig
 from tidegate.errors import ClientClosed, ConfigError, UpstreamError
 from tidegate.providers import (
-    InjectedFault,
     RateLimitInfo,
-    Simulator,
-    SimulatorSettings,
     UpstreamClient,
     parse_duration_s,
     parse_retry_after,
 )
+from tidegate.simulator import InjectedFault, Simulator, SimulatorSettings
 
 CHAT_MODEL = "gpt-4.1"
 EMBEDDING_MODEL = "text-embedding-3-small"

@@ -13,18 +13,19 @@ from aiohttp import web
 
 from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
+from tidegate.callback_urls import SIGNATURE_HEADER, verify
 from tidegate.config import BudgetConfig, CallbackConfig
-from tidegate.dispatch.budget import budget_ledger_for
-from tidegate.dispatch.callbacks import SIGNATURE_HEADER, CallbackSender, verify
-from tidegate.dispatch.costs import usd_to_micros
+from tidegate.coord.budget import budget_ledger_for
+from tidegate.coord.tenant_store import tenant_store_for
+from tidegate.coord.tenants import Tenant
+from tidegate.costs import usd_to_micros
+from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import WorkerSettings
-from tidegate.gateway.tenant_store import tenant_store_for
-from tidegate.gateway.tenants import Tenant
 from tidegate.jobs import JobState, Priority
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import InjectedFault, Simulator
 from tidegate.queue import Queue
+from tidegate.simulator.server import InjectedFault, Simulator
+from tidegate.simulator.settings import SimulatorSettings
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.jobs import JobState
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import Simulator
+from tidegate.simulator.server import Simulator
+from tidegate.simulator.settings import SimulatorSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 RPM = 10  # per one-second window, here and at the simulator

@@ -12,11 +12,11 @@ import pytest
 
 from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final
-from tidegate.dispatch.relay import ChunkRelay, relay_for
+from tidegate.coord.relay import ChunkRelay, relay_for
 from tidegate.jobs import JobState
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import InjectedFault, Simulator
 from tidegate.queue import Queue
+from tidegate.simulator.server import InjectedFault, Simulator
+from tidegate.simulator.settings import SimulatorSettings
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """`python -m tidegate` runs the command line."""
 
-from tidegate.cli import app
+from tidegate.cli.main import app
 
 app()

@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
+from tidegate._urls import redact_url
 from tidegate.errors import TidegateError
-from tidegate.queue.base import redact_url
 
 __all__ = [
     "BLOCK_MAX_S",

@@ -101,7 +101,7 @@ class BudgetConfig(BaseModel):
     global_daily_usd: Decimal | None = Field(None, ge=0)
     tenant_daily_usd: dict[str, Decimal] = Field(default_factory=dict)
     default_tenant_daily_usd: Decimal | None = Field(None, ge=0)
-    # What a job the budget has no room for today does (see tidegate.dispatch.budget): wait for
+    # What a job the budget has no room for today does (see tidegate.coord.budget): wait for
     # budget to free up, end dead at once, or first try the cheapest model that fits.
     on_exhausted: Literal["defer", "reject", "step_down"] = "defer"
     defer_s: float = Field(300.0, gt=0)  # how long a deferred job waits before it tries again

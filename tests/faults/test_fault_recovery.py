@@ -17,9 +17,9 @@ from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of
 from fault_support import Process, provider_config, tidegate
 from tidegate.jobs import JobState
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
+from tidegate.simulator.server import Simulator
+from tidegate.simulator.settings import SimulatorSettings
 
 LEASE_S = 1.0
 LIFETIME_S = 0.9  # how long each worker runs once it serves, before kill -9

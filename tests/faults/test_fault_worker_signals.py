@@ -14,8 +14,8 @@ from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of, wait_received
 from fault_support import MARGIN_S, provider_config, tidegate
 from tidegate.jobs import JobState
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import Simulator
+from tidegate.simulator.server import Simulator
+from tidegate.simulator.settings import SimulatorSettings
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
 

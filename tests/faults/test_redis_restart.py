@@ -26,24 +26,24 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.cluster import start_gateway, start_worker, write_config
 from test_sync_pipeline import _shop_matches
 from tidegate._redis import RECONNECT_REGISTRY
+from tidegate.app.sync import supervise_sync
 from tidegate.config import SyncConfig, TidegateConfig
-from tidegate.dispatch.budget import RedisBudgetLedger
-from tidegate.dispatch.limiter import RedisRateLimiter
-from tidegate.dispatch.relay import RedisRelay
+from tidegate.coord.budget import RedisBudgetLedger
+from tidegate.coord.limiter import RedisRateLimiter
+from tidegate.coord.relay import RedisRelay
+from tidegate.coord.tenant_store import tenant_store_for
+from tidegate.coord.tenants import Tenant
+from tidegate.demo.shop import ShopLoad, create_shop
 from tidegate.errors import BusUnavailable, DispatchUnavailable
-from tidegate.gateway.tenant_store import tenant_store_for
-from tidegate.gateway.tenants import Tenant
 from tidegate.jobs import JobState, Priority
-from tidegate.providers.sim_settings import SimulatorSettings
-from tidegate.providers.simulator import Simulator
 from tidegate.queue import Queue
 from tidegate.recs import Item, recs_store_for
-from tidegate.sync.buses import bus_for
+from tidegate.simulator.server import Simulator
+from tidegate.simulator.settings import SimulatorSettings
+from tidegate.sync.buses.base import bus_for
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import Subscription
-from tidegate.sync.run import supervise_sync
-from tidegate.sync.shop import ShopLoad, create_shop
 
 pytestmark = pytest.mark.timeout(120)
 

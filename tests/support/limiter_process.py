@@ -13,7 +13,7 @@ import asyncio
 import sys
 import time
 
-from tidegate.dispatch.limiter import RedisRateLimiter
+from tidegate.coord.limiter import RedisRateLimiter
 
 CALLERS = 4
 

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from tidegate._shutdown import CLOSE_BOUND_S, bounded, cancel_bounded, close_bounded
+from tidegate.ai import AIRequest
 from tidegate.config import ModelConfig, TidegateConfig
-from tidegate.dispatch import failures
-from tidegate.dispatch.budget import (
+from tidegate.coord.budget import (
     BUDGET_EXHAUSTED,
     BudgetExhausted,
     BudgetLedger,
@@ -34,8 +34,9 @@ from tidegate.dispatch.budget import (
     budget_ledger_for,
     budget_outcome,
 )
-from tidegate.dispatch.callbacks import CallbackSender
-from tidegate.dispatch.costs import (
+from tidegate.coord.limiter import AdaptiveConcurrency, RateLimiter, rate_limiter_for
+from tidegate.coord.relay import ChunkRelay
+from tidegate.costs import (
     cost_micros,
     estimate_cost_micros,
     estimate_input_tokens,
@@ -43,11 +44,10 @@ from tidegate.dispatch.costs import (
     micros_to_usd,
     usd_to_micros,
 )
+from tidegate.dispatch import failures
+from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.health import ModelHealth
-from tidegate.dispatch.limiter import AdaptiveConcurrency, RateLimiter, rate_limiter_for
 from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.relay import ChunkRelay
-from tidegate.dispatch.requests import AIRequest
 from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
 from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
@@ -56,7 +56,7 @@ from tidegate.providers.client import UpstreamClient, UpstreamError, UpstreamRes
 from tidegate.queue import Queue
 
 if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gateway layer
-    from tidegate.gateway.tenants import TenantStore
+    from tidegate.coord.tenants import TenantStore
 
 log = logging.getLogger("tidegate.worker")
 

@@ -12,8 +12,9 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query, Response
 from pydantic import ValidationError
 
-from tidegate.dispatch.budget import GLOBAL
-from tidegate.dispatch.costs import micros_to_usd
+from tidegate.coord.budget import GLOBAL
+from tidegate.coord.tenants import Tenant
+from tidegate.costs import micros_to_usd
 from tidegate.gateway.auth import AdminDep, StateDep
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.limits import MAX_OFFSET, MAX_PAGE
@@ -34,7 +35,6 @@ from tidegate.gateway.schemas import (
     TenantView,
 )
 from tidegate.gateway.state import GatewayState
-from tidegate.gateway.tenants import Tenant
 from tidegate.gateway.views import job_view, key_view, tenant_view
 from tidegate.jobs import Priority
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from tidegate import __version__
-from tidegate.gateway import admin_api, dashboard, jobs_api, openai_api, ops
+from tidegate.gateway import admin_api, dashboard, jobs_api, openai_api, ops, recs_api
 from tidegate.gateway.errors import install_error_handlers
 from tidegate.gateway.middleware import BodyLimit, RequestMetrics
 from tidegate.gateway.openapi import install_openapi
 from tidegate.gateway.state import GatewayState
-from tidegate.recs import api as recs_api
 
 __all__ = ["create_app"]
 

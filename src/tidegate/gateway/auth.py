@@ -14,9 +14,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from tidegate.coord.tenants import ADMIN_TENANT, Tenant
 from tidegate.gateway.errors import ApiError, retry_after_header
 from tidegate.gateway.state import GatewayState
-from tidegate.gateway.tenants import ADMIN_TENANT, Tenant
 from tidegate.jobs import Priority
 
 __all__ = [

@@ -17,12 +17,12 @@ from typing import Annotated, Any, Final
 from fastapi import Header
 from pydantic import BaseModel, ValidationError
 
-from tidegate.dispatch.requests import AUTO, AIRequest, Kind
+from tidegate.ai import AUTO, AIRequest, Kind
+from tidegate.coord.tenants import Tenant
 from tidegate.errors import InvalidJob, InvalidPriority
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.schemas import ChatCompletionRequest, EmbeddingsRequest, JobRequest
 from tidegate.gateway.state import GatewayState
-from tidegate.gateway.tenants import Tenant
 from tidegate.jobs import Priority
 from tidegate.queue.base import MAX_RELATIVE_S
 

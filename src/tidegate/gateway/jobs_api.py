@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel
 
+from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.intake import (
@@ -24,7 +25,6 @@ from tidegate.gateway.intake import (
 )
 from tidegate.gateway.schemas import JobBatch, JobRequest, JobsAccepted, JobsRequest, JobView
 from tidegate.gateway.state import GatewayState
-from tidegate.gateway.tenants import Tenant
 from tidegate.gateway.views import job_view
 from tidegate.jobs import Job
 from tidegate.queue.base import MAX_RELATIVE_S

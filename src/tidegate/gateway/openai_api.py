@@ -15,7 +15,8 @@ import orjson
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from tidegate.dispatch.requests import Kind
+from tidegate.ai import Kind
+from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.intake import (
@@ -40,7 +41,6 @@ from tidegate.gateway.schemas import (
 )
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.streaming import stream_job
-from tidegate.gateway.tenants import Tenant
 from tidegate.jobs import JobState
 
 __all__ = ["router"]

@@ -7,7 +7,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from tidegate.dispatch.budget import seconds_to_next_day
+from tidegate.coord.budget import seconds_to_next_day
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.views import failure_view
 from tidegate.jobs import Job, JobState

@@ -15,16 +15,16 @@ from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client import CollectorRegistry
 
+from tidegate.callback_urls import check_callback_url
 from tidegate.config import ModelConfig, TidegateConfig, default_models
-from tidegate.dispatch.budget import BudgetLedger, budget_ledger_for
-from tidegate.dispatch.callbacks import CallbackSender
-from tidegate.dispatch.limiter import RateLimiter, rate_limiter_for
-from tidegate.dispatch.relay import ChunkRelay, relay_for
+from tidegate.coord.budget import BudgetLedger, budget_ledger_for
+from tidegate.coord.limiter import RateLimiter, rate_limiter_for
+from tidegate.coord.relay import ChunkRelay, relay_for
+from tidegate.coord.tenant_store import tenant_store_for
+from tidegate.coord.tenants import TenantStore
 from tidegate.errors import CallbackRefused
 from tidegate.gateway.metrics import GatewayMetrics, RecentResults
 from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, GatewaySettings, is_loopback_host
-from tidegate.gateway.tenant_store import tenant_store_for
-from tidegate.gateway.tenants import TenantStore
 from tidegate.jobs import Job
 from tidegate.queue import Queue
 
@@ -128,7 +128,7 @@ class GatewayState:
                 store_url = _recs_url(config, recs_url)
                 if store_url is not None:
                     from tidegate.recs.engine import Recommender
-                    from tidegate.recs.store import recs_store_for
+                    from tidegate.recs.store.base import recs_store_for
 
                     store = await stack.enter_async_context(
                         recs_store_for(store_url, prefix=config.sync.prefix))
@@ -202,10 +202,9 @@ class GatewayState:
     async def check_callback_url(self, url: str) -> None:
         """Raise CallbackRefused for a URL the workers would refuse to call: not http(s), or a
         non-public address unless the config allows private targets."""
-        # The sender's own check, so the gateway refuses exactly what a worker would; checking
-        # needs no session and no secret.
+        # The workers' own check, so the gateway refuses exactly what a worker would.
         try:
-            await CallbackSender(self.config.callbacks, b"").check_url(url)
+            await check_callback_url(url, allow_private=self.config.callbacks.allow_private)
         except ValueError as exc:  # urlsplit: a bad port or IPv6 host; idna: a host it cannot encode
             raise CallbackRefused(f"callback_url {url!r} is not a valid URL: {exc}") from None
 

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from fastapi.responses import StreamingResponse
 
-from tidegate.dispatch.relay import ChunkRelay
+from tidegate.coord.relay import ChunkRelay
 from tidegate.gateway.errors import ApiError, error_body
 from tidegate.gateway.outcomes import failure_of
 from tidegate.gateway.state import GatewayState

@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tidegate.coord.tenants import ApiKeyInfo, Tenant
 from tidegate.gateway.schemas import JobFailureView, JobView, KeyView, TenantView
-from tidegate.gateway.tenants import ApiKeyInfo, Tenant
 from tidegate.jobs import Job, JobState
 
 __all__ = ["failure_view", "job_view", "key_view", "tenant_view"]

@@ -1,5 +1,4 @@
-"""The provider side: the pooled client of an OpenAI-compatible upstream, and the simulated
-provider that the demo, the tests and the benchmarks call instead of a real one."""
+"""The provider side: the pooled client of an OpenAI-compatible upstream and its rate-limit headers."""
 
 from tidegate.providers.client import (
     StreamChunk,
@@ -10,15 +9,9 @@ from tidegate.providers.client import (
     Usage,
 )
 from tidegate.providers.ratelimit import RateLimitInfo, parse_duration_s, parse_retry_after
-from tidegate.providers.sim_settings import ModelBehaviour, SimulatorSettings
-from tidegate.providers.simulator import InjectedFault, Simulator
 
 __all__ = [
-    "InjectedFault",
-    "ModelBehaviour",
     "RateLimitInfo",
-    "Simulator",
-    "SimulatorSettings",
     "StreamChunk",
     "StreamSummary",
     "UpstreamClient",

@@ -20,6 +20,7 @@ import orjson
 from pydantic import ValidationError
 
 from tidegate._shutdown import bounded, cancel_bounded
+from tidegate._urls import redact_url
 from tidegate.errors import (
     ConfigError,
     InvalidJob,
@@ -574,12 +575,3 @@ def _sqlite_path(netloc: str, path: str) -> str:
     if netloc:
         raise ConfigError(f"sqlite URL has a host {netloc!r}: use sqlite:///path/to/file.db")
     return path[1:] if path.startswith("/") else path
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ***, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return parts._replace(netloc=netloc).geturl()
-    return url

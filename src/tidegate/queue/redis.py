@@ -33,6 +33,7 @@ from tidegate._redis import (
     honouring_cancellation,
     is_connection_error,
 )
+from tidegate._urls import redact_url
 from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue.base import (
@@ -41,7 +42,6 @@ from tidegate.queue.base import (
     NewJob,
     Queue,
     QueueStats,
-    redact_url,
 )
 from tidegate.queue.settings import QueueSettings
 

@@ -11,7 +11,7 @@ from tidegate.recs.model import (
     RecResult,
     RecsSettings,
 )
-from tidegate.recs.store import RecsStore, recs_store_for
+from tidegate.recs.store.base import RecsStore, recs_store_for
 
 __all__ = [
     "DEFAULT_KIND_WEIGHTS",

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from tidegate.errors import ConfigError
 from tidegate.recs.model import Item
-from tidegate.recs.store import RecsStore
+from tidegate.recs.store.base import RecsStore
 
 __all__ = ["Catalog"]
 

@@ -53,7 +53,7 @@ from tidegate.recs.model import (
     RecsSettings,
 )
 from tidegate.recs.score import Signals, blend, decayed, log_add, log_weight
-from tidegate.recs.store import RecsStore, UserEvent, UserParams, UserState
+from tidegate.recs.store.base import RecsStore, UserEvent, UserParams, UserState
 from tidegate.recs.vectors import item_vector
 from tidegate.sync.values import JsonValue
 

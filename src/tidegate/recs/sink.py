@@ -42,7 +42,7 @@ from tidegate.recs.model import Interaction, InteractionKind, Item
 from tidegate.recs.monitor import RecsMonitor
 from tidegate.sync.changes import Change, Op
 from tidegate.sync.contracts import ApplyOutcome, ApplyResult
-from tidegate.sync.sqlite_source import SNAPSHOT_ORDINAL
+from tidegate.sync.sources.sqlite.source import SNAPSHOT_ORDINAL
 from tidegate.sync.values import JsonValue, Row, canonical_json, normalise_timestamp
 
 __all__ = [

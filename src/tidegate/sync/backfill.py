@@ -39,12 +39,12 @@ from typing import Any
 import orjson
 
 from tidegate.errors import InvalidChange, SourceError
-from tidegate.sync import pg_catalog
 from tidegate.sync.changes import Change, Op, Version
-from tidegate.sync.pg_catalog import TableInfo
-from tidegate.sync.pg_driver import psycopg2, sql
-from tidegate.sync.pg_types import decode_text
-from tidegate.sync.pgoutput import Relation
+from tidegate.sync.sources.postgres import catalog as pg_catalog
+from tidegate.sync.sources.postgres.catalog import TableInfo
+from tidegate.sync.sources.postgres.driver import psycopg2, sql
+from tidegate.sync.sources.postgres.pgoutput import Relation
+from tidegate.sync.sources.postgres.types import decode_text
 
 __all__ = [
     "MAX_ORDINAL",

@@ -19,8 +19,8 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tidegate.ai import AIRequest
 from tidegate.config import RefreshRule
-from tidegate.dispatch.requests import AIRequest
 from tidegate.errors import ConfigError
 from tidegate.jobs import JobSpec
 from tidegate.queue import Queue

@@ -431,15 +431,15 @@ def row_source_for(config: SyncConfig, checkpoints: CheckpointStore) -> RowSourc
     """The RowSource for a `SyncConfig`'s source URL, not yet opened."""
     scheme = urlsplit(config.source_url).scheme
     if scheme in ("postgresql", "postgres"):
-        from tidegate.sync.postgres import PostgresSourceSettings
-        from tidegate.sync.verify_pg import PostgresRows
+        from tidegate.sync.sources.postgres.source import PostgresSourceSettings
+        from tidegate.sync.sources.postgres.verify import PostgresRows
 
         return PostgresRows(PostgresSourceSettings.from_url(
             config.source_url, tables=config.tables, slot_name=config.slot,
             publication_name=config.publication, source_zone=config.source_timezone), checkpoints)
     if scheme == "sqlite":
-        from tidegate.sync.sqlite_source import SqliteSourceSettings
-        from tidegate.sync.verify_sqlite import SqliteRows
+        from tidegate.sync.sources.sqlite.source import SqliteSourceSettings
+        from tidegate.sync.sources.sqlite.verify import SqliteRows
 
         return SqliteRows(SqliteSourceSettings.from_url(
             config.source_url, tables=config.tables, source_zone=config.source_timezone), checkpoints)
@@ -450,7 +450,7 @@ async def verify_sync(config: SyncConfig, settings: VerifySettings | None = None
                       metrics: SyncMetrics | None = None) -> VerifyReport:
     """`tidegate sync verify`: verify the configured cache against the configured source and
     record the report where `sync status` finds it."""
-    from tidegate.sync.run import open_cache
+    from tidegate.sync.cache import open_cache
 
     if urlsplit(config.cache_url).scheme == "memory":
         raise ConfigError("a memory:// cache lives inside its sync process and cannot be verified "

@@ -44,7 +44,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tidegate.errors import BusUnavailable, ConfigError, MissingDependency
-from tidegate.sync.buses import BusBase, BusSettings, SubscriptionBase, log
+from tidegate.sync.buses.base import BusBase, BusSettings, SubscriptionBase, log
 from tidegate.sync.changes import Change
 from tidegate.sync.contracts import Delivery
 

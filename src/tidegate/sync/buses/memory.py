@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tidegate.errors import BusUnavailable
-from tidegate.sync.buses import BusBase, BusSettings, SubscriptionBase, log
+from tidegate.sync.buses.base import BusBase, BusSettings, SubscriptionBase, log
 from tidegate.sync.changes import Change
 from tidegate.sync.contracts import Delivery
 

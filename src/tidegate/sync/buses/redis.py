@@ -46,9 +46,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from tidegate._redis import Outage, call_with_reconnect, connection_options
+from tidegate._urls import redact_url
 from tidegate.errors import BusUnavailable, MissingDependency
-from tidegate.queue.base import redact_url
-from tidegate.sync.buses import BusBase, BusSettings, SubscriptionBase, log
+from tidegate.sync.buses.base import BusBase, BusSettings, SubscriptionBase, log
 from tidegate.sync.changes import Change
 from tidegate.sync.contracts import Delivery
 

@@ -9,15 +9,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from tidegate._urls import redact_url
+from tidegate.config import SyncConfig
 from tidegate.errors import ConfigError
-from tidegate.queue.base import redact_url
 from tidegate.sync.cache.base import DEFAULT_TOMBSTONE_TTL_S, ZERO_VERSION, BaseEntityCache
 from tidegate.sync.cache.memory import MemoryEntityCache
 
 if TYPE_CHECKING:
     from tidegate.sync.contracts import EntityCache
 
-__all__ = ["DEFAULT_TOMBSTONE_TTL_S", "ZERO_VERSION", "BaseEntityCache", "MemoryEntityCache", "cache_for"]
+__all__ = [
+    "DEFAULT_TOMBSTONE_TTL_S",
+    "ZERO_VERSION",
+    "BaseEntityCache",
+    "MemoryEntityCache",
+    "cache_for",
+    "open_cache",
+]
 
 
 def cache_for(
@@ -46,6 +54,12 @@ def cache_for(
     raise ConfigError(
         f"unsupported entity cache URL {redact_url(url)!r}: use memory:// or redis://host:port/db"
     )
+
+
+def open_cache(config: SyncConfig) -> BaseEntityCache:
+    """The configured entity cache, not yet opened."""
+    return cache_for(config.cache_url, prefix=config.prefix, tombstone_ttl_s=config.tombstone_ttl_s,
+                     entry_ttl_s=config.entry_ttl_s)
 
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import orjson
 
 from tidegate._redis import open_scripted_client
+from tidegate._urls import redact_url
 from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
-from tidegate.queue.base import redact_url
 from tidegate.sync.cache.base import (
     DEFAULT_TOMBSTONE_TTL_S,
     BaseEntityCache,

@@ -1,0 +1,271 @@
+"""`tidegate up`: the whole system in one process on embedded defaults — the SQLite queue in
+`./.tidegate/`, a worker, the gateway with its dashboard, the change flow on the demo shop feeding
+the recommender, and the simulated provider when no real provider is configured. It binds
+loopback by default and creates an admin API key at start.
+
+One recommender serves the gateway's /v1/recommendations and is fed by the change flow (a
+`RecsSink` after the entity cache); its state lives where the change flow's cache does (memory
+by default, Redis when `sync.cache_url` says so), and item vectors are swapped as the embedding
+refresh jobs the change flow enqueues succeed (`RefreshWatcher`).
+
+That key belongs to a tenant of its own, `UP_TENANT`: each start revokes the keys of that tenant
+(the ones earlier starts printed) before creating the new one, so a key printed by an old run
+stops working, while admin keys created with `tidegate keys create` for any other tenant stay.
+
+Everything here is wiring: each part is the same code that runs on its own with
+`tidegate worker` and `tidegate gateway`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import uvicorn
+
+from tidegate._shutdown import CLOSE_BOUND_S, bounded, close_bounded, enter_bounded, stop_on_signals
+from tidegate.app.gateway import GatewayServer, check_bind
+from tidegate.app.recs import open_recommendations
+from tidegate.app.sync import supervise_sync
+from tidegate.config import ModelConfig, TidegateConfig
+from tidegate.coord.budget import budget_ledger_for
+from tidegate.coord.relay import relay_for
+from tidegate.coord.tenant_store import tenant_store_for
+from tidegate.coord.tenants import Tenant, TenantStore
+from tidegate.dispatch.callbacks import CallbackSender
+from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.worker import Worker, WorkerSettings
+from tidegate.gateway.app import create_app
+from tidegate.gateway.http_server import UVICORN_OPTIONS
+from tidegate.gateway.settings import GatewaySettings
+from tidegate.gateway.state import GatewayState
+from tidegate.jobs import Priority
+from tidegate.queue import Queue
+from tidegate.simulator.server import Simulator
+from tidegate.simulator.settings import ServedModel, SimulatorSettings
+from tidegate.sync.cache import open_cache
+from tidegate.sync.metrics import SyncMetrics
+
+log = logging.getLogger("tidegate.app.up")
+
+# The tenant whose key `up` prints: its keys are `up`'s own, revoked at the next start.
+UP_TENANT = "tidegate-up"
+
+
+@dataclass(frozen=True, slots=True)
+class UpSettings:
+    """What `tidegate up` starts."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    concurrency: int = 32  # the in-process worker's calls in flight
+    simulator: SimulatorSettings | None = None  # used when no provider is configured
+    # On stop, how long calls still open may finish (the worker serving them meanwhile) before
+    # the gateway cuts them (their jobs stay queued), and the worker its own calls before it
+    # releases them: one grace for both, counted from the stop.
+    shutdown_grace_s: float = 30.0
+    # The change flow of `config.sync` beside the request flow (`tidegate up` points it at the
+    # demo shop first: tidegate.demo.embedded).
+    change_flow: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class UpInfo:
+    """Where everything listens, and the admin key created for this run."""
+
+    api_url: str
+    dashboard_url: str
+    metrics_url: str
+    simulator_url: str | None
+    admin_key: str
+    queue_url: str
+    change_source: str | None = None  # what the change flow captures (None: not running)
+
+
+async def run_up(
+    config: TidegateConfig,
+    settings: UpSettings,
+    *,
+    on_ready: Callable[[UpInfo], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or, when given, until `stop` is set: the caller then owns the
+    signals), then shut down in order within `settings.shutdown_grace_s` (see `_shut_down`)."""
+    forced = asyncio.Event()
+    if stop is not None:
+        await _run(config, settings, on_ready, stop, forced)
+        return
+    stop = asyncio.Event()
+    with stop_on_signals(stop.set, force=forced.set, grace_s=settings.shutdown_grace_s):
+        await _run(config, settings, on_ready, stop, forced)
+    log.info("stopped")
+
+
+async def _run(
+    config: TidegateConfig, settings: UpSettings, on_ready: Callable[[UpInfo], None] | None,
+    stop: asyncio.Event, forced: asyncio.Event,
+) -> None:
+    # Entered in dependency order, so the stack closes each part after the parts that use it:
+    # gateway state, worker, recommender, caches, relay, ledger, tenants, queue; simulator last.
+    async with contextlib.AsyncExitStack() as stack:
+        simulator_url = None
+        if not config.providers:
+            simulator = Simulator(settings.simulator or SimulatorSettings())
+            simulator_url = await enter_bounded(stack, simulator.running(), "the simulator")
+            config = with_simulator_limits(config.with_simulator(simulator_url), simulator.settings)
+        url = config.queue_url
+        queue = await enter_bounded(stack, Queue.from_url(url), "the queue")
+        tenants = await enter_bounded(stack, tenant_store_for(url), "the tenant store")
+        ledger = await enter_bounded(stack, budget_ledger_for(url), "the budget ledger")
+        relay = relay_for(url)  # shared: the worker publishes what the gateway streams
+        close_bounded(stack, relay.close, "the relay")
+        callbacks = None
+        if secret := os.environ.get(config.callbacks.secret_env):
+            callbacks = await enter_bounded(stack, CallbackSender(config.callbacks, secret.encode()),
+                                            "the callback sender")
+        sync_metrics = SyncMetrics()
+        sync_cache = None
+        if settings.change_flow:
+            sync_cache = await enter_bounded(stack, open_cache(config.sync), "the entity cache")
+        recs = await open_recommendations(stack, config, queue=queue, cache=sync_cache)
+        dispatch_metrics = DispatchMetrics()
+        worker = await stack.enter_async_context(Worker(
+            queue, config, WorkerSettings(concurrency=settings.concurrency,
+                                          shutdown_grace_s=settings.shutdown_grace_s),
+            metrics=dispatch_metrics, ledger=ledger, relay=relay, tenants=tenants, callbacks=callbacks,
+        ))
+        state = await enter_bounded(stack, GatewayState.open(
+            config, settings=GatewaySettings(host=settings.host, port=settings.port), queue=queue,
+            tenants=tenants, ledger=ledger, relay=relay, recommender=recs.sink.recommender,
+            recs_monitor=recs.sink.monitor,
+            extra_registries=[dispatch_metrics.registry, sync_metrics.registry, recs.sink.monitor.registry],
+        ), "the gateway's state")
+        admin_key = await _create_admin_key(tenants)
+        await check_bind(state)
+        async with _serving(state, settings) as (server, port, serving):
+            worker_task = asyncio.create_task(worker.run())
+            sync_stop = asyncio.Event()
+            sync_task = None
+            if sync_cache is not None:
+                sync_task = asyncio.create_task(supervise_sync(
+                    config, sync_stop, queue=queue, cache=sync_cache, metrics=sync_metrics,
+                    sinks=[recs.sink], on_refresh=recs.watcher.enqueued if recs.watcher else None))
+            base = f"http://{_url_host(settings.host)}:{port}"
+            if on_ready is not None:
+                on_ready(UpInfo(
+                    api_url=f"{base}/v1", dashboard_url=f"{base}/dashboard", metrics_url=f"{base}/metrics",
+                    simulator_url=simulator_url, admin_key=admin_key, queue_url=url,
+                    change_source=config.sync.source_url if sync_task is not None else None,
+                ))
+            await _first_of(stop, server.main_loop_done)
+            force = asyncio.create_task(_force_when(forced, server, worker))
+            try:
+                state.begin_drain(settings.shutdown_grace_s)
+                await _shut_down(settings.shutdown_grace_s, server, serving, worker, worker_task,
+                                 sync_stop, sync_task)
+            finally:
+                force.cancel()
+
+
+async def _shut_down(
+    grace_s: float, server: GatewayServer, serving: asyncio.Task[None], worker: Worker,
+    worker_task: asyncio.Task[None], sync_stop: asyncio.Event, sync_task: asyncio.Task[None] | None,
+) -> None:
+    """Stop in order, all within `grace_s` (plus the bounded give-back of what is left):
+    the gateway stops accepting and lets open calls finish — the worker still serving the jobs
+    they wait for; then the worker stops claiming and gets what is left of the grace to finish
+    its calls before it releases the rest, their attempts given back; then the change flow."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    server.request_exit()
+    # uvicorn itself cuts open connections after the grace (timeout_graceful_shutdown).
+    await bounded(asyncio.shield(serving), "the gateway's graceful shutdown", grace_s + CLOSE_BOUND_S)
+    sync_stop.set()
+    worker.request_stop(grace_s=max(deadline - loop.time(), 0.0))
+    await worker_task
+    if sync_task is not None:
+        await bounded(sync_task, "the change flow's stop")
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    waits = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def _force_when(forced: asyncio.Event, server: GatewayServer, worker: Worker) -> None:
+    """A second signal: cut open connections and release in-flight jobs now."""
+    await forced.wait()
+    server.force()
+    worker.force_stop()
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    state: GatewayState, settings: UpSettings,
+) -> AsyncIterator[tuple[GatewayServer, int, asyncio.Task[None]]]:
+    """The gateway serving on its socket: the server, its port and the task that serves until
+    `should_exit` (awaited, and its error raised, on leaving)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET,
+                         socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host.strip("[]"), settings.port))
+    port = int(sock.getsockname()[1])
+    server = GatewayServer(uvicorn.Config(create_app(state), lifespan="off", log_level="warning",
+                                          timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
+                                          **UVICORN_OPTIONS))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    ready = asyncio.create_task(server.ready.wait())
+    await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        ready.cancel()
+        await task  # raises what stopped it
+    try:
+        yield server, port, task
+    finally:
+        server.request_exit()
+        await bounded(task, "the gateway's shutdown", settings.shutdown_grace_s + CLOSE_BOUND_S)
+        sock.close()
+
+
+def with_simulator_limits(config: TidegateConfig, simulator: SimulatorSettings) -> TidegateConfig:
+    """`config` (its provider the simulator) with each model's rate limits set to those the
+    simulator enforces, as a deployment copies its provider's published limits into its config:
+    the worker then paces under exactly the limits it will meet."""
+    served = simulator.served_models()
+    provider = config.providers[0]
+    models = tuple(_limited(model, served.get(model.name), simulator.window_s) for model in provider.models)
+    return config.model_copy(update={"providers": (provider.model_copy(update={"models": models}),)})
+
+
+def _limited(model: ModelConfig, served: ServedModel | None, window_s: float) -> ModelConfig:
+    if served is None:
+        return model
+    behaviour = served.behaviour
+    return model.model_copy(update={"rpm": behaviour.rpm, "tpm": behaviour.tpm, "rate_window_s": window_s})
+
+
+async def _create_admin_key(tenants: TenantStore) -> str:
+    """A fresh admin key of UP_TENANT, after revoking the keys earlier starts created."""
+    if await tenants.get_tenant(UP_TENANT) is None:
+        await tenants.put_tenant(Tenant(
+            name=UP_TENANT, admin=True, max_priority=Priority.CRITICAL, default_priority=Priority.NORMAL,
+        ))
+    for earlier in await tenants.list_keys(UP_TENANT):
+        if earlier.revoked_at is None:
+            await tenants.revoke_key(earlier.key_id)
+    _, key = await tenants.create_key(UP_TENANT)
+    return key
+
+
+def _url_host(host: str) -> str:
+    return f"[{host.strip('[]')}]" if ":" in host else host

@@ -1,0 +1,1 @@
+"""`tidegate …`: the command line."""

@@ -1,0 +1,291 @@
+"""redis:// recommendation store: state shared by every replica; each read-modify-write is one Lua
+script (lua/*.lua, each documenting its KEYS and ARGV).
+
+Keys, each carrying the `{hash tag}` of the unit it belongs to, so every script runs within one
+Redis Cluster slot:
+
+- `{<prefix>:recs:items}:data|log|version`: the catalogue (item id → msgpack item), its change
+  log (item id → version of its last change) and version counter;
+- `{<prefix>:recs:user:<user id>}:state|bought|again`: a user's profile and recent items (a
+  hash), purchased items (a sorted set by time, bounded) and their buy-again counts (a sorted set
+  by log2 decayed count, bounded);
+- `{<prefix>:recs:item:<item id>}:neighbours`: an item's co-occurrence list (sorted by log weight,
+  bounded);
+- `{<prefix>:recs:trending}:all` and `…:category:<name>`: trending lists (sorted by log weight,
+  bounded), one tag so that one script updates them all;
+- `{<prefix>:recs}:meta`: user count and update times.
+
+An item is stored as msgpack `[id, name, categories, price, stock, vector]`, the vector as
+little-endian float32 bytes; its description is not kept (it only served to hash its vector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any, TypeVar
+
+import numpy as np
+
+from tidegate._redis import open_scripted_client
+from tidegate._urls import redact_url
+from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
+from tidegate.recs.model import Item
+from tidegate.recs.store.base import (
+    ItemChanges,
+    RecentItem,
+    RecsStore,
+    StoreStats,
+    UserEvent,
+    UserOutcome,
+    UserParams,
+    UserState,
+)
+
+try:
+    import msgpack
+    from redis.exceptions import RedisError
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingDependency(
+        "the Redis recommendation store needs redis-py and msgpack: pip install 'tidegate[redis]'"
+    ) from exc
+
+__all__ = ["RedisRecsStore"]
+
+_SCRIPTS = ("item_put", "item_delete", "items_since", "record", "log_add", "note")
+SCRIPT_CHUNK = 5000  # additions per log_add call
+NO_BOUND = 2**53  # a bound no list reaches
+T = TypeVar("T")
+
+
+@cache
+def _script_source(name: str) -> str:
+    return (resources.files("tidegate.recs") / "lua" / f"{name}.lua").read_text()
+
+
+class RedisRecsStore(RecsStore):
+    """`recs_store_for("redis://host:6379/0")`; any number of processes may share one store."""
+
+    kind = "redis"
+
+    def __init__(self, url: str, *, prefix: str = "tidegate", max_connections: int = 64) -> None:
+        super().__init__()
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ConfigError(
+                f"a recommendation store prefix must be non-empty and without braces, not {prefix!r}"
+            )
+        self.url = url
+        self.prefix = prefix
+        self._max_connections = max_connections
+        items = f"{{{prefix}:recs:items}}"
+        self._item_keys = [f"{items}:data", f"{items}:log", f"{items}:version"]
+        self._trending_tag = f"{{{prefix}:recs:trending}}"
+        self._meta_key = f"{{{prefix}:recs}}:meta"
+        self._redis: Any = None
+        self._scripts: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _open(self) -> None:
+        self._redis, self._scripts = await open_scripted_client(
+            self.url, ((name, _script_source(name)) for name in _SCRIPTS),
+            max_connections=self._max_connections, unavailable=CacheUnavailable,
+            what="the recommendation store")
+
+    async def _close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    async def _guard(self, call: Awaitable[T]) -> T:
+        """Await a Redis call, translating driver errors (the URL without credentials)."""
+        try:
+            return await call
+        except (RedisError, OSError) as exc:
+            raise CacheUnavailable(f"recommendation store at {redact_url(self.url)}: {exc}") from exc
+
+    def _user_keys(self, user_id: str) -> list[str]:
+        tag = f"{{{self.prefix}:recs:user:{user_id}}}"
+        return [f"{tag}:state", f"{tag}:bought", f"{tag}:again"]
+
+    def _neighbours_key(self, item_id: str) -> str:
+        return f"{{{self.prefix}:recs:item:{item_id}}}:neighbours"
+
+    def _trending_key(self, scope: str | None) -> str:
+        return f"{self._trending_tag}:all" if scope is None else f"{self._trending_tag}:category:{scope}"
+
+    # ------------------------------------------------------------------ catalogue
+
+    async def _put_item(self, item: Item) -> int:
+        version = await self._guard(
+            self._scripts["item_put"](keys=self._item_keys, args=[item.item_id, _pack_item(item)])
+        )
+        return int(version)
+
+    async def _delete_item(self, item_id: str) -> Item | None:
+        held = await self._guard(self._scripts["item_delete"](keys=self._item_keys, args=[item_id]))
+        if not held:
+            return None
+        item = _unpack_item(held)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for scope in (None, *item.categories):
+                pipe.zrem(self._trending_key(scope), item_id)
+            pipe.delete(self._neighbours_key(item_id))
+            await self._guard(pipe.execute())
+        return item
+
+    async def _items_version(self) -> int:
+        return int(await self._guard(self._redis.get(self._item_keys[2])) or 0)
+
+    async def _items_since(self, version: int, limit: int) -> ItemChanges:
+        flat = await self._guard(self._scripts["items_since"](keys=self._item_keys, args=[version, limit]))
+        current, rest = int(flat[0]), flat[1:]
+        changes = tuple(
+            (rest[i].decode(), _unpack_item(rest[i + 2]) if rest[i + 2] else None)
+            for i in range(0, len(rest), 3)
+        )
+        if len(changes) < limit:
+            return ItemChanges(current, changes, True)
+        return ItemChanges(int(rest[-2]), changes, False)
+
+    # ------------------------------------------------------------------ users
+
+    async def _record_users(
+        self, batch: Sequence[tuple[str, Sequence[UserEvent]]], params: UserParams
+    ) -> list[UserOutcome]:
+        head = [
+            repr(params.half_life_s), repr(params.session_window_s), params.recent_items,
+            params.max_purchased,
+            repr(params.pair_half_life_s), repr(params.repeat_half_life_s), params.max_repeat,
+        ]
+        packed: dict[tuple[float, ...], bytes] = {}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for user_id, events in batch:
+                args: list[Any] = list(head)
+                for event in events:
+                    vector = b""
+                    if event.vector is not None:
+                        vector = packed.get(event.vector) or packed.setdefault(
+                            event.vector, msgpack.packb(list(event.vector))
+                        )
+                    purchase = b"1" if event.purchase else b"0"
+                    args += [event.item_id, event.at_s, event.weight, purchase, vector]
+                await self._scripts["record"](keys=self._user_keys(user_id), args=args, client=pipe)
+            replies = await self._guard(pipe.execute())
+        outcomes = []
+        for reply in replies:
+            pairs = tuple(
+                (reply[i].decode(), reply[i + 1].decode(), float(reply[i + 2]))
+                for i in range(1, len(reply), 3)
+            )
+            outcomes.append(UserOutcome(bool(reply[0]), pairs))
+        return outcomes
+
+    async def _user_state(self, user_id: str) -> UserState | None:
+        state_key, bought_key, again_key = self._user_keys(user_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(state_key, "p", "r")
+            pipe.zrange(bought_key, 0, -1, withscores=True)
+            pipe.zrange(again_key, 0, -1, withscores=True)
+            (profile_blob, recent_blob), bought, again = await self._guard(pipe.execute())
+        if recent_blob is None:
+            return None
+        profile = msgpack.unpackb(profile_blob) if profile_blob else []
+        flat = msgpack.unpackb(recent_blob)
+        recent = tuple(
+            RecentItem(_text(flat[i]), float(flat[i + 1]), float(flat[i + 2])) for i in range(0, len(flat), 3)
+        )
+        return UserState(
+            profile=tuple(float(x) for x in profile[1:]),
+            profile_at_s=float(profile[0]) if profile else 0.0,
+            recent=recent,
+            purchased={member.decode(): float(at_s) for member, at_s in bought},
+            repeat={member.decode(): float(value) for member, value in again},
+        )
+
+    # ------------------------------------------------------------------ co-occurrence
+
+    async def _add_neighbours(self, updates: Mapping[str, Mapping[str, float]], max_neighbours: int) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for item_id, adds in updates.items():
+                args: list[Any] = [max_neighbours]
+                for other, value in adds.items():
+                    args += [1, other, repr(value)]
+                await self._scripts["log_add"](keys=[self._neighbours_key(item_id)], args=args, client=pipe)
+            await self._guard(pipe.execute())
+
+    async def _neighbours(self, item_ids: Sequence[str], limit: int) -> dict[str, list[tuple[str, float]]]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for item_id in item_ids:
+                pipe.zrevrange(self._neighbours_key(item_id), 0, limit - 1, withscores=True)
+            replies = await self._guard(pipe.execute())
+        return {
+            item_id: [(member.decode(), float(score)) for member, score in reply]
+            for item_id, reply in zip(item_ids, replies, strict=True)
+            if reply
+        }
+
+    # ------------------------------------------------------------------ trending
+
+    async def _add_trending(self, updates: Mapping[str | None, Mapping[str, float]], max_size: int) -> None:
+        keys = [self._trending_key(scope) for scope in updates]
+        triples: list[Any] = []
+        for index, adds in enumerate(updates.values(), start=1):
+            for item_id, value in adds.items():
+                triples += [index, item_id, repr(value)]
+        # A large batch goes in several calls, so no single script holds the server for long;
+        # only the last trims, so the outcome is the same as one call.
+        step = 3 * SCRIPT_CHUNK
+        chunks = [triples[start:start + step] for start in range(0, len(triples), step)]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for number, chunk in enumerate(chunks, start=1):
+                bound = max_size if number == len(chunks) else NO_BOUND
+                await self._scripts["log_add"](keys=keys, args=[bound, *chunk], client=pipe)
+            await self._guard(pipe.execute())
+
+    async def _trending_top(self, scope: str | None, start: int, count: int) -> list[tuple[str, float]]:
+        reply = await self._guard(
+            self._redis.zrevrange(self._trending_key(scope), start, start + count - 1, withscores=True)
+        )
+        return [(member.decode(), float(score)) for member, score in reply]
+
+    async def _trending_scores(self, scope: str | None, item_ids: Sequence[str]) -> list[float | None]:
+        reply = await self._guard(self._redis.zmscore(self._trending_key(scope), list(item_ids)))
+        return [None if score is None else float(score) for score in reply]
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    async def _note_update(self, at_s: float, interaction_at_s: float, new_users: int) -> None:
+        await self._guard(
+            self._scripts["note"](keys=[self._meta_key], args=[repr(at_s), repr(interaction_at_s), new_users])
+        )
+
+    async def _stats(self) -> StoreStats:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hlen(self._item_keys[0])
+            pipe.hmget(self._meta_key, "users", "updated", "newest")
+            items, (users, updated, newest) = await self._guard(pipe.execute())
+        return StoreStats(
+            int(items), int(users or 0),
+            None if updated is None else float(updated), None if newest is None else float(newest),
+        )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _pack_item(item: Item) -> bytes:
+    vector = np.asarray(item.vector if item.vector is not None else (), dtype="<f4").tobytes()
+    packed: bytes = msgpack.packb(
+        [item.item_id, item.name, list(item.categories), item.price, item.stock, vector], use_bin_type=True
+    )
+    return packed
+
+
+def _unpack_item(blob: bytes) -> Item:
+    item_id, name, categories, price, stock, vector = msgpack.unpackb(blob, raw=False)
+    return Item(
+        item_id=item_id, name=name, categories=tuple(categories), price=price, stock=stock,
+        vector=tuple(float(x) for x in np.frombuffer(vector, dtype="<f4")),
+    )

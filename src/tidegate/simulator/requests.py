@@ -1,0 +1,236 @@
+"""Request validation of the simulated provider, as strict as a real OpenAI-compatible API: a
+client that the simulator accepts should not be refused by the real thing for the request's shape.
+
+Errors are OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import orjson
+
+from tidegate.simulator.content import estimate_prompt_tokens, estimate_text_tokens
+
+__all__ = [
+    "ChatRequest",
+    "EmbeddingsRequest",
+    "InvalidRequest",
+    "error_body",
+    "parse_chat",
+    "parse_embeddings",
+    "parse_json_object",
+]
+
+ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+MAX_EMBEDDING_INPUTS: Final = 2048
+
+
+class InvalidRequest(Exception):
+    """A request the simulator refuses; becomes an OpenAI-shaped error response."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
+                 code: str | None = None, type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.type = type_
+
+    def body(self) -> bytes:
+        """The response body."""
+        return error_body(self.message, type_=self.type, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type_: str, param: str | None = None, code: str | None = None) -> bytes:
+    """An OpenAI-shaped error body."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A valid chat completion request, reduced to what the simulator uses."""
+
+    model: str
+    prompt_tokens: int
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingsRequest:
+    """A valid embeddings request: one key (text or token ids) and token count per input."""
+
+    model: str
+    keys: tuple[bytes, ...]
+    prompt_tokens: int
+    dimensions: int | None
+    encoding_format: Literal["float", "base64"]
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or InvalidRequest."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest(
+            "We could not parse the JSON body of your request. (HINT: This likely means you aren't "
+            "using your HTTP library correctly.)"
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    return body
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if model is None:
+        raise InvalidRequest("you must provide a model parameter", param="model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(f"Invalid type for 'model': expected a string, but got {_json_type(model)}.",
+                             param="model", code="invalid_type")
+    return model
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _optional_positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise InvalidRequest(f"Invalid type for '{name}': expected an integer, but got {_json_type(value)}.",
+                             param=name, code="invalid_type")
+    if value < 1:
+        raise InvalidRequest(f"Invalid '{name}': integer below minimum value. Expected a value >= 1, "
+                             f"but got {value} instead.", param=name, code="integer_below_min_value")
+    return int(value)
+
+
+def _check_range(body: dict[str, Any], name: str, low: float, high: float) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    if not _is_number(value):
+        raise InvalidRequest(f"Invalid type for '{name}': expected a number, but got {_json_type(value)}.",
+                             param=name, code="invalid_type")
+    if not low <= value <= high:
+        raise InvalidRequest(f"Invalid '{name}': expected a value between {low:g} and {high:g}, "
+                             f"but got {value} instead.", param=name, code="invalid_value")
+
+
+def _check_messages(messages: object) -> list[dict[str, Any]]:
+    if messages is None:
+        raise InvalidRequest("Missing required parameter: 'messages'.", param="messages",
+                             code="missing_required_parameter")
+    if not isinstance(messages, list):
+        raise InvalidRequest(f"Invalid type for 'messages': expected an array, but got "
+                             f"{_json_type(messages)}.", param="messages", code="invalid_type")
+    if not messages:
+        raise InvalidRequest("Invalid 'messages': empty array. Expected an array with minimum length 1, "
+                             "but got an empty array instead.", param="messages", code="empty_array")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"Invalid type for '{where}': expected an object, but got "
+                                 f"{_json_type(message)}.", param=where, code="invalid_type")
+        role = message.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f"Invalid value for '{where}.role': {role!r} is not one of "
+                                 f"{sorted(ROLES)}.", param=f"{where}.role", code="invalid_value")
+        content = message.get("content")
+        allowed = isinstance(content, str | list) or (content is None and role == "assistant")
+        if not allowed:
+            raise InvalidRequest(f"Invalid type for '{where}.content': expected a string or an array, "
+                                 f"but got {_json_type(content)}.", param=f"{where}.content",
+                                 code="invalid_type")
+        if isinstance(content, list) and not all(isinstance(p, dict) and "type" in p for p in content):
+            raise InvalidRequest(f"Invalid '{where}.content': each part must be an object with a 'type'.",
+                                 param=f"{where}.content", code="invalid_value")
+    return messages
+
+
+def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    """Validate a chat completion request body."""
+    model = _model(body)
+    messages = _check_messages(body.get("messages"))
+    max_tokens = _optional_positive_int(body, "max_completion_tokens") or _optional_positive_int(
+        body, "max_tokens")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequest(f"Invalid type for 'stream': expected a boolean, but got {_json_type(stream)}.",
+                             param="stream", code="invalid_type")
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise InvalidRequest("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                                 param="stream_options", code="invalid_value")
+        if not isinstance(options, dict):
+            raise InvalidRequest("Invalid type for 'stream_options': expected an object, but got "
+                                 f"{_json_type(options)}.", param="stream_options", code="invalid_type")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise InvalidRequest("The simulator supports only n=1.", param="n", code="invalid_value")
+    _check_range(body, "temperature", 0.0, 2.0)
+    _check_range(body, "top_p", 0.0, 1.0)
+    include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
+    return ChatRequest(model, estimate_prompt_tokens(messages), max_tokens, stream, include_usage)
+
+
+def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
+    """Validate an embeddings request body. `input` is a string, an array of strings, an array of
+    token ids, or an array of such arrays, as in OpenAI's API."""
+    model = _model(body)
+    value = body.get("input")
+    if value is None:
+        raise InvalidRequest("Missing required parameter: 'input'.", param="input",
+                             code="missing_required_parameter")
+    inputs: list[object] = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    if isinstance(value, list) and value and all(_is_int(v) for v in value):
+        inputs = [value]  # one input given as token ids
+    if not inputs or len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise InvalidRequest(f"'input' must be a non-empty string or an array of 1 to {MAX_EMBEDDING_INPUTS} "
+                             "inputs.", param="input", code="invalid_value")
+    keys: list[bytes] = []
+    tokens = 0
+    for item in inputs:
+        if isinstance(item, str) and item:
+            keys.append(item.encode())
+            tokens += estimate_text_tokens(item)
+        elif isinstance(item, list) and item and all(_is_int(v) and v >= 0 for v in item):
+            keys.append(orjson.dumps(item))
+            tokens += len(item)
+        else:
+            raise InvalidRequest("Invalid 'input': each input must be a non-empty string or a non-empty "
+                                 "array of token ids.", param="input", code="invalid_value")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise InvalidRequest(f"Invalid value for 'encoding_format': {encoding!r} is not 'float' or 'base64'.",
+                             param="encoding_format", code="invalid_value")
+    dimensions = _optional_positive_int(body, "dimensions")
+    return EmbeddingsRequest(model, tuple(keys), tokens, dimensions, encoding)

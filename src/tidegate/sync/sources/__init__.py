@@ -1,0 +1,1 @@
+"""Change sources: PostgreSQL logical replication (`postgres/`) and SQLite triggers (`sqlite/`)."""
