@@ -1,18 +1,36 @@
 """Typed settings of a tidegate deployment: `tidegate.toml` (or the file named by
 TIDEGATE_CONFIG) overlaid by `TIDEGATE_*` environment variables (nested with `__`).
 
+Every settings object of a process lives here as a section of `TidegateConfig`, so each can be set
+from the file and the environment: `[worker]`, `[gateway]`, `[up]`, `[recs]`, `[sync.pipeline]`
+and `[sync.verify]` beside the providers, routing, budgets, callbacks and change flow. A command's
+flags go over a section with `Section.given`.
+
 Money is configured in USD (decimals, never floats) and kept internally as integer micro-dollars.
 API keys are never stored here: a provider names the environment variable that holds its key.
 """
 
 from __future__ import annotations
 
+import enum
 import os
+import socket
+from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,6 +38,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from tidegate.errors import ConfigError
 from tidegate.jobs import Priority
 
 DEFAULT_CONFIG_FILE = "tidegate.toml"
@@ -121,6 +140,199 @@ class CallbackConfig(BaseModel):
     timeout_s: float = Field(10.0, gt=0)
 
 
+class Section(BaseModel):
+    """A settings object of one part of tidegate: frozen, and unknown keys are refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def given(self, **options: Any) -> Self:
+        """This section with the options that are not None in place of its values, checked like
+        the file's (a ConfigError names what is wrong): a command's flags (None: left out) over
+        the file and environment."""
+        update = {name: value for name, value in options.items() if value is not None}
+        if not update:
+            return self
+        try:
+            return self.model_validate({**self.model_dump(), **update})
+        except ValidationError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+class WorkerSettings(Section):
+    """How one worker process behaves (`[worker]`)."""
+
+    worker_id: str | None = Field(None, min_length=1)
+    priorities: tuple[int, ...] | None = None  # levels served; None = all
+    concurrency: int = Field(16, ge=1)
+    lease_s: float = Field(30.0, gt=0)
+    # Longer pacing waits park the job instead of holding a slot. Short enough that jobs waiting
+    # for a paced model cannot fill every slot (at 200 req/s, 0.2 s is ~40 waiters).
+    pace_wait_max_s: float = Field(0.2, ge=0)
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    claim_wait_s: float = Field(1.0, gt=0)  # a blocking claim's timeout; also how fast a stop is noticed
+    model_cooldown_s: float = Field(30.0, ge=0)  # how long a model that keeps failing is skipped
+
+    @field_validator("priorities")
+    @classmethod
+    def _known_levels(cls, levels: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        for level in levels or ():
+            Priority(level)  # a ValueError names a level that does not exist
+        return levels
+
+
+class GatewaySettings(Section):
+    """How a gateway listens and what it accepts (`[gateway]`; `TIDEGATE_GATEWAY_<NAME>` also
+    sets one, as before it was a section of the file).
+
+    `allow_unauthenticated_local`: while the gateway is bound to a loopback address and the
+    tenant store holds no tenant and no key, requests are served as the built-in local tenant
+    without an API key (embedded mode). Creating any tenant or key, or binding anything but
+    loopback, makes a valid key mandatory.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    # How long a synchronous call (chat, embeddings) waits for its job before answering 504 with
+    # the job id; a client may ask for another wait with X-Tidegate-Timeout, up to the maximum.
+    request_timeout_s: float = Field(60.0, gt=0)
+    max_request_timeout_s: float = Field(600.0, gt=0)
+    # The longest long-poll of GET /v1/jobs/{id}?wait=
+    max_wait_s: float = Field(60.0, gt=0)
+    # Larger request bodies are refused with 413 before they are read in full. None: what the
+    # queue takes as one job (its max_payload_bytes) plus BODY_ENVELOPE_BYTES for the request's
+    # own fields; a value above that is lowered to it (see GatewayState.max_body_bytes), so no
+    # body is read and parsed only for the queue to refuse it.
+    max_body_bytes: int | None = Field(None, gt=0)
+    max_messages: int = Field(1_000, gt=0)  # messages in one chat request
+    max_batch: int = Field(1_000, gt=0)  # jobs in one POST /v1/jobs
+    allow_unauthenticated_local: bool = True
+    # How many recent results feed the p50/p99 figures of GET /v1/stats.
+    stats_window: int = Field(2_000, gt=0)
+    readiness_timeout_s: float = Field(2.0, gt=0)
+
+
+class UpSettings(Section):
+    """What `tidegate up` starts (`[up]`); the simulator it starts when no provider is configured
+    is given to `run_up` apart."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    concurrency: int = Field(32, ge=1)  # the in-process worker's calls in flight
+    # On stop, how long calls still open may finish (the worker serving them meanwhile) before
+    # the gateway cuts them (their jobs stay queued), and the worker its own calls before it
+    # releases them: one grace for both, counted from the stop.
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    # The change flow of `config.sync` beside the request flow (`tidegate up` points it at the
+    # demo shop first: tidegate.demo.embedded).
+    change_flow: bool = True
+
+
+class InteractionKind(enum.StrEnum):
+    """What a user did with an item; each kind weighs differently (view < cart < purchase).
+    Defined with the recommender's settings, whose weights are keyed by it (tidegate.recs
+    exports it)."""
+
+    VIEW = "view"
+    ADD_TO_CART = "add_to_cart"
+    PURCHASE = "purchase"
+
+
+DEFAULT_KIND_WEIGHTS: Mapping[str, float] = {"view": 1.0, "add_to_cart": 3.0, "purchase": 5.0}
+
+Count = Annotated[int, Field(ge=1)]
+Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+HalfLife = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class RecsSettings(Section):
+    """How the recommender weighs and decays its signals (`[recs]`). A value it cannot work with
+    is refused with a ConfigError naming the setting."""
+
+    dimension: Count = 64  # the size of item and profile vectors
+    decay_hours: HalfLife = 24.0  # half-life of profiles and of the recent items' anchor weights
+    kind_weights: Mapping[str, Weight] = Field(default_factory=lambda: dict(DEFAULT_KIND_WEIGHTS))
+    session_window_s: Weight = 1800.0  # items touched within this window co-occur
+    recent_items: Count = 20  # per user, for co-occurrence and candidates
+    max_neighbours: Count = 50  # per item
+    # The blended score: weights of each normalised signal (documented in tidegate.recs.score).
+    weight_profile: Weight = 0.5
+    weight_co_occurrence: Weight = 0.35
+    weight_trending: Weight = 0.15
+    max_n: Count = 100
+    # Bounds of the shared state (added after the first release of this type; defaults keep the
+    # earlier behaviour for every catalogue of up to this many items).
+    max_trending: Count = 10_000  # items kept per trending list (global, each category)
+    # The purchased set is exact: "exclude purchased" must never let a bought item through, and
+    # a set entry is ~50 bytes, so even a wholesaler buying a whole catalogue of thousands of
+    # items fits; this bound only protects the store from a runaway id stream.
+    max_purchased: Count = 100_000  # purchases remembered per user (for "exclude purchased")
+    # Half-lives of the shared signals (hours), apart from the profile's: a co-occurrence or a
+    # sale is evidence about the items for weeks, whereas a profile follows a user's current
+    # intent. Chosen on the validation month of bench/recs_quality.py (see BENCHMARKS.md).
+    co_occurrence_decay_hours: HalfLife = 24.0 * 7
+    trending_decay_hours: HalfLife = 24.0 * 7
+    # Buy-again: per user, each purchased item's purchase count decayed with this half-life (a
+    # re-order cycle is weeks to months), the `max_repeat` strongest kept; its weight in the
+    # blended score applies only when purchased items are allowed (documented in score.py).
+    repeat_decay_hours: HalfLife = 24.0 * 90
+    weight_repeat: Weight = 2.0
+    max_repeat: Count = 1000
+
+    @field_validator("kind_weights")
+    @classmethod
+    def _every_kind_weighed(cls, weights: Mapping[str, float]) -> Mapping[str, float]:
+        missing = [kind.value for kind in InteractionKind if kind.value not in weights]
+        if missing:
+            raise ValueError(f"needs a weight for every interaction kind; missing {', '.join(missing)}")
+        return weights
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _as_config_error(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # The recommender's callers catch ConfigError (a TidegateError), as they did when these
+        # checks were written by hand.
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise ConfigError("; ".join(
+                f"recommender setting {'.'.join(map(str, error['loc']))}: {error['msg']}, "
+                f"not {error['input']!r}" for error in exc.errors())) from None
+
+
+def default_consumer_name() -> str:
+    """A consumer name unique to this process on this host."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class PipelineSettings(Section):
+    """How the pipeline batches and how far it lets the source run ahead of the sinks
+    (`[sync.pipeline]`; `group` and `batch_size` default to `[sync]`'s)."""
+
+    group: str = Field("tidegate-sync", min_length=1)
+    consumer: str = Field(default_factory=default_consumer_name, min_length=1)
+    # Changes published, and deliveries fetched and applied, together.
+    batch_size: int = Field(500, ge=1)
+    # Published, not yet applied: the producer waits beyond this.
+    max_pending_changes: int = Field(20_000, ge=1)
+    fetch_timeout_s: float = Field(0.5, gt=0)
+    # On stop: how long to let the consumer apply what is in flight.
+    drain_timeout_s: float = Field(10.0, ge=0)
+    # How often the source's status (slot, lag) feeds the metrics.
+    status_interval_s: float = Field(5.0, gt=0)
+
+
+class VerifySettings(Section):
+    """How hard and how long `sync verify` looks (`[sync.verify]`)."""
+
+    batch_size: int = Field(1000, ge=1)
+    max_rows_per_s: float | None = Field(20_000.0, gt=0)  # None: as fast as the database answers
+    # The longest wait, per round, for the sync to apply a position.
+    settle_timeout_s: float = Field(60.0, gt=0)
+    rounds: int = Field(3, ge=1)  # looks at a suspect after the pass
+    repair: bool = False
+    examples: int = Field(5, ge=0)  # entity ids kept per kind in the report
+
+
 class RefreshRule(BaseModel):
     """An AI refresh rule of the change flow: when one of `columns` of an `entity_type` row
     changes (or the row is inserted), enqueue an embedding of `text` (a format string over the
@@ -156,6 +368,21 @@ class SyncConfig(BaseModel):
     entry_ttl_s: float | None = Field(None, gt=0)
     batch_size: int = Field(500, ge=1)
     refresh: tuple[RefreshRule, ...] = ()
+    pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
+    verify: VerifySettings = Field(default_factory=VerifySettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pipeline_follows_sync(cls, data: Any) -> Any:
+        # `group` and `batch_size` were the pipeline's settings in `[sync]` before it had a
+        # section: they stay its defaults, and `[sync.pipeline]` wins where it sets them too.
+        if not isinstance(data, dict) or isinstance(data.get("pipeline"), PipelineSettings):
+            return data
+        pipeline = dict(data.get("pipeline") or {})
+        for name in ("group", "batch_size"):
+            if name in data:
+                pipeline.setdefault(name, data[name])
+        return {**data, "pipeline": pipeline}
 
 
 def default_models() -> tuple[ModelConfig, ...]:
@@ -191,6 +418,10 @@ class TidegateConfig(BaseSettings):
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
     callbacks: CallbackConfig = Field(default_factory=CallbackConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    up: UpSettings = Field(default_factory=UpSettings)
+    recs: RecsSettings = Field(default_factory=RecsSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -202,12 +433,18 @@ class TidegateConfig(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         path = Path(os.environ.get("TIDEGATE_CONFIG", DEFAULT_CONFIG_FILE))
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return (init_settings, env_settings, _GatewayEnv(settings_cls),
+                TomlConfigSettingsSource(settings_cls, toml_file=path))
 
     @classmethod
     def load(cls, **overrides: Any) -> TidegateConfig:
-        """Read the file and environment; keyword overrides win."""
-        return cls(**overrides)
+        """Read the file and environment; keyword overrides win. A value that cannot work, or a
+        key no section knows, is a ConfigError naming it."""
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            path = os.environ.get("TIDEGATE_CONFIG", DEFAULT_CONFIG_FILE)
+            raise ConfigError(f"invalid configuration ({path} and TIDEGATE_* variables): {exc}") from None
 
     def with_simulator(self, base_url: str) -> TidegateConfig:
         """This config with the simulated provider serving the default models, for when no real
@@ -222,3 +459,21 @@ class TidegateConfig(BaseSettings):
                 if model.name == name:
                     return provider, model
         return None
+
+
+class _GatewayEnv(PydanticBaseSettingsSource):
+    """`TIDEGATE_GATEWAY_<NAME>`: the variables GatewaySettings read on its own before it was a
+    section of the file. Below TIDEGATE_GATEWAY__<NAME> (the nested spelling), above the file."""
+
+    PREFIX = "tidegate_gateway_"
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        """Unused: `__call__` reads the variables of the whole section at once."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        names = set(GatewaySettings.model_fields)
+        found = {key.lower().removeprefix(self.PREFIX): value for key, value in os.environ.items()
+                 if key.lower().startswith(self.PREFIX)}
+        given = {name: value for name, value in found.items() if name in names}
+        return {"gateway": given} if given else {}

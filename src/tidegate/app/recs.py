@@ -39,7 +39,7 @@ async def open_recommendations(stack: contextlib.AsyncExitStack, config: Tidegat
     columns, its metrics in `registry` or a registry of its own) and, given a queue and the
     entity cache, the embedding watcher."""
     store = await stack.enter_async_context(recs_store_for(config.sync.cache_url, prefix=config.sync.prefix))
-    sink = RecsSink(Recommender(store), mapping=RecsMapping(), monitor=RecsMonitor(registry))
+    sink = RecsSink(Recommender(store, config.recs), mapping=RecsMapping(), monitor=RecsMonitor(registry))
     if cache is None or queue is None:
         return RecsWiring(sink, None)
     products = sink.mapping.products

@@ -88,7 +88,7 @@ async def open_sync(
                                   metrics=metrics, on_enqueued=on_refresh)
             all_sinks.insert(0, refresh)
         yield Pipeline(source, bus, cache, entity_types_of(sync), sinks=all_sinks, metrics=metrics,
-                       settings=settings or PipelineSettings(group=sync.group, batch_size=sync.batch_size))
+                       settings=settings or sync.pipeline)
 
 
 async def sync_status(config: SyncConfig) -> dict[str, JsonValue]:

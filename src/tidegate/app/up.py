@@ -34,16 +34,16 @@ from tidegate.app.gateway import GatewayServer, check_bind
 from tidegate.app.recs import open_recommendations
 from tidegate.app.sync import supervise_sync
 from tidegate.config import ModelConfig, TidegateConfig
+from tidegate.config import UpSettings as UpSettings  # its home before it was a section
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.relay import relay_for
 from tidegate.coord.tenant_store import tenant_store_for
 from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.worker import Worker, WorkerSettings
+from tidegate.dispatch.worker import Worker
 from tidegate.gateway.app import create_app
 from tidegate.gateway.http_server import UVICORN_OPTIONS
-from tidegate.gateway.settings import GatewaySettings
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Priority
 from tidegate.queue import Queue
@@ -56,23 +56,6 @@ log = logging.getLogger("tidegate.app.up")
 
 # The tenant whose key `up` prints: its keys are `up`'s own, revoked at the next start.
 UP_TENANT = "tidegate-up"
-
-
-@dataclass(frozen=True, slots=True)
-class UpSettings:
-    """What `tidegate up` starts."""
-
-    host: str = "127.0.0.1"
-    port: int = 8080
-    concurrency: int = 32  # the in-process worker's calls in flight
-    simulator: SimulatorSettings | None = None  # used when no provider is configured
-    # On stop, how long calls still open may finish (the worker serving them meanwhile) before
-    # the gateway cuts them (their jobs stay queued), and the worker its own calls before it
-    # releases them: one grace for both, counted from the stop.
-    shutdown_grace_s: float = 30.0
-    # The change flow of `config.sync` beside the request flow (`tidegate up` points it at the
-    # demo shop first: tidegate.demo.embedded).
-    change_flow: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,31 +75,34 @@ async def run_up(
     config: TidegateConfig,
     settings: UpSettings,
     *,
+    simulator: SimulatorSettings | None = None,
     on_ready: Callable[[UpInfo], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (or, when given, until `stop` is set: the caller then owns the
-    signals), then shut down in order within `settings.shutdown_grace_s` (see `_shut_down`)."""
+    signals), then shut down in order within `settings.shutdown_grace_s` (see `_shut_down`).
+    `simulator` is how the simulated provider behaves, started when no provider is configured."""
     forced = asyncio.Event()
+    simulator = simulator or SimulatorSettings()
     if stop is not None:
-        await _run(config, settings, on_ready, stop, forced)
+        await _run(config, settings, simulator, on_ready, stop, forced)
         return
     stop = asyncio.Event()
     with stop_on_signals(stop.set, force=forced.set, grace_s=settings.shutdown_grace_s):
-        await _run(config, settings, on_ready, stop, forced)
+        await _run(config, settings, simulator, on_ready, stop, forced)
     log.info("stopped")
 
 
 async def _run(
-    config: TidegateConfig, settings: UpSettings, on_ready: Callable[[UpInfo], None] | None,
-    stop: asyncio.Event, forced: asyncio.Event,
+    config: TidegateConfig, settings: UpSettings, simulator_settings: SimulatorSettings,
+    on_ready: Callable[[UpInfo], None] | None, stop: asyncio.Event, forced: asyncio.Event,
 ) -> None:
     # Entered in dependency order, so the stack closes each part after the parts that use it:
     # gateway state, worker, recommender, caches, relay, ledger, tenants, queue; simulator last.
     async with contextlib.AsyncExitStack() as stack:
         simulator_url = None
         if not config.providers:
-            simulator = Simulator(settings.simulator or SimulatorSettings())
+            simulator = Simulator(simulator_settings)
             simulator_url = await enter_bounded(stack, simulator.running(), "the simulator")
             config = with_simulator_limits(config.with_simulator(simulator_url), simulator.settings)
         url = config.queue_url
@@ -136,12 +122,13 @@ async def _run(
         recs = await open_recommendations(stack, config, queue=queue, cache=sync_cache)
         dispatch_metrics = DispatchMetrics()
         worker = await stack.enter_async_context(Worker(
-            queue, config, WorkerSettings(concurrency=settings.concurrency,
-                                          shutdown_grace_s=settings.shutdown_grace_s),
+            queue, config, config.worker.model_copy(update={"concurrency": settings.concurrency,
+                                                            "shutdown_grace_s": settings.shutdown_grace_s}),
             metrics=dispatch_metrics, ledger=ledger, relay=relay, tenants=tenants, callbacks=callbacks,
         ))
         state = await enter_bounded(stack, GatewayState.open(
-            config, settings=GatewaySettings(host=settings.host, port=settings.port), queue=queue,
+            config, settings=config.gateway.model_copy(update={"host": settings.host, "port": settings.port}),
+            queue=queue,
             tenants=tenants, ledger=ledger, relay=relay, recommender=recs.sink.recommender,
             recs_monitor=recs.sink.monitor,
             extra_registries=[dispatch_metrics.registry, sync_metrics.registry, recs.sink.monitor.registry],

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from tidegate.config import BudgetConfig, CallbackConfig, RoutingConfig, SyncConfig, TidegateConfig
 from tidegate.jobs import Priority
 from tidegate.simulator.settings import ModelBehaviour, SimulatorSettings
@@ -53,22 +55,25 @@ Mode = Literal["sync", "stream", "async"]
 Kind = Literal["chat", "embeddings"]
 
 
-@dataclass(frozen=True, slots=True)
-class DemoSettings:
+class DemoSettings(BaseModel):
     """How long and how busy a demo run is. The defaults are what `tidegate demo` runs."""
 
-    duration_s: float = 60.0  # the whole run: load, then the drain
-    rate_per_s: float = 40.0  # mean arrivals over the load, in requests (a batch counts its jobs)
-    concurrency: int = 6  # the worker's calls in flight: what bounds the capacity
-    latency_scale: float = 1.0  # multiplies every model's latency (tests run faster)
-    error_rate: float = 0.01  # share of provider calls answered 503 (retried by the worker)
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    duration_s: float = Field(60.0, gt=0)  # the whole run: load, then the drain
+    # Mean arrivals over the load, in requests (a batch counts its jobs).
+    rate_per_s: float = Field(40.0, gt=0)
+    concurrency: int = Field(6, ge=1)  # the worker's calls in flight: what bounds the capacity
+    latency_scale: float = Field(1.0, gt=0)  # multiplies every model's latency (tests run faster)
+    # Share of provider calls answered 503 (retried by the worker).
+    error_rate: float = Field(0.01, ge=0, le=1)
     seed: int = 7
-    refresh_s: float = 0.5  # how often the gateway's stats are read (and the live view redrawn)
-    load_share: float = 0.8  # share of the duration during which requests arrive
+    refresh_s: float = Field(0.5, gt=0)  # how often the gateway's stats are read (and the live view redrawn)
+    load_share: float = Field(0.8, gt=0, le=1)  # share of the duration during which requests arrive
     # The shop's own writes meanwhile (captured by the change flow, fed to the recommender):
     # ShopLoad's mix at this rate, and a click of the demo user this often.
-    shop_rate_per_s: float = 8.0
-    click_every_s: float = 1.5
+    shop_rate_per_s: float = Field(8.0, ge=0)
+    click_every_s: float = Field(1.5, ge=0)
 
     @property
     def load_s(self) -> float:

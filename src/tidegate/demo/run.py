@@ -54,7 +54,6 @@ from tidegate.demo.load import (
 from tidegate.demo.recs import RecsReading, RecsWatch, ShopDriver, most_active_user
 from tidegate.demo.stats import DemoSummary, GatewayReading, Outcome, Snapshot, Tally, by_model, by_priority
 from tidegate.demo.view import LiveView, render_ready, render_summary
-from tidegate.errors import ConfigError
 
 __all__ = [
     "DEFAULT_FOLDER",
@@ -103,18 +102,18 @@ async def run_demo(
     called once everything listens; `on_snapshot` every `settings.refresh_s` with the live
     numbers."""
     settings = settings or DemoSettings()
-    _check(settings)
     path = folder / DEMO_DB
     _remove_sqlite_files(path)
     url = f"sqlite:///{path}"
     ensure_sqlite_folder(url)
     # A short grace: when the demo stops early its own calls are closed, so none is waited for.
     up_settings = UpSettings(host="127.0.0.1", port=port, concurrency=settings.concurrency,
-                             simulator=simulator_settings(settings), shutdown_grace_s=SHUTDOWN_GRACE_S)
+                             shutdown_grace_s=SHUTDOWN_GRACE_S)
     stop = asyncio.Event()
     ready: asyncio.Future[UpInfo] = asyncio.get_running_loop().create_future()
     config = embedded_sync_config(demo_config(url, f"sqlite:///{folder / DEMO_SHOP_DB}"))
-    up = asyncio.create_task(run_up(config, up_settings, on_ready=ready.set_result, stop=stop))
+    up = asyncio.create_task(run_up(config, up_settings, simulator=simulator_settings(settings),
+                                    on_ready=ready.set_result, stop=stop))
     try:
         info = await _started(up, ready)
         if on_ready is not None:
@@ -171,17 +170,6 @@ async def show_demo(settings: DemoSettings, console: Console, *, live: bool = Tr
     console.print()
     render_summary(summary, console)
     return summary
-
-
-def _check(settings: DemoSettings) -> None:
-    if settings.duration_s <= 0 or settings.rate_per_s <= 0 or settings.refresh_s <= 0:
-        raise ConfigError("the demo needs duration_s > 0, rate_per_s > 0 and refresh_s > 0")
-    if settings.concurrency < 1 or not 0 < settings.load_share <= 1:
-        raise ConfigError("the demo needs concurrency >= 1 and 0 < load_share <= 1")
-    if not 0 <= settings.error_rate <= 1 or settings.latency_scale <= 0:
-        raise ConfigError("the demo needs 0 <= error_rate <= 1 and latency_scale > 0")
-    if settings.shop_rate_per_s < 0 or settings.click_every_s < 0:
-        raise ConfigError("the demo needs shop_rate_per_s >= 0 and click_every_s >= 0")
 
 
 async def _started(up: asyncio.Task[None], ready: asyncio.Future[UpInfo]) -> UpInfo:

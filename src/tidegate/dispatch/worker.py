@@ -26,6 +26,7 @@ import orjson
 from tidegate._shutdown import CLOSE_BOUND_S, bounded, cancel_bounded, close_bounded
 from tidegate.ai import AIRequest
 from tidegate.config import ModelConfig, TidegateConfig
+from tidegate.config import WorkerSettings as WorkerSettings  # its home before it was a section
 from tidegate.coord.budget import (
     BUDGET_EXHAUSTED,
     BudgetExhausted,
@@ -63,22 +64,6 @@ log = logging.getLogger("tidegate.worker")
 QUEUE_RETRY_S = 1.0  # pause before claiming again after the queue failed to answer
 PARK_S = 0.05  # shortest park, and the re-check interval while a model's slots are all taken
 TENANT_CACHE_S = 5.0  # how long a tenant's budget is reused before it is read again
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSettings:
-    """How one worker process behaves."""
-
-    worker_id: str | None = None
-    priorities: tuple[int, ...] | None = None  # levels served; None = all
-    concurrency: int = 16
-    lease_s: float = 30.0
-    # Longer pacing waits park the job instead of holding a slot. Short enough that jobs waiting
-    # for a paced model cannot fill every slot (at 200 req/s, 0.2 s is ~40 waiters).
-    pace_wait_max_s: float = 0.2
-    shutdown_grace_s: float = 30.0
-    claim_wait_s: float = 1.0  # a blocking claim's timeout; also how fast a stop is noticed
-    model_cooldown_s: float = 30.0  # how long a model that keeps failing is skipped
 
 
 @dataclass(slots=True)
@@ -119,7 +104,7 @@ class Worker:
     ) -> None:
         self.queue = queue
         self.config = config
-        self.settings = settings or WorkerSettings()
+        self.settings = settings or config.worker
         self.worker_id = self.settings.worker_id or f"worker-{uuid.uuid4().hex[:8]}"
         self.metrics = metrics or DispatchMetrics()
         self.router = Router(config)

@@ -132,8 +132,8 @@ class GatewayState:
 
                     store = await stack.enter_async_context(
                         recs_store_for(store_url, prefix=config.sync.prefix))
-                    recommender = Recommender(store)
-            yield cls(config=config, settings=settings or GatewaySettings(), queue=queue,
+                    recommender = Recommender(store, config.recs)
+            yield cls(config=config, settings=settings or config.gateway, queue=queue,
                       tenants=tenants, limiter=limiter, ledger=ledger, relay=relay,
                       metrics=metrics or GatewayMetrics(), extra_registries=tuple(extra_registries),
                       recommender=recommender, recs_monitor=recs_monitor)

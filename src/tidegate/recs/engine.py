@@ -94,7 +94,6 @@ class Recommender:
     ) -> None:
         self.store = store
         self.settings = settings if settings is not None else RecsSettings()
-        _check_settings(self.settings)
         self._clock = clock
         self._half_life_s = self.settings.decay_hours * 3600.0
         self._trending_half_life_s = self.settings.trending_decay_hours * 3600.0
@@ -620,36 +619,3 @@ def _check_query(query: RecQuery, settings: RecsSettings) -> None:
     _finite("diversity", query.diversity, minimum=0.0)
     if query.diversity > 1.0:
         raise InvalidRecsInput(f"diversity must be from 0 to 1, not {query.diversity!r}")
-
-
-def _check_settings(settings: RecsSettings) -> None:
-    def positive_int(name: str) -> None:
-        value = getattr(settings, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"recommender setting {name} must be an integer >= 1, not {value!r}")
-
-    for name in ("dimension", "recent_items", "max_neighbours", "max_n", "max_trending", "max_purchased",
-                 "max_repeat"):
-        positive_int(name)
-    half_lives = ("decay_hours", "co_occurrence_decay_hours", "trending_decay_hours", "repeat_decay_hours")
-    for name in (*half_lives, "session_window_s", "weight_profile", "weight_co_occurrence",
-                 "weight_trending", "weight_repeat"):
-        value = getattr(settings, name)
-        if not _is_non_negative(value):
-            raise ConfigError(f"recommender setting {name} must be a finite number >= 0, not {value!r}")
-    for name in half_lives:
-        if getattr(settings, name) <= 0:
-            raise ConfigError(f"recommender setting {name} (a half-life) must be > 0")
-    for kind in InteractionKind:
-        weight = settings.kind_weights.get(kind.value)
-        if not _is_non_negative(weight):
-            raise ConfigError(
-                f"recommender setting kind_weights[{kind.value!r}] must be a finite number >= 0, "
-                f"not {weight!r}"
-            )
-
-
-def _is_non_negative(value: object) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return math.isfinite(value) and value >= 0

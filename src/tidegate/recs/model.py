@@ -13,10 +13,12 @@ Signals, all decayed with time so that yesterday's behaviour counts less than th
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+
+# The settings and the kinds their weights are keyed by are a section of the configuration.
+from tidegate.config import DEFAULT_KIND_WEIGHTS, InteractionKind, RecsSettings
 
 __all__ = [
     "DEFAULT_KIND_WEIGHTS",
@@ -28,17 +30,6 @@ __all__ = [
     "Recommendation",
     "RecsSettings",
 ]
-
-
-class InteractionKind(enum.StrEnum):
-    """What a user did with an item; each kind weighs differently (view < cart < purchase)."""
-
-    VIEW = "view"
-    ADD_TO_CART = "add_to_cart"
-    PURCHASE = "purchase"
-
-
-DEFAULT_KIND_WEIGHTS: Mapping[str, float] = {"view": 1.0, "add_to_cart": 3.0, "purchase": 5.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,38 +94,3 @@ class RecResult:
     items: tuple[Recommendation, ...]
     cold_start: bool  # the user had no history: the items are trending (in context)
     generated_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class RecsSettings:
-    """How the recommender weighs and decays its signals."""
-
-    dimension: int = 64  # the size of item and profile vectors
-    decay_hours: float = 24.0  # half-life of profiles and of the recent items' anchor weights
-    kind_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_KIND_WEIGHTS))
-    session_window_s: float = 1800.0  # items touched within this window co-occur
-    recent_items: int = 20  # per user, for co-occurrence and candidates
-    max_neighbours: int = 50  # per item
-    # The blended score: weights of each normalised signal (documented in tidegate.recs.score).
-    weight_profile: float = 0.5
-    weight_co_occurrence: float = 0.35
-    weight_trending: float = 0.15
-    max_n: int = 100
-    # Bounds of the shared state (added after the first release of this type; defaults keep the
-    # earlier behaviour for every catalogue of up to this many items).
-    max_trending: int = 10_000  # items kept per trending list (global, each category)
-    # The purchased set is exact: "exclude purchased" must never let a bought item through, and
-    # a set entry is ~50 bytes, so even a wholesaler buying a whole catalogue of thousands of
-    # items fits; this bound only protects the store from a runaway id stream.
-    max_purchased: int = 100_000  # purchases remembered per user (for "exclude purchased")
-    # Half-lives of the shared signals (hours), apart from the profile's: a co-occurrence or a
-    # sale is evidence about the items for weeks, whereas a profile follows a user's current
-    # intent. Chosen on the validation month of bench/recs_quality.py (see BENCHMARKS.md).
-    co_occurrence_decay_hours: float = 24.0 * 7
-    trending_decay_hours: float = 24.0 * 7
-    # Buy-again: per user, each purchased item's purchase count decayed with this half-life (a
-    # re-order cycle is weeks to months), the `max_repeat` strongest kept; its weight in the
-    # blended score applies only when purchased items are allowed (documented in score.py).
-    repeat_decay_hours: float = 24.0 * 90
-    weight_repeat: float = 2.0
-    max_repeat: int = 1000

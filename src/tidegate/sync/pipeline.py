@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import os
-import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from tidegate.config import PipelineSettings, default_consumer_name
 from tidegate.errors import TidegateError
 from tidegate.sync.contracts import (
     ApplyOutcome,
@@ -53,24 +50,6 @@ def _backfill_of(transaction: Transaction) -> str | None:
     if isinstance(mark, dict) and isinstance(mark.get("backfill"), str):
         return str(mark["backfill"])
     return None
-
-
-def default_consumer_name() -> str:
-    """A consumer name unique to this process on this host."""
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineSettings:
-    """How the pipeline batches and how far it lets the source run ahead of the sinks."""
-
-    group: str = "tidegate-sync"
-    consumer: str = dataclasses.field(default_factory=default_consumer_name)
-    batch_size: int = 500  # changes published, and deliveries fetched and applied, together
-    max_pending_changes: int = 20_000  # published, not yet applied: the producer waits beyond this
-    fetch_timeout_s: float = 0.5
-    drain_timeout_s: float = 10.0  # on stop: how long to let the consumer apply what is in flight
-    status_interval_s: float = 5.0  # how often the source's status (slot, lag) feeds the metrics
 
 
 class Pipeline:

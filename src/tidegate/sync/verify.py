@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, Self
 from urllib.parse import urlsplit
 
-from tidegate.config import SyncConfig
+from tidegate.config import SyncConfig, VerifySettings
 from tidegate.errors import ConfigError
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import CheckpointStore, EntityCache, Entry
@@ -135,24 +135,6 @@ def source_row(entity_type: str, key_columns: Sequence[str], key: tuple[Any, ...
                            version=_ZERO, commit_time=_NO_TIME, after=values, documents=documents)
     assert change.after is not None
     return SourceRow(change.entity_id, key, change.after, change.checksum)
-
-
-@dataclass(frozen=True, slots=True)
-class VerifySettings:
-    """How hard and how long verify looks."""
-
-    batch_size: int = 1000
-    max_rows_per_s: float | None = 20_000.0  # None: as fast as the database answers
-    settle_timeout_s: float = 60.0  # longest wait, per round, for the sync to apply a position
-    rounds: int = 3  # looks at a suspect after the pass
-    repair: bool = False
-    examples: int = 5  # entity ids kept per kind in the report
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.rounds < 1 or self.settle_timeout_s <= 0:
-            raise ConfigError("verify needs batch_size >= 1, rounds >= 1 and settle_timeout_s > 0")
-        if self.max_rows_per_s is not None and self.max_rows_per_s <= 0:
-            raise ConfigError("max_rows_per_s must be > 0 (None: unthrottled)")
 
 
 @dataclass(slots=True)
@@ -458,6 +440,6 @@ async def verify_sync(config: SyncConfig, settings: VerifySettings | None = None
     async with contextlib.AsyncExitStack() as stack:
         cache = await stack.enter_async_context(open_cache(config))
         source = await stack.enter_async_context(row_source_for(config, cache))
-        report = await verify(source, cache, settings, metrics)
+        report = await verify(source, cache, settings or config.verify, metrics)
         await cache.put_checkpoint(LAST_VERIFY_CHECKPOINT, report.to_dict())
     return report
