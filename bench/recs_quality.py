@@ -39,7 +39,7 @@ import platform  # noqa: E402
 import shlex  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Mapping, Sequence  # noqa: E402
-from dataclasses import dataclass, replace  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from datetime import date  # noqa: E402
 from importlib import metadata  # noqa: E402
 from typing import Any  # noqa: E402
@@ -188,7 +188,7 @@ def build_methods(plan: Plan) -> list[Method]:
         raise BenchmarkError("tidegate.recs.engine is missing: run with --engine none for the baselines only")
     for name in plan.engine:
         variant = ENGINE_VARIANTS[name]
-        settings = replace(RecsSettings(), **variant.settings)
+        settings = RecsSettings.model_validate(variant.settings)
         if variant.buy_again is None:
             methods.append(TidegateMethod(variant.label, settings))
         else:

@@ -10,7 +10,7 @@ import itertools
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -696,7 +696,7 @@ def test_settings_are_checked() -> None:
     for name in ("co_occurrence_decay_hours", "trending_decay_hours", "repeat_decay_hours"):
         with pytest.raises(ConfigError, match=name):
             bad: dict[str, Any] = {name: 0.0}
-            Recommender(store, replace(RecsSettings(), **bad))
+            Recommender(store, RecsSettings.model_validate(bad))
     with pytest.raises(ConfigError, match="weight_repeat"):
         Recommender(store, RecsSettings(weight_repeat=-1.0))
     with pytest.raises(ConfigError, match="max_repeat"):

@@ -214,13 +214,17 @@ def simulate(
 @app.command()
 def worker(
     queue: QueueUrl = DEFAULT_QUEUE_URL,
-    priorities: Annotated[str, typer.Option(
-        help="Levels to serve: a range '0-1', names 'critical,high', or one level.")] = "0-4",
-    concurrency: Annotated[int, typer.Option(min=1, help="Calls in flight at most.")] = 16,
-    lease_s: Annotated[float, typer.Option(
-        min=1, help="Lease per claimed job, renewed while it runs.")] = 30.0,
-    grace_s: Annotated[float, typer.Option(min=0, help="On SIGTERM/SIGINT, how long in-flight calls "
-                                           "may finish before the rest are released.")] = 30.0,
+    priorities: Annotated[str | None, typer.Option(
+        help="Levels to serve: a range '0-1', names 'critical,high', or one level "
+        "(default: [worker] priorities, else all).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, help="Calls in flight at most (default: [worker] concurrency, else 16).")] = None,
+    lease_s: Annotated[float | None, typer.Option(
+        min=1, help="Lease per claimed job, renewed while it runs (default: [worker] lease_s, "
+        "else 30).")] = None,
+    grace_s: Annotated[float | None, typer.Option(
+        min=0, help="On SIGTERM/SIGINT, how long in-flight calls may finish before the rest are "
+        "released (default: [worker] shutdown_grace_s, else 30).")] = None,
     config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
                                                help="The tidegate.toml to read.")] = None,
     simulator_url: Annotated[str | None, typer.Option(
@@ -233,7 +237,7 @@ def worker(
 
     from tidegate.app.worker import run_worker
     from tidegate.config import TidegateConfig
-    from tidegate.dispatch.worker import WorkerSettings, parse_priorities
+    from tidegate.dispatch.worker import parse_priorities
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with errors_as_exit():
@@ -243,9 +247,10 @@ def worker(
         settings = TidegateConfig.load(queue_url=queue)
         if not settings.providers and simulator_url is not None:
             settings = settings.with_simulator(simulator_url)
-        worker_settings = WorkerSettings(
-            worker_id=worker_id, priorities=parse_priorities(priorities), concurrency=concurrency,
-            lease_s=lease_s, shutdown_grace_s=grace_s,
+        # Flags left out fall back to the [worker] section (file, TIDEGATE_WORKER__*), then the defaults.
+        worker_settings = settings.worker.given(
+            worker_id=worker_id, priorities=priorities and parse_priorities(priorities),
+            concurrency=concurrency, lease_s=lease_s, shutdown_grace_s=grace_s,
         )
     run(run_worker(settings, worker_settings))
 
@@ -253,9 +258,11 @@ def worker(
 @app.command()
 def gateway(
     queue: QueueUrl = DEFAULT_QUEUE_URL,
-    host: Annotated[str, typer.Option(help="Address to bind. Anything but loopback needs an API key "
-                                      "to exist (see `tidegate keys create`).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="Port to listen on.")] = 8080,
+    host: Annotated[str | None, typer.Option(
+        help="Address to bind (default: [gateway] host, else 127.0.0.1). Anything but loopback "
+        "needs an API key to exist (see `tidegate keys create`).")] = None,
+    port: Annotated[int | None, typer.Option("--port", "-p", min=0, max=65535, help="Port to listen on "
+                                             "(default: [gateway] port, else 8080).")] = None,
     config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
                                                help="The tidegate.toml to read (providers, models, "
                                                "callbacks).")] = None,
@@ -279,7 +286,6 @@ def gateway(
 
     from tidegate.app.gateway import serve_gateway
     from tidegate.config import TidegateConfig
-    from tidegate.gateway.settings import GatewaySettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with errors_as_exit():
@@ -287,12 +293,11 @@ def gateway(
             os.environ["TIDEGATE_CONFIG"] = config
         ensure_sqlite_folder(queue)
         settings = TidegateConfig.load(queue_url=queue)
-        options: dict[str, Any] = {"host": host, "port": port, "request_timeout_s": timeout_s,
-                                   "max_body_bytes": max_body_bytes, "max_messages": max_messages,
-                                   "max_batch": max_batch}
-        # Flags left out fall back to TIDEGATE_GATEWAY_* variables, then the defaults.
-        given = {name: value for name, value in options.items() if value is not None}
-        gateway_settings = GatewaySettings(**given)
+        # Flags left out fall back to the [gateway] section (file, TIDEGATE_GATEWAY__* or
+        # TIDEGATE_GATEWAY_* variables), then the defaults.
+        gateway_settings = settings.gateway.given(
+            host=host, port=port, request_timeout_s=timeout_s, max_body_bytes=max_body_bytes,
+            max_messages=max_messages, max_batch=max_batch)
     run(serve_gateway(settings, gateway_settings, grace_s=grace_s))
 
 
@@ -473,19 +478,24 @@ def keys_revoke(
 
 @app.command()
 def up(
-    host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs an API key.")]
-    = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Gateway port (0: any free port).")] = 8080,
-    concurrency: Annotated[int, typer.Option(min=1, help="The worker's calls in flight.")] = 32,
+    host: Annotated[str | None, typer.Option(
+        help="Address to bind; anything but loopback needs an API key (default: [up] host, else "
+        "127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(
+        min=0, max=65535, help="Gateway port (0: any free port; default: [up] port, else 8080).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, help="The worker's calls in flight (default: [up] concurrency, else 32).")] = None,
     config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
                                                help="The tidegate.toml to read.")] = None,
-    change_flow: Annotated[bool, typer.Option(help="Run the change flow (the demo shop by default).")] = True,
+    change_flow: Annotated[bool | None, typer.Option(
+        "--change-flow/--no-change-flow",
+        help="Run the change flow (the demo shop by default; default: [up] change_flow, else on).")] = None,
     shop_data: Annotated[str | None, typer.Option(
         help="Seed a new demo shop from this copy of the UCI Online Retail data (online_retail.csv.gz).")]
     = None,
-    grace_s: Annotated[float, typer.Option(min=0, help="On SIGTERM/SIGINT, how long open requests and "
-                                           "in-flight calls may finish before the rest are released.")]
-    = 30.0,
+    grace_s: Annotated[float | None, typer.Option(
+        min=0, help="On SIGTERM/SIGINT, how long open requests and in-flight calls may finish before "
+        "the rest are released (default: [up] shutdown_grace_s, else 30).")] = None,
 ) -> None:
     """Run everything in one process: the embedded queue, a worker, the gateway and dashboard,
     the change flow on the demo shop (SQLite, `.tidegate/shop.db`), and the simulated provider
@@ -493,7 +503,7 @@ def up(
     import logging
     import os
 
-    from tidegate.app.up import UpInfo, UpSettings, run_up
+    from tidegate.app.up import UpInfo, run_up
     from tidegate.config import TidegateConfig
     from tidegate.demo.embedded import embedded_sync_config
 
@@ -520,10 +530,10 @@ def up(
             os.environ["TIDEGATE_CONFIG"] = config
         settings = TidegateConfig.load()
         ensure_sqlite_folder(settings.queue_url)
+        up_settings = settings.up.given(host=host, port=port, concurrency=concurrency,
+                                        change_flow=change_flow, shutdown_grace_s=grace_s)
     with contextlib.suppress(KeyboardInterrupt):
-        up_settings = UpSettings(host=host, port=port, concurrency=concurrency, change_flow=change_flow,
-                                 shutdown_grace_s=grace_s)
-        if change_flow:
+        if up_settings.change_flow:
             settings = embedded_sync_config(settings, shop_data=shop_data)
         run(run_up(settings, up_settings, on_ready=ready))
     console.print("Stopped.")

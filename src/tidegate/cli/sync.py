@@ -185,10 +185,13 @@ def verify(
     config: ConfigFile = None,
     repair: Annotated[bool, typer.Option(
         help="Write drifted rows from the database into the cache.")] = False,
-    batch_size: Annotated[int, typer.Option(min=1, max=10_000, help="Rows per read.")] = 1000,
-    max_rows_per_s: Annotated[float, typer.Option(min=0, help="Throttle (0: none).")] = 20_000,
-    settle_timeout_s: Annotated[float, typer.Option(
-        min=0.1, help="Longest wait for the sync to apply what a re-read saw.")] = 60.0,
+    batch_size: Annotated[int | None, typer.Option(
+        min=1, max=10_000, help="Rows per read (default: [sync.verify] batch_size, else 1000).")] = None,
+    max_rows_per_s: Annotated[float | None, typer.Option(
+        min=0, help="Throttle (0: none; default: [sync.verify] max_rows_per_s, else 20000).")] = None,
+    settle_timeout_s: Annotated[float | None, typer.Option(
+        min=0.1, help="Longest wait for the sync to apply what a re-read saw (default: "
+        "[sync.verify] settle_timeout_s, else 60).")] = None,
     metrics_file: Annotated[str | None, typer.Option(
         help="Write the drift gauges here (Prometheus text format, for a textfile collector).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -199,13 +202,17 @@ def verify(
     reported. With --repair, drifted rows are re-read from the database and written at a
     version later changes still replace; the exit status is then 0 once all are repaired."""
     from tidegate.sync.metrics import SyncMetrics
-    from tidegate.sync.verify import KINDS, VerifySettings, verify_sync
+    from tidegate.sync.verify import KINDS, verify_sync
 
     settings = _config(config, source_url=source, cache_url=cache, tables=tables)
+    # Flags left out fall back to the [sync.verify] section, then the defaults.
+    with errors_as_exit():
+        verify_settings = settings.sync.verify.given(
+            batch_size=batch_size, settle_timeout_s=settle_timeout_s, repair=repair or None)
+    if max_rows_per_s is not None:
+        verify_settings = verify_settings.model_copy(update={"max_rows_per_s": max_rows_per_s or None})
     metrics = SyncMetrics()
-    found = run(verify_sync(settings.sync, VerifySettings(
-        batch_size=batch_size, max_rows_per_s=max_rows_per_s or None,
-        settle_timeout_s=settle_timeout_s, repair=repair), metrics))
+    found = run(verify_sync(settings.sync, verify_settings, metrics))
     if metrics_file is not None:
         from prometheus_client import write_to_textfile
 
