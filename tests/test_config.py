@@ -62,10 +62,16 @@ def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_every_section_is_read_from_the_file_and_the_environment_wins(
-    config_file: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def sections(config_file: Path) -> Path:
+    """The test's tidegate.toml, holding SECTIONS."""
     config_file.write_text(SECTIONS)
+    return config_file
+
+
+def test_every_section_is_read_from_the_file_and_the_environment_wins(
+    sections: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("TIDEGATE_WORKER__CONCURRENCY", "9")
 
     config = TidegateConfig.load()
@@ -129,8 +135,7 @@ def test_the_gateways_own_variables_still_set_it_below_the_nested_ones(
     assert (gateway.port, gateway.max_batch, gateway.max_messages) == (9001, 4, 5)
 
 
-def test_flags_given_go_over_the_section_and_flags_left_out_keep_it(config_file: Path) -> None:
-    config_file.write_text(SECTIONS)
+def test_flags_given_go_over_the_section_and_flags_left_out_keep_it(sections: Path) -> None:
     worker = TidegateConfig.load().worker
 
     assert worker.given(concurrency=None, lease_s=None) is worker
@@ -159,10 +164,7 @@ def test_the_old_import_paths_name_the_same_classes() -> None:
                                 PipelineSettings, VerifySettings)
 
 
-async def test_processes_given_no_settings_take_their_sections(
-    config_file: Path, tmp_path: Path,
-) -> None:
-    config_file.write_text(SECTIONS)
+async def test_processes_given_no_settings_take_their_sections(sections: Path, tmp_path: Path) -> None:
     config = TidegateConfig.load(queue_url=f"sqlite:///{tmp_path}/tidegate.db")
 
     async with contextlib.AsyncExitStack() as stack:

@@ -216,15 +216,15 @@ def worker(
     queue: QueueUrl = DEFAULT_QUEUE_URL,
     priorities: Annotated[str | None, typer.Option(
         help="Levels to serve: a range '0-1', names 'critical,high', or one level "
-        "(default: [worker] priorities, else all).")] = None,
+        "(default: the config's worker.priorities, else all).")] = None,
     concurrency: Annotated[int | None, typer.Option(
-        min=1, help="Calls in flight at most (default: [worker] concurrency, else 16).")] = None,
+        min=1, help="Calls in flight at most (default: the config's worker.concurrency, else 16).")] = None,
     lease_s: Annotated[float | None, typer.Option(
-        min=1, help="Lease per claimed job, renewed while it runs (default: [worker] lease_s, "
+        min=1, help="Lease per claimed job, renewed while it runs (default: the config's worker.lease_s, "
         "else 30).")] = None,
     grace_s: Annotated[float | None, typer.Option(
         min=0, help="On SIGTERM/SIGINT, how long in-flight calls may finish before the rest are "
-        "released (default: [worker] shutdown_grace_s, else 30).")] = None,
+        "released (default: the config's worker.shutdown_grace_s, else 30).")] = None,
     config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
                                                help="The tidegate.toml to read.")] = None,
     simulator_url: Annotated[str | None, typer.Option(
@@ -259,10 +259,10 @@ def worker(
 def gateway(
     queue: QueueUrl = DEFAULT_QUEUE_URL,
     host: Annotated[str | None, typer.Option(
-        help="Address to bind (default: [gateway] host, else 127.0.0.1). Anything but loopback "
+        help="Address to bind (default: the config's gateway.host, else 127.0.0.1). Anything but loopback "
         "needs an API key to exist (see `tidegate keys create`).")] = None,
     port: Annotated[int | None, typer.Option("--port", "-p", min=0, max=65535, help="Port to listen on "
-                                             "(default: [gateway] port, else 8080).")] = None,
+                                             "(default: the config's gateway.port, else 8080).")] = None,
     config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
                                                help="The tidegate.toml to read (providers, models, "
                                                "callbacks).")] = None,
@@ -479,23 +479,25 @@ def keys_revoke(
 @app.command()
 def up(
     host: Annotated[str | None, typer.Option(
-        help="Address to bind; anything but loopback needs an API key (default: [up] host, else "
+        help="Address to bind; anything but loopback needs an API key (default: the config's up.host, else "
         "127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(
-        min=0, max=65535, help="Gateway port (0: any free port; default: [up] port, else 8080).")] = None,
+        min=0, max=65535,
+        help="Gateway port (0: any free port; default: the config's up.port, else 8080).")] = None,
     concurrency: Annotated[int | None, typer.Option(
-        min=1, help="The worker's calls in flight (default: [up] concurrency, else 32).")] = None,
+        min=1, help="The worker's calls in flight (default: the config's up.concurrency, else 32).")] = None,
     config: Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGATE_CONFIG",
                                                help="The tidegate.toml to read.")] = None,
     change_flow: Annotated[bool | None, typer.Option(
         "--change-flow/--no-change-flow",
-        help="Run the change flow (the demo shop by default; default: [up] change_flow, else on).")] = None,
+        help="Run the change flow (the demo shop by default; default: the config's up.change_flow, "
+        "else on).")] = None,
     shop_data: Annotated[str | None, typer.Option(
         help="Seed a new demo shop from this copy of the UCI Online Retail data (online_retail.csv.gz).")]
     = None,
     grace_s: Annotated[float | None, typer.Option(
         min=0, help="On SIGTERM/SIGINT, how long open requests and in-flight calls may finish before "
-        "the rest are released (default: [up] shutdown_grace_s, else 30).")] = None,
+        "the rest are released (default: the config's up.shutdown_grace_s, else 30).")] = None,
 ) -> None:
     """Run everything in one process: the embedded queue, a worker, the gateway and dashboard,
     the change flow on the demo shop (SQLite, `.tidegate/shop.db`), and the simulated provider

@@ -186,12 +186,14 @@ def verify(
     repair: Annotated[bool, typer.Option(
         help="Write drifted rows from the database into the cache.")] = False,
     batch_size: Annotated[int | None, typer.Option(
-        min=1, max=10_000, help="Rows per read (default: [sync.verify] batch_size, else 1000).")] = None,
+        min=1, max=10_000,
+        help="Rows per read (default: the config's sync.verify.batch_size, else 1000).")] = None,
     max_rows_per_s: Annotated[float | None, typer.Option(
-        min=0, help="Throttle (0: none; default: [sync.verify] max_rows_per_s, else 20000).")] = None,
+        min=0,
+        help="Throttle (0: none; default: the config's sync.verify.max_rows_per_s, else 20000).")] = None,
     settle_timeout_s: Annotated[float | None, typer.Option(
         min=0.1, help="Longest wait for the sync to apply what a re-read saw (default: "
-        "[sync.verify] settle_timeout_s, else 60).")] = None,
+        "the config's sync.verify.settle_timeout_s, else 60).")] = None,
     metrics_file: Annotated[str | None, typer.Option(
         help="Write the drift gauges here (Prometheus text format, for a textfile collector).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
