@@ -36,8 +36,7 @@ from tidegate.app.sync import supervise_sync
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.relay import relay_for
-from tidegate.coord.tenant_store import tenant_store_for
-from tidegate.coord.tenants import Tenant, TenantStore
+from tidegate.coord.tenants import Tenant, TenantStore, tenant_store_for
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings
