@@ -38,10 +38,10 @@ RPM = 20  # per PERIOD_S: one request every 50 ms
 JITTER_S = 0.05
 
 
-@pytest.fixture(params=["local", "redis"])
+@pytest.fixture(params=["memory", "redis"])
 async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[RateLimiter]:
     """A fresh limiter of each kind; the Redis one under a random name, deleted afterwards."""
-    if request.param == "local":
+    if request.param == "memory":
         local = LocalRateLimiter()
         yield local
         await local.close()
