@@ -6,13 +6,11 @@ by separate relay objects as separate processes would hold them)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from conftest import _delete_redis_queue
 from tidegate.coord.relay import CHANNEL_TTL_S, ChunkRelay, MemoryRelay, RedisRelay, relay_for
 from tidegate.errors import QueueUnavailable
 
@@ -21,18 +19,14 @@ BACKENDS = ["memory", "redis"]
 
 @pytest.fixture(params=BACKENDS, ids=BACKENDS)
 async def relay(request: pytest.FixtureRequest) -> AsyncIterator[ChunkRelay]:
-    """A fresh relay of each kind; the Redis one under a random name, deleted afterwards."""
+    """A fresh relay of each kind; the Redis one under a random name (`redis_name`)."""
+    chosen: ChunkRelay
     if request.param == "memory":
-        local = MemoryRelay()
-        yield local
-        await local.close()
-        return
-    url: str = request.getfixturevalue("redis_server")
-    name = f"t{uuid.uuid4().hex[:12]}"
-    shared = RedisRelay(url, name)
-    yield shared
-    await shared.close()
-    await _delete_redis_queue(url, name)
+        chosen = MemoryRelay()
+    else:
+        chosen = RedisRelay(request.getfixturevalue("redis_server"), request.getfixturevalue("redis_name"))
+    yield chosen
+    await chosen.close()
 
 
 async def _read_all(relay: ChunkRelay, job_id: str, timeout_s: float = 5.0) -> list[bytes]:
@@ -122,34 +116,29 @@ async def test_a_closed_relay_refuses_use(relay: ChunkRelay) -> None:
 
 
 @pytest.mark.redis_only
-async def test_two_relays_on_one_server_share_the_stream(redis_server: str) -> None:
+async def test_two_relays_on_one_server_share_the_stream(redis_server: str, redis_name: str) -> None:
     # A worker's relay publishes, a gateway's (another object, as in another process) reads
-    name = f"t{uuid.uuid4().hex[:12]}"
-    try:
-        async with RedisRelay(redis_server, name) as worker, RedisRelay(redis_server, name) as gateway:
-            reader = asyncio.create_task(_read_all(gateway, "job"))
-            await worker.publish("job", b"x")
-            await worker.finish("job")
-            assert await asyncio.wait_for(reader, 5) == [b"x"]
-    finally:
-        await _delete_redis_queue(redis_server, name)
+    async with RedisRelay(redis_server, redis_name) as worker, \
+            RedisRelay(redis_server, redis_name) as gateway:
+        reader = asyncio.create_task(_read_all(gateway, "job"))
+        await worker.publish("job", b"x")
+        await worker.finish("job")
+        assert await asyncio.wait_for(reader, 5) == [b"x"]
 
 
 @pytest.mark.redis_only
-async def test_streams_are_hash_tagged_and_expire(redis_server: str) -> None:
+async def test_streams_are_hash_tagged_and_expire(redis_server: str, redis_name: str) -> None:
     import redis.asyncio as aioredis
 
-    name = f"t{uuid.uuid4().hex[:12]}"
-    async with RedisRelay(redis_server, name) as relay:
+    async with RedisRelay(redis_server, redis_name) as relay:
         await relay.publish("job", b"x")
     client = aioredis.Redis.from_url(redis_server)
     try:
-        keys = [key async for key in client.scan_iter(match=f"*{name}*")]
-        assert keys == [f"tidegate:{{{name}}}:chunks:job".encode()]
+        keys = [key async for key in client.scan_iter(match=f"*{redis_name}*")]
+        assert keys == [f"tidegate:{{{redis_name}}}:chunks:job".encode()]
         assert 0 < await client.ttl(keys[0]) <= CHANNEL_TTL_S
     finally:
         await client.aclose()
-        await _delete_redis_queue(redis_server, name)
 
 
 @pytest.mark.redis_only

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry, Counter
 
 from tidegate._urls import redact_url
-from tidegate.errors import TidegateError
+from tidegate.errors import MissingDependency, TidegateError
 
 __all__ = [
     "BLOCK_MAX_S",
@@ -51,6 +51,7 @@ __all__ = [
     "is_connection_error",
     "key_prefix",
     "lua_source",
+    "require_redis",
 ]
 
 log = logging.getLogger("tidegate.redis")
@@ -184,6 +185,15 @@ async def call_with_reconnect(call: Callable[[], Awaitable[T]], outage: Outage, 
             continue
         outage.restored()
         return result
+
+
+def require_redis(what: str) -> None:
+    """Raise MissingDependency when redis-py is missing: `what` (a Redis backend, imported only
+    when its URL is chosen) needs the extra."""
+    try:
+        import redis  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise MissingDependency(f"{what} needs redis-py: pip install 'tidegate[redis]'") from exc
 
 
 def key_prefix(name: str) -> str:

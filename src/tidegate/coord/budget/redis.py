@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from datetime import date
 
-from tidegate._redis import RedisClient, key_prefix, lua_source
+from tidegate._redis import RedisClient, key_prefix, lua_source, require_redis
 from tidegate.coord.budget.base import GLOBAL, KEEP_DAYS, BudgetLedger, Refusal, Reservation, Today, utc_today
-from tidegate.errors import DispatchUnavailable, MissingDependency
+from tidegate.errors import DispatchUnavailable
 
-try:
-    import redis  # noqa: F401 - only to report a missing extra when the backend is chosen
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependency("the Redis budget ledger needs redis-py: pip install 'tidegate[redis]'") from exc
+require_redis("the Redis budget ledger")
 
 __all__ = ["RedisBudgetLedger"]
 

@@ -7,7 +7,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from tidegate._redis import RedisClient, key_prefix, lua_source
+from tidegate._redis import RedisClient, key_prefix, lua_source, require_redis
 from tidegate.coord.limiter.base import (
     DEFAULT_BURST_FRACTION,
     LimiterState,
@@ -15,12 +15,9 @@ from tidegate.coord.limiter.base import (
     available,
     burst_capacity,
 )
-from tidegate.errors import DispatchUnavailable, MissingDependency
+from tidegate.errors import DispatchUnavailable
 
-try:
-    import redis  # noqa: F401 - only to report a missing extra when the backend is chosen
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependency("the Redis rate limiter needs redis-py: pip install 'tidegate[redis]'") from exc
+require_redis("the Redis rate limiter")
 
 __all__ = ["STATE_KEEP_MS", "RedisRateLimiter"]
 

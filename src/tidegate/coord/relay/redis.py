@@ -7,14 +7,18 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from tidegate._redis import BLOCK_MAX_S, RedisClient, honouring_cancellation, is_connection_error, key_prefix
+from tidegate._redis import (
+    BLOCK_MAX_S,
+    RedisClient,
+    honouring_cancellation,
+    is_connection_error,
+    key_prefix,
+    require_redis,
+)
 from tidegate.coord.relay.base import CHANNEL_TTL_S, END, MAX_CHUNKS, ChunkRelay
-from tidegate.errors import MissingDependency, QueueUnavailable
+from tidegate.errors import QueueUnavailable
 
-try:
-    import redis  # noqa: F401 - only to report a missing extra when the backend is chosen
-except ImportError as exc:  # pragma: no cover - only without the extra
-    raise MissingDependency("streaming over Redis needs redis-py: pip install 'tidegate[redis]'") from exc
+require_redis("streaming over Redis")
 
 __all__ = ["RedisRelay"]
 

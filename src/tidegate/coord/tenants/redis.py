@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tidegate._redis import RedisClient, key_prefix
+from tidegate._redis import RedisClient, key_prefix, require_redis
 from tidegate._urls import redact_url
 from tidegate.coord.tenants.base import (
     DEFAULT_AUTH_CACHE_S,
@@ -22,12 +22,9 @@ from tidegate.coord.tenants.base import (
     unknown_tenant,
 )
 from tidegate.coord.tenants.models import Tenant
-from tidegate.errors import MissingDependency, QueueUnavailable
+from tidegate.errors import QueueUnavailable
 
-try:
-    from redis.exceptions import WatchError
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependency("the Redis tenant store needs redis-py: pip install 'tidegate[redis]'") from exc
+require_redis("the Redis tenant store")
 
 __all__ = ["RedisTenantStore"]
 
@@ -38,8 +35,8 @@ def _redis_record(key_id: str, raw: str | bytes) -> KeyRecord:
     data = orjson.loads(raw)
     revoked = data.get("revoked_at")
     return KeyRecord(key_id, data["tenant"], data["secret_sha256"],
-                      datetime.fromisoformat(data["created_at"]),
-                      datetime.fromisoformat(revoked) if revoked else None)
+                     datetime.fromisoformat(data["created_at"]),
+                     datetime.fromisoformat(revoked) if revoked else None)
 
 
 def _redis_value(record: KeyRecord) -> bytes:
@@ -103,6 +100,8 @@ class RedisTenantStore(TenantStore):
         return record, (None if tenant_raw is None else Tenant.model_validate_json(tenant_raw))
 
     async def _revoke(self, key_id: str, when: datetime) -> bool:
+        from redis.exceptions import WatchError
+
         async def attempt(r: Any) -> bool | None:
             # WATCH makes read-check-write one step: of two concurrent revocations one wins.
             async with r.pipeline(transaction=True) as pipe:

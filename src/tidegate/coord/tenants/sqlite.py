@@ -47,7 +47,7 @@ _KEY_COLUMNS = "key_id, tenant, secret_sha256, created_at, revoked_at"
 def _sqlite_record(row: tuple[Any, ...]) -> KeyRecord:
     key_id, tenant, digest, created, revoked = row
     return KeyRecord(str(key_id), str(tenant), str(digest), datetime.fromisoformat(created),
-                      datetime.fromisoformat(revoked) if revoked else None)
+                     datetime.fromisoformat(revoked) if revoked else None)
 
 
 class SqliteTenantStore(TenantStore):
