@@ -92,8 +92,8 @@ class RedisBus(BusBase):
         return await call_with_reconnect(step, self.outage)
 
     async def _open(self) -> None:
-        # No retries of the driver's (RedisClient): reconnecting is `retrying`'s, on its own
-        # bounded schedule.
+        # RedisClient leaves the driver's own retries off: reconnecting is `retrying`'s, on its
+        # own bounded schedule.
         client = RedisClient(self.url, what="Redis bus", unavailable=BusUnavailable)
         await client.ping()
         self.redis = client.client
