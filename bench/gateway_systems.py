@@ -27,8 +27,7 @@ from bench.gateway_procs import running, tidegate_command, wait_for_http, wait_f
 from bench.gateway_up import READY_PREFIX
 from bench.servers import free_port, private_redis
 from tidegate.config import default_models
-from tidegate.coord.tenant_store import tenant_store_for
-from tidegate.coord.tenants import Tenant
+from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.jobs import Priority
 
 SIM_KEY = "sk-bench"  # the simulator checks no key; clients send one as they would to a provider

@@ -152,6 +152,20 @@ async def _delete_redis_queue(url: str, name: str) -> None:
         await client.aclose()
 
 
+@pytest.fixture
+def redis_name(redis_server: str) -> Iterator[str]:
+    """A random queue (or store) name on the session's redis-server, its keys deleted afterwards.
+    Not async, so that async fixtures may ask for it with `request.getfixturevalue`."""
+    import redis
+
+    name = f"t{uuid.uuid4().hex[:12]}"
+    yield name
+    with redis.Redis.from_url(redis_server) as client:
+        keys = list(client.scan_iter(match=f"*{name}*", count=1000))
+        if keys:
+            client.unlink(*keys)
+
+
 @pytest.fixture(params=BACKENDS, ids=BACKENDS)
 async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueFactory]:
     """A QueueFactory for each backend; `queue_factory.backend` says which."""

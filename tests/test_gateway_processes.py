@@ -25,8 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import _delete_redis_queue
 from dispatch_support import wait_received
 from support.cluster import GatewayProcess, TidegateProcess, start_gateway, start_worker, write_config
-from tidegate.coord.tenant_store import tenant_store_for
-from tidegate.coord.tenants import Tenant
+from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator

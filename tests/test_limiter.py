@@ -13,13 +13,11 @@ import itertools
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from conftest import _delete_redis_queue
 from tidegate.coord.limiter import (
     DEFAULT_BURST_FRACTION,
     AdaptiveConcurrency,
@@ -38,28 +36,17 @@ RPM = 20  # per PERIOD_S: one request every 50 ms
 JITTER_S = 0.05
 
 
-@pytest.fixture(params=["local", "redis"])
+@pytest.fixture(params=["memory", "redis"])
 async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[RateLimiter]:
-    """A fresh limiter of each kind; the Redis one under a random name, deleted afterwards."""
-    if request.param == "local":
-        local = LocalRateLimiter()
-        yield local
-        await local.close()
-        return
-    url: str = request.getfixturevalue("redis_server")
-    name = f"t{uuid.uuid4().hex[:12]}"
-    shared = RedisRateLimiter(url, name)
-    yield shared
-    await shared.close()
-    await _delete_redis_queue(url, name)
-
-
-@pytest.fixture
-async def redis_name(redis_server: str) -> AsyncIterator[str]:
-    """A random limiter name on the test Redis, its keys deleted afterwards."""
-    name = f"t{uuid.uuid4().hex[:12]}"
-    yield name
-    await _delete_redis_queue(redis_server, name)
+    """A fresh limiter of each kind; the Redis one under a random name (`redis_name`)."""
+    chosen: RateLimiter
+    if request.param == "memory":
+        chosen = LocalRateLimiter()
+    else:
+        chosen = RedisRateLimiter(request.getfixturevalue("redis_server"),
+                                  request.getfixturevalue("redis_name"))
+    yield chosen
+    await chosen.close()
 
 
 async def _drive(

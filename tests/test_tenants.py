@@ -18,13 +18,14 @@ from typer.testing import CliRunner, Result
 
 from dispatch_support import queue_url_of
 from tidegate.cli.main import app
-from tidegate.coord.tenant_store import (
+from tidegate.coord.tenants import (
     RedisTenantStore,
     SqliteTenantStore,
+    Tenant,
+    TenantStore,
     parse_api_key,
     tenant_store_for,
 )
-from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.errors import ConfigError, QueueClosed, TenantNotFound, TidegateError
 from tidegate.jobs import Priority
 

@@ -14,8 +14,7 @@ import openai
 from sync_support import eventually
 from tidegate.app.up import UP_TENANT, UpInfo, UpSettings, run_up, with_simulator_limits
 from tidegate.config import SyncConfig, TidegateConfig
-from tidegate.coord.tenant_store import tenant_store_for
-from tidegate.coord.tenants import Tenant
+from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.demo.embedded import embedded_sync_config
 from tidegate.jobs import Priority
 from tidegate.simulator.settings import SimulatorSettings

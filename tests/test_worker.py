@@ -16,8 +16,7 @@ from dispatch_support import chat, queue_url_of, running_worker, sim_config, wai
 from tidegate.callback_urls import SIGNATURE_HEADER, verify
 from tidegate.config import BudgetConfig, CallbackConfig
 from tidegate.coord.budget import budget_ledger_for
-from tidegate.coord.tenant_store import tenant_store_for
-from tidegate.coord.tenants import Tenant
+from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.costs import usd_to_micros
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics

@@ -1,8 +1,10 @@
 """Redis plumbing every component shares.
 
-- `open_scripted_client`: a client with Lua scripts registered on it, as the entity cache and the
-  recommendation store open theirs: a bounded blocking pool, one PING to fail early, and a driver
-  error on connect translated into the caller's own error with the URL's credentials left out.
+- `RedisClient`: the one opener of every Redis connection (queue, coordination state, buses,
+  entity cache, recommendation store): a pool with `connection_options()`, the caller's Lua
+  scripts (`lua_source`) registered on it, an optional PING to fail early, and driver errors
+  translated into the caller's own error with the URL's credentials left out. `key_prefix` is the
+  hash-tagged start of a named queue's keys.
 - `Outage`: how a component lives through a lost connection (a Redis restart, a dropped socket).
   It logs once when the connection is lost and once when it is back (never once per attempt),
   paces reconnect attempts with redis-py's capped exponential backoff with jitter, and counts
@@ -23,27 +25,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Mapping
+from functools import cache
+from importlib import resources
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
 from tidegate._urls import redact_url
-from tidegate.errors import TidegateError
+from tidegate.errors import MissingDependency, TidegateError
 
 __all__ = [
     "BLOCK_MAX_S",
     "CONNECT_TIMEOUT_S",
+    "POOL_TIMEOUT_S",
     "RECONNECTS",
     "RECONNECT_REGISTRY",
     "RETRY_WITHIN_S",
     "SOCKET_TIMEOUT_S",
     "Outage",
+    "RedisClient",
     "call_with_reconnect",
     "connection_options",
     "honouring_cancellation",
     "is_connection_error",
-    "open_scripted_client",
+    "key_prefix",
+    "lua_source",
+    "require_redis",
 ]
 
 log = logging.getLogger("tidegate.redis")
@@ -64,6 +72,7 @@ BLOCK_MAX_S = 5.0
 # How long a call that is harmless to send twice is retried across a lost connection: long enough
 # for a restart (a few hundred milliseconds), short enough that a caller hears of a real outage.
 RETRY_WITHIN_S = 2.0
+POOL_TIMEOUT_S = 30.0  # longest a call waits for a free connection of a bounded pool
 
 # One registry per process: components are built in many places (gateway, worker, sync) and this
 # counter is about the process's connections, whichever component holds them.
@@ -178,31 +187,113 @@ async def call_with_reconnect(call: Callable[[], Awaitable[T]], outage: Outage, 
         return result
 
 
-async def open_scripted_client(
-    url: str,
-    scripts: Iterable[tuple[str, str]],
-    *,
-    max_connections: int,
-    unavailable: type[TidegateError],
-    what: str,
-) -> tuple[Any, dict[str, Any]]:
-    """A connected client and its registered scripts (name → script) for `scripts`, pairs of
-    (name, Lua source). Raises `unavailable` naming `what` when the server cannot be reached.
+def require_redis(what: str) -> None:
+    """Raise MissingDependency when redis-py is missing: `what` (a Redis backend, imported only
+    when its URL is chosen) needs the extra."""
+    try:
+        import redis  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise MissingDependency(f"{what} needs redis-py: pip install 'tidegate[redis]'") from exc
+
+
+def key_prefix(name: str) -> str:
+    """`tidegate:{name}:`, the start of every key of the queue (or store) called `name`: the hash
+    tag keeps all of them on one Redis Cluster slot, so any script may touch any of them."""
+    return f"tidegate:{{{name}}}:"
+
+
+@cache
+def lua_source(package: str, name: str, *, common: str | None = None) -> str:
+    """The text of `<package>/lua/<name>.lua`, after `lua/<common>.lua` when given (helpers shared
+    by a package's scripts)."""
+    lua = resources.files(package) / "lua"
+    shared = (lua / f"{common}.lua").read_text() + "\n" if common else ""
+    return shared + (lua / f"{name}.lua").read_text()
+
+
+class RedisClient:
+    """The one way tidegate opens Redis: a pool for `url`, the family's Lua scripts registered on
+    it, and driver errors translated into the family's own `unavailable` error, naming `what`
+    and the URL with its credentials left out.
+
+    Building one does no I/O (redis-py connects on first use), so it may be built outside the
+    event loop; `ping()` fails early when the caller wants to. Pool: `max_connections` bounds a
+    blocking pool (a caller waits up to POOL_TIMEOUT_S for a free connection); None leaves it
+    unbounded. Every connection has `connection_options()` and no retries of the driver's own
+    (`retry=None`): a lost connection is retried by `run` (and the long-lived readers' loops) on
+    one bounded schedule, never twice by the driver for a call that must not be sent twice.
 
     A script is sent as EVALSHA and loaded again by redis-py when the server answers NOSCRIPT
     (its script cache is empty after a restart)."""
-    import redis.asyncio as aioredis
-    from redis.exceptions import RedisError
 
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=30, **connection_options()
-    )
-    # from_pool hands the pool to the client, so aclose() also closes its connections.
-    client = aioredis.Redis.from_pool(pool)
-    registered = {name: client.register_script(source) for name, source in scripts}
-    try:
-        await client.ping()
-    except (RedisError, OSError) as exc:
-        await client.aclose()
-        raise unavailable(f"cannot reach {what} at {redact_url(url)}: {exc}") from exc
-    return client, registered
+    def __init__(
+        self,
+        url: str,
+        *,
+        what: str,
+        unavailable: type[TidegateError],
+        scripts: Mapping[str, str] | None = None,
+        max_connections: int | None = None,
+        decode_responses: bool = False,
+        component: str | None = None,
+    ) -> None:
+        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
+
+        self.url = url
+        self.what = what
+        self._unavailable = unavailable
+        self._errors: tuple[type[Exception], ...] = (RedisError, OSError)
+        options = {**connection_options(), "retry": None, "decode_responses": decode_responses}
+        pool: Any
+        if max_connections is None:
+            pool = aioredis.ConnectionPool.from_url(url, **options)
+        else:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url, max_connections=max_connections, timeout=POOL_TIMEOUT_S, **options)
+        # from_pool hands the pool to the client, so aclose() also closes its connections.
+        self.client: Any = aioredis.Redis.from_pool(pool)
+        self.scripts: dict[str, Any] = {
+            name: self.client.register_script(source) for name, source in (scripts or {}).items()
+        }
+        self.outage = Outage(component or what.replace(" ", "_"), url)
+
+    def __repr__(self) -> str:
+        return f"RedisClient({redact_url(self.url)!r}, what={self.what!r})"
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """Whether `exc` came from the driver or the socket (what `error` translates)."""
+        return isinstance(exc, self._errors)
+
+    def error(self, exc: BaseException, doing: str | None = None) -> TidegateError:
+        """`exc` as the family's error: "<doing, else what> on <url>: <exc>"."""
+        return self._unavailable(f"{doing or self.what} on {redact_url(self.url)}: {exc}")
+
+    async def ping(self) -> None:
+        """Reach the server now; on failure close the client and raise the family's error."""
+        try:
+            await self.client.ping()
+        except self._errors as exc:
+            await self.client.aclose()
+            raise self._unavailable(f"cannot reach {self.what} at {redact_url(self.url)}: {exc}") from exc
+
+    async def run(self, call: Callable[[], Awaitable[T]], *, retry: bool, doing: str | None = None) -> T:
+        """`call()`, sent again across a lost connection for up to RETRY_WITHIN_S when `retry`
+        (only for calls harmless to run twice), driver errors translated."""
+        try:
+            return await call_with_reconnect(call, self.outage, within_s=RETRY_WITHIN_S if retry else 0.0)
+        except self._errors as exc:
+            raise self.error(exc, doing) from exc
+
+    async def script(self, name: str, keys: list[str], args: list[Any], *, retry: bool = False) -> Any:
+        """Run one registered script; `retry` when running it twice is harmless."""
+        return await self.run(lambda: self.scripts[name](keys=keys, args=args), retry=retry,
+                              doing=f"{self.what} script {name}")
+
+    async def command(self, *args: Any, retry: bool = False) -> Any:
+        """Run one plain Redis command; `retry` when sending it twice is harmless."""
+        return await self.run(lambda: self.client.execute_command(*args), retry=retry)
+
+    async def aclose(self) -> None:
+        """Release the pool's connections."""
+        await self.client.aclose()

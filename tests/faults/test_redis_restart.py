@@ -31,8 +31,7 @@ from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.coord.budget import RedisBudgetLedger
 from tidegate.coord.limiter import RedisRateLimiter
 from tidegate.coord.relay import RedisRelay
-from tidegate.coord.tenant_store import tenant_store_for
-from tidegate.coord.tenants import Tenant
+from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.demo.shop import ShopLoad, create_shop
 from tidegate.errors import BusUnavailable, DispatchUnavailable
 from tidegate.jobs import JobState, Priority

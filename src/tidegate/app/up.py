@@ -37,8 +37,7 @@ from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.config import UpSettings as UpSettings  # its home before it was a section
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.relay import relay_for
-from tidegate.coord.tenant_store import tenant_store_for
-from tidegate.coord.tenants import Tenant, TenantStore
+from tidegate.coord.tenants import Tenant, TenantStore, tenant_store_for
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker

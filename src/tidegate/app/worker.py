@@ -11,7 +11,7 @@ from tidegate._urls import redact_url
 from tidegate.config import TidegateConfig
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.relay import relay_for
-from tidegate.coord.tenant_store import tenant_store_for
+from tidegate.coord.tenants import tenant_store_for
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings

@@ -19,8 +19,7 @@ from rich.table import Table
 from tidegate import __version__
 from tidegate.cli._common import errors_as_exit, run
 from tidegate.cli.sync import sync_app
-from tidegate.coord.tenant_store import tenant_store_for
-from tidegate.coord.tenants import ApiKeyInfo, Tenant, TenantStore
+from tidegate.coord.tenants import ApiKeyInfo, Tenant, TenantStore, tenant_store_for
 from tidegate.demo.run import ensure_sqlite_folder
 from tidegate.errors import TidegateError
 from tidegate.jobs import Job, Priority

@@ -20,8 +20,7 @@ from tidegate.config import ModelConfig, TidegateConfig, default_models
 from tidegate.coord.budget import BudgetLedger, budget_ledger_for
 from tidegate.coord.limiter import RateLimiter, rate_limiter_for
 from tidegate.coord.relay import ChunkRelay, relay_for
-from tidegate.coord.tenant_store import tenant_store_for
-from tidegate.coord.tenants import TenantStore
+from tidegate.coord.tenants import TenantStore, tenant_store_for
 from tidegate.errors import CallbackRefused
 from tidegate.gateway.metrics import GatewayMetrics, RecentResults
 from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, GatewaySettings, is_loopback_host

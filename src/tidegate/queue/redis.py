@@ -19,8 +19,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from functools import cache
-from importlib import resources
 from typing import Any
 
 import msgpack
@@ -29,9 +27,10 @@ import orjson
 from tidegate._redis import (
     BLOCK_MAX_S,
     Outage,
-    connection_options,
+    RedisClient,
     honouring_cancellation,
     is_connection_error,
+    lua_source,
 )
 from tidegate._urls import redact_url
 from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
@@ -46,7 +45,6 @@ from tidegate.queue.base import (
 from tidegate.queue.settings import QueueSettings
 
 try:
-    import redis.asyncio as aioredis
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -65,12 +63,6 @@ _SCRIPTS = (
 _READ_ONLY_SCRIPTS = frozenset({"read", "stats"})  # safe to send twice
 
 log = logging.getLogger("tidegate.queue")
-
-
-@cache
-def _script_source(name: str) -> str:
-    lua = resources.files("tidegate.queue") / "lua"
-    return (lua / "_common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
 class RedisQueue(Queue):
@@ -104,16 +96,11 @@ class RedisQueue(Queue):
     # ------------------------------------------------------------------ plumbing
 
     async def _open(self) -> None:
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self.url, max_connections=64, timeout=30, **connection_options())
-        # from_pool hands the pool to the client, so aclose() also closes its connections.
-        self._redis = aioredis.Redis.from_pool(pool)
-        self._scripts = {name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS}
-        try:
-            await self._redis.ping()
-        except RedisError as exc:
-            await self._redis.aclose()
-            raise QueueUnavailable(f"cannot reach Redis queue at {redact_url(self.url)}: {exc}") from exc
+        client = RedisClient(
+            self.url, what="Redis queue", unavailable=QueueUnavailable, max_connections=64,
+            scripts={name: lua_source("tidegate.queue", name, common="_common") for name in _SCRIPTS})
+        await client.ping()
+        self._redis, self._scripts = client.client, client.scripts
 
     async def _close(self) -> None:
         if self._listener is not None:

@@ -22,13 +22,11 @@ little-endian float32 bytes; its description is not kept (it only served to hash
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping, Sequence
-from functools import cache
-from importlib import resources
 from typing import Any, TypeVar
 
 import numpy as np
 
-from tidegate._redis import open_scripted_client
+from tidegate._redis import RedisClient, lua_source
 from tidegate._urls import redact_url
 from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
 from tidegate.recs.model import Item
@@ -59,11 +57,6 @@ NO_BOUND = 2**53  # a bound no list reaches
 T = TypeVar("T")
 
 
-@cache
-def _script_source(name: str) -> str:
-    return (resources.files("tidegate.recs") / "lua" / f"{name}.lua").read_text()
-
-
 class RedisRecsStore(RecsStore):
     """`recs_store_for("redis://host:6379/0")`; any number of processes may share one store."""
 
@@ -88,10 +81,12 @@ class RedisRecsStore(RecsStore):
     # ------------------------------------------------------------------ plumbing
 
     async def _open(self) -> None:
-        self._redis, self._scripts = await open_scripted_client(
-            self.url, ((name, _script_source(name)) for name in _SCRIPTS),
-            max_connections=self._max_connections, unavailable=CacheUnavailable,
-            what="the recommendation store")
+        client = RedisClient(
+            self.url, what="the recommendation store", unavailable=CacheUnavailable,
+            max_connections=self._max_connections,
+            scripts={name: lua_source("tidegate.recs", name) for name in _SCRIPTS})
+        await client.ping()
+        self._redis, self._scripts = client.client, client.scripts
 
     async def _close(self) -> None:
         if self._redis is not None:

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from tidegate._redis import Outage, call_with_reconnect, connection_options
+from tidegate._redis import Outage, RedisClient, call_with_reconnect
 from tidegate._urls import redact_url
 from tidegate.errors import BusUnavailable, MissingDependency
 from tidegate.sync.buses.base import BusBase, BusSettings, SubscriptionBase, log
@@ -53,7 +53,6 @@ from tidegate.sync.changes import Change
 from tidegate.sync.contracts import Delivery
 
 try:
-    import redis.asyncio as aioredis
     from redis.exceptions import RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependency("the Redis bus needs redis-py: pip install 'tidegate[redis]'") from exc
@@ -93,13 +92,11 @@ class RedisBus(BusBase):
         return await call_with_reconnect(step, self.outage)
 
     async def _open(self) -> None:
-        # retry=None: reconnecting is `retrying`'s, on its own bounded schedule.
-        self.redis = aioredis.Redis.from_url(self.url, retry=None, **connection_options())
-        try:
-            await self.redis.ping()
-        except RedisError as exc:
-            await self.redis.aclose()
-            raise self.unavailable(exc) from exc
+        # RedisClient leaves the driver's own retries off: reconnecting is `retrying`'s, on its
+        # own bounded schedule.
+        client = RedisClient(self.url, what="Redis bus", unavailable=BusUnavailable)
+        await client.ping()
+        self.redis = client.client
 
     async def _close(self) -> None:
         await self.redis.aclose()

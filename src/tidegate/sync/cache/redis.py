@@ -12,13 +12,11 @@ by later writes to their type (at least as many as each write adds, so nothing p
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from functools import cache
-from importlib import resources
 from typing import Any, TypeVar
 
 import orjson
 
-from tidegate._redis import open_scripted_client
+from tidegate._redis import RedisClient, lua_source
 from tidegate._urls import redact_url
 from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
 from tidegate.sync.cache.base import (
@@ -44,12 +42,6 @@ _SCRIPTS = ("apply", "read", "read_many", "load", "write", "repair", "count")
 _OPS = {Op.INSERT: b"u", Op.UPDATE: b"u", Op.DELETE: b"d", Op.TRUNCATE: b"t"}
 SCAN_PAGE = 500  # entries per ZSCAN/HMGET round trip of `scan`
 T = TypeVar("T")
-
-
-@cache
-def _script_source(name: str) -> str:
-    lua = resources.files("tidegate.sync.cache") / "lua"
-    return (lua / "_common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
 class RedisEntityCache(BaseEntityCache):
@@ -82,9 +74,12 @@ class RedisEntityCache(BaseEntityCache):
     # ------------------------------------------------------------------ plumbing
 
     async def _open(self) -> None:
-        self._redis, self._scripts = await open_scripted_client(
-            self.url, ((name, _script_source(name)) for name in _SCRIPTS),
-            max_connections=self._max_connections, unavailable=CacheUnavailable, what="the entity cache")
+        client = RedisClient(
+            self.url, what="the entity cache", unavailable=CacheUnavailable,
+            max_connections=self._max_connections,
+            scripts={name: lua_source("tidegate.sync.cache", name, common="_common") for name in _SCRIPTS})
+        await client.ping()
+        self._redis, self._scripts = client.client, client.scripts
 
     async def _close(self) -> None:
         if self._redis is not None:

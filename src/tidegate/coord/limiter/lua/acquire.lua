@@ -10,7 +10,7 @@
 -- KEYS[1] the key's state hash, tidegate:{name}:rate:<provider/model>. Fields, integers in
 --         microseconds of this server's clock (TIME, so worker clocks never matter):
 --         rt requests tat, tt tokens tat, pu paused until; and the limits last used, read
---         back by limiter_state.lua: rpm, tpm, per (period us), rc, tc (burst capacities).
+--         back by state.lua: rpm, tpm, per (period us), rc, tc (burst capacities).
 -- ARGV[1] tokens the request costs, [2] requests per period ('' = no limit), [3] tokens per
 --         period ('' = no limit), [4] period us, [5] request burst capacity, [6] token burst
 --         capacity, [7] ms to keep the state after it has nothing left to remember

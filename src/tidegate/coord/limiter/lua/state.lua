@@ -1,5 +1,5 @@
 -- Read a key's limiter state together with the server clock it is measured against.
--- KEYS[1] the key's state hash (fields: see limiter_acquire.lua)
+-- KEYS[1] the key's state hash (fields: see acquire.lua)
 -- ARGV: none.
 -- Returns {now us, rt, tt, pu, rpm, tpm, per, rc, tc}, each a string ('' when unset).
 local t = redis.call('TIME')

@@ -1,7 +1,7 @@
 -- Settle a reservation to the actual amount on the reservation's own day (release = settle 0).
 -- Idempotent: the first call removes the pending entry, and any later call finds none.
 -- KEYS[1] tidegate:{name}:budget:<day>:spend, KEYS[2] tidegate:{name}:budget:<day>:pending
---         (see budget_reserve.lua)
+--         (see reserve.lua)
 -- ARGV[1] tenant, [2] reservation id, [3] actual micros, [4] seconds to keep the day's keys
 -- Returns 1 when settled now, 0 when it was settled before (or is unknown or expired).
 local reserved = redis.call('HGET', KEYS[2], ARGV[2])

@@ -1,6 +1,6 @@
 -- Pause a key: every acquire returns the time left until the pause ends. A longer pause extends
 -- the current one; a shorter one never shortens it.
--- KEYS[1] the key's state hash (fields: see limiter_acquire.lua)
+-- KEYS[1] the key's state hash (fields: see acquire.lua)
 -- ARGV[1] pause length in us, [2] ms to keep the state after it has nothing left to remember
 -- Returns the us the key stays paused from now.
 local t = redis.call('TIME')

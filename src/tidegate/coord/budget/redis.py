@@ -1,0 +1,81 @@
+"""The budget ledger in Redis: one Lua script per change (lua/*.lua, each documenting its KEYS
+and ARGV)."""
+
+from __future__ import annotations
+
+from datetime import date
+
+from tidegate._redis import RedisClient, key_prefix, lua_source, require_redis
+from tidegate.coord.budget.base import GLOBAL, KEEP_DAYS, BudgetLedger, Refusal, Reservation, Today, utc_today
+from tidegate.errors import DispatchUnavailable
+
+require_redis("the Redis budget ledger")
+
+__all__ = ["RedisBudgetLedger"]
+
+MAX_CONNECTIONS = 32  # a worker's ledger calls are short; more would only queue in Redis
+_KEEP_S = KEEP_DAYS * 86_400
+_SCRIPTS = ("reserve", "settle")
+
+
+class RedisBudgetLedger(BudgetLedger):
+    """A ledger in Redis: per day, `tidegate:{name}:budget:<day>:spend` (tenant → micros, '*' →
+    the global total) and `...:pending` (unsettled reservations), hash-tagged by name and
+    expiring KEEP_DAYS after their last write. Connects on first use.
+
+    A reservation is sent once (sent twice, it would count twice); a settlement, a status and
+    the day's spend are sent again across a lost connection for a short while."""
+
+    def __init__(self, url: str, name: str = "default", *, today: Today = utc_today) -> None:
+        super().__init__(name, today)
+        self.url = url
+        self._prefix = key_prefix(name) + "budget:"
+        self._redis: RedisClient | None = None
+
+    async def _open(self) -> None:
+        self._redis = RedisClient(
+            self.url, what="budget ledger", unavailable=DispatchUnavailable, max_connections=MAX_CONNECTIONS,
+            scripts={name: lua_source("tidegate.coord.budget", name) for name in _SCRIPTS})
+
+    async def _close(self) -> None:
+        assert self._redis is not None
+        await self._redis.aclose()
+
+    def _keys(self, day: date) -> list[str]:
+        base = f"{self._prefix}{day.isoformat()}:"
+        return [base + "spend", base + "pending"]
+
+    async def _reserve(self, reservation: Reservation, tenant_limit_micros: int | None,
+                       global_limit_micros: int | None) -> Refusal | None:
+        assert self._redis is not None
+        args = [
+            reservation.tenant,
+            reservation.amount_micros,
+            "" if tenant_limit_micros is None else tenant_limit_micros,
+            "" if global_limit_micros is None else global_limit_micros,
+            "1" if reservation.enforced else "0",
+            reservation.id,
+            _KEEP_S,
+        ]
+        refused = await self._redis.script("reserve", self._keys(reservation.day), args)
+        if not refused:
+            return None
+        return ("tenant" if refused[0] == b"tenant" else "global"), int(refused[1])
+
+    async def _settle(self, reservation: Reservation, actual_micros: int) -> None:
+        assert self._redis is not None
+        args = [reservation.tenant, reservation.id, actual_micros, _KEEP_S]
+        # Idempotent (the script removes the pending entry), so a lost connection is retried.
+        await self._redis.script("settle", self._keys(reservation.day), args, retry=True)
+
+    async def _spent(self, day: date, tenant: str) -> tuple[int, int]:
+        assert self._redis is not None
+        tenant_spent, global_spent = await self._redis.command(
+            "HMGET", self._keys(day)[0], tenant, GLOBAL, retry=True)
+        return int(tenant_spent or 0), int(global_spent or 0)
+
+    async def _spend(self, day: date) -> dict[str, int]:
+        assert self._redis is not None
+        flat = await self._redis.command("HGETALL", self._keys(day)[0], retry=True)
+        items = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2], strict=True)
+        return {key.decode(): int(value) for key, value in items}

@@ -1,0 +1,142 @@
+"""The tenant store in Redis: two hashes with the queue's hash tag, `tidegate:{name}:tenants`
+(name → Tenant JSON) and `tidegate:{name}:keys` (key id → tenant, SHA-256 hex digest of the
+secret, created and revoked times, as JSON)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import orjson
+
+from tidegate._redis import RedisClient, key_prefix, require_redis
+from tidegate._urls import redact_url
+from tidegate.coord.tenants.base import (
+    DEFAULT_AUTH_CACHE_S,
+    Clock,
+    KeyRecord,
+    TenantStore,
+    timestamp,
+    unknown_tenant,
+)
+from tidegate.coord.tenants.models import Tenant
+from tidegate.errors import QueueUnavailable
+
+require_redis("the Redis tenant store")
+
+__all__ = ["RedisTenantStore"]
+
+T = TypeVar("T")
+
+
+def _redis_record(key_id: str, raw: str | bytes) -> KeyRecord:
+    data = orjson.loads(raw)
+    revoked = data.get("revoked_at")
+    return KeyRecord(key_id, data["tenant"], data["secret_sha256"],
+                     datetime.fromisoformat(data["created_at"]),
+                     datetime.fromisoformat(revoked) if revoked else None)
+
+
+def _redis_value(record: KeyRecord) -> bytes:
+    return orjson.dumps({
+        "tenant": record.tenant,
+        "secret_sha256": record.secret_sha256,
+        "created_at": timestamp(record.created_at),
+        "revoked_at": timestamp(record.revoked_at) if record.revoked_at else None,
+    })
+
+
+class RedisTenantStore(TenantStore):
+    """Tenants and keys in two Redis hashes, `tidegate:{name}:tenants` and `tidegate:{name}:keys`,
+    hash-tagged by the queue's name so they sit on one Redis Cluster slot. Connects on first use.
+
+    A check costs two reads (the key, then its tenant); the authentication cache spares them for
+    keys seen within `auth_cache_s`."""
+
+    def __init__(self, url: str, name: str = "default", *,
+                 auth_cache_s: float = DEFAULT_AUTH_CACHE_S, clock: Clock = time.monotonic) -> None:
+        super().__init__(name, auth_cache_s, clock)
+        self.url = url
+        self.tenants_key = key_prefix(name) + "tenants"
+        self.keys_key = key_prefix(name) + "keys"
+        self._redis: RedisClient | None = None
+
+    def __repr__(self) -> str:
+        return f"RedisTenantStore(url={redact_url(self.url)!r}, name={self.name!r})"
+
+    async def _open(self) -> None:
+        # Unbounded pool, text replies. No retries of the driver's: `_call` retries a lost
+        # connection on its own bounded schedule, and only calls harmless to send twice.
+        self._redis = RedisClient(self.url, what="Redis tenant store", unavailable=QueueUnavailable,
+                                  decode_responses=True, component="tenant_store")
+
+    async def _put_tenant(self, tenant: Tenant) -> None:
+        await self._call(lambda r: r.hset(self.tenants_key, tenant.name, tenant.model_dump_json()))
+
+    async def _get_tenant(self, name: str) -> Tenant | None:
+        raw = await self._call(lambda r: r.hget(self.tenants_key, name))
+        return None if raw is None else Tenant.model_validate_json(raw)
+
+    async def _list_tenants(self) -> list[Tenant]:
+        values = await self._call(lambda r: r.hvals(self.tenants_key))
+        return [Tenant.model_validate_json(raw) for raw in values]
+
+    async def _insert_key(self, record: KeyRecord) -> bool:
+        # No command deletes a tenant, so a tenant seen here is still there when the key lands.
+        if not await self._call(lambda r: r.hexists(self.tenants_key, record.tenant)):
+            raise unknown_tenant(record.tenant)
+        added = await self._call(lambda r: r.hsetnx(self.keys_key, record.key_id, _redis_value(record)),
+                                 retry=False)  # sent twice, it would find its own key "taken"
+        return bool(added)
+
+    async def _lookup(self, key_id: str) -> tuple[KeyRecord, Tenant | None] | None:
+        raw = await self._call(lambda r: r.hget(self.keys_key, key_id))
+        if raw is None:
+            return None
+        record = _redis_record(key_id, raw)
+        tenant_raw = await self._call(lambda r: r.hget(self.tenants_key, record.tenant))
+        return record, (None if tenant_raw is None else Tenant.model_validate_json(tenant_raw))
+
+    async def _revoke(self, key_id: str, when: datetime) -> bool:
+        from redis.exceptions import WatchError
+
+        async def attempt(r: Any) -> bool | None:
+            # WATCH makes read-check-write one step: of two concurrent revocations one wins.
+            async with r.pipeline(transaction=True) as pipe:
+                await pipe.watch(self.keys_key)
+                raw = await pipe.hget(self.keys_key, key_id)
+                record = None if raw is None else _redis_record(key_id, raw)
+                if record is None or record.revoked_at is not None:
+                    return False
+                revoked = KeyRecord(record.key_id, record.tenant, record.secret_sha256,
+                                     record.created_at, when)
+                pipe.multi()
+                pipe.hset(self.keys_key, key_id, _redis_value(revoked))
+                try:
+                    await pipe.execute()
+                except WatchError:
+                    return None  # the hash changed under us: read again
+                return True
+
+        while True:
+            outcome = await self._call(attempt)
+            if outcome is not None:
+                return outcome
+
+    async def _list_keys(self, tenant: str | None) -> list[KeyRecord]:
+        entries: dict[str, str] = await self._call(lambda r: r.hgetall(self.keys_key))
+        records = [_redis_record(key_id, raw) for key_id, raw in entries.items()]
+        return [record for record in records if tenant is None or record.tenant == tenant]
+
+    async def _close(self) -> None:
+        assert self._redis is not None
+        await self._redis.aclose()
+
+    async def _call(self, fn: Callable[[Any], Awaitable[T]], *, retry: bool = True) -> T:
+        """`fn(client)`, sent again across a lost connection (a Redis restart) for a short while
+        when `retry` (reads, and writes that are harmless twice), driver errors translated."""
+        redis = self._redis
+        assert redis is not None
+        return await redis.run(lambda: fn(redis.client), retry=retry)

@@ -1,0 +1,141 @@
+"""The tenant store in a SQLite file, usually the queue's own: tables `tenants` and `api_keys`
+(rows under the store's name), every change one `BEGIN IMMEDIATE` transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import datetime
+from typing import Any
+
+from tidegate._sqlite import SqliteThread
+from tidegate.coord.tenants.base import (
+    DEFAULT_AUTH_CACHE_S,
+    Clock,
+    KeyRecord,
+    TenantStore,
+    timestamp,
+    unknown_tenant,
+)
+from tidegate.coord.tenants.models import Tenant
+from tidegate.errors import QueueUnavailable
+
+__all__ = ["SqliteTenantStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tenants (
+    store TEXT NOT NULL,                  -- the store's name, so several can share a file
+    name TEXT NOT NULL,
+    tenant TEXT NOT NULL,                 -- the Tenant model as JSON
+    PRIMARY KEY (store, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS api_keys (
+    store TEXT NOT NULL,
+    key_id TEXT NOT NULL,                 -- public: names the key in listings and revocation
+    tenant TEXT NOT NULL,
+    secret_sha256 TEXT NOT NULL,          -- hex digest; the secret itself is never stored
+    created_at TEXT NOT NULL,             -- UTC ISO 8601 with microseconds: text order is time order
+    revoked_at TEXT,
+    PRIMARY KEY (store, key_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS api_keys_tenant ON api_keys(store, tenant);
+"""
+
+_KEY_COLUMNS = "key_id, tenant, secret_sha256, created_at, revoked_at"
+
+
+def _sqlite_record(row: tuple[Any, ...]) -> KeyRecord:
+    key_id, tenant, digest, created, revoked = row
+    return KeyRecord(str(key_id), str(tenant), str(digest), datetime.fromisoformat(created),
+                     datetime.fromisoformat(revoked) if revoked else None)
+
+
+class SqliteTenantStore(TenantStore):
+    """Tenants and keys in a SQLite file (WAL), usually the queue's own; safe across processes on
+    one host. Connects on first use, on a thread of its own so the event loop never waits on the disk."""
+
+    def __init__(self, path: str, name: str = "default", *,
+                 auth_cache_s: float = DEFAULT_AUTH_CACHE_S, clock: Clock = time.monotonic) -> None:
+        super().__init__(name, auth_cache_s, clock)
+        self.path = path
+        self._db = SqliteThread(
+            path, _SCHEMA, name="tenants",
+            error=lambda exc: QueueUnavailable(f"SQLite tenant store at {path}: {exc}"),
+        )
+
+    def __repr__(self) -> str:
+        return f"SqliteTenantStore(path={self.path!r}, name={self.name!r})"
+
+    async def _open(self) -> None:
+        pass  # the connection opens on its thread at the first statement
+
+    async def _put_tenant(self, tenant: Tenant) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO tenants (store, name, tenant) VALUES (?, ?, ?)"
+                " ON CONFLICT (store, name) DO UPDATE SET tenant = excluded.tenant",
+                (self.name, tenant.name, tenant.model_dump_json()),
+            )
+
+        await self._db.write(body)
+
+    async def _get_tenant(self, name: str) -> Tenant | None:
+        row = await self._db.run(lambda conn: conn.execute(
+            "SELECT tenant FROM tenants WHERE store = ? AND name = ?", (self.name, name)
+        ).fetchone())
+        return None if row is None else Tenant.model_validate_json(row[0])
+
+    async def _list_tenants(self) -> list[Tenant]:
+        rows = await self._db.run(lambda conn: conn.execute(
+            "SELECT tenant FROM tenants WHERE store = ?", (self.name,)
+        ).fetchall())
+        return [Tenant.model_validate_json(row[0]) for row in rows]
+
+    async def _insert_key(self, record: KeyRecord) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            # Checked in the same transaction as the insert, so no key outlives a check.
+            known = conn.execute("SELECT 1 FROM tenants WHERE store = ? AND name = ?",
+                                 (self.name, record.tenant)).fetchone()
+            if known is None:
+                raise unknown_tenant(record.tenant)
+            cursor = conn.execute(
+                f"INSERT INTO api_keys (store, {_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)"
+                " ON CONFLICT DO NOTHING",
+                (self.name, record.key_id, record.tenant, record.secret_sha256,
+                 timestamp(record.created_at)),
+            )
+            return cursor.rowcount == 1
+
+        return await self._db.write(body)
+
+    async def _lookup(self, key_id: str) -> tuple[KeyRecord, Tenant | None] | None:
+        # One statement reads the key and its tenant together: one consistent snapshot.
+        row = await self._db.run(lambda conn: conn.execute(
+            "SELECT k.key_id, k.tenant, k.secret_sha256, k.created_at, k.revoked_at, t.tenant"
+            " FROM api_keys AS k LEFT JOIN tenants AS t ON t.store = k.store AND t.name = k.tenant"
+            " WHERE k.store = ? AND k.key_id = ?",
+            (self.name, key_id),
+        ).fetchone())
+        if row is None:
+            return None
+        tenant = Tenant.model_validate_json(row[5]) if row[5] is not None else None
+        return _sqlite_record(row[:5]), tenant
+
+    async def _revoke(self, key_id: str, when: datetime) -> bool:
+        changed = await self._db.write(lambda conn: conn.execute(
+            "UPDATE api_keys SET revoked_at = ? WHERE store = ? AND key_id = ? AND revoked_at IS NULL",
+            (timestamp(when), self.name, key_id),
+        ).rowcount)
+        return changed == 1
+
+    async def _list_keys(self, tenant: str | None) -> list[KeyRecord]:
+        query = f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE store = ?"
+        params: tuple[str, ...] = (self.name,)
+        if tenant is not None:
+            query += " AND tenant = ?"
+            params += (tenant,)
+        rows = await self._db.run(lambda conn: conn.execute(query, params).fetchall())
+        return [_sqlite_record(row) for row in rows]
+
+    async def _close(self) -> None:
+        await self._db.close()
