@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter
 from fastapi.responses import Response
 
 from tidegate.ai import AIRequest
@@ -61,7 +60,7 @@ _SSE_EVENT = {
     "required": ["data"],
 }
 
-router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"], responses=error_responses(401, 503))
+router = OPENAI.router(prefix="/v1", tags=["OpenAI-compatible"], responses=error_responses(401, 503))
 
 
 @router.post(

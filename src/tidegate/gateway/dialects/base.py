@@ -14,7 +14,12 @@ validation and the OpenAPI document). It implements:
   that does not validate refused with an `ApiError` naming `where`;
 - `answer(result, headers)`: the job's `AIResult` → the HTTP response of a call that waited;
 - `stream(request)`: a `StreamRenderer` that turns the job's `StreamPart`s into SSE frames;
-- `error_body(error)`: an `ApiError` → the body of an error answer, or of an error frame.
+- `error_body(error)`: an `ApiError` → the body of an error answer. The app's error handlers
+  use it for every error of a route made by the dialect's `router()`, validation errors included.
+
+Its routes (a thin module like tidegate.gateway.openai_api) parse with it, hand the AIRequest to
+`intake.submit`, wait with `outcomes.succeeded` or relay with `streaming.stream_job`, and answer
+with it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import abc
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from fastapi import APIRouter
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from tidegate.ai import AIRequest, AIResult, Kind, StreamPart
@@ -82,3 +89,14 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def error_body(self, error: ApiError) -> dict[str, Any]:
         """The body of an error answer."""
+
+    def router(self, **options: Any) -> APIRouter:
+        """An APIRouter (FastAPI's `options`) whose routes answer errors in this dialect's shape."""
+        shape = self.error_body
+
+        class DialectRoute(APIRoute):
+            """A route of this dialect; tidegate.gateway.errors reads its `error_shape`."""
+
+            error_shape = staticmethod(shape)
+
+        return APIRouter(route_class=DialectRoute, **options)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from tidegate.ai import AIRequest, AIResult, Kind, StreamError, StreamPart
 from tidegate.gateway.dialects.base import Dialect, StreamRenderer
 from tidegate.gateway.dialects.openai_schemas import ChatCompletionRequest, EmbeddingsRequest
-from tidegate.gateway.errors import ApiError, error_body
+from tidegate.gateway.errors import ApiError, error_body, openai_error
 
 __all__ = ["OPENAI", "OpenAIDialect"]
 
@@ -60,7 +60,7 @@ class OpenAIDialect(Dialect):
 
     def error_body(self, error: ApiError) -> dict[str, Any]:
         """`{"error": {"message", "type", "param", "code"}}`."""
-        return {"error": error_body(error)}
+        return openai_error(error)
 
 
 OPENAI: Final = OpenAIDialect()
