@@ -4,6 +4,9 @@ An OpenAI SDK pointed at `http://host:port/v1` works unchanged. Each call become
 caller's priority and waits for its result; the answer is the provider's own, plus X-Tidegate-*
 headers (job id, model, queue wait, cost). `stream: true` relays the provider's chunks as
 server-sent events while the worker receives them.
+
+The routes are thin: the OpenAI dialect (tidegate.gateway.dialects.openai) reads the body and
+renders the answer; the intake, the wait and the relay are shared by every dialect.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""Relaying a streamed completion to the client as server-sent events.
+"""Relaying a streamed completion to the client as server-sent events, in any dialect.
 
 The worker that calls the provider publishes each chunk to the relay under the job's id; the
-gateway subscribes and writes each as the dialect frames it (`data: <chunk>` for OpenAI's), then
-the dialect's end (`data: [DONE]`). The job itself is
-watched at the same time, because some endings publish nothing: a job that dies before its first
-chunk (a refused request), is cancelled or expires. Until the first chunk arrives nothing has
-been sent, so such an ending still gets a proper HTTP error status; after it, an error event.
+gateway subscribes and writes each as the call's dialect frames it (`data: <chunk>` for OpenAI's),
+then the dialect's end (`data: [DONE]`). The job itself is watched at the same time, because some
+endings publish nothing: a job that dies before its first chunk (a refused request), is
+cancelled or expires. Until the first chunk arrives nothing has been sent, so such an ending
+still gets a proper HTTP error status; after it, an error frame.
 
 A worker without a relay stores the whole answer instead of streaming it; the gateway then
-sends that answer as one content chunk, so a streaming client is served either way.
+sends that answer as the chunks of one stream, so a streaming client is served either way.
 """
 
 from __future__ import annotations
