@@ -140,10 +140,12 @@ class Usage:
 
 
 NO_USAGE: Final = Usage()
+_USAGE_FIELDS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
 def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    whole = _whole(value)
+    return whole if whole is not None and whole > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,19 +237,15 @@ class AIResult:
             return _number(document.get(name, (response or {}).get(name)))
 
         usage = document.get("usage")
-        cost = document.get("cost_micros")
-        attempts = document.get("attempts")
         return cls(
             response=response, model=_text(document.get("model")), provider=_text(document.get("provider")),
             route=_text(document.get("route")),
-            usage=Usage(*(_int(usage.get(name)) for name in ("prompt_tokens", "completion_tokens",
-                                                              "total_tokens")))
+            # Counts are shown as stored (no total recomputed); one that is not an int reads as 0.
+            usage=Usage(*(_whole(usage.get(name)) or 0 for name in _USAGE_FIELDS))
             if isinstance(usage, dict) else None,
-            cost_micros=cost if isinstance(cost, int) and not isinstance(cost, bool) else None,
-            cost_usd=_text(document.get("cost_usd")),
+            cost_micros=_whole(document.get("cost_micros")), cost_usd=_text(document.get("cost_usd")),
             timings=Timings(timing("queue_wait_ms"), timing("upstream_latency_ms"), timing("ttft_ms")),
-            attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else None,
-            worker_id=_text(document.get("worker_id")),
+            attempts=_whole(document.get("attempts")), worker_id=_text(document.get("worker_id")),
         )
 
 
@@ -266,9 +264,8 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def _int(value: object) -> int:
-    # Stored usage counts are shown as given; anything that is not an int is dropped to 0.
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def _whole(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _text(value: object) -> str | None:
