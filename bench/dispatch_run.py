@@ -27,6 +27,7 @@ from bench.dispatch_load import Arrival, Clock, DepthSample, DepthSampler, LoopL
 from bench.dispatch_scenario import Scenario
 from bench.dispatch_sim import SimHandle
 from bench.machine import CpuMeter
+from tidegate.ai import Timings, result_of
 from tidegate.coord.limiter import rate_limiter_for
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings
@@ -253,17 +254,16 @@ async def _settle(queue: Queue, arrivals: Sequence[Arrival], clock: Clock) -> li
 
 
 def _outcome(arrival: Arrival, job: Job, clock: Clock, cut: bool) -> JobOutcome:
-    result = job.result if job.state is JobState.SUCCEEDED and isinstance(job.result, dict) else {}
+    result = result_of(job) if job.state is JobState.SUCCEEDED else None
+    timings = Timings() if result is None else result.timings
     finished = job.finished_at.timestamp() if job.finished_at is not None else time.time()
-    wait = result.get("queue_wait_ms")
-    upstream = result.get("upstream_latency_ms")
     return JobOutcome(
         arrival=arrival,
         state=job.state,
         created_s=clock.relative(job.created_at.timestamp()),
         finished_s=clock.relative(finished),
-        queue_wait_ms=None if wait is None else float(wait),
-        upstream_ms=None if upstream is None else float(upstream),
+        queue_wait_ms=timings.queue_wait_ms,
+        upstream_ms=timings.upstream_latency_ms,
         attempts=job.attempts,
         cut=cut,
     )

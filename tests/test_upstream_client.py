@@ -70,9 +70,9 @@ async def test_chat_returns_the_body_usage_and_latency(client: UpstreamClient) -
     assert response.status == 200
     assert response.body["object"] == "chat.completion"
     assert response.body["choices"][0]["message"]["role"] == "assistant"
-    assert response.usage.completion_tokens <= 7
-    assert response.usage.prompt_tokens > 0
-    assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
+    assert response.usage.output_tokens <= 7
+    assert response.usage.input_tokens > 0
+    assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
     assert response.latency_ms > 0
     assert response.headers["CONTENT-TYPE"].startswith("application/json")  # case-insensitive
 
@@ -82,8 +82,8 @@ async def test_embeddings_return_one_vector_per_input_and_usage(client: Upstream
 
     vectors = [item["embedding"] for item in response.body["data"]]
     assert [len(v) for v in vectors] == [256, 256]
-    assert response.usage.prompt_tokens == response.usage.total_tokens > 0
-    assert response.usage.completion_tokens == 0
+    assert response.usage.input_tokens == response.usage.total_tokens > 0
+    assert response.usage.output_tokens == 0
 
 
 async def test_a_stream_arrives_chunk_by_chunk_with_a_summary_at_the_end(
@@ -107,8 +107,8 @@ async def test_a_stream_arrives_chunk_by_chunk_with_a_summary_at_the_end(
     assert arrivals[-1] - arrivals[0] > 0.15
     summary = stream.summary
     assert summary is not None
-    assert summary.usage.completion_tokens == 8
-    assert summary.usage.total_tokens == summary.usage.prompt_tokens + 8
+    assert summary.usage.output_tokens == 8
+    assert summary.usage.total_tokens == summary.usage.input_tokens + 8
     assert summary.text == "".join(texts) and len(summary.text.split()) == 8
     assert summary.finish_reason == "length"
     assert summary.ttft_ms is not None and summary.ttft_ms < summary.latency_ms
@@ -120,7 +120,7 @@ async def test_a_stream_can_be_read_without_a_with_block(client: UpstreamClient)
     chunks = [chunk async for chunk in stream]
 
     assert chunks[-1].data["usage"]["completion_tokens"] == 3  # the include_usage chunk
-    assert stream.summary is not None and stream.summary.usage.completion_tokens == 3
+    assert stream.summary is not None and stream.summary.usage.output_tokens == 3
 
 
 async def test_leaving_a_stream_early_releases_it_quietly(

@@ -1,17 +1,61 @@
-"""The payload of an AI job: what the gateway enqueues and a worker sends upstream.
+"""The AI job contract: what the gateway enqueues (`AIRequest`), what a worker stores when the
+call succeeded (`AIResult`), and what a streamed answer is made of (`StreamPart` and its events).
+
+A job payload:
 
     {"kind": "chat" | "embeddings",
      "body": {...},                      # the OpenAI-compatible request body, as the client sent it
      "allowed_models": ["gpt-4.1", ...]} # optional: the tenant's entitlement, set by the gateway
+
+A job result (what `GET /v1/jobs/{id}` shows as `result`):
+
+    {"response": {...},                  # the answer, an OpenAI-compatible document: a
+                                         # chat.completion or an embeddings list
+     "provider": "...", "model": "...", "route": "...",
+     "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+     "cost_usd": "0.000123", "cost_micros": 123,
+     "queue_wait_ms": 1.5, "upstream_latency_ms": 80.2, "ttft_ms": 20.0,  # ttft_ms: streams only
+     "attempts": 1, "worker_id": "..."}
+
+A streamed answer crosses the relay one chunk at a time, each an OpenAI-compatible
+`chat.completion.chunk` as the upstream sent it (or an `{"error": {...}}` that ends the stream):
+`StreamPart.decode` reads the typed events out of one. These wire forms are the contract between
+gateway, dispatch, the change flow and the recommender; a provider adapter of another upstream
+converts its answers into them, and a gateway dialect renders them in its own API's shape.
+
+Stored records are read, not trusted: `AIResult.from_json` takes what it can use and leaves the
+rest at its empty value, as the readers of job results always did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import orjson
 
 from tidegate.errors import InvalidJob
+from tidegate.jobs import Job
+
+__all__ = [
+    "AUTO",
+    "NO_USAGE",
+    "AIRequest",
+    "AIResult",
+    "Finish",
+    "Kind",
+    "StreamError",
+    "StreamEvent",
+    "StreamPart",
+    "TextDelta",
+    "Timings",
+    "ToolCall",
+    "ToolCallDelta",
+    "Usage",
+    "UsageReport",
+    "result_of",
+]
 
 Kind = Literal["chat", "embeddings"]
 AUTO = "auto"
@@ -65,3 +109,300 @@ class AIRequest:
         ):
             raise InvalidJob("allowed_models must be a list of model names")
         return cls(kind=kind, body=body, allowed_models=None if allowed is None else frozenset(allowed))
+
+
+# ---------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens a call consumed, as the provider counted them (zeros when it did not say)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        """The stored `usage` object (OpenAI's field names)."""
+        return {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens,
+                "total_tokens": self.total_tokens}
+
+    @classmethod
+    def from_json(cls, usage: object) -> Usage:
+        """An OpenAI-shaped `usage` object; counts that are missing or not positive integers are
+        zeros, and a missing total is the sum of the two."""
+        if not isinstance(usage, dict):
+            return NO_USAGE
+        prompt = _count(usage.get("prompt_tokens"))
+        completion = _count(usage.get("completion_tokens"))
+        total = _count(usage.get("total_tokens")) or prompt + completion
+        return cls(prompt, completion, total)
+
+
+NO_USAGE: Final = Usage()
+_USAGE_FIELDS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def _count(value: object) -> int:
+    whole = _whole(value)
+    return whole if whole is not None and whole > 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Where a job's time went, in milliseconds (None: not known)."""
+
+    queue_wait_ms: float | None = None
+    upstream_latency_ms: float | None = None
+    ttft_ms: float | None = None  # streams: from sending the request to the first content
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call of an answer: the function named and its arguments (JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class AIResult:
+    """A succeeded AI job's result: the answer as the upstream gave it, and what it took.
+
+    `response` keeps the provider's document untouched, so an OpenAI-compatible API answers with
+    exactly what the provider said; `finish_reason` and `tool_calls` are read from it.
+    """
+
+    response: dict[str, Any] | None
+    model: str | None = None
+    provider: str | None = None
+    route: str | None = None
+    usage: Usage | None = None  # None: the record holds no usage object
+    cost_micros: int | None = None
+    cost_usd: str | None = None  # `cost_micros` in USD, as decimal text (tidegate.costs.micros_to_usd)
+    timings: Timings = field(default_factory=Timings)
+    attempts: int | None = None
+    worker_id: str | None = None
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the first choice stopped ("stop", "length", "tool_calls", …); None if not said."""
+        choice = self._first_choice()
+        reason = choice.get("finish_reason")
+        return reason if isinstance(reason, str) else None
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The function calls the first choice's message asks for."""
+        message = self._first_choice().get("message")
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        found: list[ToolCall] = []
+        for call in calls if isinstance(calls, list) else ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                found.append(ToolCall(str(call.get("id") or ""), str(function.get("name") or ""),
+                                      str(function.get("arguments") or "")))
+        return tuple(found)
+
+    def _first_choice(self) -> dict[str, Any]:
+        choices = (self.response or {}).get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        return first if isinstance(first, dict) else {}
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored result document (see the module's docstring); unknown fields are left out."""
+        document: dict[str, Any] = {"response": self.response, "provider": self.provider,
+                                    "model": self.model, "route": self.route,
+                                    "usage": None if self.usage is None else self.usage.to_json(),
+                                    "cost_usd": self.cost_usd, "cost_micros": self.cost_micros,
+                                    "queue_wait_ms": _rounded(self.timings.queue_wait_ms),
+                                    "upstream_latency_ms": _rounded(self.timings.upstream_latency_ms),
+                                    "attempts": self.attempts, "worker_id": self.worker_id}
+        if self.timings.ttft_ms is not None:
+            document["ttft_ms"] = _rounded(self.timings.ttft_ms)
+        return {key: value for key, value in document.items() if value is not None}
+
+    @classmethod
+    def from_json(cls, document: object) -> AIResult | None:
+        """A stored result, or None when it is not a result document at all. A field of the wrong
+        type reads as unknown. Timings missing at the top are looked for in the response, where
+        early workers kept a stream's `ttft_ms`."""
+        if not isinstance(document, dict):
+            return None
+        stored = document.get("response")
+        response = stored if isinstance(stored, dict) else None
+
+        def timing(name: str) -> float | None:
+            return _number(document.get(name, (response or {}).get(name)))
+
+        usage = document.get("usage")
+        return cls(
+            response=response, model=_text(document.get("model")), provider=_text(document.get("provider")),
+            route=_text(document.get("route")),
+            # Counts are shown as stored (no total recomputed); one that is not an int reads as 0.
+            usage=Usage(*(_whole(usage.get(name)) or 0 for name in _USAGE_FIELDS))
+            if isinstance(usage, dict) else None,
+            cost_micros=_whole(document.get("cost_micros")), cost_usd=_text(document.get("cost_usd")),
+            timings=Timings(timing("queue_wait_ms"), timing("upstream_latency_ms"), timing("ttft_ms")),
+            attempts=_whole(document.get("attempts")), worker_id=_text(document.get("worker_id")),
+        )
+
+
+def result_of(job: Job) -> AIResult | None:
+    """The typed result a job holds (None when it holds none)."""
+    return AIResult.from_json(job.result)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _whole(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+# ---------------------------------------------------------------------------- streams
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """Content a chunk adds to a choice."""
+
+    text: str
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """Part of a tool call a chunk adds: its id and name come first, its arguments in pieces."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A choice is complete."""
+
+    reason: str
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """The tokens the whole answer used (a stream's last chunk, when asked for)."""
+
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """The stream failed after it started: the error ends it."""
+
+    message: str
+    type: str | None = None
+    param: str | None = None
+    code: str | None = None
+
+
+StreamEvent = TextDelta | ToolCallDelta | Finish | UsageReport | StreamError
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPart:
+    """One chunk of a streamed answer: the bytes as they cross the relay (the upstream's own), the
+    typed events they carry, and the model named in them."""
+
+    raw: bytes
+    events: tuple[StreamEvent, ...] = ()
+    model: str | None = None
+    usage_only: bool = False  # carries usage and no choices: the chunk include_usage asks for
+
+    @property
+    def text(self) -> str:
+        """The content this chunk adds (all choices', usually one)."""
+        return "".join(event.text for event in self.events if isinstance(event, TextDelta))
+
+    @property
+    def error(self) -> StreamError | None:
+        """The error that ends the stream, if this chunk is one."""
+        return next((event for event in self.events if isinstance(event, StreamError)), None)
+
+    @classmethod
+    def failure(cls, message: str, type_: str = "upstream_error") -> StreamPart:
+        """The chunk a worker sends to end a stream that failed after it started."""
+        return cls(orjson.dumps({"error": {"message": message, "type": type_}}),
+                   (StreamError(message, type_),))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> StreamPart:
+        """Read one relayed chunk. Bytes that are not a JSON object carry no events."""
+        try:
+            document = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return cls(raw)
+        return cls.of(raw, document) if isinstance(document, dict) else cls(raw)
+
+    @classmethod
+    def of(cls, raw: bytes, document: dict[str, Any]) -> StreamPart:
+        """The part of an OpenAI-compatible chunk already parsed into `document`."""
+        model = document.get("model")
+        model = model if isinstance(model, str) else None
+        if "error" in document:
+            return cls(raw, (_stream_error(document["error"]),), model)
+        choices = document.get("choices")
+        events: list[StreamEvent] = []
+        for choice in choices if isinstance(choices, list) else ():
+            if isinstance(choice, dict):
+                events.extend(_choice_events(choice))
+        usage_only = choices == [] and "usage" in document
+        if isinstance(document.get("usage"), dict):
+            events.append(UsageReport(Usage.from_json(document["usage"])))
+        return cls(raw, tuple(events), model, usage_only)
+
+
+def _stream_error(error: object) -> StreamError:
+    given = error if isinstance(error, dict) else {"message": str(error)}
+
+    def text(name: str) -> str | None:
+        value = given.get(name)
+        return value if isinstance(value, str) else None
+
+    return StreamError(str(given.get("message") or ""), text("type"), text("param"), text("code"))
+
+
+def _choice_events(choice: dict[str, Any]) -> list[StreamEvent]:
+    index = choice.get("index")
+    index = index if isinstance(index, int) and not isinstance(index, bool) else 0
+    events: list[StreamEvent] = []
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            events.append(TextDelta(content, index))
+        for call in delta.get("tool_calls") or ():
+            if isinstance(call, dict):
+                given = call.get("function")
+                function: dict[str, Any] = given if isinstance(given, dict) else {}
+                position = call.get("index")
+                events.append(ToolCallDelta(
+                    position if isinstance(position, int) and not isinstance(position, bool) else 0,
+                    _text(call.get("id")), _text(function.get("name")),
+                    _text(function.get("arguments")) or ""))
+    reason = choice.get("finish_reason")
+    if isinstance(reason, str):
+        events.append(Finish(reason, index))
+    return events

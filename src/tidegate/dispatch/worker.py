@@ -21,10 +21,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from tidegate._shutdown import CLOSE_BOUND_S, bounded, cancel_bounded, close_bounded
-from tidegate.ai import AIRequest
+from tidegate.ai import AIRequest, AIResult, StreamPart, Timings
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.config import WorkerSettings as WorkerSettings  # its home before it was a section
 from tidegate.coord.budget import (
@@ -53,7 +51,9 @@ from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
 from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
-from tidegate.providers.client import UpstreamClient, UpstreamError, UpstreamResponse
+from tidegate.providers.adapters import Answer, PartSink, ProviderAdapter, adapter_for
+from tidegate.providers.client import UpstreamClient, UpstreamError
+from tidegate.providers.ratelimit import RateLimitInfo
 from tidegate.queue import Queue
 
 if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gateway layer
@@ -68,11 +68,9 @@ TENANT_CACHE_S = 5.0  # how long a tenant's budget is reused before it is read a
 
 @dataclass(slots=True)
 class _Relayed:
-    """How many chunks of an attempt reached the relay (and so, perhaps, the client), and when the
-    first content arrived."""
+    """How many chunks of an attempt reached the relay (and so, perhaps, the client)."""
 
     chunks: int = 0
-    ttft_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -118,7 +116,7 @@ class Worker:
         self._concurrency = AdaptiveConcurrency()
         self._turnstiles: dict[str, PriorityTurnstile] = {}  # per provider/model key
         self._health = ModelHealth(config.routing.fallback_after_failures, self.settings.model_cooldown_s)
-        self._clients: dict[str, UpstreamClient] = {}
+        self._adapters: dict[str, ProviderAdapter] = {}  # per provider, over its pooled client
         self._active: dict[str, tuple[asyncio.Task[None], _Call]] = {}
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -130,8 +128,9 @@ class Worker:
 
     async def __aenter__(self) -> Worker:
         for provider in self.config.providers:
-            client = self._clients[provider.name] = UpstreamClient(provider)
+            client = UpstreamClient(provider)
             await client.open()
+            self._adapters[provider.name] = adapter_for(client)
             close_bounded(self._stack, client.close, f"the upstream pool of {provider.name}")
         if self._owns_limiter:
             close_bounded(self._stack, self._limiter.close, "the worker's rate limiter")
@@ -426,22 +425,17 @@ class Worker:
 
     async def _call_upstream(self, call: _Call, route: RouteDecision, request: AIRequest) -> None:
         model = route.model
-        client = self._clients[route.provider.name]
-        body = {**request.body, "model": model.name}
-        streaming = request.kind == "chat" and request.stream and self._relay is not None
-        if not streaming:
-            # Without a relay there is nobody to stream to: store the whole answer instead.
-            body.pop("stream", None)
-            body.pop("stream_options", None)
+        adapter = self._adapters[route.provider.name]
+        # Without a relay there is nobody to stream to: the adapter stores the whole answer instead.
+        streaming = self._relay is not None and adapter.streams(request)
         self.metrics.in_flight.labels(model.name).inc()
         relayed = _Relayed()
         try:
             if streaming:
-                response = await self._stream(call.job, client, body, relayed)
-            elif request.kind == "chat":
-                response = await client.chat(body)
+                answer = await adapter.stream(request, model.name, self._relaying(call.job, relayed))
+                await self._end_stream(call.job.id)
             else:
-                response = await client.embeddings(body)
+                answer = await adapter.complete(request, model.name)
         except UpstreamError as exc:
             if relayed.chunks:
                 # The client already holds part of an answer; a retry would send it a second
@@ -455,82 +449,46 @@ class Worker:
             return
         finally:
             self.metrics.in_flight.labels(model.name).dec()
-        await self._on_success(call, route, response, relayed.ttft_ms)
+        await self._on_success(call, route, answer)
 
-    async def _stream(
-        self, job: Job, client: UpstreamClient, body: dict[str, Any], relayed: _Relayed
-    ) -> UpstreamResponse:
-        """Relay each chunk as it arrives; return the answer as one chat.completion document."""
-        assert self._relay is not None
-        async with client.chat_stream(body) as stream:
-            async for chunk in stream:
-                await self._relay.publish(job.id, chunk.raw)
-                relayed.chunks += 1
-        summary = stream.summary
-        assert summary is not None
-        await self._end_stream(job.id)
-        usage = summary.usage
-        document = {
-            "object": "chat.completion",
-            "model": body["model"],
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": summary.text},
-                "finish_reason": summary.finish_reason,
-            }],
-            "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                      "total_tokens": usage.total_tokens},
-        }
-        relayed.ttft_ms = summary.ttft_ms
-        return UpstreamResponse(
-            status=summary.status, body=document, headers=summary.headers,
-            latency_ms=summary.latency_ms, usage=usage, rate_limit=summary.rate_limit,
-        )
+    def _relaying(self, job: Job, relayed: _Relayed) -> PartSink:
+        """Relays each chunk of the job's stream as it arrives, counting them."""
+        relay = self._relay
+        assert relay is not None
+
+        async def publish(part: StreamPart) -> None:
+            await relay.publish(job.id, part.raw)
+            relayed.chunks += 1
+
+        return publish
 
     async def _end_stream(self, job_id: str, *, error: str | None = None) -> None:
         assert self._relay is not None
         if error is not None:
-            await self._relay.publish(
-                job_id, orjson.dumps({"error": {"message": error, "type": "upstream_error"}})
-            )
+            await self._relay.publish(job_id, StreamPart.failure(error).raw)
         await self._relay.finish(job_id)
 
-    async def _on_success(
-        self, call: _Call, route: RouteDecision, response: UpstreamResponse, ttft_ms: float | None
-    ) -> None:
+    async def _on_success(self, call: _Call, route: RouteDecision, answer: Answer) -> None:
         job, model = call.job, route.model
-        usage = response.usage
-        spent = cost_micros(model, usage.prompt_tokens, usage.completion_tokens)
+        usage = answer.usage
+        spent = cost_micros(model, usage.input_tokens, usage.output_tokens)
         if self._ledger is not None and call.reservation is not None:
             await self._ledger.settle(call.reservation, spent)
             call.reservation = None
-        await self._observe_rate_limits(call.key, response)
+        await self._observe_rate_limits(call.key, answer.rate_limit)
         self._concurrency.on_success(call.key)
         self.metrics.concurrency_limit.labels(model.name).set(self._concurrency.limit(call.key))
         self._health.success(model.name)
-        result = {
-            "response": response.body,
-            "provider": route.provider.name,
-            "model": model.name,
-            "route": route.reason,
-            "usage": {
-                "prompt_tokens": usage.prompt_tokens,
-                "completion_tokens": usage.completion_tokens,
-                "total_tokens": usage.total_tokens,
-            },
-            "cost_usd": str(micros_to_usd(spent)),
-            "cost_micros": spent,
-            "queue_wait_ms": round(call.queue_wait_ms, 3),
-            "upstream_latency_ms": round(response.latency_ms, 3),
-            "attempts": job.attempts,
-            "worker_id": self.worker_id,
-        }
-        if ttft_ms is not None:
-            result["ttft_ms"] = round(ttft_ms, 3)
+        result = AIResult(
+            answer.response, model=model.name, provider=route.provider.name, route=route.reason, usage=usage,
+            cost_micros=spent, cost_usd=str(micros_to_usd(spent)),
+            timings=Timings(call.queue_wait_ms, answer.latency_ms, answer.ttft_ms),
+            attempts=job.attempts, worker_id=self.worker_id,
+        ).to_json()
         priority = job.priority.name.lower()
-        self.metrics.upstream_latency.labels(priority, model.name).observe(response.latency_ms / 1000)
-        self.metrics.tokens.labels(model.name, "input").inc(usage.prompt_tokens)
-        self.metrics.tokens.labels(model.name, "output").inc(usage.completion_tokens)
+        self.metrics.upstream_latency.labels(priority, model.name).observe(answer.latency_ms / 1000)
+        self.metrics.tokens.labels(model.name, "input").inc(usage.input_tokens)
+        self.metrics.tokens.labels(model.name, "output").inc(usage.output_tokens)
         self.metrics.cost_usd.labels(model.name, job.tenant).inc(float(micros_to_usd(spent)))
         try:
             await self.queue.complete(job, result)
@@ -602,8 +560,7 @@ class Worker:
             call.holds_model_slot = False
             self._concurrency.release(call.key)
 
-    async def _observe_rate_limits(self, key: str, response: UpstreamResponse) -> None:
-        info = response.rate_limit
+    async def _observe_rate_limits(self, key: str, info: RateLimitInfo) -> None:
         await self._limiter.observe(
             key,
             remaining_requests=info.remaining_requests,

@@ -1,6 +1,7 @@
 """Every error the gateway answers is OpenAI-shaped: `{"error": {"message", "type", "param",
 "code"}}`, always with a code, and with the status an OpenAI client expects, so the official SDKs
-raise their usual exception types and carry the code.
+raise their usual exception types and carry the code. (A route of another dialect answers in its
+dialect's shape: see tidegate.gateway.dialects.)
 
 Four sources feed one response builder: `ApiError` (a refusal the gateway decides itself), the
 TidegateError tree (mapped by class in `TIDEGATE_ERRORS`), FastAPI's own validation, routing and
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -46,11 +47,13 @@ __all__ = [
     "ApiError",
     "ErrorBody",
     "ErrorResponse",
+    "ErrorShape",
     "error_body",
     "error_response",
     "error_responses",
     "headers_too_large",
     "install_error_handlers",
+    "openai_error",
     "retry_after_header",
 ]
 
@@ -174,14 +177,30 @@ def headers_too_large(limit_bytes: int) -> ApiError:
                     code="request_headers_too_large")
 
 
-def error_response(error: ApiError) -> Response:
-    """The HTTP response for an ApiError."""
-    body = error_body(error)
+ErrorShape = Callable[[ApiError], dict[str, Any]]
+"""What the body of an error answer is made of: a dialect's `error_body`
+(tidegate.gateway.dialects); `openai_error` for every route that belongs to no dialect."""
+
+
+def openai_error(error: ApiError) -> dict[str, Any]:
+    """An error answer's body in OpenAI's shape: `{"error": {...}}` (see error_body)."""
+    return {"error": error_body(error)}
+
+
+def error_response(error: ApiError, shape: ErrorShape = openai_error) -> Response:
+    """The HTTP response for an ApiError, its body in `shape`."""
     headers = dict(error.headers)
     if error.job_id is not None:
         headers.setdefault("X-Tidegate-Job-Id", error.job_id)
-    return Response(orjson.dumps({"error": body}), status_code=error.status, headers=headers,
+    return Response(orjson.dumps(shape(error)), status_code=error.status, headers=headers,
                     media_type="application/json")
+
+
+def _shape_of(request: Request) -> ErrorShape:
+    """The error shape of the route that matched: its dialect's (routes made by a dialect's
+    `router()` carry it), else OpenAI's."""
+    shape = getattr(request.scope.get("route"), "error_shape", None)
+    return shape if callable(shape) else openai_error
 
 
 # Parts of a validation error's location that name no field of the request: FastAPI's "body" and
@@ -212,32 +231,33 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer every error the app raises in the OpenAI shape."""
+    """Answer every error the app raises, in the shape of the route's dialect (OpenAI's for a
+    route of none, and for a request that matched no route)."""
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return error_response(exc)
+        return error_response(exc, _shape_of(request))
 
     async def on_tidegate_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, TidegateError)
         error = api_error_from(exc)
         if error.status >= 500:
             log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-        return error_response(error)
+        return error_response(error, _shape_of(request))
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         message, param = _validation_message(exc)
-        return error_response(ApiError(400, message, code="invalid_request", param=param))
+        return error_response(ApiError(400, message, code="invalid_request", param=param), _shape_of(request))
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        return error_response(_http_error(request, exc))
+        return error_response(_http_error(request, exc), _shape_of(request))
 
     async def on_unexpected_error(request: Request, exc: Exception) -> Response:
         # Starlette logs the traceback; the caller still gets the API's own shape.
         return error_response(ApiError(500, "internal error: the gateway could not answer this request",
-                                       code="internal_error", type_="api_error"))
+                                       code="internal_error", type_="api_error"), _shape_of(request))
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(TidegateError, on_tidegate_error)

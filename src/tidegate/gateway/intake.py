@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
 from fastapi import Header
-from pydantic import BaseModel, ValidationError
 
 from tidegate.ai import AUTO, AIRequest, Kind
 from tidegate.coord.tenants import Tenant
 from tidegate.errors import InvalidJob, InvalidPriority
+from tidegate.gateway.dialects import Dialect
 from tidegate.gateway.errors import ApiError
-from tidegate.gateway.schemas import ChatCompletionRequest, EmbeddingsRequest, JobRequest
+from tidegate.gateway.schemas import JobRequest
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Priority
 from tidegate.queue.base import MAX_RELATIVE_S
@@ -34,6 +34,7 @@ __all__ = [
     "IdempotencyHeader",
     "JobDraft",
     "PriorityHeader",
+    "Submitted",
     "TimeoutHeader",
     "draft_from_job_request",
     "draft_job",
@@ -41,6 +42,7 @@ __all__ = [
     "header_priority",
     "resolve_priority",
     "scoped_idempotency_key",
+    "submit",
     "wait_timeout_s",
 ]
 
@@ -87,20 +89,25 @@ IdempotencyHeader = Annotated[str | None, Header(
     f"request waits for the first one's result instead of calling the provider again. 1-"
     f"{MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters, no spaces.")]
 
-_BODY_MODELS: Mapping[str, type[BaseModel]] = {"chat": ChatCompletionRequest,
-                                                "embeddings": EmbeddingsRequest}
-
-
 @dataclass(frozen=True, slots=True)
 class JobDraft:
     """A checked job, ready for `Queue.enqueue_many`."""
 
-    kind: Kind
+    request: AIRequest
     priority: Priority
-    payload: dict[str, Any]
     idempotency_key: str | None = None
     callback_url: str | None = None
     timeout_s: float | None = None
+
+    @property
+    def kind(self) -> Kind:
+        """What the job asks for."""
+        return self.request.kind
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The job's payload."""
+        return self.request.to_payload()
 
     def spec(self, tenant: Tenant) -> dict[str, Any]:
         """The queue's job spec."""
@@ -176,23 +183,10 @@ def _check_model(state: GatewayState, tenant: Tenant, kind: Kind, model: object)
                        code="wrong_model_kind", param="model")
 
 
-def _validated_body(kind: Kind, body: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """A body that came inside a job, checked as the OpenAI endpoint would check it."""
-    try:
-        model = _BODY_MODELS[kind].model_validate(body)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join([where, *map(str, error['loc'])])}: {error['msg']}" for error in exc.errors()[:10]
-        )
-        raise ApiError(400, f"invalid request: {problems}", code="invalid_request", param=where) from None
-    return model.model_dump(exclude_unset=True)
-
-
 def draft_job(
     state: GatewayState,
     tenant: Tenant,
-    kind: Kind,
-    body: dict[str, Any],
+    request: AIRequest,
     *,
     priority: Priority,
     idempotency_key: str | None = None,
@@ -200,9 +194,10 @@ def draft_job(
     timeout_s: float | None = None,
     keep_stream: bool = True,
 ) -> JobDraft:
-    """Check one request body against the limits and the tenant's entitlements and build its
-    job. The `priority` field is taken out of the body: it is tidegate's, not the provider's."""
-    body = {key: value for key, value in body.items() if key != "priority"}
+    """Check one request against the limits and the tenant's entitlements and build its job.
+    The `priority` field is taken out of the body: it is tidegate's, not the provider's."""
+    kind = request.kind
+    body = {key: value for key, value in request.body.items() if key != "priority"}
     if not keep_stream:
         # Nobody listens to an asynchronous job's chunks: store the whole answer instead.
         body.pop("stream", None)
@@ -214,30 +209,31 @@ def draft_job(
                            f"{state.settings.max_messages}", code="too_many_messages", param="messages")
     _check_model(state, tenant, kind, body.get("model"))
     allowed = None if tenant.allowed_models is None else frozenset(tenant.allowed_models)
-    request = AIRequest(kind=kind, body=body, allowed_models=allowed)
+    checked = AIRequest(kind=kind, body=body, allowed_models=allowed)
     try:
-        AIRequest.from_payload(request.to_payload())  # the worker's own check, before queueing
+        AIRequest.from_payload(checked.to_payload())  # the worker's own check, before queueing
     except InvalidJob as exc:
         raise ApiError(400, str(exc), code="invalid_request") from None
-    return JobDraft(kind, priority, request.to_payload(), idempotency_key, callback_url, timeout_s)
+    return JobDraft(checked, priority, idempotency_key, callback_url, timeout_s)
 
 
 def draft_from_job_request(
     state: GatewayState,
     tenant: Tenant,
     job: JobRequest,
+    dialect: Dialect,
     *,
     where: str,
     fallback_priority: Priority | None,
     idempotency_key: str | None,
 ) -> JobDraft:
-    """A job of POST /v1/jobs: its body validated like the OpenAI endpoint's, its priority from
-    the job, then its body's `priority`, then X-Priority. Errors name the job of a batch
-    (`where`, e.g. "jobs.3"; empty for a single job)."""
-    body = _validated_body(job.kind, job.body, f"{where}.body" if where else "body")
+    """A job of POST /v1/jobs: its body validated as `dialect`'s endpoint validates it, its
+    priority from the job, then its body's `priority`, then X-Priority. Errors name the job of a
+    batch (`where`, e.g. "jobs.3"; empty for a single job)."""
+    request = dialect.parse(job.kind, job.body, f"{where}.body" if where else "body")
     try:
-        priority = resolve_priority(tenant, job.priority, body.get("priority"), fallback_priority)
-        return draft_job(state, tenant, job.kind, body, priority=priority, idempotency_key=idempotency_key,
+        priority = resolve_priority(tenant, job.priority, request.body.get("priority"), fallback_priority)
+        return draft_job(state, tenant, request, priority=priority, idempotency_key=idempotency_key,
                          callback_url=job.callback_url, timeout_s=job.timeout_s, keep_stream=False)
     except ApiError as exc:
         raise (exc.located(where) if where else exc) from None
@@ -245,6 +241,36 @@ def draft_from_job_request(
         if not where:
             raise  # answered by the app's TidegateError handler, like any other invalid priority
         raise ApiError(400, f"{where}: {exc}", code="invalid_priority", param=f"{where}.priority") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A call's job, enqueued: its id, priority and request, and how long the call waits for it."""
+
+    job_id: str
+    priority: Priority
+    request: AIRequest
+    timeout_s: float
+
+
+async def submit(
+    state: GatewayState,
+    tenant: Tenant,
+    request: AIRequest,
+    *,
+    priority_header: str | None,
+    timeout_header: str | None,
+    idempotency_key: str | None,
+) -> Submitted:
+    """Check and enqueue the job of a call that waits for its answer (its priority from
+    X-Priority, then the body's `priority`). Every check comes before the enqueue: a refused
+    call leaves nothing queued."""
+    timeout_s = wait_timeout_s(timeout_header, state)
+    chosen = resolve_priority(tenant, header_priority(priority_header), request.body.get("priority"))
+    draft = draft_job(state, tenant, request, priority=chosen,
+                      idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
+    [job_id] = await enqueue(state, tenant, [draft])
+    return Submitted(job_id, chosen, draft.request, timeout_s)
 
 
 async def enqueue(state: GatewayState, tenant: Tenant, drafts: Sequence[JobDraft]) -> list[str]:

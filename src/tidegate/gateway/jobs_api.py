@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
+from tidegate.gateway.dialects import OPENAI
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.intake import (
     IdempotencyHeader,
@@ -77,7 +78,7 @@ async def create_jobs(
     batch = isinstance(request, JobBatch)
     drafts = [
         draft_from_job_request(
-            state, tenant, job, where=f"jobs.{index}" if batch else "",
+            state, tenant, job, OPENAI, where=f"jobs.{index}" if batch else "",
             fallback_priority=fallback_priority,
             idempotency_key=None if key is None else (f"{key}:{index}" if batch else key),
         )

@@ -10,10 +10,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from tidegate.ai import result_of
 from tidegate.jobs import Job, JobState
 
 __all__ = ["GatewayMetrics", "Percentiles", "RecentResults"]
@@ -82,13 +82,13 @@ class RecentResults:
 
     def record(self, job: Job) -> None:
         """Take in a job's result if it succeeded and was not seen yet."""
-        if job.state is not JobState.SUCCEEDED or not isinstance(job.result, dict):
+        result = result_of(job)
+        if job.state is not JobState.SUCCEEDED or result is None:
             return
-        result: dict[str, Any] = job.result
         finished = job.finished_at.timestamp() if job.finished_at else self._clock()
-        sample = _Sample(finished, int(job.priority), _number(result.get("queue_wait_ms")),
-                         _number(result.get("upstream_latency_ms")), _text(result.get("model")))
-        cost = result.get("cost_micros")
+        sample = _Sample(finished, int(job.priority), result.timings.queue_wait_ms,
+                         result.timings.upstream_latency_ms, result.model)
+        cost = result.cost_micros
         if job.id in self._samples:
             return
         self._samples[job.id] = sample
@@ -99,7 +99,7 @@ class RecentResults:
             if self._spend_day is not None and day < self._spend_day:
                 return  # yesterday's late result: today's figures are what is shown
             self._spend_day, self._spend_by_model = day, {}
-        if sample.model is not None and isinstance(cost, int):
+        if sample.model is not None and cost is not None:
             self._spend_by_model[sample.model] = self._spend_by_model.get(sample.model, 0) + cost
 
     def throughput(self, window_s: float = 60.0) -> int:
@@ -135,12 +135,3 @@ def _nearest_rank(ordered: list[float], quantile: float) -> float:
     index = max(math.ceil(quantile * len(ordered)) - 1, 0)
     return ordered[index]
 
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None

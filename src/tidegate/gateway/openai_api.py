@@ -4,44 +4,33 @@ An OpenAI SDK pointed at `http://host:port/v1` works unchanged. Each call become
 caller's priority and waits for its result; the answer is the provider's own, plus X-Tidegate-*
 headers (job id, model, queue wait, cost). `stream: true` relays the provider's chunks as
 server-sent events while the worker receives them.
+
+The routes are thin: the OpenAI dialect (tidegate.gateway.dialects.openai) reads the body and
+renders the answer; the intake, the wait and the relay are shared by every dialect.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import orjson
-from fastapi import APIRouter
 from fastapi.responses import Response
 
-from tidegate.ai import Kind
+from tidegate.ai import AIRequest
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
-from tidegate.gateway.errors import ApiError, error_responses
-from tidegate.gateway.intake import (
-    IdempotencyHeader,
-    PriorityHeader,
-    TimeoutHeader,
-    draft_job,
-    enqueue,
-    header_priority,
-    resolve_priority,
-    scoped_idempotency_key,
-    wait_timeout_s,
-)
-from tidegate.gateway.outcomes import failure_of, result_headers, shutting_down
-from tidegate.gateway.schemas import (
+from tidegate.gateway.dialects import OPENAI
+from tidegate.gateway.dialects.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
     Embeddings,
     EmbeddingsRequest,
-    ModelList,
-    ModelView,
 )
+from tidegate.gateway.errors import ApiError, error_responses
+from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
+from tidegate.gateway.outcomes import result_headers, succeeded
+from tidegate.gateway.schemas import ModelList, ModelView
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.streaming import stream_job
-from tidegate.jobs import JobState
 
 __all__ = ["router"]
 
@@ -74,7 +63,7 @@ _SSE_EVENT = {
     "required": ["data"],
 }
 
-router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"], responses=error_responses(401, 503))
+router = OPENAI.router(prefix="/v1", tags=["OpenAI-compatible"], responses=error_responses(401, 503))
 
 
 @router.post(
@@ -100,7 +89,7 @@ async def chat_completions(
 ) -> Response:
     """Queue the completion at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    return await _call(state, tenant, "chat", body.model_dump(exclude_unset=True), started=started,
+    return await _call(state, tenant, OPENAI.request("chat", body), started=started,
                        priority=x_priority, timeout_header=x_tidegate_timeout,
                        idempotency_key=idempotency_key)
 
@@ -122,7 +111,7 @@ async def embeddings(
 ) -> Response:
     """Queue the embeddings request at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    return await _call(state, tenant, "embeddings", body.model_dump(exclude_unset=True), started=started,
+    return await _call(state, tenant, OPENAI.request("embeddings", body), started=started,
                        priority=x_priority, timeout_header=x_tidegate_timeout,
                        idempotency_key=idempotency_key)
 
@@ -130,32 +119,19 @@ async def embeddings(
 async def _call(
     state: GatewayState,
     tenant: Tenant,
-    kind: Kind,
-    body: dict[str, Any],
+    request: AIRequest,
     *,
     started: float,
     priority: str | None,
     timeout_header: str | None,
     idempotency_key: str | None,
 ) -> Response:
-    # Every check comes before the enqueue: a refused call leaves nothing queued.
-    timeout_s = wait_timeout_s(timeout_header, state)
-    chosen = resolve_priority(tenant, header_priority(priority), body.get("priority"))
-    draft = draft_job(state, tenant, kind, body, priority=chosen,
-                      idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
-    [job_id] = await enqueue(state, tenant, [draft])
-    request_body: dict[str, Any] = draft.payload["body"]
-    if kind == "chat" and request_body.get("stream"):
-        return await stream_job(state, job_id, chosen, request_body, timeout_s=timeout_s, started=started)
-    job = await state.wait_job(job_id, timeout_s)
-    if job.state is not JobState.SUCCEEDED:
-        raise shutting_down(job) if state.draining and not job.is_final else failure_of(job, timeout_s)
-    state.recent.record(job)
-    response = job.result.get("response") if isinstance(job.result, dict) else None
-    if response is None:
-        raise ApiError(502, "the job succeeded without a provider response", code="upstream_error",
-                       job_id=job.id)
-    return Response(orjson.dumps(response), media_type="application/json", headers=result_headers(job))
+    submitted = await submit(state, tenant, request, priority_header=priority, timeout_header=timeout_header,
+                             idempotency_key=idempotency_key)
+    if submitted.request.kind == "chat" and submitted.request.stream:
+        return await stream_job(state, OPENAI, submitted, started=started)
+    job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
+    return OPENAI.answer(result, result_headers(job))
 
 
 def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:

@@ -1,31 +1,47 @@
-"""What a client is told about a job it waited for: the provider's answer with tidegate's headers,
-or an OpenAI-shaped error that says how the job ended."""
+"""What a client is told about a job it waited for: its result with tidegate's headers, or an
+error that says how the job ended."""
 
 from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Any
 
+from tidegate.ai import AIResult, result_of
 from tidegate.coord.budget import seconds_to_next_day
 from tidegate.gateway.errors import ApiError
+from tidegate.gateway.state import GatewayState
 from tidegate.gateway.views import failure_view
 from tidegate.jobs import Job, JobState
 
-__all__ = ["failure_of", "result_headers", "shutting_down"]
+__all__ = ["failure_of", "result_headers", "shutting_down", "succeeded"]
+
+
+async def succeeded(state: GatewayState, job_id: str, timeout_s: float) -> tuple[Job, AIResult]:
+    """The job of a call, waited for, and its result; the ApiError that answers the call when it
+    did not succeed in time (or succeeded without an answer to give)."""
+    job = await state.wait_job(job_id, timeout_s)
+    if job.state is not JobState.SUCCEEDED:
+        raise shutting_down(job) if state.draining and not job.is_final else failure_of(job, timeout_s)
+    state.recent.record(job)
+    result = result_of(job)
+    if result is None or result.response is None:
+        raise ApiError(502, "the job succeeded without a provider response", code="upstream_error",
+                       job_id=job.id)
+    return job, result
 
 
 def result_headers(job: Job) -> dict[str, str]:
     """X-Tidegate-* headers describing a finished job."""
     headers = {"X-Tidegate-Job-Id": job.id, "X-Tidegate-Priority": job.priority.name.lower()}
-    result: dict[str, Any] = job.result if isinstance(job.result, dict) else {}
-    for header, field in (("X-Tidegate-Model", "model"), ("X-Tidegate-Cost-Usd", "cost_usd")):
-        if isinstance(result.get(field), str):
-            headers[header] = result[field]
-    for header, field in (("X-Tidegate-Queue-Wait-Ms", "queue_wait_ms"),
-                          ("X-Tidegate-Upstream-Latency-Ms", "upstream_latency_ms")):
-        value = result.get(field)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+    result = result_of(job)
+    if result is None:
+        return headers
+    for header, text in (("X-Tidegate-Model", result.model), ("X-Tidegate-Cost-Usd", result.cost_usd)):
+        if text is not None:
+            headers[header] = text
+    for header, value in (("X-Tidegate-Queue-Wait-Ms", result.timings.queue_wait_ms),
+                          ("X-Tidegate-Upstream-Latency-Ms", result.timings.upstream_latency_ms)):
+        if value is not None:
             headers[header] = f"{value:.1f}"
     return headers
 

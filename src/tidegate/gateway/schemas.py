@@ -1,9 +1,8 @@
 """Request and response models of the HTTP API, for validation and for the OpenAPI document.
 
-The OpenAI-compatible request models name the fields the gateway reads and checks, and let every
-other field through untouched (`extra="allow"`): tools, response_format and whatever providers
-add next reach the provider as the client sent them. Types are strict: a string where a number
-belongs is refused, not coerced.
+The bodies of the OpenAI-compatible endpoints are the OpenAI dialect's
+(tidegate.gateway.dialects.openai_schemas). Types are strict: a string where a number belongs is
+refused, not coerced.
 """
 
 from __future__ import annotations
@@ -12,26 +11,16 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from tidegate.gateway.limits import (
     MAX_BUDGET_USD,
-    MAX_CHOICES,
-    MAX_EMBEDDING_DIMENSIONS,
-    MAX_EMBEDDING_INPUTS,
-    MAX_INPUT_TOKENS,
     MAX_NAME_CHARS,
-    MAX_OUTPUT_TOKENS,
     MAX_RPM,
 )
 
 __all__ = [
-    "ChatCompletion",
-    "ChatCompletionRequest",
-    "ChatMessage",
     "DeadLetterPage",
-    "Embeddings",
-    "EmbeddingsRequest",
     "JobBatch",
     "JobFailureView",
     "JobRequest",
@@ -60,97 +49,6 @@ PriorityValue = Annotated[
     Field(description="A priority name (critical, high, normal, low, bulk) or level 0-4; "
           "0 = critical is served first.", examples=["high", 1]),
 ]
-
-_PASS_THROUGH = ConfigDict(extra="allow", strict=True)
-
-
-class ChatMessage(BaseModel):
-    """One message of a conversation (any further OpenAI fields pass through)."""
-
-    model_config = _PASS_THROUGH
-
-    role: str = Field(min_length=1, examples=["user"])
-    content: str | list[dict[str, Any]] | None = Field(None, examples=["Say hello"])
-
-
-class ChatCompletionRequest(BaseModel):
-    """An OpenAI chat completion request. `model` may be "auto" (or left out) to let tidegate
-    route by priority, size and budget; `priority` is tidegate's and is removed before the body
-    reaches the provider."""
-
-    model_config = ConfigDict(
-        extra="allow", strict=True,
-        json_schema_extra={"examples": [{
-            "model": "auto", "priority": "high",
-            "messages": [{"role": "user", "content": "Summarise this ticket in one line."}],
-        }]},
-    )
-
-    model: str = Field("auto", min_length=1)
-    messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
-    user: str | None = None
-    priority: PriorityValue | None = None
-
-
-_Texts = Annotated[list[str], Field(max_length=MAX_EMBEDDING_INPUTS)]
-_TokenIds = Annotated[list[int], Field(max_length=MAX_INPUT_TOKENS)]  # one input, as token ids
-
-
-class EmbeddingsRequest(BaseModel):
-    """An OpenAI embeddings request; `model` may be "auto" (the configured embedding model)."""
-
-    model_config = ConfigDict(
-        extra="allow", strict=True,
-        json_schema_extra={"examples": [{"model": "text-embedding-3-small",
-                                         "input": ["red running shoes", "blue kettle"]}]},
-    )
-
-    model: str = Field("auto", min_length=1)
-    input: str | _Texts | _TokenIds | Annotated[list[_TokenIds], Field(max_length=MAX_EMBEDDING_INPUTS)]
-    encoding_format: Literal["float", "base64"] | None = None
-    dimensions: int | None = Field(None, ge=1, le=MAX_EMBEDDING_DIMENSIONS, description=(
-        "The size of each vector; at most the model's own (OpenAI's largest is 3072)."))
-    user: str | None = None
-    priority: PriorityValue | None = None
-
-    @field_validator("input")
-    @classmethod
-    def _not_empty(cls, value: str | list[Any]) -> str | list[Any]:
-        if isinstance(value, list) and not value:
-            raise ValueError("input must not be an empty list")
-        return value
-
-
-class ChatCompletion(BaseModel):
-    """The provider's chat completion, as OpenAI shapes it (relayed unchanged)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    object: str = "chat.completion"
-    created: int
-    model: str
-    choices: list[dict[str, Any]]
-    usage: dict[str, Any] | None = None
-
-
-class Embeddings(BaseModel):
-    """The provider's embeddings answer, as OpenAI shapes it (relayed unchanged)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    object: str = "list"
-    data: list[dict[str, Any]]
-    model: str
-    usage: dict[str, Any] | None = None
-
 
 class JobRequest(BaseModel):
     """One asynchronous AI job: the OpenAI request body of its kind, plus how to run it."""

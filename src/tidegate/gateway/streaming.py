@@ -1,13 +1,14 @@
-"""Relaying a streamed completion to the client as server-sent events.
+"""Relaying a streamed completion to the client as server-sent events, in any dialect.
 
 The worker that calls the provider publishes each chunk to the relay under the job's id; the
-gateway subscribes and writes `data: <chunk>` for each, then `data: [DONE]`. The job itself is
-watched at the same time, because some endings publish nothing: a job that dies before its first
-chunk (a refused request), is cancelled or expires. Until the first chunk arrives nothing has
-been sent, so such an ending still gets a proper HTTP error status; after it, an error event.
+gateway subscribes and writes each as the call's dialect frames it (`data: <chunk>` for OpenAI's),
+then the dialect's end (`data: [DONE]`). The job itself is watched at the same time, because some
+endings publish nothing: a job that dies before its first chunk (a refused request), is
+cancelled or expires. Until the first chunk arrives nothing has been sent, so such an ending
+still gets a proper HTTP error status; after it, an error frame.
 
 A worker without a relay stores the whole answer instead of streaming it; the gateway then
-sends that answer as one content chunk, so a streaming client is served either way.
+sends that answer as the chunks of one stream, so a streaming client is served either way.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
-import orjson
 from fastapi.responses import StreamingResponse
 
+from tidegate.ai import StreamPart, result_of
 from tidegate.coord.relay import ChunkRelay
-from tidegate.gateway.errors import ApiError, error_body
+from tidegate.gateway.dialects import Dialect, StreamRenderer
+from tidegate.gateway.errors import ApiError
+from tidegate.gateway.intake import Submitted
 from tidegate.gateway.outcomes import failure_of
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Job, JobState, Priority
@@ -33,7 +35,6 @@ __all__ = ["stream_job"]
 # Once the job is final, every chunk it streamed is already in the relay; this is how long to
 # wait for them to be read before deciding the stream is over.
 END_GRACE_S = 0.25
-DONE = b"data: [DONE]\n\n"
 
 
 class StreamEnded(Exception):
@@ -110,103 +111,12 @@ class RelayedStream:
                 await close()
 
 
-def _event(data: bytes) -> bytes:
-    return b"data: " + data + b"\n\n"
-
-
-def _error_event(error: ApiError) -> bytes:
-    # The same shape as every other error answer, a code always present.
-    body = error_body(error)
-    body["code"] = body["code"] or "stream_failed"
-    return _event(orjson.dumps({"error": body}))
-
-
-def _model_of(chunk: bytes) -> str | None:
-    try:
-        document = orjson.loads(chunk)
-    except orjson.JSONDecodeError:
-        return None
-    model = document.get("model") if isinstance(document, dict) else None
-    return model if isinstance(model, str) else None
-
-
-def _whole_answer_chunks(job: Job, include_usage: bool) -> list[bytes]:
-    """A stored (non-streamed) chat completion as chunks: the content, then the finish."""
-    response = job.result.get("response") if isinstance(job.result, dict) else None
-    if not isinstance(response, dict):
-        return []
-    head = {"id": response.get("id", f"chatcmpl-{job.id}"), "object": "chat.completion.chunk",
-            "created": response.get("created", int(time.time())), "model": response.get("model")}
-    chunks: list[bytes] = []
-    for choice in response.get("choices") or []:
-        message = choice.get("message") or {}
-        delta = {key: value for key, value in message.items() if value is not None}
-        index = choice.get("index", 0)
-        chunks.append(orjson.dumps({**head, "choices": [
-            {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]}))
-        chunks.append(orjson.dumps({**head, "choices": [
-            {"index": index, "delta": {}, "logprobs": None, "finish_reason": choice.get("finish_reason")}]}))
-    if include_usage and isinstance(response.get("usage"), dict):
-        chunks.append(orjson.dumps({**head, "choices": [], "usage": response["usage"]}))
-    return chunks
-
-
-class _ChunkFilter:
-    """Looks into each chunk: marks the first content (time to first token), spots an error
-    chunk, and drops the usage-only chunk the worker always asks for when the client did not."""
-
-    def __init__(self, include_usage: bool) -> None:
-        self.include_usage = include_usage
-        self.saw_content = False
-        self.saw_error = False
-
-    def keep(self, chunk: bytes) -> bytes | None:
-        """The chunk to relay (an error chunk in the API's full error shape), or None to drop it."""
-        try:
-            document = orjson.loads(chunk)
-        except orjson.JSONDecodeError:
-            return chunk  # not ours to judge: relay it as the provider sent it
-        if not isinstance(document, dict):
-            return chunk
-        if "error" in document:
-            self.saw_error = True
-            return _complete_error(document["error"])
-        choices = document.get("choices")
-        if choices == [] and "usage" in document and not self.include_usage:
-            return None
-        if not self.saw_content and isinstance(choices, list):
-            self.saw_content = any(
-                isinstance(choice, dict) and isinstance(choice.get("delta"), dict)
-                and bool(choice["delta"].get("content"))
-                for choice in choices
-            )
-        return chunk
-
-
-def _complete_error(error: object) -> bytes:
-    """An error chunk (the worker's, or the provider's own mid-stream error) with every field of
-    the API's error shape and a code, so an SDK reading it sees what a non-streamed call would."""
-    given = error if isinstance(error, dict) else {"message": str(error)}
-    body = {"message": str(given.get("message") or "the stream failed"),
-            "type": str(given.get("type") or "upstream_error"),
-            "param": given.get("param") if isinstance(given.get("param"), str) else None,
-            "code": str(given.get("code") or "stream_failed")}
-    return orjson.dumps({"error": {**given, **body}})
-
-
-async def stream_job(
-    state: GatewayState,
-    job_id: str,
-    priority: Priority,
-    body: dict[str, Any],
-    *,
-    timeout_s: float,
-    started: float,
-) -> StreamingResponse:
-    """The SSE response relaying the job's chunks. Raises ApiError (an HTTP error status) when the
-    job ends badly or the wait runs out before its first chunk."""
-    options = body.get("stream_options")
-    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+async def stream_job(state: GatewayState, dialect: Dialect, submitted: Submitted, *,
+                     started: float) -> StreamingResponse:
+    """The SSE response relaying the job's chunks, in `dialect`'s frames. Raises ApiError (an
+    HTTP error status) when the job ends badly or the wait runs out before its first chunk."""
+    job_id, timeout_s = submitted.job_id, submitted.timeout_s
+    renderer = dialect.stream(submitted.request)
     relayed = RelayedStream(state.queue, state.relay, job_id, timeout_s)
     live: RelayedStream | None = relayed
     try:
@@ -216,7 +126,8 @@ async def stream_job(
         if ended.job.state is not JobState.SUCCEEDED:
             raise failure_of(ended.job, timeout_s) from None
         state.recent.record(ended.job)
-        head, live = _whole_answer_chunks(ended.job, include_usage), None
+        result = result_of(ended.job)
+        head, live = [] if result is None else renderer.whole_answer(result, job_id), None
     except TimeoutError:
         await relayed.aclose()
         job = await state.queue.get(job_id)
@@ -227,11 +138,11 @@ async def stream_job(
         await relayed.aclose()
         raise
     else:
-        head = [] if first is None else [first]
-    relay = _Relay(state, live, include_usage, priority=priority, started=started)
-    headers = {"X-Tidegate-Job-Id": job_id, "X-Tidegate-Priority": priority.name.lower(),
+        head = [] if first is None else [StreamPart.decode(first)]
+    relay = _Relay(state, live, renderer, priority=submitted.priority, started=started)
+    headers = {"X-Tidegate-Job-Id": job_id, "X-Tidegate-Priority": submitted.priority.name.lower(),
                "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    model = _model_of(head[0]) if head else None
+    model = head[0].model if head else None
     if model is not None:
         headers["X-Tidegate-Model"] = model
     return StreamingResponse(relay.events(head, timeout_s), media_type="text/event-stream",
@@ -239,36 +150,35 @@ async def stream_job(
 
 
 class _Relay:
-    """Writes one job's chunks as SSE events: filtered, timed, ended with [DONE] or an error."""
+    """Writes one job's parts as SSE events: rendered, timed, ended by the dialect's end or an
+    error."""
 
-    def __init__(self, state: GatewayState, stream: RelayedStream | None, include_usage: bool, *,
+    def __init__(self, state: GatewayState, stream: RelayedStream | None, renderer: StreamRenderer, *,
                  priority: Priority, started: float) -> None:
         self._state = state
         self._stream = stream
-        self._filter = _ChunkFilter(include_usage)
+        self._renderer = renderer
         self._ttft = state.metrics.ttft.labels(priority.name.lower())
         self._started = started
 
-    def _event(self, chunk: bytes) -> bytes | None:
-        had_content = self._filter.saw_content
-        kept = self._filter.keep(chunk)
-        if kept is None:
-            return None
-        if self._filter.saw_content and not had_content:
+    def _event(self, part: StreamPart) -> bytes | None:
+        had_content = self._renderer.saw_content
+        frame = self._renderer.frame(part)
+        if self._renderer.saw_content and not had_content:
             self._ttft.observe(time.perf_counter() - self._started)
-        return _event(kept)
+        return frame
 
-    async def events(self, head: list[bytes], timeout_s: float) -> AsyncIterator[bytes]:
-        """The SSE body: the chunks already read, the rest as they arrive, then the end."""
+    async def events(self, head: list[StreamPart], timeout_s: float) -> AsyncIterator[bytes]:
+        """The SSE body: the parts already read, the rest as they arrive, then the end."""
         try:
-            for chunk in head:
-                if (event := self._event(chunk)) is not None:
+            for part in head:
+                if (event := self._event(part)) is not None:
                     yield event
             if self._stream is not None:
                 async for event in self._rest(self._stream, timeout_s):
                     yield event
-            if not self._filter.saw_error:
-                yield DONE
+            if not self._renderer.failed:
+                yield self._renderer.end_frame()
         finally:
             if self._stream is not None:
                 await self._stream.aclose()
@@ -279,17 +189,16 @@ class _Relay:
                 chunk = await stream.next()
             except StreamEnded as ended:
                 if ended.job.state is not JobState.SUCCEEDED:
-                    self._filter.saw_error = True
-                    yield _error_event(failure_of(ended.job, timeout_s))
+                    yield self._renderer.error_frame(failure_of(ended.job, timeout_s))
                 return
             except TimeoutError:
-                self._filter.saw_error = True
-                yield _error_event(ApiError(504, f"no chunk within {timeout_s:g}s", code="timeout"))
+                silent = ApiError(504, f"no chunk within {timeout_s:g}s", code="timeout")
+                yield self._renderer.error_frame(silent)
                 return
             if chunk is None:
                 job = await stream.settled_job()
                 if job is not None:
                     self._state.recent.record(job)
                 return
-            if (event := self._event(chunk)) is not None:
+            if (event := self._event(StreamPart.decode(chunk))) is not None:
                 yield event

@@ -3,31 +3,23 @@
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
-from typing import Any
 
 from pydantic import ValidationError
 
+from tidegate.ai import AIResult, result_of
 from tidegate.coord.tenants import ApiKeyInfo, Tenant
 from tidegate.gateway.schemas import JobFailureView, JobView, KeyView, TenantView
 from tidegate.jobs import Job, JobState
 
 __all__ = ["failure_view", "job_view", "key_view", "tenant_view"]
 
-_TIMINGS = ("queue_wait_ms", "upstream_latency_ms", "ttft_ms")
-
 
 def job_view(job: Job) -> JobView:
     """A job with its outcome laid out: model, usage, cost and timings from the worker's result."""
-    result: dict[str, Any] = job.result if isinstance(job.result, dict) else {}
-    usage = result.get("usage")
-    stored = result.get("response")
-    response: dict[str, Any] = stored if isinstance(stored, dict) else {}
-    timings: dict[str, float] = {}
-    for name in _TIMINGS:
-        # A streamed job's worker has kept ttft_ms inside the response document; look there too.
-        value = result.get(name, response.get(name))
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            timings[name] = float(value)
+    result = result_of(job) or AIResult(response=None)
+    known = {"queue_wait_ms": result.timings.queue_wait_ms,
+             "upstream_latency_ms": result.timings.upstream_latency_ms, "ttft_ms": result.timings.ttft_ms}
+    timings = {name: value for name, value in known.items() if value is not None}
     kind = job.payload.get("kind")
     return JobView(
         id=job.id,
@@ -41,9 +33,9 @@ def job_view(job: Job) -> JobView:
         retry_at=job.not_before if job.state in (JobState.DELAYED, JobState.FAILED) else None,
         attempts=job.attempts,
         max_attempts=job.max_attempts,
-        model=result.get("model") if isinstance(result.get("model"), str) else None,
-        usage={k: v for k, v in usage.items() if isinstance(v, int)} if isinstance(usage, dict) else None,
-        cost_usd=_decimal(result.get("cost_usd")),
+        model=result.model,
+        usage=None if result.usage is None else result.usage.to_json(),
+        cost_usd=_decimal(result.cost_usd),
         timings=timings,
         result=job.result,
         last_error=job.last_error,

@@ -1,4 +1,5 @@
-"""The provider side: the pooled client of an OpenAI-compatible upstream and its rate-limit headers."""
+"""The provider side: the pooled client of an upstream and its rate-limit headers, and the
+adapters that call each upstream API for AI jobs (`tidegate.providers.adapters`)."""
 
 from tidegate.providers.client import (
     StreamChunk,

@@ -10,7 +10,6 @@ to do; the API key is sent in a header and appears nowhere else (not in messages
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -23,6 +22,8 @@ import orjson
 from pydantic import SecretStr
 from yarl import URL
 
+from tidegate._lifecycle import Lifecycle
+from tidegate.ai import NO_USAGE, Finish, StreamPart, Usage, UsageReport
 from tidegate.config import ProviderConfig
 from tidegate.errors import ClientClosed, ConfigError, ProviderErrorBody, UpstreamError, UpstreamErrorKind
 from tidegate.providers.ratelimit import RateLimitInfo, parse_retry_after
@@ -60,33 +61,6 @@ _FIELD_LIMIT: Final = 100  # characters kept of a provider error's type, code or
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
-    """Tokens a call consumed, as the provider counted them (zeros when it did not say)."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-    @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> Usage:
-        """The `usage` object of an OpenAI-shaped body or stream chunk."""
-        usage = body.get("usage")
-        if not isinstance(usage, dict):
-            return _NO_USAGE
-        prompt = _count(usage.get("prompt_tokens"))
-        completion = _count(usage.get("completion_tokens"))
-        total = _count(usage.get("total_tokens")) or prompt + completion
-        return cls(prompt, completion, total)
-
-
-_NO_USAGE: Final = Usage()
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-@dataclass(frozen=True, slots=True)
 class UpstreamResponse:
     """A successful (2xx) answer. `headers` looks names up case-insensitively."""
 
@@ -100,24 +74,16 @@ class UpstreamResponse:
 
 @dataclass(frozen=True, slots=True)
 class StreamChunk:
-    """One `data:` event of a chat stream: its JSON as received, and parsed."""
+    """One `data:` event of a chat stream: its JSON as received, parsed, and read as typed events."""
 
     raw: bytes
     data: dict[str, Any]
+    part: StreamPart
 
     @property
     def text(self) -> str:
         """The content this chunk adds (all choices' `delta.content`, usually one)."""
-        parts = [_delta_content(choice) for choice in self.data.get("choices") or ()]
-        return "".join(part for part in parts if part)
-
-
-def _delta_content(choice: object) -> str | None:
-    if not isinstance(choice, dict):
-        return None
-    delta = choice.get("delta")
-    content = delta.get("content") if isinstance(delta, dict) else None
-    return content if isinstance(content, str) else None
+        return self.part.text
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +109,7 @@ class StreamSummary:
 # ---------------------------------------------------------------------------- client
 
 
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPENED = "opened"
-    CLOSED = "closed"
-
-
-class UpstreamClient:
+class UpstreamClient(Lifecycle):
     """A pooled HTTP client of one OpenAI-compatible provider.
 
     Use it as an async context manager (or call `open()` and `close()`); a closed client cannot be
@@ -158,6 +118,8 @@ class UpstreamClient:
         async with UpstreamClient(provider) as client:
             response = await client.chat({"model": "gpt-4.1", "messages": [...]})
     """
+
+    unavailable_error = ClientClosed
 
     def __init__(self, provider: ProviderConfig, *, max_connections: int = 256) -> None:
         if max_connections < 1:
@@ -170,9 +132,9 @@ class UpstreamClient:
             raise ConfigError(f"provider {provider.name}: invalid base_url {base!r}: {exc}") from exc
         if self._chat_url.scheme not in ("http", "https") or not self._chat_url.host:
             raise ConfigError(f"provider {provider.name}: base_url must be an http(s) URL, not {base!r}")
+        super().__init__()
         self.provider = provider
         self.max_connections = max_connections
-        self._state = _State.UNOPENED
         self._session: aiohttp.ClientSession | None = None
         self._key: SecretStr | None = None  # kept only to scrub it from provider messages
         self._timeout = aiohttp.ClientTimeout(
@@ -186,14 +148,12 @@ class UpstreamClient:
 
     def __repr__(self) -> str:
         return (f"UpstreamClient(provider={self.provider.name!r}, base_url={self.provider.base_url!r}, "
-                f"state={self._state.value})")
+                f"state={self._lifecycle.value})")
 
     # -- lifecycle
 
-    async def open(self) -> None:
-        """Create the pooled session. Raises ClientClosed if this client was opened before."""
-        if self._state is not _State.UNOPENED:
-            raise ClientClosed(f"{self!r} was already opened; make a new client")
+    async def _open(self) -> None:
+        """Create the pooled session."""
         key = self.provider.api_key()
         if key is None and self.provider.api_key_env is not None:
             raise ConfigError(f"provider {self.provider.name}: the environment variable "
@@ -207,27 +167,19 @@ class UpstreamClient:
                                          ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(headers=headers, timeout=self._timeout,
                                               connector=connector, raise_for_status=False)
-        self._state = _State.OPENED
 
-    async def close(self) -> None:
-        """Close the pool. Idempotent; in-flight calls fail with a connection error."""
-        self._state = _State.CLOSED
+    async def _close(self) -> None:
+        """Close the pool; in-flight calls fail with a connection error."""
         session, self._session = self._session, None
         if session is not None:
             await session.close()
 
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.close()
+    def _described(self) -> str:
+        return repr(self)  # names the provider, so a log line says which pool it was
 
     def _require_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            state = "closed" if self._state is _State.CLOSED else "not opened yet"
-            raise ClientClosed(f"{self!r} is {state}")
+        self._check_open()
+        assert self._session is not None  # set by _open, cleared only by _close
         return self._session
 
     # -- calls
@@ -269,7 +221,7 @@ class UpstreamClient:
         if not 200 <= status < 300:
             raise self._status_error(path, status, headers, raw)
         parsed = self._parse_body(path, raw, headers, expect=expect)
-        return UpstreamResponse(status, parsed, headers, latency_ms, Usage.from_body(parsed),
+        return UpstreamResponse(status, parsed, headers, latency_ms, Usage.from_json(parsed.get("usage")),
                                 RateLimitInfo.from_headers(headers))
 
     # -- turning failures into UpstreamError
@@ -395,7 +347,7 @@ class _StreamProgress:
     started: float
     ttft_ms: float | None = None
     chunks: int = 0
-    usage: Usage = _NO_USAGE
+    usage: Usage = NO_USAGE
     finish_reason: str | None = None
     text: list[str] = field(default_factory=list)
 
@@ -516,18 +468,18 @@ class UpstreamStream:
             raise client._error(f"{client.provider.name}: POST {CHAT_PATH} stream failed: "
                                 f"{_provider_message(data)}", kind="server", status=200,
                                 rate_limit=RateLimitInfo.from_headers(headers))
-        chunk = StreamChunk(data, parsed)
+        chunk = StreamChunk(data, parsed, StreamPart.of(data, parsed))
         progress.chunks += 1
         text = chunk.text
         if text:
             if progress.ttft_ms is None:
                 progress.ttft_ms = (time.perf_counter() - progress.started) * 1000.0
             progress.text.append(text)
-        if isinstance(parsed.get("usage"), dict):
-            progress.usage = Usage.from_body(parsed)
-        for choice in parsed.get("choices") or ():
-            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
-                progress.finish_reason = choice["finish_reason"]
+        for event in chunk.part.events:
+            if isinstance(event, UsageReport):
+                progress.usage = event.usage
+            elif isinstance(event, Finish):
+                progress.finish_reason = event.reason
         return chunk
 
 

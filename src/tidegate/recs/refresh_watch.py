@@ -22,8 +22,9 @@ import math
 import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Self
+from typing import Self
 
+from tidegate.ai import result_of
 from tidegate.errors import TidegateError
 from tidegate.jobs import Job, JobState
 from tidegate.queue import Queue
@@ -43,9 +44,9 @@ def embedding_of(job: Job) -> tuple[float, ...] | None:
     """The first embedding of a succeeded embeddings job's result (the worker keeps the
     provider's response body under `response`), as floats; None when it holds none. Base64
     embeddings (encoding_format=base64) are little-endian float32, as OpenAI sends them."""
-    result: Any = job.result
-    response = result.get("response") if isinstance(result, dict) else None
-    data = response.get("data") if isinstance(response, dict) else None
+    result = result_of(job)
+    response = None if result is None else result.response
+    data = None if response is None else response.get("data")
     first = data[0] if isinstance(data, list) and data else None
     raw = first.get("embedding") if isinstance(first, dict) else None
     if isinstance(raw, str):

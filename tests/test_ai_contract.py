@@ -1,0 +1,127 @@
+"""The AI job contract: a worker's result reads back as the same typed AIResult and is stored in
+the format job readers have always seen; a relayed chunk reads as typed stream events; a
+dialect's routes answer their errors in the dialect's shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+from fastapi import FastAPI
+
+from tidegate.ai import (
+    AIResult,
+    Finish,
+    StreamError,
+    StreamPart,
+    TextDelta,
+    Timings,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+    UsageReport,
+)
+from tidegate.gateway.dialects import OpenAIDialect
+from tidegate.gateway.errors import ApiError, install_error_handlers
+
+COMPLETION = {
+    "id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4.1",
+    "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None,
+        "tool_calls": [{"id": "call_1", "type": "function",
+                        "function": {"name": "lookup", "arguments": "{\"sku\": 7}"}}]}}],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
+}
+
+
+def _result() -> AIResult:
+    return AIResult(COMPLETION, model="gpt-4.1", provider="openai", route="named", usage=Usage(12, 5, 17),
+                    cost_micros=123, cost_usd="0.000123", timings=Timings(1.23456, 80.0, 20.5),
+                    attempts=1, worker_id="worker-1")
+
+
+def test_a_result_is_stored_in_the_job_result_format_and_reads_back_the_same() -> None:
+    stored = _result().to_json()
+
+    assert stored == {
+        "response": COMPLETION, "provider": "openai", "model": "gpt-4.1", "route": "named",
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
+        "cost_usd": "0.000123", "cost_micros": 123, "queue_wait_ms": 1.235, "upstream_latency_ms": 80.0,
+        "attempts": 1, "worker_id": "worker-1", "ttft_ms": 20.5,
+    }
+    again = AIResult.from_json(orjson.loads(orjson.dumps(stored)))
+    assert again is not None and again.to_json() == stored
+
+
+def test_finish_reason_and_tool_calls_are_read_from_the_response() -> None:
+    result = _result()
+
+    assert result.finish_reason == "tool_calls"
+    assert result.tool_calls == (ToolCall("call_1", "lookup", "{\"sku\": 7}"),)
+
+
+def test_a_stored_record_is_read_not_trusted() -> None:
+    assert AIResult.from_json(["not", "a", "result"]) is None
+    result = AIResult.from_json({"response": "text", "model": 3, "cost_micros": True, "queue_wait_ms": "1"})
+
+    assert result is not None
+    assert (result.response, result.model, result.cost_micros) == (None, None, None)
+    assert result.timings == Timings()
+    assert result.finish_reason is None and result.tool_calls == ()
+
+
+def _chunk(**fields: Any) -> bytes:
+    return orjson.dumps({"object": "chat.completion.chunk", "model": "gpt-4.1", **fields})
+
+
+def test_a_relayed_chunk_reads_as_typed_events_and_keeps_its_bytes() -> None:
+    call = {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": "{"}}
+    delta = {"content": "Hi", "tool_calls": [call]}
+    raw = _chunk(choices=[{"index": 0, "finish_reason": "stop", "delta": delta}])
+
+    part = StreamPart.decode(raw)
+
+    assert part.raw == raw and part.model == "gpt-4.1" and part.text == "Hi"
+    assert part.events == (TextDelta("Hi"), ToolCallDelta(0, "call_1", "f", "{"), Finish("stop"))
+    usage = StreamPart.decode(_chunk(choices=[], usage={"prompt_tokens": 3, "completion_tokens": 2}))
+    assert usage.usage_only and usage.events == (UsageReport(Usage(3, 2, 5)),)
+
+
+def test_a_worker_failure_chunk_reads_as_the_error_that_ends_the_stream() -> None:
+    part = StreamPart.decode(StreamPart.failure("gpt-4.1: cut").raw)
+
+    assert part.error == StreamError("gpt-4.1: cut", "upstream_error")
+    assert StreamPart.decode(b"not json").events == ()
+
+
+class _ShapedDialect(OpenAIDialect):
+    """OpenAI's dialect with errors shaped as Anthropic's API shapes them."""
+
+    def error_body(self, error: ApiError) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": error.type, "message": error.message}}
+
+
+async def test_a_route_of_a_dialect_answers_its_errors_in_the_dialect_shape() -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+    router = _ShapedDialect().router()
+
+    @router.get("/refused")
+    async def refused() -> None:
+        raise ApiError(403, "no", code="nope")
+
+    @router.get("/typed")
+    async def typed(count: int) -> int:
+        return count
+
+    app.include_router(router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        refusal = await client.get("/refused")
+        invalid = await client.get("/typed", params={"count": "many"})
+        unrouted = await client.get("/elsewhere")
+
+    assert refusal.status_code == 403
+    assert refusal.json() == {"type": "error", "error": {"type": "permission_error", "message": "no"}}
+    assert invalid.status_code == 400 and invalid.json()["type"] == "error"
+    assert unrouted.status_code == 404 and unrouted.json()["error"]["code"] == "unknown_url"  # no dialect
