@@ -61,7 +61,7 @@ T = TypeVar("T")
 
 @cache
 def _script_source(name: str) -> str:
-    return (resources.files("tidegate.recs") / "lua" / f"{name}.lua").read_text()
+    return (resources.files("tidegate.recs.store") / "lua" / f"{name}.lua").read_text()
 
 
 class RedisRecsStore(RecsStore):

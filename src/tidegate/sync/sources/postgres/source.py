@@ -32,11 +32,12 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tidegate._lifecycle import Lifecycle
 from tidegate.errors import ConfigError, SourceError
 from tidegate.sync.backfill import (
     MAX_ORDINAL,
@@ -176,11 +177,15 @@ class SourceStatus:
         }
 
 
-class PostgresSource:
+class PostgresSource(Lifecycle):
     """`ChangeSource` over PostgreSQL logical replication. An async context manager: entering it
     runs `setup()`; `transactions()` yields the snapshot (when one is due), then the stream."""
 
+    unavailable_error = SourceError
+    what = "this PostgreSQL source"
+
     def __init__(self, settings: PostgresSourceSettings, checkpoints: CheckpointStore) -> None:
+        super().__init__()
         self.settings = settings
         self._checkpoints = checkpoints
         self._checkpoint_key = CHECKPOINT_PREFIX + settings.slot_name
@@ -203,20 +208,22 @@ class PostgresSource:
         self._repeatable: frozenset[str] = frozenset()  # tables with a deferrable unique key
         self._row_conn: Any = None  # reads rows back by key for the fill (tidegate.sync.fill)
         self._iterated = False
-        self._closed = False
 
-    async def __aenter__(self) -> Self:
-        if self._closed:
-            raise SourceError("this PostgreSQL source was closed; create a new one")
-        await self.setup()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+    async def _open(self) -> None:
+        try:
+            await self.setup()
+        except BaseException:
+            await self._close()  # what setup() connected before it failed
+            raise
 
     async def close(self) -> None:
-        """Stop the replication thread and close every connection."""
-        self._closed = True
+        """Stop the replication thread and close every connection. Idempotent."""
+        was_open = self.is_open
+        await super().close()
+        if not was_open:  # setup() runs without open() too: what it connected goes as well
+            await self._close()
+
+    async def _close(self) -> None:
         await self._close_snapshot_reader()
         await self._stop_reader()
         await asyncio.to_thread(self._close_exporter)
@@ -347,7 +354,7 @@ class PostgresSource:
         """The snapshot's batches when it is not done, then the committed transactions."""
         if self._iterated:
             raise SourceError("transactions() of a PostgresSource may be iterated only once")
-        if self._checkpoint is None or self._closed:
+        if self._checkpoint is None or not self.is_open:
             raise SourceError("open the source first: `async with PostgresSource(...)`")
         self._iterated = True
         try:

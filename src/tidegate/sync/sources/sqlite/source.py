@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import logging
 import sqlite3
@@ -45,12 +44,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tidegate._lifecycle import Lifecycle
 from tidegate._sqlite import SqliteThread, immediate
 from tidegate.errors import ConfigError, InvalidChange, SourceError
 from tidegate.sync.changes import Change, Op, Version
@@ -140,12 +140,6 @@ class SqliteSourceSettings(BaseModel):
             raise ConfigError(f"invalid SQLite source settings for {url}: {problems}") from None
 
 
-class _State(enum.Enum):
-    NEW = "new"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
 @dataclass(frozen=True, slots=True)
 class _SnapshotPlan:
     """What the snapshot copies: `todo` in order, the first one after the raw key `after`.
@@ -157,18 +151,22 @@ class _SnapshotPlan:
     after: list[Any] | None = None
 
 
-class SqliteSource:
+class SqliteSource(Lifecycle):
     """A `ChangeSource` over a SQLite file: `async with SqliteSource(settings, checkpoints) as s:`
-    then `async for transaction in s.transactions(): …` (see the module doc)."""
+    then `async for transaction in s.transactions(): …` (see the module doc). A source opens once:
+    a failed open leaves it closed."""
+
+    unavailable_error = SourceError
+    what = "the SQLite source"
 
     def __init__(self, settings: SqliteSourceSettings, checkpoints: CheckpointStore) -> None:
+        super().__init__()
         self.settings = settings
         self._checkpoints = checkpoints
         self._zone = source_zone(settings.source_zone)
         self._checkpoint_name = settings.checkpoint_name
         self._db = SqliteThread(settings.path, OUTBOX_SCHEMA, name="sync-sqlite",
                                 error=lambda exc: SourceError(f"SQLite source at {settings.path}: {exc}"))
-        self._state = _State.NEW
         self._iterated = False
         self._readers: dict[str, RowReader] = {}
         self._plan: _SnapshotPlan | None = None
@@ -185,29 +183,23 @@ class SqliteSource:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        if self._state is not _State.NEW:
-            raise SourceError("a SQLite source opens once: create a new one")
+    def _described(self) -> str:
+        return f"{self.what} at {self.settings.path}"
+
+    async def _open(self) -> None:
         if not await asyncio.to_thread(Path(self.settings.path).is_file):
             raise SourceError(f"no SQLite database at {self.settings.path}")
-        self._state = _State.OPEN
         try:
             await self._db.open()
-            await self.install()
+            await self._db.run(self._install)
             self._plan = await self._load_plan()
         except BaseException:
-            await self.close()
+            await self.close()  # a failed open is final, as a close is: create a new source
+            await self._close()
             raise
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Stop: `transactions()` ends, the connection closes. Idempotent."""
-        if self._state is _State.CLOSED:
-            return
-        self._state = _State.CLOSED
+    async def _close(self) -> None:
+        """Stop: `transactions()` ends, the connection closes."""
         self._changed.set()  # a poller waiting for a commit sees the source closed
         if self._watcher is not None:
             await self._watcher.stop()
@@ -216,7 +208,7 @@ class SqliteSource:
     async def install(self) -> None:
         """Create the outbox and (re)install every configured table's triggers; idempotent.
         Raises SourceError naming a configured table that does not exist."""
-        self._require_open()
+        self._check_open()
         await self._db.run(self._install)
 
     def _install(self, conn: sqlite3.Connection) -> None:
@@ -238,15 +230,11 @@ class SqliteSource:
         self._readers = {name: RowReader(shape, self._zone) for name, shape in shapes.items()}
         self._schema_version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
 
-    def _require_open(self) -> None:
-        if self._state is not _State.OPEN:
-            raise SourceError("the SQLite source is not open (use `async with`)")
-
     # -- the change stream ------------------------------------------------------------------
 
     async def transactions(self) -> AsyncIterator[Transaction]:
         """The snapshot when one is due, then the outbox, until the source is closed."""
-        self._require_open()
+        self._check_open()
         if self._iterated:
             raise SourceError("transactions() of a SQLite source can be iterated once")
         self._iterated = True
@@ -255,12 +243,12 @@ class SqliteSource:
                 yield transaction
         self._watcher = _Watcher(self.settings.path, self.settings.poll_interval_s, self._changed)
         self._changed.set()  # the first read needs no commit to wait for
-        while self._state is _State.OPEN:
+        while self.is_open:
             if not self._more:
                 await self._changed.wait()
                 self._watcher.raise_failure()
             self._changed.clear()  # before reading: a commit from now on wakes the next read
-            if self._state is not _State.OPEN:
+            if not self.is_open:
                 break
             polled: Transaction | None = await self._db.run(self._poll)
             if polled is not None:
@@ -313,7 +301,7 @@ class SqliteSource:
 
     async def confirm(self, position: int) -> None:
         """Delete the outbox rows up to `position`: every change there is applied."""
-        self._require_open()
+        self._check_open()
         await self._delete_through(position)
 
     async def status(self) -> dict[str, JsonValue]:
@@ -408,7 +396,7 @@ class SqliteSource:
         try:
             for index, table in enumerate(plan.todo):
                 after = plan.after if index == 0 else None
-                while self._state is _State.OPEN:
+                while self.is_open:
                     page = await self._db.run(functools.partial(
                         self._snapshot_page, table=table, after=after, max_seq=max_seq, read_at=read_at))
                     if page is None:
@@ -421,9 +409,9 @@ class SqliteSource:
                     if not full:
                         break
         finally:
-            if self._state is _State.OPEN:
+            if self.is_open:
                 await self._db.run(lambda conn: conn.execute("COMMIT"))
-        if self._state is not _State.OPEN:
+        if not self.is_open:
             return
         self._after_seq = max_seq
         if held is None:
@@ -457,7 +445,7 @@ class SqliteSource:
 
     async def confirm_snapshot(self, mark: JsonValue) -> None:
         """Store the snapshot's progress; once it is done, delete the outbox rows it covered."""
-        self._require_open()
+        self._check_open()
         if not _is_mark(mark):
             raise SourceError(f"{mark!r} is not a snapshot mark of the SQLite source")
         assert isinstance(mark, dict)
