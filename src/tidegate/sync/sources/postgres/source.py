@@ -20,6 +20,10 @@ followed loses its cached rows (the database has none) with a warning, and is fo
 re-created; at start, a configured table that does not exist is refused unless the checkpoint knows
 it (then it is the dropped case). Tables added to the publication by hand but not configured are
 ignored.
+
+Beside this module: `settings` (settings, status, connecting), `snapshot` (the snapshot's read
+transaction), `stream` (the replication reader and the transactions it assembles), `schemas` (the
+schema watch), `readback` (rows read back by key for the fill), `catalog` (the catalog queries).
 """
 
 from __future__ import annotations
@@ -35,14 +39,12 @@ from tidegate._lifecycle import Lifecycle
 from tidegate.errors import SourceError
 from tidegate.sync.backfill import (
     MAX_ORDINAL,
-    SCHEMA_PREFIX,
     BackfillRequest,
     Shape,
     decode_shape,
     encode_shape,
     read_batch,
     row_changes,
-    schema_message,
     shapes_of_catalog,
 )
 from tidegate.sync.changes import Change, Op, Version
@@ -53,6 +55,7 @@ from tidegate.sync.sources.postgres.catalog import SlotInfo, TableInfo
 from tidegate.sync.sources.postgres.driver import psycopg2
 from tidegate.sync.sources.postgres.pgoutput import parse_lsn
 from tidegate.sync.sources.postgres.readback import RowReadback
+from tidegate.sync.sources.postgres.schemas import SchemaWatch
 from tidegate.sync.sources.postgres.settings import (
     CHECKPOINT_PREFIX,
     PostgresSourceSettings,
@@ -195,9 +198,9 @@ class PostgresSource(Lifecycle):
                     "needs wal_level = logical (postgresql.conf) and a server restart"
                 )
             catalog = shapes_of_catalog(cur, self.settings.tables)
-            self._shapes = {_entity_type(name): shape for name, shape in catalog.items()}
+            self._shapes = {pg_catalog.entity_type_of_name(name): shape for name, shape in catalog.items()}
             gone = [name for name, shape in catalog.items()
-                    if shape is None and _entity_type(name) in known]
+                    if shape is None and pg_catalog.entity_type_of_name(name) in known]
             for name in gone:
                 logger.warning("configured table %s was dropped: its cached rows are removed; it "
                                "is followed again if it is created again", name)
@@ -205,7 +208,7 @@ class PostgresSource(Lifecycle):
             self._tables = pg_catalog.inspect_tables(
                 cur, [name for name in self.settings.tables if name not in gone])
             self._base_types = pg_catalog.base_types(cur)
-            self._repeatable = _deferrable_keys(cur, self._tables)
+            self._repeatable = pg_catalog.deferrable_keys(cur, self._tables)
             fresh = [t for t in self._tables
                      if (self.settings.slot_name, t.entity_type) not in _warned_toast]
             pg_catalog.warn_toast_risk(fresh)
@@ -404,7 +407,8 @@ class PostgresSource(Lifecycle):
             assembler.follow(TableInfo(schema, table, 0, (), {}, (), (), "d", ()))
         self._reader.confirmed_lsn = self._confirmed_lsn
         self._reader.start()
-        watcher = asyncio.create_task(self._watch_schemas(assembler), name="pg-schema-watch")
+        watch = SchemaWatch(lambda: self._connect(replication=False), self._where, self.settings)
+        watcher = asyncio.create_task(watch.run(assembler), name="pg-schema-watch")
         try:
             while True:
                 item = await queue.get()
@@ -449,53 +453,6 @@ class PostgresSource(Lifecycle):
                     return
         finally:
             await asyncio.to_thread(conn.close)
-
-    async def _watch_schemas(self, assembler: TransactionAssembler) -> None:
-        """Compare the catalog with the shapes the stream knows, every `schema_check_s`."""
-        interval = self.settings.schema_check_s
-        if interval is None:
-            return
-        pending: dict[str, Shape | None] = {}
-        announced: dict[str, Shape | None] = {}
-        while True:
-            try:
-                await asyncio.to_thread(self._check_schemas, assembler, pending, announced)
-            except SourceError as exc:
-                logger.warning("cannot compare the tables' schemas with the catalog: %s", exc)
-            except Exception:  # the stream goes on; a check that fails is said, not swallowed
-                logger.exception("comparing the tables' schemas with the catalog failed")
-            await asyncio.sleep(interval)
-
-    def _check_schemas(self, assembler: TransactionAssembler, pending: dict[str, Shape | None],
-                       announced: dict[str, Shape | None]) -> None:
-        """A table whose catalog shape differs from the stream's for two checks in a row (a
-        write to it brings a Relation message meanwhile, so most changes never get here) is
-        announced with a schema message in the WAL; the stream turns it into a backfill, or for
-        a dropped table into the removal of its rows. A re-created table is published again."""
-        missing = object()
-        with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
-                catalog_errors(f"comparing schemas at {self._where}"):
-            for name, shape in shapes_of_catalog(cur, self.settings.tables).items():
-                entity_type = _entity_type(name)
-                if assembler.shapes.get(entity_type, missing) == shape:
-                    pending.pop(entity_type, None)
-                    announced.pop(entity_type, None)
-                    continue
-                if pending.get(entity_type, missing) != shape:
-                    pending[entity_type] = shape
-                    continue
-                if announced.get(entity_type, missing) == shape:
-                    continue
-                if shape is not None:
-                    (table,) = pg_catalog.inspect_tables(cur, [name])
-                    assembler.follow(table)
-                    pg_catalog.ensure_publication(cur, self.settings.publication_name, [table])
-                else:
-                    logger.warning("configured table %s was dropped: its cached rows are removed; "
-                                   "it is followed again if it is created again", name)
-                cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
-                            (SCHEMA_PREFIX, schema_message(entity_type, shape)))
-                announced[entity_type] = shape
 
     async def _stop_reader(self) -> None:
         reader, self._reader = self._reader, None
@@ -557,17 +514,3 @@ class PostgresSource(Lifecycle):
             cur.execute("SELECT pg_current_wal_lsn()::text")
             current = parse_lsn(cur.fetchone()[0])
             return slot, current, pg_catalog.row_estimates(cur, tables)
-
-def _deferrable_keys(cur: Any, tables: Sequence[TableInfo]) -> frozenset[str]:
-    """Entity types of the tables with a DEFERRABLE primary key or unique constraint."""
-    cur.execute("SELECT DISTINCT conrelid FROM pg_constraint WHERE contype IN ('p', 'u') "
-                "AND condeferrable AND conrelid = ANY(%s)", ([t.relation_id for t in tables],))
-    deferrable = {row[0] for row in cur.fetchall()}
-    return frozenset(t.entity_type for t in tables if t.relation_id in deferrable)
-
-
-def _entity_type(name: str) -> str:
-    """The entity type of a configured table name (as TableInfo.entity_type names it)."""
-    return pg_catalog.entity_type_of(*pg_catalog.split_table_name(name))
-
-
