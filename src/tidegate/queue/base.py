@@ -115,7 +115,8 @@ class MaintenanceReport:
 class Queue(Lifecycle):
     """A durable priority queue. Create one with `Queue.from_url(...)` and use it as an async
     context manager (or call `open()` and `close()`); a closed queue cannot reopen. Used before
-    open or after close, it raises QueueClosed."""
+    open or after close, it raises QueueClosed. While open it runs its upkeep (`maintain()`)
+    every `maintenance_interval_s` on a task of its own."""
 
     unavailable_error = QueueClosed
     what = "this queue"
