@@ -400,6 +400,19 @@ async def _write_raw(factory: BusFactory, bus: BusBase, entity_type: str, entity
         await producer.stop()
 
 
+async def test_a_subscription_is_usable_only_between_enter_and_exit(bus: BusBase) -> None:
+    sub = bus.subscribe("g", "c1", ["product"])
+    with pytest.raises(BusUnavailable, match="not open"):
+        await sub.fetch(1, 0)
+    async with sub:
+        await sub.fetch(1, 0)
+    with pytest.raises(BusUnavailable):
+        await sub.fetch(1, 0)
+    with pytest.raises(BusUnavailable, match="subscribe again"):
+        async with sub:
+            pass
+
+
 async def test_a_closed_or_unreachable_bus_raises_bus_unavailable(bus_factory: BusFactory,
                                                                  tmp_path: Path) -> None:
     # Publishing to a bus whose server went away

@@ -548,6 +548,19 @@ async def test_setup_creates_or_completes_the_publication(pg_dsn: str) -> None:
     assert checkpoints.values[f"pg:{settings.slot_name}"]["snapshot_done"] is False
 
 
+async def test_a_closed_source_cannot_reopen_or_stream(pg_dsn: str) -> None:
+    execute(pg_dsn, "CREATE TABLE once (id int PRIMARY KEY)")
+    source = PostgresSource(make_settings(pg_dsn, "once"), MemoryCheckpoints())
+    async with source:
+        pass
+    await source.close()  # idempotent
+    with pytest.raises(SourceError, match="create a new one"):
+        async with source:
+            pass
+    with pytest.raises(SourceError):
+        await anext(aiter(source.transactions()))
+
+
 async def test_status_reports_slot_lag_and_rows(pg_dsn: str) -> None:
     execute(pg_dsn, "CREATE TABLE st (id int PRIMARY KEY)",
             "INSERT INTO st SELECT generate_series(1, 7)")

@@ -638,3 +638,25 @@ async def test_a_source_from_its_url(db: Path) -> None:
         assert source.settings.checkpoint_name.startswith("sqlite:/")  # the absolute path
         assert source.settings.checkpoint_name.endswith(str(db.relative_to(db.anchor)))
 
+
+
+async def test_a_source_used_before_open_or_after_close_raises_source_error(db: Path) -> None:
+    source = SqliteSource(settings(db, "items"), MemoryCheckpoints())
+    with pytest.raises(SourceError, match="not open"):
+        await source.confirm(1)
+    async with source:
+        await source.confirm(0)
+    await source.close()  # idempotent
+    with pytest.raises(SourceError):
+        await source.confirm(1)
+    with pytest.raises(SourceError, match="create a new one"):
+        async with source:
+            pass
+
+
+async def test_a_source_whose_open_failed_stays_closed(db: Path) -> None:
+    source = SqliteSource(settings(db, "items", "nope"), MemoryCheckpoints())
+    with pytest.raises(SourceError, match="'nope'"):
+        await source.open()
+    with pytest.raises(SourceError, match="create a new one"):
+        await source.open()

@@ -1,24 +1,32 @@
 """tidegate: a durable priority queue and dispatcher for AI API traffic, fed by live change data."""
 
 from tidegate.errors import (
+    Closed,
     ConfigError,
+    Conflict,
+    InvalidInput,
     InvalidJob,
     InvalidPriority,
     JobNotFound,
     LeaseLost,
     MissingDependency,
+    NotFound,
     PayloadTooLarge,
     QueueClosed,
     QueueFull,
     QueueUnavailable,
     TidegateError,
+    Unavailable,
 )
 from tidegate.jobs import FINAL_STATES, Job, JobSpec, JobState, Priority
 from tidegate.queue import Queue, QueueSettings, QueueStats
 
 __all__ = [
     "FINAL_STATES",
+    "Closed",
     "ConfigError",
+    "Conflict",
+    "InvalidInput",
     "InvalidJob",
     "InvalidPriority",
     "Job",
@@ -27,6 +35,7 @@ __all__ = [
     "JobState",
     "LeaseLost",
     "MissingDependency",
+    "NotFound",
     "PayloadTooLarge",
     "Priority",
     "Queue",
@@ -36,6 +45,7 @@ __all__ = [
     "QueueStats",
     "QueueUnavailable",
     "TidegateError",
+    "Unavailable",
 ]
 
 __version__ = "0.1.0"

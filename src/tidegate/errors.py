@@ -1,30 +1,38 @@
 """The one exception tree of tidegate.
 
+Catch a parent to handle a whole group (`except Unavailable:` retries whichever store was lost);
+the leaves say which part raised.
+
     TidegateError
     ├── ConfigError                 settings or URLs that cannot work
     ├── MissingDependency           an optional extra is not installed
-    ├── InvalidJob                  a job description the queue refuses (nothing is written)
-    │   ├── InvalidPriority         not a priority name or level 0-4
-    │   └── PayloadTooLarge         payload above the configured size
+    ├── InvalidInput                input tidegate refuses; nothing of it was written
+    │   ├── InvalidJob              a job description the queue refuses
+    │   │   ├── InvalidPriority     not a priority name or level 0-4
+    │   │   └── PayloadTooLarge     payload above the configured size
+    │   ├── CallbackRefused         a callback URL that is not http(s) or not a public address
+    │   ├── InvalidChange           a row or change event that cannot be turned into a Change
+    │   └── InvalidRecsInput        an item, interaction or query the recommender refuses
+    ├── NotFound                    no such thing (or not visible to the caller)
+    │   ├── JobNotFound             no job with that id
+    │   └── TenantNotFound          no tenant with that name (a key was asked for an unknown tenant)
+    ├── Conflict                    the caller's view is stale; the call changed nothing
+    │   ├── LeaseLost               a stale lease token: the job was recovered, re-claimed or cancelled
+    │   └── VersionConflict         an optimistic update whose expected revision is not current
+    ├── Unavailable                 a backend cannot be reached (driver errors are translated)
+    │   ├── QueueUnavailable        the queue's Redis or SQLite
+    │   ├── DispatchUnavailable     the rate limiter's or budget ledger's store
+    │   ├── BusUnavailable          the event bus (Redis Streams, Kafka)
+    │   └── CacheUnavailable        the entity cache's (or the recommender's) store
+    ├── Closed                      used before it was opened or after it was closed
+    │   ├── QueueClosed             the queue (and the tenant store that shares its backend)
+    │   ├── ClientClosed            an upstream client
+    │   └── DispatchClosed          a rate limiter or budget ledger
     ├── QueueFull                   admission control: a priority level is at its max depth
-    ├── LeaseLost                   a stale lease token: the job was recovered, re-claimed or cancelled
-    ├── JobNotFound                 no job with that id (or not visible to the caller)
-    ├── TenantNotFound              no tenant with that name (a key was asked for an unknown tenant)
-    ├── QueueClosed                 the queue was closed, or used before it was opened
-    ├── QueueUnavailable            the backend cannot be reached (driver errors are translated)
-    ├── ClientClosed                an upstream client used before it was opened or after it was closed
-    ├── UpstreamError               a provider call failed: kind, status, retryable, retry-after
-    ├── CallbackRefused             a callback URL that is not http(s) or not a public address
-    ├── RoutingError                no configured model may serve a request (unknown, not allowed, too big)
     ├── BudgetExhausted             a daily budget (tenant or global) has no room for a reservation
-    ├── DispatchUnavailable         the rate limiter's or budget ledger's store cannot be reached
-    ├── DispatchClosed              a rate limiter or budget ledger used after close()
-    ├── InvalidChange               a row or change event that cannot be turned into a Change
-    ├── SourceError                 the change source (replication, outbox) failed or is misconfigured
-    ├── BusUnavailable              the event bus cannot be reached or answered with an error
-    ├── CacheUnavailable            the entity cache's (or the recommender's) store cannot be reached
-    ├── VersionConflict             an optimistic update whose expected revision is not current
-    └── InvalidRecsInput            an item, interaction or query the recommender refuses
+    ├── RoutingError                no configured model may serve a request (unknown, not allowed, too big)
+    ├── UpstreamError               a provider call failed: kind, status, retryable, retry-after
+    └── SourceError                 the change source (replication, outbox) failed or is misconfigured
 """
 
 from __future__ import annotations
@@ -48,7 +56,37 @@ class MissingDependency(TidegateError):
     """An optional dependency is missing; the message names the extra to install."""
 
 
-class InvalidJob(TidegateError):
+# -- the groups --------------------------------------------------------------------------------
+
+
+class InvalidInput(TidegateError):
+    """Input tidegate refuses (a job, a change, a recommender's item or query, a callback URL);
+    nothing of it was written and sending it again cannot help. The message names the field."""
+
+
+class NotFound(TidegateError):
+    """No such thing, or not visible to the caller."""
+
+
+class Conflict(TidegateError):
+    """The caller acted on a state that is no longer current (a lease, a revision); the call
+    changed nothing."""
+
+
+class Unavailable(TidegateError):
+    """A backend (queue, dispatch store, bus, cache) cannot be reached or answered with an error;
+    the message names it by its URL, never its password. Trying again later may succeed."""
+
+
+class Closed(TidegateError):
+    """An object was used before it was opened or after it was closed; a closed one cannot be
+    reopened: make a new one."""
+
+
+# -- the queue ---------------------------------------------------------------------------------
+
+
+class InvalidJob(InvalidInput):
     """A job description the queue refuses. Nothing of the request was written."""
 
 
@@ -69,27 +107,27 @@ class QueueFull(TidegateError):
         self.retry_after_s = retry_after_s
 
 
-class LeaseLost(TidegateError):
+class LeaseLost(Conflict):
     """The caller's lease token is no longer current; the call changed nothing."""
 
 
-class JobNotFound(TidegateError):
+class JobNotFound(NotFound):
     """No job with that id."""
 
 
-class TenantNotFound(TidegateError):
+class TenantNotFound(NotFound):
     """No tenant with that name: a key cannot be created for it."""
 
 
-class QueueClosed(TidegateError):
+class QueueClosed(Closed):
     """The queue is closed, or was used before it was opened."""
 
 
-class QueueUnavailable(TidegateError):
+class QueueUnavailable(Unavailable):
     """The queue's backend cannot be reached or answered with an error."""
 
 
-class CallbackRefused(TidegateError):
+class CallbackRefused(InvalidInput):
     """A callback URL tidegate will not call: not http(s), or resolving to a loopback, private,
     link-local or otherwise non-public address while private targets are not allowed."""
 
@@ -106,7 +144,7 @@ RETRYABLE_UPSTREAM_KINDS: frozenset[str] = frozenset(
 )
 
 
-class ClientClosed(TidegateError):
+class ClientClosed(Closed):
     """An upstream client was used before it was opened or after it was closed (a closed client
     cannot be reopened: make a new one)."""
 
@@ -187,19 +225,19 @@ class BudgetExhausted(TidegateError):
         self.limit_micros = limit_micros
 
 
-class DispatchUnavailable(TidegateError):
+class DispatchUnavailable(Unavailable):
     """The store shared by rate limiters or budget ledgers (Redis, SQLite) cannot be reached or
     answered with an error."""
 
 
-class DispatchClosed(TidegateError):
+class DispatchClosed(Closed):
     """A rate limiter or budget ledger was used after `close()`."""
 
 
 # -- change flow -------------------------------------------------------------------------------
 
 
-class InvalidChange(TidegateError, ValueError):
+class InvalidChange(InvalidInput, ValueError):
     """A row value, key or change event that cannot become a `Change`; the message names the field."""
 
 
@@ -207,15 +245,15 @@ class SourceError(TidegateError):
     """The change source failed: replication connection, slot or publication, or the SQLite outbox."""
 
 
-class BusUnavailable(TidegateError):
+class BusUnavailable(Unavailable):
     """The event bus (Redis Streams, Kafka) cannot be reached or answered with an error."""
 
 
-class CacheUnavailable(TidegateError):
+class CacheUnavailable(Unavailable):
     """The entity cache's store cannot be reached or answered with an error."""
 
 
-class VersionConflict(TidegateError):
+class VersionConflict(Conflict):
     """An optimistic update expected a revision that is no longer current; nothing was written.
 
     `current_revision` is the entry's revision now (0 when the entity is not cached)."""
@@ -228,6 +266,6 @@ class VersionConflict(TidegateError):
 # -- recommendations ---------------------------------------------------------------------------
 
 
-class InvalidRecsInput(TidegateError, ValueError):
+class InvalidRecsInput(InvalidInput, ValueError):
     """An item, interaction or recommendation query the recommender refuses (nothing was
     written); the message names the field and what is wrong with it."""

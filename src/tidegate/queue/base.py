@@ -12,13 +12,13 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import Enum
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 from pydantic import ValidationError
 
+from tidegate._lifecycle import Lifecycle
 from tidegate._shutdown import bounded, cancel_bounded
 from tidegate._urls import redact_url
 from tidegate.errors import (
@@ -112,19 +112,18 @@ class MaintenanceReport:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-class _Lifecycle(Enum):
-    NEW = "new"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
-class Queue(abc.ABC):
+class Queue(Lifecycle):
     """A durable priority queue. Create one with `Queue.from_url(...)` and use it as an async
-    context manager (or call `open()` and `close()`)."""
+    context manager (or call `open()` and `close()`); a closed queue cannot reopen. Used before
+    open or after close, it raises QueueClosed. While open it runs its upkeep (`maintain()`)
+    every `maintenance_interval_s` on a task of its own."""
+
+    unavailable_error = QueueClosed
+    what = "this queue"
 
     def __init__(self, settings: QueueSettings | None = None) -> None:
+        super().__init__()
         self.settings = settings or QueueSettings()
-        self._state = _Lifecycle.NEW
         self._maintenance: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ construction, lifecycle
@@ -159,40 +158,17 @@ class Queue(abc.ABC):
             f"unsupported queue URL {redact_url(url)!r}: use sqlite:///path/to/file.db or redis://host:port/db"
         )
 
-    async def open(self) -> Self:
-        """Connect to the backend and start background upkeep. A closed queue cannot reopen."""
-        if self._state is _Lifecycle.CLOSED:
-            raise QueueClosed("this queue was closed; create a new one")
-        if self._state is _Lifecycle.OPEN:
-            return self
-        await self._open()
-        self._state = _Lifecycle.OPEN
+    def _opened(self) -> None:
         interval = self.settings.maintenance_interval_s
         if interval is not None:
             self._maintenance = asyncio.create_task(self._maintain_forever(interval))
-        return self
 
-    async def close(self) -> None:
-        """Stop background upkeep and release connections. Idempotent."""
-        if self._state is not _Lifecycle.OPEN:
-            self._state = _Lifecycle.CLOSED
-            return
-        self._state = _Lifecycle.CLOSED
+    async def _closing(self) -> None:
         if self._maintenance is not None:
             await cancel_bounded(self._maintenance, "the queue's upkeep stop")
         # Bounded: a listener or pool stuck on a server that stopped answering must not hold
         # the process that closes the queue.
         await bounded(self._close(), "the queue's close")
-
-    async def __aenter__(self) -> Self:
-        return await self.open()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    def _check_open(self) -> None:
-        if self._state is not _Lifecycle.OPEN:
-            raise QueueClosed(f"queue is {self._state.value}: use `async with` or call open()")
 
     async def _maintain_forever(self, interval_s: float) -> None:
         # The first pass runs at once: a process that restarts often (or lives shorter than an
@@ -431,12 +407,7 @@ class Queue(abc.ABC):
         return await self._maintain()
 
     # ------------------------------------------------------------------ backend hooks
-
-    @abc.abstractmethod
-    async def _open(self) -> None: ...
-
-    @abc.abstractmethod
-    async def _close(self) -> None: ...
+    # (and Lifecycle's `_open` and `_close`)
 
     @abc.abstractmethod
     async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]: ...

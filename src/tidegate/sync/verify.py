@@ -413,14 +413,14 @@ def row_source_for(config: SyncConfig, checkpoints: CheckpointStore) -> RowSourc
     """The RowSource for a `SyncConfig`'s source URL, not yet opened."""
     scheme = urlsplit(config.source_url).scheme
     if scheme in ("postgresql", "postgres"):
-        from tidegate.sync.sources.postgres.source import PostgresSourceSettings
+        from tidegate.sync.sources.postgres.settings import PostgresSourceSettings
         from tidegate.sync.sources.postgres.verify import PostgresRows
 
         return PostgresRows(PostgresSourceSettings.from_url(
             config.source_url, tables=config.tables, slot_name=config.slot,
             publication_name=config.publication, source_zone=config.source_timezone), checkpoints)
     if scheme == "sqlite":
-        from tidegate.sync.sources.sqlite.source import SqliteSourceSettings
+        from tidegate.sync.sources.sqlite.settings import SqliteSourceSettings
         from tidegate.sync.sources.sqlite.verify import SqliteRows
 
         return SqliteRows(SqliteSourceSettings.from_url(

@@ -84,7 +84,7 @@ class RedisRecsStore(RecsStore):
         client = RedisClient(
             self.url, what="the recommendation store", unavailable=CacheUnavailable,
             max_connections=self._max_connections,
-            scripts={name: lua_source("tidegate.recs", name) for name in _SCRIPTS})
+            scripts={name: lua_source("tidegate.recs.store", name) for name in _SCRIPTS})
         await client.ping()
         self._redis, self._scripts = client.client, client.scripts
 

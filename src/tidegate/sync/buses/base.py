@@ -22,7 +22,6 @@ What every bus promises (one contract suite, tests/test_bus_contract.py, runs on
 from __future__ import annotations
 
 import abc
-import enum
 import logging
 from collections.abc import Sequence
 from typing import Any, Self
@@ -124,12 +123,6 @@ def bus_for(url: str, *, prefix: str | None = None, settings: BusSettings | None
 # ---------------------------------------------------------------------- shared by the backends
 
 
-class _State(enum.Enum):
-    NEW = "not opened"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
 class BusBase(Lifecycle):
     """Lifecycle, argument checks and malformed-entry accounting shared by every bus. Backends
     implement `_open`, `_close` and `_publish`; `subscribe` returns their Subscription."""
@@ -181,9 +174,13 @@ class BusBase(Lifecycle):
         """Publish a non-empty batch of changes durably."""
 
 
-class SubscriptionBase(abc.ABC):
+class SubscriptionBase(Lifecycle):
     """Lifecycle and argument checks shared by every subscription; backends implement `_open`,
-    `_close`, `_fetch` and `_ack`. A closed subscription cannot reopen: subscribe again."""
+    `_close`, `_fetch` and `_ack`. A closed subscription cannot reopen: subscribe again. It is
+    usable only while its bus is open."""
+
+    unavailable_error = BusUnavailable
+    reopen_hint = "subscribe again"
 
     def __init__(self, bus: BusBase, group: str, consumer: str, entity_types: Sequence[str]) -> None:
         for name, value in (("group", group), ("consumer", consumer)):
@@ -194,32 +191,25 @@ class SubscriptionBase(abc.ABC):
         types = tuple(dict.fromkeys(entity_types))
         if not types or not all(isinstance(t, str) and t for t in types):
             raise ConfigError(f"a subscription needs at least one entity type, got {entity_types!r}")
+        super().__init__()
         self.bus = bus
         self.group = group
         self.consumer = consumer
         self.entity_types = types
-        self._state = _State.NEW
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(group={self.group!r}, consumer={self.consumer!r})"
 
-    async def __aenter__(self) -> Self:
-        if self._state is not _State.NEW:
-            raise BusUnavailable(f"{self!r} is {self._state.value}; subscribe again")
-        self.bus.check_open()
-        await self._open()
-        self._state = _State.OPEN
-        return self
+    def _described(self) -> str:
+        return repr(self)
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._state is _State.OPEN:
-            self._state = _State.CLOSED
-            await self._close()
-        self._state = _State.CLOSED
+    async def open(self) -> Self:
+        """Join the group; the bus must be open."""
+        self.bus.check_open()
+        return await super().open()
 
     def _check_open(self) -> None:
-        if self._state is not _State.OPEN:
-            raise BusUnavailable(f"{self!r} is {self._state.value}: use `async with`")
+        super()._check_open()
         self.bus.check_open()
 
     async def fetch(self, max_count: int, timeout_s: float) -> list[Delivery]:

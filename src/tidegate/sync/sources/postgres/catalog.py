@@ -84,6 +84,12 @@ class SlotInfo:
     restart_lsn: int | None
 
 
+def entity_type_of_name(name: str) -> str:
+    """The entity type of a configured table name ("table" or "schema.table"), as
+    `TableInfo.entity_type` names it."""
+    return entity_type_of(*split_table_name(name))
+
+
 def split_table_name(name: str) -> tuple[str, str]:
     """("schema", "table") of "schema.table" or "table" (in `public`)."""
     schema, dot, table = name.strip().rpartition(".")
@@ -256,3 +262,11 @@ def row_estimates(cur: Any, tables: Sequence[TableInfo]) -> dict[str, int]:
             estimate = int(counted[0]) if counted is not None else 0
         counts[table.entity_type] = estimate
     return counts
+
+
+def deferrable_keys(cur: Any, tables: Sequence[TableInfo]) -> frozenset[str]:
+    """Entity types of the tables with a DEFERRABLE primary key or unique constraint."""
+    cur.execute("SELECT DISTINCT conrelid FROM pg_constraint WHERE contype IN ('p', 'u') "
+                "AND condeferrable AND conrelid = ANY(%s)", ([t.relation_id for t in tables],))
+    deferrable = {row[0] for row in cur.fetchall()}
+    return frozenset(t.entity_type for t in tables if t.relation_id in deferrable)

@@ -20,6 +20,10 @@ followed loses its cached rows (the database has none) with a warning, and is fo
 re-created; at start, a configured table that does not exist is refused unless the checkpoint knows
 it (then it is the dropped case). Tables added to the publication by hand but not configured are
 ignored.
+
+Beside this module: `settings` (settings, status, connecting), `snapshot` (the snapshot's read
+transaction), `stream` (the replication reader and the transactions it assembles), `schemas` (the
+schema watch), `readback` (rows read back by key for the fill), `catalog` (the catalog queries).
 """
 
 from __future__ import annotations
@@ -27,166 +31,69 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime, tzinfo
-from typing import Any, Self
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from collections.abc import AsyncIterator, Sequence
+from datetime import tzinfo
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from tidegate.errors import ConfigError, SourceError
+from tidegate._lifecycle import Lifecycle
+from tidegate.errors import SourceError
 from tidegate.sync.backfill import (
     MAX_ORDINAL,
-    SCHEMA_PREFIX,
     BackfillRequest,
     Shape,
     decode_shape,
     encode_shape,
     read_batch,
     row_changes,
-    schema_message,
-    select_batch,
     shapes_of_catalog,
 )
-from tidegate.sync.backfill import raw_text_caster as _raw_text_caster
-from tidegate.sync.changes import Change, Op, Version, entity_id_of
+from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import CheckpointStore, Transaction
 from tidegate.sync.fill import RowsRead
 from tidegate.sync.sources.postgres import catalog as pg_catalog
 from tidegate.sync.sources.postgres.catalog import SlotInfo, TableInfo
-from tidegate.sync.sources.postgres.driver import psycopg2, sql
-from tidegate.sync.sources.postgres.pgoutput import format_lsn, parse_lsn
+from tidegate.sync.sources.postgres.driver import psycopg2
+from tidegate.sync.sources.postgres.pgoutput import parse_lsn
+from tidegate.sync.sources.postgres.readback import RowReadback
+from tidegate.sync.sources.postgres.schemas import SchemaWatch
+from tidegate.sync.sources.postgres.settings import (
+    CHECKPOINT_PREFIX,
+    PostgresSourceSettings,
+    SourceStatus,
+    catalog_errors,
+    connect,
+    connection_params,
+    describe,
+)
+from tidegate.sync.sources.postgres.snapshot import SnapshotReader
 from tidegate.sync.sources.postgres.stream import ReplicationReader, TransactionAssembler, document_key
-from tidegate.sync.sources.postgres.types import SESSION_OPTIONS, decode_text
-from tidegate.sync.values import JsonValue, Row, canonical, source_zone
+from tidegate.sync.values import JsonValue, source_zone
 
 __all__ = ["PostgresSource", "PostgresSourceSettings", "SourceStatus"]
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_PREFIX = "pg:"
 # Longest close() waits for the replication thread (it notices a stop within a poll interval,
 # unless a call to an unresponsive server holds it; it is a daemon thread and dies with the process).
 READER_STOP_TIMEOUT_S = 10.0
 # Tables already warned about in this process (slot, table): the warning is for start-up, not
 # for every restart of the source after a lost connection.
 _warned_toast: set[tuple[str, str]] = set()
-# Keys per statement when reading rows back for the fill.
-READ_BATCH = 500
-# How long a read back waits for the transaction that asked to become visible, and how often
-# it looks again.
-VISIBLE_WAIT_S = 10.0
-VISIBLE_POLL_S = 0.005
-# Is the 32-bit xid %s visible in the statement's snapshot? Its epoch is the snapshot's
-# (next xid's), or the one before when that would put it beyond the next xid.
-_VISIBLE_SQL = """pg_visible_in_snapshot(GREATEST(3,
-    (pg_snapshot_xmax(pg_current_snapshot())::text::bigint >> 32 << 32) + %s - CASE
-    WHEN (pg_snapshot_xmax(pg_current_snapshot())::text::bigint & 4294967295) < %s
-    THEN 4294967296 ELSE 0 END)::text::xid8, pg_current_snapshot())"""
-
-
-class PostgresSourceSettings(BaseModel):
-    """How the PostgreSQL source connects and what it reads."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    dsn: str = Field(min_length=1)  # libpq keyword DSN or postgresql:// URL
-    tables: tuple[str, ...] = Field(min_length=1)  # "table" (schema public) or "schema.table"
-    slot_name: str = Field("tidegate", pattern=r"^[a-z0-9_]{1,63}$")
-    publication_name: str = Field("tidegate", pattern=r"^[A-Za-z0-9_]{1,63}$")
-    # Emit a heartbeat message this often so an idle publication does not pin WAL (None: off).
-    heartbeat_s: float | None = Field(None, gt=0)
-    # The zone naive `timestamp` values are read in (None: UTC).
-    source_zone: str | None = None
-    snapshot_batch_size: int = Field(1000, gt=0)
-    # How often the confirmed position is reported to the server (psycopg2's minimum is 1 s).
-    status_interval_s: float = Field(10.0, ge=1.0)
-    # Committed transactions read ahead of the consumer; the reader waits when this many wait.
-    max_pending_transactions: int = Field(1000, gt=0)
-    # How often the catalog is compared with the tables' known shapes, to catch a schema change
-    # of a table no one writes to afterwards (None: only Relation messages tell).
-    schema_check_s: float | None = Field(5.0, gt=0)
-
-    @field_validator("source_zone")
-    @classmethod
-    def _known_zone(cls, value: str | None) -> str | None:
-        source_zone(value)  # raises InvalidChange (a ValueError) for an unknown zone
-        return value
-
-    @field_validator("tables")
-    @classmethod
-    def _table_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            try:
-                pg_catalog.split_table_name(name)
-            except SourceError as exc:
-                raise ValueError(str(exc)) from None
-        return value
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> PostgresSourceSettings:
-        """Settings from a postgresql:// URL whose query may carry the fields above (`?slot_name=
-        s&tables=products,users`); other query parameters stay in the DSN for libpq. Keyword
-        options win over the URL. Invalid settings raise ConfigError naming them."""
-        parts = urlsplit(url)
-        ours, theirs = {}, []
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key in cls.model_fields and key != "dsn":
-                ours[key] = tuple(v for v in value.split(",") if v) if key == "tables" else value
-            else:
-                theirs.append((key, value))
-        dsn = parts._replace(query=urlencode(theirs)).geturl()
-        try:
-            return cls.model_validate({**ours, **options, "dsn": dsn})
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
-            )
-            raise ConfigError(f"invalid PostgreSQL source settings for {_redact(url)}: {problems}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class SourceStatus:
-    """What `tidegate sync status` shows about the PostgreSQL source."""
-
-    slot_name: str
-    slot_exists: bool
-    active: bool
-    confirmed_flush_lsn: int | None
-    restart_lsn: int | None
-    current_lsn: int
-    lag_bytes: int | None  # WAL written since the confirmed position
-    table_rows: dict[str, int]  # entity type → rows (the planner's estimate where it has one)
-    snapshot_done: bool | None  # None: no checkpoint for the slot
-
-    def to_dict(self) -> dict[str, JsonValue]:
-        """JSON-ready, LSNs in PostgreSQL's X/Y notation."""
-        def lsn(value: int | None) -> str | None:
-            return format_lsn(value) if value is not None else None
-
-        return {
-            "slot_name": self.slot_name, "slot_exists": self.slot_exists, "active": self.active,
-            "confirmed_flush_lsn": lsn(self.confirmed_flush_lsn),
-            "restart_lsn": lsn(self.restart_lsn), "current_lsn": lsn(self.current_lsn),
-            "lag_bytes": self.lag_bytes, "table_rows": dict(self.table_rows),
-            "snapshot_done": self.snapshot_done,
-        }
-
-
-class PostgresSource:
+class PostgresSource(Lifecycle):
     """`ChangeSource` over PostgreSQL logical replication. An async context manager: entering it
     runs `setup()`; `transactions()` yields the snapshot (when one is due), then the stream."""
 
+    unavailable_error = SourceError
+    what = "this PostgreSQL source"
+
     def __init__(self, settings: PostgresSourceSettings, checkpoints: CheckpointStore) -> None:
+        super().__init__()
         self.settings = settings
         self._checkpoints = checkpoints
         self._checkpoint_key = CHECKPOINT_PREFIX + settings.slot_name
         self._zone: tzinfo = source_zone(settings.source_zone)
-        self._params = _connection_params(settings.dsn)
-        self._where = _describe(self._params)
+        self._params = connection_params(settings.dsn)
+        self._where = describe(self._params)
         self._tables: list[TableInfo] = []
         self._shapes: dict[str, Shape | None] = {}  # entity type → shape in the catalog at setup
         self._gone: list[str] = []  # configured tables followed before and dropped since
@@ -198,29 +105,32 @@ class PostgresSource:
         self._snapshot_name: str | None = None
         self._reader: ReplicationReader | None = None
         self._assembler: TransactionAssembler | None = None
-        self._snapshot_reader: _SnapshotReader | None = None
+        self._snapshot_reader: SnapshotReader | None = None
         self._confirmed_lsn = 0
         self._repeatable: frozenset[str] = frozenset()  # tables with a deferrable unique key
-        self._row_conn: Any = None  # reads rows back by key for the fill (tidegate.sync.fill)
+        self._readback = RowReadback(lambda: self._connect(replication=False), self._where,
+                                     settings.slot_name, self._zone)
         self._iterated = False
-        self._closed = False
 
-    async def __aenter__(self) -> Self:
-        if self._closed:
-            raise SourceError("this PostgreSQL source was closed; create a new one")
-        await self.setup()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+    async def _open(self) -> None:
+        try:
+            await self.setup()
+        except BaseException:
+            await self._close()  # what setup() connected before it failed
+            raise
 
     async def close(self) -> None:
-        """Stop the replication thread and close every connection."""
-        self._closed = True
+        """Stop the replication thread and close every connection. Idempotent."""
+        was_open = self.is_open
+        await super().close()
+        if not was_open:  # setup() runs without open() too: what it connected goes as well
+            await self._close()
+
+    async def _close(self) -> None:
         await self._close_snapshot_reader()
         await self._stop_reader()
         await asyncio.to_thread(self._close_exporter)
-        await asyncio.to_thread(self._close_row_conn)
+        await asyncio.to_thread(self._readback.close)
 
     # ------------------------------------------------------------------ setup
 
@@ -279,7 +189,7 @@ class PostgresSource:
 
     def _inspect_and_publish(self, known: set[str]) -> SlotInfo | None:
         with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
-                _catalog_errors(f"setting up the publication and slot at {self._where}"):
+                catalog_errors(f"setting up the publication and slot at {self._where}"):
             cur.execute("SELECT current_setting('wal_level'), current_database()")
             wal_level, database = cur.fetchone()
             if wal_level != "logical":
@@ -288,9 +198,9 @@ class PostgresSource:
                     "needs wal_level = logical (postgresql.conf) and a server restart"
                 )
             catalog = shapes_of_catalog(cur, self.settings.tables)
-            self._shapes = {_entity_type(name): shape for name, shape in catalog.items()}
+            self._shapes = {pg_catalog.entity_type_of_name(name): shape for name, shape in catalog.items()}
             gone = [name for name, shape in catalog.items()
-                    if shape is None and _entity_type(name) in known]
+                    if shape is None and pg_catalog.entity_type_of_name(name) in known]
             for name in gone:
                 logger.warning("configured table %s was dropped: its cached rows are removed; it "
                                "is followed again if it is created again", name)
@@ -298,7 +208,7 @@ class PostgresSource:
             self._tables = pg_catalog.inspect_tables(
                 cur, [name for name in self.settings.tables if name not in gone])
             self._base_types = pg_catalog.base_types(cur)
-            self._repeatable = _deferrable_keys(cur, self._tables)
+            self._repeatable = pg_catalog.deferrable_keys(cur, self._tables)
             fresh = [t for t in self._tables
                      if (self.settings.slot_name, t.entity_type) not in _warned_toast]
             pg_catalog.warn_toast_risk(fresh)
@@ -319,7 +229,7 @@ class PostgresSource:
         self._close_exporter()
         if drop_first:
             with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
-                    _catalog_errors(f"dropping slot {self.settings.slot_name}"):
+                    catalog_errors(f"dropping slot {self.settings.slot_name}"):
                 pg_catalog.drop_slot(cur, self.settings.slot_name)
         exporter = self._connect(replication=True)
         try:
@@ -347,7 +257,7 @@ class PostgresSource:
         """The snapshot's batches when it is not done, then the committed transactions."""
         if self._iterated:
             raise SourceError("transactions() of a PostgresSource may be iterated only once")
-        if self._checkpoint is None or self._closed:
+        if self._checkpoint is None or not self.is_open:
             raise SourceError("open the source first: `async with PostgresSource(...)`")
         self._iterated = True
         try:
@@ -429,7 +339,7 @@ class PostgresSource:
             logger.info("resuming the snapshot of slot %s with a fresh read (table %s after %s)",
                         self.settings.slot_name, checkpoint.get("table"), checkpoint.get("after"))
         self._snapshot_reader = await asyncio.to_thread(
-            lambda: _SnapshotReader.open(self._connect(replication=False), snapshot_name))
+            lambda: SnapshotReader.open(self._connect(replication=False), snapshot_name))
         await asyncio.to_thread(self._close_exporter)  # imported (or never there): let it go
         size = self.settings.snapshot_batch_size
         late = checkpoint.get("late") or {}
@@ -461,7 +371,7 @@ class PostgresSource:
         if reader is not None:
             await asyncio.to_thread(reader.close)
 
-    def _snapshot_batch(self, reader: _SnapshotReader | None, table: TableInfo,
+    def _snapshot_batch(self, reader: SnapshotReader | None, table: TableInfo,
                         after: list[str | None] | None, size: int,
                         version: Version) -> tuple[tuple[Change, ...], list[str | None] | None]:
         """The next batch's changes and the key (as text) of its last row."""
@@ -497,7 +407,8 @@ class PostgresSource:
             assembler.follow(TableInfo(schema, table, 0, (), {}, (), (), "d", ()))
         self._reader.confirmed_lsn = self._confirmed_lsn
         self._reader.start()
-        watcher = asyncio.create_task(self._watch_schemas(assembler), name="pg-schema-watch")
+        watch = SchemaWatch(lambda: self._connect(replication=False), self._where, self.settings)
+        watcher = asyncio.create_task(watch.run(assembler), name="pg-schema-watch")
         try:
             while True:
                 item = await queue.get()
@@ -543,53 +454,6 @@ class PostgresSource:
         finally:
             await asyncio.to_thread(conn.close)
 
-    async def _watch_schemas(self, assembler: TransactionAssembler) -> None:
-        """Compare the catalog with the shapes the stream knows, every `schema_check_s`."""
-        interval = self.settings.schema_check_s
-        if interval is None:
-            return
-        pending: dict[str, Shape | None] = {}
-        announced: dict[str, Shape | None] = {}
-        while True:
-            try:
-                await asyncio.to_thread(self._check_schemas, assembler, pending, announced)
-            except SourceError as exc:
-                logger.warning("cannot compare the tables' schemas with the catalog: %s", exc)
-            except Exception:  # the stream goes on; a check that fails is said, not swallowed
-                logger.exception("comparing the tables' schemas with the catalog failed")
-            await asyncio.sleep(interval)
-
-    def _check_schemas(self, assembler: TransactionAssembler, pending: dict[str, Shape | None],
-                       announced: dict[str, Shape | None]) -> None:
-        """A table whose catalog shape differs from the stream's for two checks in a row (a
-        write to it brings a Relation message meanwhile, so most changes never get here) is
-        announced with a schema message in the WAL; the stream turns it into a backfill, or for
-        a dropped table into the removal of its rows. A re-created table is published again."""
-        missing = object()
-        with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
-                _catalog_errors(f"comparing schemas at {self._where}"):
-            for name, shape in shapes_of_catalog(cur, self.settings.tables).items():
-                entity_type = _entity_type(name)
-                if assembler.shapes.get(entity_type, missing) == shape:
-                    pending.pop(entity_type, None)
-                    announced.pop(entity_type, None)
-                    continue
-                if pending.get(entity_type, missing) != shape:
-                    pending[entity_type] = shape
-                    continue
-                if announced.get(entity_type, missing) == shape:
-                    continue
-                if shape is not None:
-                    (table,) = pg_catalog.inspect_tables(cur, [name])
-                    assembler.follow(table)
-                    pg_catalog.ensure_publication(cur, self.settings.publication_name, [table])
-                else:
-                    logger.warning("configured table %s was dropped: its cached rows are removed; "
-                                   "it is followed again if it is created again", name)
-                cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
-                            (SCHEMA_PREFIX, schema_message(entity_type, shape)))
-                announced[entity_type] = shape
-
     async def _stop_reader(self) -> None:
         reader, self._reader = self._reader, None
         if reader is not None:
@@ -607,94 +471,23 @@ class PostgresSource:
                         columns: Sequence[str], *, xid: int | None = None) -> RowsRead:
         """The current committed values of `columns` (and the key) of the rows with `keys`
         (each key's values as the server's text), as canonical rows by entity id, with the WAL
-        insert position at the read: no commit at or after it is visible to the read.
-
-        A plain autocommit connection takes a new snapshot per statement, so the read sees every
-        transaction committed before it; see `tidegate.sync.fill` for why a value newer than the
-        change is safe. Not older: a commit reaches the slot once its WAL is flushed, which can
-        be before other sessions see it (while it waits for a synchronous standby, say), so with
-        `xid` (the transaction whose change asks) the read is repeated until its snapshot shows
-        that transaction, and with it every one committed before (standbys release waiting
-        commits in WAL order)."""
+        insert position at the read: no commit at or after it is visible to the read. With `xid`
+        (the transaction whose change asks), once that transaction is visible to the read (see
+        `readback`)."""
         table = self._current_table(entity_type)
         if table is None:
             raise SourceError(f"{entity_type} is not a table of this source")
-        if not table.key_columns:  # dropped before this run, known by name only: no rows
-            return RowsRead({}, 0)
-        wanted = [c for c in dict.fromkeys([*table.key_columns, *columns]) if c in table.type_oids]
-        rows: dict[str, Row] = {}
-        position = 0
-        for start in range(0, len(keys), READ_BATCH):
-            batch = [tuple(key) for key in keys[start:start + READ_BATCH]]
-            deadline = time.monotonic() + VISIBLE_WAIT_S
-            while True:
-                found, position, visible = await asyncio.to_thread(
-                    self._read_batch, table, wanted, batch, xid)
-                if visible:
-                    break
-                if time.monotonic() > deadline:
-                    raise SourceError(
-                        f"transaction {xid} reached slot {self.settings.slot_name} but is still "
-                        f"not visible at {self._where} after {VISIBLE_WAIT_S:.0f} s")
-                await asyncio.sleep(VISIBLE_POLL_S)
-            xid = None  # seen once: later batches' snapshots are newer still
-            rows.update(found)
-        return RowsRead(rows, position)
+        return await self._readback.read(table, keys, columns, self._base_types, xid=xid)
 
     def _current_table(self, entity_type: str) -> TableInfo | None:
         """The table as the stream knows it now (after schema changes), else as at setup."""
         current = self._assembler.table(entity_type) if self._assembler is not None else None
         return current or next((t for t in self._tables if t.entity_type == entity_type), None)
 
-    def _read_batch(self, table: TableInfo, columns: list[str], keys: list[tuple[str, ...]],
-                    xid: int | None) -> tuple[dict[str, Row], int, bool]:
-        one = sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL("%s::" + t) for t in table.key_types))
-        key_list = sql.SQL(", ").join(sql.Identifier(c) for c in table.key_columns)
-        # The position and the visibility check use the statement's own snapshot (taken before
-        # the position is read); the outer join keeps one row when no key matches.
-        query = sql.SQL(
-            "SELECT pg_current_wal_insert_lsn()::text, {}, r.* FROM (SELECT 1) AS one LEFT JOIN "
-            "(SELECT {} FROM {} WHERE ({}) IN ({})) AS r ON true").format(
-            sql.SQL(_VISIBLE_SQL if xid is not None else "true"),
-            sql.SQL(", ").join(sql.Identifier(c) for c in columns), table.identifier, key_list,
-            sql.SQL(", ").join([one] * len(keys)))
-        params: list[object] = [xid, xid] if xid is not None else []
-        params += [text for key in keys for text in key]
-        try:
-            if self._row_conn is None:
-                self._row_conn = self._connect(replication=False)
-            with self._row_conn.cursor() as cur:
-                psycopg2.extensions.register_type(_raw_text_caster(), cur)
-                cur.execute(query, params)
-                result = cur.fetchall()
-        except (psycopg2.errors.UndefinedColumn, psycopg2.errors.UndefinedTable):
-            # The table changed shape (or went) since the change: that schema change comes later
-            # in the stream, with a backfill (or the removal) above this change's version.
-            logger.info("reading %s rows back: its columns changed since; the re-read that "
-                        "follows the change fills them", table.entity_type)
-            return {}, 0, True
-        except psycopg2.Error as exc:
-            self._close_row_conn()
-            raise SourceError(f"reading {table.entity_type} rows back at {self._where} failed: "
-                              f"{exc}".strip()) from exc
-        rows: dict[str, Row] = {}
-        documents = document_key(table, self._base_types)
-        for _, _, *values in result:
-            if values[0] is None:  # keys are NOT NULL: the empty outer row
-                continue
-            decoded = {column: decode_text(self._base_types.get(table.type_oids[column],
-                                                                table.type_oids[column]),
-                                           value, self._zone)
-                       for column, value in zip(columns, values, strict=True)}
-            row = canonical(decoded)
-            rows[entity_id_of(row, table.key_columns, documents=documents)] = row
-        return rows, parse_lsn(result[0][0]), result[0][1] in (True, "t", "true")
+    # ------------------------------------------------------------------ connections
 
-    def _close_row_conn(self) -> None:
-        conn, self._row_conn = self._row_conn, None
-        if conn is not None:
-            with contextlib.suppress(psycopg2.Error):
-                conn.close()
+    def _connect(self, *, replication: bool) -> Any:
+        return connect(self._params, replication=replication)
 
     # ------------------------------------------------------------------ status
 
@@ -713,7 +506,7 @@ class PostgresSource:
 
     def _read_status(self) -> tuple[SlotInfo | None, int, dict[str, int]]:
         with contextlib.closing(self._connect(replication=False)) as conn, conn.cursor() as cur, \
-                _catalog_errors(f"reading the status at {self._where}"):
+                catalog_errors(f"reading the status at {self._where}"):
             present = [name for name, shape in shapes_of_catalog(cur, self.settings.tables).items()
                        if shape is not None]
             tables = pg_catalog.inspect_tables(cur, present)
@@ -721,114 +514,3 @@ class PostgresSource:
             cur.execute("SELECT pg_current_wal_lsn()::text")
             current = parse_lsn(cur.fetchone()[0])
             return slot, current, pg_catalog.row_estimates(cur, tables)
-
-    # ------------------------------------------------------------------ connections
-
-    def _connect(self, *, replication: bool) -> Any:
-        """A connection with the session settings every value's text form depends on; plain
-        ones are autocommit. Failures raise SourceError naming the server (never the password)."""
-        factory = psycopg2.extras.LogicalReplicationConnection if replication else None
-        try:
-            conn = psycopg2.connect(connection_factory=factory, **self._params)
-        except psycopg2.Error as exc:
-            raise SourceError(f"cannot connect to PostgreSQL at {self._where}: {exc}".strip()) from exc
-        if not replication:
-            conn.autocommit = True
-        return conn
-
-
-class _SnapshotReader:
-    """One REPEATABLE READ, read-only transaction, importing the slot's snapshot when there is
-    one; reads tables in key order with keyset pagination (so a batch costs the same anywhere in
-    the table, and a resume starts from a key)."""
-
-    def __init__(self, conn: Any, as_of: datetime) -> None:
-        self._conn = conn
-        # When the rows are as of (the transaction's start): the snapshot changes' commit time,
-        # since the rows' own commit times are unknown.
-        self.as_of = as_of
-
-    @classmethod
-    def open(cls, conn: Any, snapshot_name: str | None) -> _SnapshotReader:
-        conn.autocommit = False
-        conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ,
-                         readonly=True)
-        try:
-            with conn.cursor() as cur:
-                if snapshot_name is not None:
-                    # Must be the transaction's first statement (psycopg2 has just sent BEGIN).
-                    cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-                cur.execute("SELECT now()")  # without an import, this takes the snapshot
-                (as_of,) = cur.fetchone()
-        except psycopg2.Error as exc:
-            conn.close()
-            raise SourceError(f"cannot start the snapshot transaction: {exc}".strip()) from exc
-        return cls(conn, as_of)
-
-    def batch(self, table: TableInfo, after: Sequence[str | None] | None,
-              limit: int) -> list[dict[str, str | None]]:
-        """Up to `limit` rows after key `after` (key texts), each column as the type's text."""
-        try:
-            with self._conn.cursor() as cur:
-                # Every value as the text its output function wrote, as pgoutput sends it:
-                # pg_types decodes both the same way.
-                psycopg2.extensions.register_type(_raw_text_caster(), cur)
-                return select_batch(cur, table, after, limit)
-        except psycopg2.Error as exc:
-            raise SourceError(f"snapshot read of {table.entity_type} failed: {exc}".strip()) from exc
-
-    def close(self) -> None:
-        with contextlib.suppress(psycopg2.Error):
-            self._conn.rollback()
-            self._conn.close()
-
-
-def _deferrable_keys(cur: Any, tables: Sequence[TableInfo]) -> frozenset[str]:
-    """Entity types of the tables with a DEFERRABLE primary key or unique constraint."""
-    cur.execute("SELECT DISTINCT conrelid FROM pg_constraint WHERE contype IN ('p', 'u') "
-                "AND condeferrable AND conrelid = ANY(%s)", ([t.relation_id for t in tables],))
-    deferrable = {row[0] for row in cur.fetchall()}
-    return frozenset(t.entity_type for t in tables if t.relation_id in deferrable)
-
-
-@contextlib.contextmanager
-def _catalog_errors(doing: str) -> Iterator[None]:
-    """Driver errors while talking to the catalog, as SourceError saying what was being done."""
-    try:
-        yield
-    except psycopg2.Error as exc:
-        raise SourceError(f"{doing}: {type(exc).__name__}: {exc}".strip()) from exc
-
-
-def _entity_type(name: str) -> str:
-    """The entity type of a configured table name (as TableInfo.entity_type names it)."""
-    return pg_catalog.entity_type_of(*pg_catalog.split_table_name(name))
-
-
-def _connection_params(dsn: str) -> dict[str, str]:
-    try:
-        params: dict[str, str] = psycopg2.extensions.parse_dsn(dsn)
-    except psycopg2.ProgrammingError as exc:
-        raise ConfigError(f"invalid PostgreSQL DSN {_redact(dsn)!r}: {exc}".strip()) from exc
-    pinned = " ".join(f"-c {name}={value.replace(' ', '')}" for name, value in SESSION_OPTIONS.items())
-    params["options"] = f"{params.get('options', '')} {pinned}".strip()
-    # Names and values must arrive in one known encoding (pgoutput converts to the client's).
-    params["client_encoding"] = "UTF8"
-    params.setdefault("application_name", "tidegate-sync")
-    return params
-
-
-def _describe(params: dict[str, str]) -> str:
-    """user@host:port/dbname, for messages (never the password)."""
-    user = params.get("user", "")
-    return (f"{user + '@' if user else ''}{params.get('host', 'localhost')}:"
-            f"{params.get('port', '5432')}/{params.get('dbname', user)}")
-
-
-def _redact(dsn: str) -> str:
-    if "://" in dsn:
-        parts = urlsplit(dsn)
-        if parts.password:
-            return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
-        return dsn
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)

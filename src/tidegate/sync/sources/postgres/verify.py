@@ -22,12 +22,13 @@ from tidegate.sync.sources.postgres import catalog as pg_catalog
 from tidegate.sync.sources.postgres.catalog import TableInfo
 from tidegate.sync.sources.postgres.driver import psycopg2, sql
 from tidegate.sync.sources.postgres.pgoutput import parse_lsn
-from tidegate.sync.sources.postgres.source import (
+from tidegate.sync.sources.postgres.settings import (
     CHECKPOINT_PREFIX,
     PostgresSourceSettings,
-    _catalog_errors,
-    _connection_params,
-    _describe,
+    catalog_errors,
+    connect,
+    connection_params,
+    describe,
 )
 from tidegate.sync.sources.postgres.stream import document_key
 from tidegate.sync.values import source_zone
@@ -43,8 +44,8 @@ class PostgresRows:
     def __init__(self, settings: PostgresSourceSettings, checkpoints: CheckpointStore) -> None:
         self.settings = settings
         self._checkpoints = checkpoints
-        self._params = _connection_params(settings.dsn)
-        self._where = _describe(self._params)
+        self._params = connection_params(settings.dsn)
+        self._where = describe(self._params)
         self._zone = source_zone(settings.source_zone)
         self._conn: Any = None
         self._tables: dict[str, TableInfo] = {}
@@ -66,12 +67,8 @@ class PostgresRows:
             await asyncio.to_thread(conn.close)
 
     def _open(self) -> None:
-        try:
-            self._conn = psycopg2.connect(**self._params)
-        except psycopg2.Error as exc:
-            raise SourceError(f"cannot connect to PostgreSQL at {self._where}: {exc}".strip()) from exc
-        self._conn.autocommit = True
-        with self._conn.cursor() as cur, _catalog_errors(f"reading the tables at {self._where}"):
+        self._conn = connect(self._params, replication=False)
+        with self._conn.cursor() as cur, catalog_errors(f"reading the tables at {self._where}"):
             tables = pg_catalog.inspect_tables(cur, self.settings.tables)
             self._base_types = pg_catalog.base_types(cur)
             if pg_catalog.slot_info(cur, self.settings.slot_name) is None:
@@ -142,12 +139,12 @@ class PostgresRows:
             raise SourceError(f"verify read of {table.entity_type} failed: {exc}".strip()) from exc
 
     def _insert_lsn(self) -> int:
-        with self._conn.cursor() as cur, _catalog_errors(f"reading the WAL position at {self._where}"):
+        with self._conn.cursor() as cur, catalog_errors(f"reading the WAL position at {self._where}"):
             cur.execute("SELECT pg_current_wal_insert_lsn()::text")
             return parse_lsn(cur.fetchone()[0])
 
     def _confirmed(self) -> int:
-        with self._conn.cursor() as cur, _catalog_errors(f"reading slot {self.settings.slot_name}"):
+        with self._conn.cursor() as cur, catalog_errors(f"reading slot {self.settings.slot_name}"):
             slot = pg_catalog.slot_info(cur, self.settings.slot_name)
         if slot is None:
             raise SourceError(f"replication slot {self.settings.slot_name} is gone at {self._where}")

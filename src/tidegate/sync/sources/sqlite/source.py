@@ -35,24 +35,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Self
-from urllib.parse import parse_qsl, urlsplit
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tidegate._lifecycle import Lifecycle
 from tidegate._sqlite import SqliteThread, immediate
-from tidegate.errors import ConfigError, InvalidChange, SourceError
+from tidegate.errors import InvalidChange, SourceError
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import CheckpointStore, Transaction
 from tidegate.sync.sources.sqlite.capture import (
@@ -66,6 +63,8 @@ from tidegate.sync.sources.sqlite.capture import (
     quote_identifier,
     read_shape,
 )
+from tidegate.sync.sources.sqlite.settings import SqliteSourceSettings
+from tidegate.sync.sources.sqlite.watcher import Watcher
 from tidegate.sync.values import JsonValue, Row, source_zone
 
 __all__ = ["SNAPSHOT_ORDINAL", "SqliteSource", "SqliteSourceSettings"]
@@ -76,74 +75,6 @@ _OUTBOX_PAGE = (f"SELECT seq, entity_type, op, before_json, after_json, changed_
                 "WHERE seq > ? ORDER BY seq LIMIT ?")
 _LAST_SEQ = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = ?), 0)"
 SNAPSHOT_ORDINAL = 0xFFFF_FFFF  # the highest ordinal: after every change at the snapshot's position
-
-
-class SqliteSourceSettings(BaseModel):
-    """Where the SQLite source reads and how: `SqliteSourceSettings.from_url("sqlite:///shop.db?tables=products,users")`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str = Field(min_length=1)
-    tables: tuple[str, ...] = Field(min_length=1)
-    poll_interval_s: float = Field(0.01, gt=0, le=60)
-    batch_size: int = Field(1_000, gt=0, le=100_000)  # outbox rows (or snapshot rows) per Transaction
-    source_zone: str | None = None  # the zone naive timestamps are read in (None: UTC)
-    # table → its timestamp columns, replacing those found from declared types (DATE/TIME).
-    timestamp_columns: dict[str, tuple[str, ...]] = Field(default_factory=dict)
-
-    @field_validator("path")
-    @classmethod
-    def _a_file(cls, value: str) -> str:
-        if value == ":memory:" or value.startswith("file::memory:"):
-            raise ValueError("an in-memory database has no other connections to capture: use a file")
-        return value
-
-    @field_validator("tables")
-    @classmethod
-    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        lowered = [t.lower() for t in value]
-        repeated = sorted({t for t in lowered if lowered.count(t) > 1})
-        if repeated:
-            raise ValueError(f"table(s) listed twice: {', '.join(repeated)}")
-        if any(not t.strip() for t in value):
-            raise ValueError("a table name is empty")
-        return value
-
-    @field_validator("source_zone")
-    @classmethod
-    def _known_zone(cls, value: str | None) -> str | None:
-        source_zone(value)  # raises InvalidChange (a ValueError) naming an unknown zone
-        return value
-
-    @property
-    def checkpoint_name(self) -> str:
-        """The checkpoint this database's snapshot progress is kept under."""
-        return f"sqlite:{Path(self.path).resolve()}"
-
-    @classmethod
-    def from_url(cls, url: str, **options: Any) -> SqliteSourceSettings:
-        """`sqlite:///relative.db` or `sqlite:////abs/path.db`, with query parameters
-        (`?tables=products,users&poll_interval_s=0.05`) and then `options` (later ones win)."""
-        parts = urlsplit(url)
-        if parts.scheme != "sqlite":
-            raise ConfigError(f"{url!r} is not a sqlite:/// URL")
-        if parts.netloc:
-            raise ConfigError(f"sqlite URL has a host {parts.netloc!r}: use sqlite:///path/to/file.db")
-        query: dict[str, Any] = dict(parse_qsl(parts.query))
-        if "tables" in query:
-            query["tables"] = tuple(t for t in query["tables"].split(",") if t)
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
-        try:
-            return cls.model_validate({"path": path, **query, **options})
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            raise ConfigError(f"invalid SQLite source settings for {url}: {problems}") from None
-
-
-class _State(enum.Enum):
-    NEW = "new"
-    OPEN = "open"
-    CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,25 +88,29 @@ class _SnapshotPlan:
     after: list[Any] | None = None
 
 
-class SqliteSource:
+class SqliteSource(Lifecycle):
     """A `ChangeSource` over a SQLite file: `async with SqliteSource(settings, checkpoints) as s:`
-    then `async for transaction in s.transactions(): …` (see the module doc)."""
+    then `async for transaction in s.transactions(): …` (see the module doc). A source opens once:
+    a failed open leaves it closed."""
+
+    unavailable_error = SourceError
+    what = "the SQLite source"
 
     def __init__(self, settings: SqliteSourceSettings, checkpoints: CheckpointStore) -> None:
+        super().__init__()
         self.settings = settings
         self._checkpoints = checkpoints
         self._zone = source_zone(settings.source_zone)
         self._checkpoint_name = settings.checkpoint_name
         self._db = SqliteThread(settings.path, OUTBOX_SCHEMA, name="sync-sqlite",
                                 error=lambda exc: SourceError(f"SQLite source at {settings.path}: {exc}"))
-        self._state = _State.NEW
         self._iterated = False
         self._readers: dict[str, RowReader] = {}
         self._plan: _SnapshotPlan | None = None
         self._after_seq = 0  # the last outbox row handed out, or covered by the snapshot
         self._schema_version: int | None = None
         self._changed = asyncio.Event()  # set by the watcher when another connection committed
-        self._watcher: _Watcher | None = None
+        self._watcher: Watcher | None = None
         self._more = False  # the last poll filled a whole batch: read again without waiting
 
     @classmethod
@@ -185,29 +120,23 @@ class SqliteSource:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        if self._state is not _State.NEW:
-            raise SourceError("a SQLite source opens once: create a new one")
+    def _described(self) -> str:
+        return f"{self.what} at {self.settings.path}"
+
+    async def _open(self) -> None:
         if not await asyncio.to_thread(Path(self.settings.path).is_file):
             raise SourceError(f"no SQLite database at {self.settings.path}")
-        self._state = _State.OPEN
         try:
             await self._db.open()
-            await self.install()
+            await self._db.run(self._install)
             self._plan = await self._load_plan()
         except BaseException:
-            await self.close()
+            await self.close()  # a failed open is final, as a close is: create a new source
+            await self._close()
             raise
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Stop: `transactions()` ends, the connection closes. Idempotent."""
-        if self._state is _State.CLOSED:
-            return
-        self._state = _State.CLOSED
+    async def _close(self) -> None:
+        """Stop: `transactions()` ends, the connection closes."""
         self._changed.set()  # a poller waiting for a commit sees the source closed
         if self._watcher is not None:
             await self._watcher.stop()
@@ -216,7 +145,7 @@ class SqliteSource:
     async def install(self) -> None:
         """Create the outbox and (re)install every configured table's triggers; idempotent.
         Raises SourceError naming a configured table that does not exist."""
-        self._require_open()
+        self._check_open()
         await self._db.run(self._install)
 
     def _install(self, conn: sqlite3.Connection) -> None:
@@ -238,29 +167,25 @@ class SqliteSource:
         self._readers = {name: RowReader(shape, self._zone) for name, shape in shapes.items()}
         self._schema_version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
 
-    def _require_open(self) -> None:
-        if self._state is not _State.OPEN:
-            raise SourceError("the SQLite source is not open (use `async with`)")
-
     # -- the change stream ------------------------------------------------------------------
 
     async def transactions(self) -> AsyncIterator[Transaction]:
         """The snapshot when one is due, then the outbox, until the source is closed."""
-        self._require_open()
+        self._check_open()
         if self._iterated:
             raise SourceError("transactions() of a SQLite source can be iterated once")
         self._iterated = True
         if self._plan is not None:
             async for transaction in self._snapshot(self._plan):
                 yield transaction
-        self._watcher = _Watcher(self.settings.path, self.settings.poll_interval_s, self._changed)
+        self._watcher = Watcher(self.settings.path, self.settings.poll_interval_s, self._changed)
         self._changed.set()  # the first read needs no commit to wait for
-        while self._state is _State.OPEN:
+        while self.is_open:
             if not self._more:
                 await self._changed.wait()
                 self._watcher.raise_failure()
             self._changed.clear()  # before reading: a commit from now on wakes the next read
-            if self._state is not _State.OPEN:
+            if not self.is_open:
                 break
             polled: Transaction | None = await self._db.run(self._poll)
             if polled is not None:
@@ -313,7 +238,7 @@ class SqliteSource:
 
     async def confirm(self, position: int) -> None:
         """Delete the outbox rows up to `position`: every change there is applied."""
-        self._require_open()
+        self._check_open()
         await self._delete_through(position)
 
     async def status(self) -> dict[str, JsonValue]:
@@ -408,7 +333,7 @@ class SqliteSource:
         try:
             for index, table in enumerate(plan.todo):
                 after = plan.after if index == 0 else None
-                while self._state is _State.OPEN:
+                while self.is_open:
                     page = await self._db.run(functools.partial(
                         self._snapshot_page, table=table, after=after, max_seq=max_seq, read_at=read_at))
                     if page is None:
@@ -421,9 +346,9 @@ class SqliteSource:
                     if not full:
                         break
         finally:
-            if self._state is _State.OPEN:
+            if self.is_open:
                 await self._db.run(lambda conn: conn.execute("COMMIT"))
-        if self._state is not _State.OPEN:
+        if not self.is_open:
             return
         self._after_seq = max_seq
         if held is None:
@@ -457,7 +382,7 @@ class SqliteSource:
 
     async def confirm_snapshot(self, mark: JsonValue) -> None:
         """Store the snapshot's progress; once it is done, delete the outbox rows it covered."""
-        self._require_open()
+        self._check_open()
         if not _is_mark(mark):
             raise SourceError(f"{mark!r} is not a snapshot mark of the SQLite source")
         assert isinstance(mark, dict)
@@ -467,53 +392,6 @@ class SqliteSource:
 
     async def _delete_through(self, seq: int) -> None:
         await self._db.write(lambda conn: conn.execute(f"DELETE FROM {OUTBOX} WHERE seq <= ?", (seq,)))
-
-
-class _Watcher:
-    """A thread that asks `PRAGMA data_version` every `interval_s` on a connection of its own and
-    sets `changed` (an asyncio.Event of the calling loop) whenever it moved."""
-
-    def __init__(self, path: str, interval_s: float, changed: asyncio.Event) -> None:
-        self._path = path
-        self._interval_s = interval_s
-        self._changed = changed
-        self._loop = asyncio.get_running_loop()
-        self._stopping = threading.Event()
-        self._failure: sqlite3.Error | None = None
-        self._thread = threading.Thread(target=self._watch, name="tidegate-sync-sqlite-watch", daemon=True)
-        self._thread.start()
-
-    def raise_failure(self) -> None:
-        """Raise what stopped the watcher, if anything did."""
-        if self._failure is not None:
-            raise SourceError(f"SQLite source at {self._path}: watching for commits failed: {self._failure}")
-
-    async def stop(self) -> None:
-        """Stop the thread and wait for it (at most one interval)."""
-        self._stopping.set()
-        await asyncio.to_thread(self._thread.join)
-
-    def _watch(self) -> None:
-        try:
-            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-            try:
-                last = None
-                while not self._stopping.wait(self._interval_s):
-                    version = conn.execute("PRAGMA data_version").fetchone()[0]
-                    if version != last:
-                        last = version
-                        self._loop.call_soon_threadsafe(self._changed.set)
-            finally:
-                conn.close()
-        except sqlite3.Error as exc:
-            self._failure = exc
-            self._wake()
-        except RuntimeError:  # the event loop closed under a source that was never closed
-            return
-
-    def _wake(self) -> None:
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._changed.set)
 
 
 def _begin_read(conn: sqlite3.Connection, max_seq: int | None) -> tuple[int, datetime]:

@@ -22,7 +22,7 @@ import orjson
 from tidegate.errors import InvalidChange, SourceError
 from tidegate.sync.contracts import CheckpointStore
 from tidegate.sync.sources.sqlite.capture import OUTBOX, RowReader, read_shape
-from tidegate.sync.sources.sqlite.source import SqliteSourceSettings
+from tidegate.sync.sources.sqlite.settings import SqliteSourceSettings
 from tidegate.sync.values import source_zone
 from tidegate.sync.verify import SourceRead, SourceRow, source_row
 
