@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tidegate.config import TidegateConfig
 
 __all__ = ["DEFAULT_QUEUE_URL", "ERROR_EXIT", "QueueUrl", "errors_as_exit", "load_config", "log_to_stderr",
-           "run"]
+           "run", "run_with"]
 
 ERROR_EXIT = 2
 DEFAULT_QUEUE_URL = "sqlite:///.tidegate/tidegate.db"
@@ -36,6 +36,7 @@ QueueUrl = Annotated[
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @contextmanager
@@ -55,6 +56,17 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """Run `main` to its end, its TidegateError as a one-line message."""
     with errors_as_exit():
         return asyncio.run(main)
+
+
+def run_with(opener: Callable[[], AbstractAsyncContextManager[R]], call: Callable[[R], Awaitable[T]]) -> T:
+    """Open what `opener` makes, await `call` on it and close it, like `run`: what a one-shot
+    command does with a queue or a tenant store."""
+
+    async def main() -> T:
+        async with opener() as opened:  # made inside the event loop that uses it
+            return await call(opened)
+
+    return run(main())
 
 
 def load_config(path: str | None, **overrides: Any) -> TidegateConfig:

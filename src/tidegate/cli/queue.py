@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -9,11 +10,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tidegate.cli._common import DEFAULT_QUEUE_URL, QueueUrl, run
+from tidegate.cli._common import DEFAULT_QUEUE_URL, QueueUrl, run_with
 
 if TYPE_CHECKING:
-    from tidegate.jobs import Job
-    from tidegate.queue import Queue, QueueStats
+    from tidegate.queue import Queue
 
 __all__ = ["queue_app"]
 
@@ -32,12 +32,7 @@ def _queue(url: str) -> Queue:
 @queue_app.command("stats")
 def queue_stats(queue: QueueUrl = DEFAULT_QUEUE_URL) -> None:
     """Depth, oldest wait and in-flight jobs per priority level."""
-
-    async def main() -> QueueStats:
-        async with _queue(queue) as q:
-            return await q.stats()
-
-    stats = run(main())
+    stats = run_with(partial(_queue, queue), lambda q: q.stats())
     table = Table(title=f"Queue {escape(queue)}")
     table.add_column("priority")
     table.add_column("waiting", justify="right")
@@ -59,12 +54,7 @@ def queue_dlq(
     limit: Annotated[int, typer.Option(min=1, help="Most dead letters to list.")] = 20,
 ) -> None:
     """List dead letters, most recent first."""
-
-    async def main() -> list[Job]:
-        async with _queue(queue) as q:
-            return await q.dead_letters(limit=limit)
-
-    dead = run(main())
+    dead = run_with(partial(_queue, queue), lambda q: q.dead_letters(limit=limit))
     console = Console()
     if not dead:
         console.print("No dead letters.")
@@ -89,10 +79,5 @@ def queue_redrive(
     """Put dead jobs back in the queue at their own priority, with fresh attempts."""
     if all_ == bool(ids):
         raise typer.BadParameter("give dead job ids or --all (not both)")
-
-    async def main() -> int:
-        async with _queue(queue) as q:
-            return await q.redrive(None if all_ else ids)
-
-    count = run(main())
+    count = run_with(partial(_queue, queue), lambda q: q.redrive(None if all_ else ids))
     typer.echo(f"Redrove {count} job{'s' if count != 1 else ''}.")

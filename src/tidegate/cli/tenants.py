@@ -3,6 +3,7 @@ with which API keys."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -10,11 +11,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tidegate.cli._common import DEFAULT_QUEUE_URL, QueueUrl, errors_as_exit, run
+from tidegate.cli._common import DEFAULT_QUEUE_URL, QueueUrl, errors_as_exit, run_with
 from tidegate.errors import TidegateError
 
 if TYPE_CHECKING:
-    from tidegate.coord.tenants import ApiKeyInfo, Tenant, TenantStore
+    from tidegate.coord.tenants import Tenant, TenantStore
 
 __all__ = ["keys_app", "tenants_app"]
 
@@ -93,24 +94,14 @@ def tenants_put(
         tenant = _tenant_from_options(name, max_priority=max_priority, default_priority=default_priority,
                                       rpm=rpm, daily_budget_usd=daily_budget_usd, models=models,
                                       admin=admin)
-
-    async def main() -> None:
-        async with _tenant_store(queue) as store:
-            await store.put_tenant(tenant)
-
-    run(main())
+    run_with(partial(_tenant_store, queue), lambda store: store.put_tenant(tenant))
     typer.echo(f"Saved tenant {tenant.name}.")
 
 
 @tenants_app.command("list")
 def tenants_list(queue: QueueUrl = DEFAULT_QUEUE_URL) -> None:
     """Every tenant and its limits."""
-
-    async def main() -> list[Tenant]:
-        async with _tenant_store(queue) as store:
-            return await store.list_tenants()
-
-    tenants = run(main())
+    tenants = run_with(partial(_tenant_store, queue), lambda store: store.list_tenants())
     console = Console()
     if not tenants:
         console.print("No tenants.")
@@ -140,12 +131,7 @@ def keys_create(
     queue: QueueUrl = DEFAULT_QUEUE_URL,
 ) -> None:
     """Create an API key and print it: the only time the full key is shown."""
-
-    async def main() -> tuple[ApiKeyInfo, str]:
-        async with _tenant_store(queue) as store:
-            return await store.create_key(tenant)
-
-    info, api_key = run(main())
+    info, api_key = run_with(partial(_tenant_store, queue), lambda store: store.create_key(tenant))
     Console(stderr=True).print(
         f"Created key [bold]{info.key_id}[/] for tenant {escape(info.tenant)}. "
         "[yellow]Copy it now: it is not shown again[/] (only a digest is stored).",
@@ -160,12 +146,7 @@ def keys_list(
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
 ) -> None:
     """API keys, newest first: ids, tenants and dates (never secrets)."""
-
-    async def main() -> list[ApiKeyInfo]:
-        async with _tenant_store(queue) as store:
-            return await store.list_keys(tenant)
-
-    keys = run(main())
+    keys = run_with(partial(_tenant_store, queue), lambda store: store.list_keys(tenant))
     console = Console()
     if not keys:
         console.print("No keys.")
@@ -187,11 +168,7 @@ def keys_revoke(
     queue: QueueUrl = DEFAULT_QUEUE_URL,
 ) -> None:
     """Revoke an API key. Gateways refuse it within their authentication cache time (1 s)."""
-
-    async def main() -> None:
-        async with _tenant_store(queue) as store:
-            if not await store.revoke_key(key_id):
-                raise TidegateError(f"no active key with id {key_id!r} (unknown or already revoked)")
-
-    run(main())
+    if not run_with(partial(_tenant_store, queue), lambda store: store.revoke_key(key_id)):
+        with errors_as_exit():
+            raise TidegateError(f"no active key with id {key_id!r} (unknown or already revoked)")
     typer.echo(f"Revoked key {key_id}.")
