@@ -92,6 +92,8 @@ class Components:
                 close_bounded(stack, relay.close, "the relay")
             sender = await _open_callbacks(stack, config) if callbacks else None
             entity_cache = None
+            # The change flow's parts are imported only by the processes that ask for them: a
+            # worker or a gateway on its own never loads numpy or the cache backends.
             if cache:
                 from tidegate.sync.cache import open_cache
 
