@@ -18,9 +18,9 @@ import logging
 import os
 import sys
 
+from tidegate._sqlite import ensure_sqlite_folder
 from tidegate.app.up import UpInfo, UpSettings, run_up
 from tidegate.config import TidegateConfig
-from tidegate.demo.run import ensure_sqlite_folder
 
 READY_PREFIX = "tidegate up ready: "
 

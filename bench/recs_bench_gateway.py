@@ -36,10 +36,10 @@ import uvicorn
 
 from bench.common import percentile
 from bench.recs_bench_data import Shop, seed, user_id
+from tidegate.app.gateway import open_gateway_state
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.app import create_app
-from tidegate.gateway.state import GatewayState
 from tidegate.recs import Recommender, RecQuery, recs_store_for
 
 WARMUP_QUERIES = 50
@@ -84,7 +84,7 @@ class _Server(uvicorn.Server):
 
 async def _serve(recommender: Recommender, folder: Path, users: dict[str, list[str]]) -> None:
     config = TidegateConfig(queue_url=f"sqlite:///{folder / 'queue.db'}", sync=SyncConfig())
-    async with GatewayState.open(config, recommender=recommender) as state:
+    async with open_gateway_state(config, recommender=recommender) as state:
         await state.tenants.put_tenant(Tenant(name="shop"))
         _, key = await state.tenants.create_key("shop")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

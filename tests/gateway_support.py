@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 
 from conftest import QueueFactory
 from dispatch_support import queue_url_of, running_worker, sim_config
+from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig
 from tidegate.coord.relay import ChunkRelay, relay_for
 from tidegate.coord.tenants import Tenant, TenantStore
@@ -143,7 +144,7 @@ async def open_gateway(
         stack.push_async_callback(relay.close)
         metrics = DispatchMetrics()
         # A recommender of its own in memory, so the recommendations API serves too.
-        state = await stack.enter_async_context(GatewayState.open(
+        state = await stack.enter_async_context(open_gateway_state(
             config, settings=settings, queue=queue, relay=relay, extra_registries=[metrics.registry],
             recs_url="memory://"))
         keys = await add_tenants(state.tenants) if tenants else {}

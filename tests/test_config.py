@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tidegate.app.gateway import open_gateway_state
 from tidegate.app.recs import open_recommendations
 from tidegate.config import (
     GatewaySettings,
@@ -20,7 +21,6 @@ from tidegate.config import (
 )
 from tidegate.dispatch.worker import Worker
 from tidegate.errors import ConfigError
-from tidegate.gateway.state import GatewayState
 from tidegate.queue import Queue
 
 SECTIONS = """
@@ -170,7 +170,7 @@ async def test_processes_given_no_settings_take_their_sections(sections: Path, t
     async with contextlib.AsyncExitStack() as stack:
         queue = await stack.enter_async_context(Queue.from_url(config.queue_url))
         worker = await stack.enter_async_context(Worker(queue, config))
-        state = await stack.enter_async_context(GatewayState.open(config, queue=queue))
+        state = await stack.enter_async_context(open_gateway_state(config, queue=queue))
         recs = await open_recommendations(stack, config, queue=None, cache=None)
 
         assert worker.settings == config.worker

@@ -30,11 +30,11 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from conftest import QueueFactory
 from dispatch_support import queue_url_of, running_worker, sim_config
 from gateway_support import CHAT, Gateway, add_tenants, serving
+from tidegate.app.gateway import open_gateway_state
 from tidegate.config import BudgetConfig
 from tidegate.coord.relay import relay_for
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import WorkerSettings
-from tidegate.gateway.state import GatewayState
 from tidegate.jobs import JobState, Priority
 from tidegate.recs.monitor import RecsMonitor
 from tidegate.recs.sink import RecsSink
@@ -83,7 +83,7 @@ async def gateway_with_worker(
         if worker_relay is not relay:
             stack.push_async_callback(worker_relay.close)
         metrics = DispatchMetrics()
-        state = await stack.enter_async_context(GatewayState.open(
+        state = await stack.enter_async_context(open_gateway_state(
             config, queue=await factory.open(**fast), relay=relay, extra_registries=[metrics.registry]))
         keys = await add_tenants(state.tenants) if tenants else {}
         await stack.enter_async_context(running_worker(
@@ -423,7 +423,7 @@ async def test_the_recommendations_panel_follows_a_users_interactions(
     queue_factory: QueueFactory, browser: Browser
 ) -> None:
     monitor = RecsMonitor()
-    async with GatewayState.open(sim_config("http://127.0.0.1:9/v1", queue_url=queue_url_of(queue_factory)),
+    async with open_gateway_state(sim_config("http://127.0.0.1:9/v1", queue_url=queue_url_of(queue_factory)),
                                  queue=await queue_factory.open(), recs_url="memory://",
                                  recs_monitor=monitor) as state, \
             serving(state) as url, httpx.AsyncClient(base_url=url, timeout=20.0) as http:

@@ -30,10 +30,10 @@ from jsonschema import Draft202012Validator
 
 from conftest import BACKENDS, QueueFactory, _delete_redis_queue
 from gateway_support import CHAT, Gateway, open_gateway
+from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, default_models
 from tidegate.gateway.app import create_app
 from tidegate.gateway.settings import GatewaySettings
-from tidegate.gateway.state import GatewayState
 
 # Waits short enough that no generated call can hold the run: a synchronous call answers 504
 # after `request_timeout_s` (X-Tidegate-Timeout may ask for up to `max_request_timeout_s`), and a
@@ -86,7 +86,7 @@ def _openapi_document() -> dict[str, Any]:
 
     async def build() -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
-            async with GatewayState.open(TidegateConfig(queue_url=f"sqlite:///{tmp}/queue.db")) as state:
+            async with open_gateway_state(TidegateConfig(queue_url=f"sqlite:///{tmp}/queue.db")) as state:
                 return create_app(state).openapi()
 
     return asyncio.run(build())

@@ -24,6 +24,7 @@ import pytest
 from conftest import _delete_redis_queue
 from gateway_support import add_tenants, serving
 from sync_support import eventually
+from tidegate.app.gateway import open_gateway_state
 from tidegate.app.up import UpInfo, UpSettings, run_up
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.demo.embedded import embedded_sync_config
@@ -83,7 +84,7 @@ async def recs_gateway(tmp: Path, recs_url: str | None, prefix: str) -> AsyncIte
     """A gateway (SQLite queue, tenants with keys) whose recommender keeps its state at
     `recs_url` under `prefix` (None: no recommender)."""
     config = TidegateConfig(queue_url=f"sqlite:///{tmp / 'queue.db'}", sync=SyncConfig(prefix=prefix))
-    async with GatewayState.open(config, recs_url=recs_url) as state:
+    async with open_gateway_state(config, recs_url=recs_url) as state:
         keys = await add_tenants(state.tenants)
         async with serving(state) as url, httpx.AsyncClient(
                 base_url=url, timeout=20.0, headers={"Authorization": f"Bearer {keys['acme']}"}) as http:

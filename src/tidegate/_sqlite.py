@@ -15,12 +15,29 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 30_000
 _SETUP_ATTEMPTS = 50
 _SETUP_PAUSE_S = 0.02
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a `sqlite:///...` URL names (None for any other URL, or one without a path)."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite" or not parts.path:
+        return None
+    # sqlite:///relative.db → relative.db; sqlite:////abs.db → /abs.db (as Queue.from_url reads it)
+    return Path(parts.path[1:] if parts.path.startswith("/") else parts.path)
+
+
+def ensure_sqlite_folder(url: str) -> None:
+    """Create the folder of a `sqlite:///...` URL's file, so a fresh path just works."""
+    path = sqlite_file(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def connect(path: str, schema: str) -> sqlite3.Connection:

@@ -1,5 +1,5 @@
-"""Running a gateway process: open its state, refuse an unsafe bind, serve with uvicorn until
-SIGTERM or SIGINT."""
+"""Running a gateway process: open its state (`open_gateway_state`, on `Components`), refuse an
+unsafe bind, serve with uvicorn until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -8,25 +8,108 @@ import contextlib
 import logging
 import math
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING, Final
+from urllib.parse import urlsplit
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from tidegate._shutdown import enter_bounded, stop_on_signals
 from tidegate._urls import redact_url
+from tidegate.app.components import Components
 from tidegate.config import TidegateConfig
+from tidegate.coord.budget import BudgetLedger
+from tidegate.coord.limiter import RateLimiter
+from tidegate.coord.relay import ChunkRelay
+from tidegate.coord.tenants import TenantStore
 from tidegate.errors import ConfigError
 from tidegate.gateway.app import create_app
 from tidegate.gateway.http_server import UVICORN_OPTIONS
+from tidegate.gateway.metrics import GatewayMetrics
 from tidegate.gateway.settings import GatewaySettings, is_loopback_host
 from tidegate.gateway.state import GatewayState
+from tidegate.queue import Queue
 
-__all__ = ["GRACE_S", "GatewayServer", "check_bind", "serve_gateway"]
+if TYPE_CHECKING:
+    from tidegate.recs.engine import Recommender
+    from tidegate.recs.monitor import RecsMonitor
+
+__all__ = ["FROM_CONFIG", "GRACE_S", "GatewayServer", "check_bind", "gateway_state", "open_gateway_state",
+           "serve_gateway"]
 
 log = logging.getLogger("tidegate.gateway")
 
 GRACE_S = 30.0  # how long open requests may finish on SIGTERM before their connections are cut
+
+
+class _FromConfig:
+    def __repr__(self) -> str:
+        return "FROM_CONFIG"
+
+
+FROM_CONFIG: Final = _FromConfig()
+"""`recs_url` not given: the change flow's cache when it is shared (Redis), else no recommender."""
+_SHARED_SCHEMES = ("redis", "rediss", "unix")
+
+
+def gateway_state(
+    parts: Components,
+    *,
+    settings: GatewaySettings | None = None,
+    metrics: GatewayMetrics | None = None,
+    extra_registries: Sequence[CollectorRegistry] = (),
+    recs_monitor: RecsMonitor | None = None,
+) -> GatewayState:
+    """The state a gateway serves from, around opened parts (a rate limiter among them)."""
+    if parts.limiter is None:
+        raise ValueError("a gateway needs a rate limiter: open the parts with limiter=True")
+    return GatewayState(config=parts.config, settings=settings or parts.config.gateway, queue=parts.queue,
+                        tenants=parts.tenants, limiter=parts.limiter, ledger=parts.ledger, relay=parts.relay,
+                        metrics=metrics or GatewayMetrics(), extra_registries=tuple(extra_registries),
+                        recommender=parts.recommender, recs_monitor=recs_monitor)
+
+
+@contextlib.asynccontextmanager
+async def open_gateway_state(
+    config: TidegateConfig,
+    *,
+    settings: GatewaySettings | None = None,
+    queue: Queue | None = None,
+    tenants: TenantStore | None = None,
+    limiter: RateLimiter | None = None,
+    ledger: BudgetLedger | None = None,
+    relay: ChunkRelay | None = None,
+    metrics: GatewayMetrics | None = None,
+    extra_registries: Sequence[CollectorRegistry] = (),
+    recommender: Recommender | None = None,
+    recs_url: str | _FromConfig | None = FROM_CONFIG,
+    recs_monitor: RecsMonitor | None = None,
+) -> AsyncIterator[GatewayState]:
+    """A gateway's state: the parts given, the others opened from `config.queue_url` (see
+    `Components.open`) and closed on exit.
+
+    A relay must be shared with the workers: on SQLite (in-process MemoryRelay) pass the
+    workers' relay, or streamed chunks never reach this gateway.
+
+    The recommender, when not given, is opened on the store at `recs_url` (None: none). By
+    default that is the change flow's cache (`sync.cache_url`, with its prefix) when it is on
+    Redis, where the change flow's sink and every gateway share it; a memory cache lives in
+    another process's memory, so a gateway on its own serves no recommendations."""
+    async with Components.open(
+        config, queue=queue, tenants=tenants, ledger=ledger, relay=relay,
+        limiter=True if limiter is None else limiter,
+        recommender=_recs_url(config, recs_url) if recommender is None else recommender,
+    ) as parts:
+        yield gateway_state(parts, settings=settings, metrics=metrics, extra_registries=extra_registries,
+                            recs_monitor=recs_monitor)
+
+
+def _recs_url(config: TidegateConfig, given: str | _FromConfig | None) -> str | None:
+    if not isinstance(given, _FromConfig):
+        return given
+    cache_url = config.sync.cache_url
+    return cache_url if urlsplit(cache_url).scheme in _SHARED_SCHEMES else None
 
 
 class GatewayServer(uvicorn.Server):
@@ -92,7 +175,7 @@ async def serve_gateway(
     give open requests up to `grace_s` to finish, close the state and return."""
     async with contextlib.AsyncExitStack() as stack:
         state = await enter_bounded(
-            stack, GatewayState.open(config, settings=settings, extra_registries=extra_registries),
+            stack, open_gateway_state(config, settings=settings, extra_registries=extra_registries),
             "the gateway's state")
         await check_bind(state)
         app = create_app(state)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from tidegate._shutdown import enter_bounded
 from tidegate.config import TidegateConfig
 from tidegate.queue import Queue
 from tidegate.recs.engine import Recommender
@@ -21,7 +22,7 @@ from tidegate.recs.store.base import recs_store_for
 from tidegate.sync.contracts import EntityCache
 from tidegate.sync.values import Row
 
-__all__ = ["RecsWiring", "open_recommendations"]
+__all__ = ["RecsWiring", "open_recommendations", "open_recommender"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,14 +33,25 @@ class RecsWiring:
     watcher: RefreshWatcher | None  # None without a queue and a cache to read rows from
 
 
+async def open_recommender(stack: contextlib.AsyncExitStack, config: TidegateConfig, url: str) -> Recommender:
+    """A recommender (its settings `config.recs`) on the store at `url` under the change flow's
+    prefix, the store opened on `stack` (its close bounded)."""
+    store = recs_store_for(url, prefix=config.sync.prefix)
+    store = await enter_bounded(stack, store, "the recommender's store")
+    return Recommender(store, config.recs)
+
+
 async def open_recommendations(stack: contextlib.AsyncExitStack, config: TidegateConfig, *,
                                queue: Queue | None, cache: EntityCache | None,
-                               registry: CollectorRegistry | None = None) -> RecsWiring:
-    """Open the recommender's store on `stack` and wire its sink (the demo shop's tables and
-    columns, its metrics in `registry` or a registry of its own) and, given a queue and the
-    entity cache, the embedding watcher."""
-    store = await stack.enter_async_context(recs_store_for(config.sync.cache_url, prefix=config.sync.prefix))
-    sink = RecsSink(Recommender(store, config.recs), mapping=RecsMapping(), monitor=RecsMonitor(registry))
+                               registry: CollectorRegistry | None = None,
+                               recommender: Recommender | None = None) -> RecsWiring:
+    """Wire the recommender's sink (the demo shop's tables and columns, its metrics in
+    `registry` or a registry of its own) and, given a queue and the entity cache, the embedding
+    watcher, on `stack`. The recommender is the given one, else one opened on the change flow's
+    cache backend (`config.sync.cache_url`)."""
+    if recommender is None:
+        recommender = await open_recommender(stack, config, config.sync.cache_url)
+    sink = RecsSink(recommender, mapping=RecsMapping(), monitor=RecsMonitor(registry))
     if cache is None or queue is None:
         return RecsWiring(sink, None)
     products = sink.mapping.products

@@ -22,33 +22,28 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import uvicorn
 
-from tidegate._shutdown import CLOSE_BOUND_S, bounded, close_bounded, enter_bounded, stop_on_signals
-from tidegate.app.gateway import GatewayServer, check_bind
+from tidegate._shutdown import CLOSE_BOUND_S, bounded, enter_bounded, stop_on_signals
+from tidegate.app.components import Components
+from tidegate.app.gateway import GatewayServer, check_bind, gateway_state
 from tidegate.app.recs import open_recommendations
 from tidegate.app.sync import supervise_sync
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.config import UpSettings as UpSettings  # its home before it was a section
-from tidegate.coord.budget import budget_ledger_for
-from tidegate.coord.relay import relay_for
-from tidegate.coord.tenants import Tenant, TenantStore, tenant_store_for
-from tidegate.dispatch.callbacks import CallbackSender
+from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker
 from tidegate.gateway.app import create_app
 from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Priority
-from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import ServedModel, SimulatorSettings
-from tidegate.sync.cache import open_cache
 from tidegate.sync.metrics import SyncMetrics
 
 log = logging.getLogger("tidegate.app.up")
@@ -97,56 +92,50 @@ async def _run(
     on_ready: Callable[[UpInfo], None] | None, stop: asyncio.Event, forced: asyncio.Event,
 ) -> None:
     # Entered in dependency order, so the stack closes each part after the parts that use it:
-    # gateway state, worker, recommender, caches, relay, ledger, tenants, queue; simulator last.
+    # the worker, the refresh watcher, then the Components (recommender, entity cache, callback
+    # sender, relay, ledger, limiter, tenants, queue); the simulator last.
     async with contextlib.AsyncExitStack() as stack:
         simulator_url = None
         if not config.providers:
             simulator = Simulator(simulator_settings)
             simulator_url = await enter_bounded(stack, simulator.running(), "the simulator")
             config = with_simulator_limits(config.with_simulator(simulator_url), simulator.settings)
-        url = config.queue_url
-        queue = await enter_bounded(stack, Queue.from_url(url), "the queue")
-        tenants = await enter_bounded(stack, tenant_store_for(url), "the tenant store")
-        ledger = await enter_bounded(stack, budget_ledger_for(url), "the budget ledger")
-        relay = relay_for(url)  # shared: the worker publishes what the gateway streams
-        close_bounded(stack, relay.close, "the relay")
-        callbacks = None
-        if secret := os.environ.get(config.callbacks.secret_env):
-            callbacks = await enter_bounded(stack, CallbackSender(config.callbacks, secret.encode()),
-                                            "the callback sender")
+        # One set of parts for the worker and the gateway: the relay especially, since the worker
+        # publishes what the gateway streams.
+        parts = await stack.enter_async_context(Components.open(
+            config, limiter=True, callbacks=True, cache=settings.change_flow,
+            recommender=config.sync.cache_url))
+        queue, tenants = parts.queue, parts.tenants
         sync_metrics = SyncMetrics()
-        sync_cache = None
-        if settings.change_flow:
-            sync_cache = await enter_bounded(stack, open_cache(config.sync), "the entity cache")
-        recs = await open_recommendations(stack, config, queue=queue, cache=sync_cache)
+        recs = await open_recommendations(stack, config, queue=queue, cache=parts.cache,
+                                          recommender=parts.recommender)
         dispatch_metrics = DispatchMetrics()
         worker = await stack.enter_async_context(Worker(
             queue, config, config.worker.model_copy(update={"concurrency": settings.concurrency,
                                                             "shutdown_grace_s": settings.shutdown_grace_s}),
-            metrics=dispatch_metrics, ledger=ledger, relay=relay, tenants=tenants, callbacks=callbacks,
+            metrics=dispatch_metrics, ledger=parts.ledger, relay=parts.relay, tenants=tenants,
+            callbacks=parts.callbacks,
         ))
-        state = await enter_bounded(stack, GatewayState.open(
-            config, settings=config.gateway.model_copy(update={"host": settings.host, "port": settings.port}),
-            queue=queue,
-            tenants=tenants, ledger=ledger, relay=relay, recommender=recs.sink.recommender,
+        state = gateway_state(
+            parts, settings=config.gateway.model_copy(update={"host": settings.host, "port": settings.port}),
             recs_monitor=recs.sink.monitor,
             extra_registries=[dispatch_metrics.registry, sync_metrics.registry, recs.sink.monitor.registry],
-        ), "the gateway's state")
+        )
         admin_key = await _create_admin_key(tenants)
         await check_bind(state)
         async with _serving(state, settings) as (server, port, serving):
             worker_task = asyncio.create_task(worker.run())
             sync_stop = asyncio.Event()
             sync_task = None
-            if sync_cache is not None:
+            if parts.cache is not None:
                 sync_task = asyncio.create_task(supervise_sync(
-                    config, sync_stop, queue=queue, cache=sync_cache, metrics=sync_metrics,
+                    config, sync_stop, queue=queue, cache=parts.cache, metrics=sync_metrics,
                     sinks=[recs.sink], on_refresh=recs.watcher.enqueued if recs.watcher else None))
             base = f"http://{_url_host(settings.host)}:{port}"
             if on_ready is not None:
                 on_ready(UpInfo(
                     api_url=f"{base}/v1", dashboard_url=f"{base}/dashboard", metrics_url=f"{base}/metrics",
-                    simulator_url=simulator_url, admin_key=admin_key, queue_url=url,
+                    simulator_url=simulator_url, admin_key=admin_key, queue_url=config.queue_url,
                     change_source=config.sync.source_url if sync_task is not None else None,
                 ))
             await _first_of(stop, server.main_loop_done)

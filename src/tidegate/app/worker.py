@@ -1,4 +1,5 @@
-"""Running a worker process: open the queue and the worker, stop gracefully on SIGTERM/SIGINT."""
+"""Running a worker process: open its parts (`Components`) and the worker, stop gracefully on
+SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -6,19 +7,45 @@ import contextlib
 import logging
 import os
 
-from tidegate._shutdown import close_bounded, enter_bounded, stop_on_signals
+from tidegate._shutdown import stop_on_signals
 from tidegate._urls import redact_url
+from tidegate.app.components import Components
 from tidegate.config import TidegateConfig
-from tidegate.coord.budget import budget_ledger_for
-from tidegate.coord.relay import relay_for
-from tidegate.coord.tenants import tenant_store_for
-from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.errors import ConfigError
-from tidegate.queue import Queue
 
 log = logging.getLogger("tidegate.worker")
+
+
+class _Stops:
+    """The stop signals of a process whose worker does not exist yet: a stop that arrives while
+    the parts are being opened is kept and handed to the worker once it does, so a stop during
+    the start is a graceful one too."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+        self._requested = self._forced = False
+
+    def request_stop(self) -> None:
+        """The first signal: a graceful stop."""
+        self._requested = True
+        if self.worker is not None:
+            self.worker.request_stop()
+
+    def force_stop(self) -> None:
+        """A later signal: release in-flight jobs now."""
+        self._forced = True
+        if self.worker is not None:
+            self.worker.force_stop()
+
+    def attach(self, worker: Worker) -> None:
+        """From now on stops go to `worker`, starting with any that came before."""
+        self.worker = worker
+        if self._forced:
+            worker.force_stop()
+        elif self._requested:
+            worker.request_stop()
 
 
 async def run_worker(
@@ -30,27 +57,18 @@ async def run_worker(
             "no provider is configured: add [[providers]] to tidegate.toml, "
             "or point the worker at a simulator with --simulator-url"
         )
-    secret = os.environ.get(config.callbacks.secret_env)
-    if not secret:
+    if not os.environ.get(config.callbacks.secret_env):
         log.warning("%s is not set: results will not be sent to callback URLs", config.callbacks.secret_env)
-    queue = Queue.from_url(config.queue_url)
-    callbacks = CallbackSender(config.callbacks, secret.encode()) if secret else None
-    relay = relay_for(config.queue_url)
-    tenants = tenant_store_for(config.queue_url)
-    # A ledger always, so spend is tracked per tenant and model even where no budget is set.
-    ledger = budget_ledger_for(config.queue_url)
-    worker = Worker(queue, config, settings, metrics=metrics, callbacks=callbacks, relay=relay,
-                    tenants=tenants, ledger=ledger)
+    stops = _Stops()
     # Signals are handled from here on, so a stop during the start is a graceful one too.
-    with stop_on_signals(worker.request_stop, force=worker.force_stop, grace_s=settings.shutdown_grace_s):
+    with stop_on_signals(stops.request_stop, force=stops.force_stop, grace_s=settings.shutdown_grace_s):
         async with contextlib.AsyncExitStack() as stack:
             # Each part closes after the worker that uses it, each close bounded.
-            await enter_bounded(stack, queue, "the queue")
-            if callbacks is not None:
-                await enter_bounded(stack, callbacks, "the callback sender")
-            close_bounded(stack, relay.close, "the relay")
-            await enter_bounded(stack, tenants, "the tenant store")
-            await enter_bounded(stack, ledger, "the budget ledger")
+            parts = await stack.enter_async_context(Components.open(config, callbacks=True))
+            # A ledger always, so spend is tracked per tenant and model even where no budget is set.
+            worker = Worker(parts.queue, config, settings, metrics=metrics, callbacks=parts.callbacks,
+                            relay=parts.relay, tenants=parts.tenants, ledger=parts.ledger)
+            stops.attach(worker)
             await stack.enter_async_context(worker)
             log.info("worker %s serving %s", worker.worker_id, redact_url(config.queue_url))
             await worker.run()

@@ -5,18 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tidegate.cli._common import errors_as_exit, run
-from tidegate.config import SyncConfig, TidegateConfig
+from tidegate.cli._common import errors_as_exit, load_config, log_to_stderr, run
+
+if TYPE_CHECKING:
+    from tidegate.config import TidegateConfig
 
 __all__ = ["sync_app"]
 
@@ -35,10 +36,10 @@ Tables = Annotated[str | None, typer.Option("--tables", help="Comma-separated ta
 
 
 def _config(config: str | None, **overrides: Any) -> TidegateConfig:
+    from tidegate.config import SyncConfig
+
     with errors_as_exit():
-        if config is not None:
-            os.environ["TIDEGATE_CONFIG"] = config
-        loaded = TidegateConfig.load()
+        loaded = load_config(config)
     given = {k: v for k, v in overrides.items() if v is not None}
     if isinstance(given.get("tables"), str):
         given["tables"] = tuple(t.strip() for t in given["tables"].split(",") if t.strip())
@@ -64,7 +65,7 @@ def sync(
     then streams. Restarting resumes from the last position every sink applied."""
     if ctx.invoked_subcommand is not None:
         return
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(logging.INFO)
     settings = _config(config, source_url=source, bus_url=bus, cache_url=cache, tables=tables)
     run(_sync_until_stopped(settings, metrics_port, recommendations))
 

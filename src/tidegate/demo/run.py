@@ -31,11 +31,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 from rich.console import Console
 
+from tidegate._sqlite import ensure_sqlite_folder
 from tidegate.app.up import UpInfo, UpSettings, run_up
 from tidegate.demo.embedded import embedded_sync_config
 from tidegate.demo.http import DemoClient, DemoError
@@ -60,7 +60,6 @@ __all__ = [
     "DemoInterrupted",
     "DemoSettings",
     "DemoSummary",
-    "ensure_sqlite_folder",
     "run_demo",
     "show_demo",
 ]
@@ -335,21 +334,6 @@ class _Run:
 
 
 # ---------------------------------------------------------------------- files
-
-
-def _sqlite_file(url: str) -> Path | None:
-    parts = urlsplit(url)
-    if parts.scheme != "sqlite" or not parts.path:
-        return None
-    # sqlite:///relative.db → relative.db; sqlite:////abs.db → /abs.db (as Queue.from_url reads it)
-    return Path(parts.path[1:] if parts.path.startswith("/") else parts.path)
-
-
-def ensure_sqlite_folder(url: str) -> None:
-    """Create the folder of a `sqlite:///...` URL's file, so a fresh path just works."""
-    path = _sqlite_file(url)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def _remove_sqlite_files(path: Path) -> None:

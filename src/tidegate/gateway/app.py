@@ -1,6 +1,6 @@
 """The gateway's FastAPI application, built around an open GatewayState.
 
-    async with GatewayState.open(config) as state:
+    async with open_gateway_state(config) as state:   # tidegate.app.gateway
         app = create_app(state)          # serve with uvicorn, or test with httpx's ASGITransport
 
 The app owns nothing: whoever opened the state closes it, so tests and `tidegate up` can share

@@ -6,21 +6,18 @@ app around components of their own."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
-from urllib.parse import parse_qsl, urlsplit
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
 from tidegate.callback_urls import check_callback_url
 from tidegate.config import ModelConfig, TidegateConfig, default_models
-from tidegate.coord.budget import BudgetLedger, budget_ledger_for
-from tidegate.coord.limiter import RateLimiter, rate_limiter_for
-from tidegate.coord.relay import ChunkRelay, relay_for
-from tidegate.coord.tenants import TenantStore, tenant_store_for
+from tidegate.coord.budget import BudgetLedger
+from tidegate.coord.limiter import RateLimiter
+from tidegate.coord.relay import ChunkRelay
+from tidegate.coord.tenants import TenantStore
 from tidegate.errors import CallbackRefused
 from tidegate.gateway.metrics import GatewayMetrics, RecentResults
 from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, GatewaySettings, is_loopback_host
@@ -31,23 +28,15 @@ if TYPE_CHECKING:
     from tidegate.recs.engine import Recommender
     from tidegate.recs.monitor import RecsMonitor
 
-__all__ = ["FROM_CONFIG", "GatewayState"]
+__all__ = ["GatewayState"]
 
-
-class _FromConfig:
-    def __repr__(self) -> str:
-        return "FROM_CONFIG"
-
-
-FROM_CONFIG: Final = _FromConfig()
-"""`recs_url` not given: the change flow's cache when it is shared (Redis), else no recommender."""
-_SHARED_SCHEMES = ("redis", "rediss", "unix")
 DRAIN_ANSWER_S = 0.5  # how long before the drain's cut waiting calls are answered
 
 
 @dataclass(eq=False)
 class GatewayState:
-    """The components one gateway serves from. Build it with `GatewayState.open(...)`."""
+    """The components one gateway serves from, already opened: whoever opened them closes them
+    (`tidegate.app.gateway.open_gateway_state` opens them from a config)."""
 
     config: TidegateConfig
     settings: GatewaySettings
@@ -78,64 +67,6 @@ class GatewayState:
         self.models = {}
         for model in served or default_models():
             self.models.setdefault(model.name, model)  # the first provider serving a name wins
-
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def open(
-        cls,
-        config: TidegateConfig,
-        *,
-        settings: GatewaySettings | None = None,
-        queue: Queue | None = None,
-        tenants: TenantStore | None = None,
-        limiter: RateLimiter | None = None,
-        ledger: BudgetLedger | None = None,
-        relay: ChunkRelay | None = None,
-        metrics: GatewayMetrics | None = None,
-        extra_registries: Sequence[CollectorRegistry] = (),
-        recommender: Recommender | None = None,
-        recs_url: str | _FromConfig | None = FROM_CONFIG,
-        recs_monitor: RecsMonitor | None = None,
-    ) -> AsyncIterator[GatewayState]:
-        """Open what was not given, from `config.queue_url`; close on exit only what it opened.
-
-        A relay must be shared with the workers: on SQLite (in-process MemoryRelay) pass the
-        workers' relay, or streamed chunks never reach this gateway.
-
-        The recommender, when not given, is opened on the store at `recs_url` (None: none). By
-        default that is the change flow's cache (`sync.cache_url`, with its prefix) when it is on
-        Redis, where the change flow's sink and every gateway share it; a memory cache lives in
-        another process's memory, so a gateway on its own serves no recommendations."""
-        url = config.queue_url
-        async with contextlib.AsyncExitStack() as stack:
-            if queue is None:
-                queue = await stack.enter_async_context(Queue.from_url(url))
-            if tenants is None:
-                tenants = await stack.enter_async_context(tenant_store_for(url))
-            if limiter is None:
-                # Named after the queue, so gateways of one queue share their tenants' counts and
-                # gateways of another queue on the same Redis do not.
-                limiter = await stack.enter_async_context(rate_limiter_for(url, _queue_name(url)))
-            if ledger is None:
-                # The workers' own ledger (default name): spend today is what they recorded.
-                ledger = budget_ledger_for(url)
-                stack.push_async_callback(ledger.close)
-            if relay is None:
-                relay = relay_for(url)
-                stack.push_async_callback(relay.close)
-            if recommender is None:
-                store_url = _recs_url(config, recs_url)
-                if store_url is not None:
-                    from tidegate.recs.engine import Recommender
-                    from tidegate.recs.store.base import recs_store_for
-
-                    store = await stack.enter_async_context(
-                        recs_store_for(store_url, prefix=config.sync.prefix))
-                    recommender = Recommender(store, config.recs)
-            yield cls(config=config, settings=settings or config.gateway, queue=queue,
-                      tenants=tenants, limiter=limiter, ledger=ledger, relay=relay,
-                      metrics=metrics or GatewayMetrics(), extra_registries=tuple(extra_registries),
-                      recommender=recommender, recs_monitor=recs_monitor)
 
     @property
     def max_body_bytes(self) -> int:
@@ -206,14 +137,3 @@ class GatewayState:
             await check_callback_url(url, allow_private=self.config.callbacks.allow_private)
         except ValueError as exc:  # urlsplit: a bad port or IPv6 host; idna: a host it cannot encode
             raise CallbackRefused(f"callback_url {url!r} is not a valid URL: {exc}") from None
-
-
-def _recs_url(config: TidegateConfig, given: str | _FromConfig | None) -> str | None:
-    if not isinstance(given, _FromConfig):
-        return given
-    cache_url = config.sync.cache_url
-    return cache_url if urlsplit(cache_url).scheme in _SHARED_SCHEMES else None
-
-
-def _queue_name(url: str) -> str:
-    return dict(parse_qsl(urlsplit(url).query)).get("name", "default")

@@ -1,0 +1,174 @@
+"""`tidegate tenants …` and `tidegate keys …`: who may call the gateway, within which limits, and
+with which API keys."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tidegate.cli._common import DEFAULT_QUEUE_URL, QueueUrl, errors_as_exit, run_with
+from tidegate.errors import TidegateError
+
+if TYPE_CHECKING:
+    from tidegate.coord.tenants import Tenant, TenantStore
+
+__all__ = ["keys_app", "tenants_app"]
+
+tenants_app = typer.Typer(help="Tenants: who may call the gateway, and within which limits.",
+                          no_args_is_help=True)
+keys_app = typer.Typer(help="Tenants' API keys (only a digest of each secret is stored).",
+                       no_args_is_help=True)
+
+
+def _tenant_store(url: str) -> TenantStore:
+    from tidegate._sqlite import ensure_sqlite_folder
+    from tidegate.coord.tenants import tenant_store_for
+
+    ensure_sqlite_folder(url)
+    # A one-shot command authenticates nothing: no cache to keep.
+    return tenant_store_for(url, auth_cache_s=0)
+
+
+def _tenant_from_options(name: str, *, max_priority: str, default_priority: str, rpm: int | None,
+                         daily_budget_usd: str | None, models: str | None, admin: bool) -> Tenant:
+    """The Tenant the `tenants put` options describe; BadParameter names what is wrong."""
+    from decimal import Decimal, InvalidOperation
+
+    from pydantic import ValidationError
+
+    from tidegate.coord.tenants import Tenant
+    from tidegate.jobs import Priority
+
+    budget: Decimal | None = None
+    if daily_budget_usd is not None:
+        try:
+            budget = Decimal(daily_budget_usd)
+        except InvalidOperation:
+            raise typer.BadParameter(f"not an amount in USD: {daily_budget_usd!r}",
+                                     param_hint="--daily-budget-usd") from None
+    allowed: tuple[str, ...] | None = None
+    if models is not None:
+        allowed = tuple(model.strip() for model in models.split(",") if model.strip())
+        if not allowed:
+            raise typer.BadParameter("name at least one model, or leave --models out to allow all",
+                                     param_hint="--models")
+    try:
+        tenant = Tenant(name=name, max_priority=Priority.parse(max_priority),
+                        default_priority=Priority.parse(default_priority), rpm=rpm,
+                        daily_budget_usd=budget, allowed_models=allowed, admin=admin)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+                             for error in exc.errors())
+        raise typer.BadParameter(problems) from None
+    if not tenant.may_use(tenant.default_priority):
+        # Every request that names no priority would be refused.
+        raise typer.BadParameter(
+            f"default priority {tenant.default_priority.name.lower()} is more urgent than max "
+            f"priority {tenant.max_priority.name.lower()}", param_hint="--default-priority")
+    return tenant
+
+
+@tenants_app.command("put")
+def tenants_put(
+    name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, '_', '.', '-'.")],
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    max_priority: Annotated[str, typer.Option(
+        help="The most urgent priority it may ask for (a more urgent request is refused).")] = "high",
+    default_priority: Annotated[str, typer.Option(
+        help="The priority of its requests that name none.")] = "normal",
+    rpm: Annotated[int | None, typer.Option(
+        min=1, help="Requests per minute over all its keys [default: no limit].")] = None,
+    daily_budget_usd: Annotated[str | None, typer.Option(
+        help="Daily spend limit in USD, e.g. 10 or 2.50 [default: no limit].")] = None,
+    models: Annotated[str | None, typer.Option(
+        help="Comma-separated models it may use [default: every configured model].")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="May call the admin API.")] = False,
+) -> None:
+    """Create or replace a tenant: settings left out take their defaults, not their old values."""
+    with errors_as_exit():
+        tenant = _tenant_from_options(name, max_priority=max_priority, default_priority=default_priority,
+                                      rpm=rpm, daily_budget_usd=daily_budget_usd, models=models,
+                                      admin=admin)
+    run_with(partial(_tenant_store, queue), lambda store: store.put_tenant(tenant))
+    typer.echo(f"Saved tenant {tenant.name}.")
+
+
+@tenants_app.command("list")
+def tenants_list(queue: QueueUrl = DEFAULT_QUEUE_URL) -> None:
+    """Every tenant and its limits."""
+    tenants = run_with(partial(_tenant_store, queue), lambda store: store.list_tenants())
+    console = Console()
+    if not tenants:
+        console.print("No tenants.")
+        return
+    table = Table(title="Tenants")
+    table.add_column("name", no_wrap=True)
+    for column in ("max priority", "default priority"):
+        table.add_column(column)
+    for column in ("rpm", "daily budget (USD)"):
+        table.add_column(column, justify="right")
+    table.add_column("models", overflow="fold")
+    table.add_column("admin")
+    for tenant in tenants:
+        table.add_row(
+            escape(tenant.name), tenant.max_priority.name.lower(), tenant.default_priority.name.lower(),
+            "no limit" if tenant.rpm is None else f"{tenant.rpm:,}",
+            "no limit" if tenant.daily_budget_usd is None else f"{tenant.daily_budget_usd:,}",
+            "all" if tenant.allowed_models is None else escape(", ".join(tenant.allowed_models)),
+            "yes" if tenant.admin else "",
+        )
+    console.print(table)
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Argument(help="The tenant the key acts for.")],
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+) -> None:
+    """Create an API key and print it: the only time the full key is shown."""
+    info, api_key = run_with(partial(_tenant_store, queue), lambda store: store.create_key(tenant))
+    Console(stderr=True).print(
+        f"Created key [bold]{info.key_id}[/] for tenant {escape(info.tenant)}. "
+        "[yellow]Copy it now: it is not shown again[/] (only a digest is stored).",
+        highlight=False, soft_wrap=True,
+    )
+    typer.echo(api_key)  # alone on stdout, unwrapped, so `KEY=$(tidegate keys create …)` works
+
+
+@keys_app.command("list")
+def keys_list(
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
+) -> None:
+    """API keys, newest first: ids, tenants and dates (never secrets)."""
+    keys = run_with(partial(_tenant_store, queue), lambda store: store.list_keys(tenant))
+    console = Console()
+    if not keys:
+        console.print("No keys.")
+        return
+    table = Table(title="API keys")
+    table.add_column("key id", no_wrap=True)  # copied into `keys revoke`: keep it whole
+    for column in ("tenant", "created (UTC)", "revoked (UTC)"):
+        table.add_column(column)
+    for key in keys:
+        revoked = key.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if key.revoked_at else ""
+        table.add_row(key.key_id, escape(key.tenant), key.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                      revoked)
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (the 12 characters after 'tg_').")],
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+) -> None:
+    """Revoke an API key. Gateways refuse it within their authentication cache time (1 s)."""
+    if not run_with(partial(_tenant_store, queue), lambda store: store.revoke_key(key_id)):
+        with errors_as_exit():
+            raise TidegateError(f"no active key with id {key_id!r} (unknown or already revoked)")
+    typer.echo(f"Revoked key {key_id}.")
