@@ -1,0 +1,175 @@
+"""Imports point down the layer list of `tidegate._layers`, no module is part of an import cycle, and
+the README's Layout section shows the same layers in the same order.
+
+The imports are read from the source with `ast` (see support/import_graph.py), so a lazy import
+inside a function counts and one under `if TYPE_CHECKING:` does not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import networkx as nx
+
+from support.import_graph import Import, modules_of, runtime_imports
+from tidegate._layers import LAYERS, SIDEWAYS
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "tidegate"
+
+# Cycles that exist today, each as the set of modules in it; the lead empties this list at merge.
+# All four are one shape: a family's base module picks the backend for a URL and imports the
+# backend modules (lazily, inside the factory), which import the base for its contract. Putting
+# the factory above the backends (in the package's __init__, as sync/cache does) ends each one.
+KNOWN_CYCLES: list[frozenset[str]] = [
+    frozenset({"tidegate.queue.base", "tidegate.queue.redis", "tidegate.queue.sqlite"}),
+    frozenset({"tidegate.recs.store.base", "tidegate.recs.store.memory", "tidegate.recs.store.redis"}),
+    frozenset(
+        {
+            "tidegate.sync.buses.base",
+            "tidegate.sync.buses.kafka",
+            "tidegate.sync.buses.memory",
+            "tidegate.sync.buses.redis",
+        }
+    ),
+    # sync/verify.py's row_source_for and verify_sync open a source's RowSource, whose module
+    # imports sync/verify.py for SourceRead and source_row.
+    frozenset(
+        {
+            "tidegate.sync.verify",
+            "tidegate.sync.sources.postgres.verify",
+            "tidegate.sync.sources.sqlite.verify",
+        }
+    ),
+]
+
+# Arrows up the list or sideways that exist today, as (importer, imported) modules. None.
+KNOWN_WRONG_ARROWS: set[tuple[str, str]] = set()
+
+LAYER_OF = {name: number for number, layer in enumerate(LAYERS, start=1) for name in layer}
+IMPORTS = runtime_imports(PACKAGE)
+
+
+def _name_in_layers(module: str) -> str:
+    """The name `_layers` files a module under: the first part below `tidegate`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _is_package(name: str) -> bool:
+    return (PACKAGE / name).is_dir()
+
+
+def _describe(arrow: Import) -> str:
+    source, target = _name_in_layers(arrow.source), _name_in_layers(arrow.target)
+    return (
+        f"{arrow.where(PACKAGE)}: {arrow.source} imports {arrow.target} "
+        f"(layer {LAYER_OF[source]} {source} -> layer {LAYER_OF[target]} {target})"
+    )
+
+
+def _is_wrong(arrow: Import) -> bool:
+    """An arrow up the list, or between two names of one layer of which one is a package."""
+    source, target = _name_in_layers(arrow.source), _name_in_layers(arrow.target)
+    if LAYER_OF[source] != LAYER_OF[target]:
+        return LAYER_OF[source] < LAYER_OF[target]
+    sideways = source != target and (_is_package(source) or _is_package(target))
+    return sideways and (source, target) not in SIDEWAYS
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    names = {_name_in_layers(module) for module in modules_of(PACKAGE)}
+    listed = [name for layer in LAYERS for name in layer]
+
+    assert len(listed) == len(set(listed)), "a name is listed in two layers"
+    assert sorted(names - set(listed)) == [], "modules or packages missing from tidegate/_layers.py"
+    assert sorted(set(listed) - names) == [], "tidegate/_layers.py lists names that do not exist"
+
+
+def test_imports_point_down_the_layer_list() -> None:
+    wrong = [arrow for arrow in IMPORTS if _is_wrong(arrow)]
+    new = [_describe(arrow) for arrow in wrong if (arrow.source, arrow.target) not in KNOWN_WRONG_ARROWS]
+    gone = KNOWN_WRONG_ARROWS - {(arrow.source, arrow.target) for arrow in wrong}
+
+    assert new == [], "imports up the layer list or sideways (see tidegate/_layers.py):\n" + "\n".join(new)
+    assert gone == set(), f"KNOWN_WRONG_ARROWS lists arrows that are gone: {sorted(gone)}"
+
+
+def test_no_module_is_part_of_an_import_cycle() -> None:
+    graph = nx.DiGraph([(arrow.source, arrow.target) for arrow in IMPORTS])
+    cycles = [frozenset(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    new = [cycle for cycle in cycles if cycle not in KNOWN_CYCLES]
+    gone = [sorted(cycle) for cycle in KNOWN_CYCLES if cycle not in cycles]
+
+    def arrows_in(cycle: frozenset[str]) -> str:
+        inside = [arrow for arrow in IMPORTS if arrow.source in cycle and arrow.target in cycle]
+        return "\n".join(f"  {arrow.where(PACKAGE)}: {arrow.source} imports {arrow.target}"
+                         for arrow in inside)
+
+    assert new == [], "import cycles:\n" + "\n".join(f"{sorted(c)}\n{arrows_in(c)}" for c in new)
+    assert gone == [], f"KNOWN_CYCLES lists cycles that are gone: {gone}"
+
+
+def test_an_import_under_type_checking_or_inside_a_function_is_read_as_such(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from pkg.low import x\n")
+    (package / "low.py").write_text("x = 1\n")
+    (package / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import pkg.high\nelse:\n    import pkg.low\n"
+    )
+    (package / "lazy.py").write_text("def f():\n    from .sub import leaf\n")
+    (package / "sub" / "__init__.py").write_text("from . import leaf\n")
+    (package / "sub" / "leaf.py").write_text("from pkg import low\n")
+    (package / "high.py").write_text("")
+
+    arrows = {(arrow.source, arrow.target) for arrow in runtime_imports(package)}
+
+    assert arrows == {
+        ("pkg", "pkg.low"),
+        ("pkg.typed", "pkg.low"),  # the `else:` of `if TYPE_CHECKING:` runs
+        ("pkg.lazy", "pkg.sub.leaf"),
+        ("pkg.lazy", "pkg.sub"),  # importing pkg.sub.leaf runs pkg/sub/__init__.py
+        ("pkg.sub", "pkg.sub.leaf"),  # the re-export, and no arrow back from leaf to its package
+        ("pkg.sub.leaf", "pkg.low"),
+    }
+
+
+def test_an_arrow_up_or_between_packages_of_one_layer_is_wrong() -> None:
+    def arrow(source: str, target: str) -> Import:
+        return Import(source, target, PACKAGE / "x.py", 1)
+
+    assert _is_wrong(arrow("tidegate.queue.base", "tidegate.gateway.app"))
+    assert _is_wrong(arrow("tidegate.errors", "tidegate.queue"))
+    assert not _is_wrong(arrow("tidegate.gateway.app", "tidegate.queue.base"))
+    assert not _is_wrong(arrow("tidegate.costs", "tidegate.config"))  # two modules of the core
+    assert not _is_wrong(arrow("tidegate.sync.pipeline", "tidegate.sync.buses.base"))
+
+
+def _layout_layers(readme: str) -> list[tuple[int, list[str]]]:
+    """The rows of the layer table in README.md's Layout section: each number with its names.
+
+    A row is a number, then names (`errors.py`, `queue/`), then free text; a line that starts
+    with a name goes on with the row above it."""
+    assert "\n## Layout\n" in readme, "README.md has no Layout section"
+    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```text\n(.*?)```", section, flags=re.DOTALL)
+    table = next(block for block in blocks if block.lstrip().startswith("layer"))
+    rows: list[tuple[int, list[str]]] = []
+    for line in table.splitlines()[1:]:
+        words = line.split()
+        if words and words[0].isdigit():
+            rows.append((int(words.pop(0)), []))
+        names = itertools.takewhile(lambda word: word.endswith((".py", "/")), words)
+        if rows:
+            rows[-1][1].extend(name.removesuffix(".py").removesuffix("/") for name in names)
+    return rows
+
+
+def test_the_readme_draws_the_layers_in_order() -> None:
+    rows = _layout_layers((ROOT / "README.md").read_text())
+
+    assert sorted(rows) == [(number, list(layer)) for number, layer in enumerate(LAYERS, start=1)]
