@@ -33,7 +33,7 @@ from tidegate.sync.contracts import Delivery, Subscription
 
 BACKENDS = ["memory", "redis", "kafka"]
 ONLY = {"memory_only": "memory", "redis_only": "redis", "kafka_only": "kafka"}
-FAST = {
+FAST: dict[str, Any] = {  # BusSettings fields, as bus_for's keyword options
     "reclaim_idle_s": 0.5,
     "reclaim_interval_s": 0.1,
     "partitions": 3,

@@ -396,6 +396,7 @@ async def test_a_thousand_concurrent_misses_share_one_load(cache: BaseEntityCach
 
     assert calls == 1
     assert rows == [{"id": "p1", "name": "loaded"}] * 1_000
+    assert rows[0] is not None and rows[1] is not None
     rows[0]["name"] = "mutated by one caller"
     assert rows[1]["name"] == "loaded"
     entry = await cache.get("products", "p1")

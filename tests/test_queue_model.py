@@ -189,7 +189,10 @@ class QueueModel(RuleBasedStateMachine):
         stale = data.draw(
             st.lists(st.sampled_from(stale_leases), max_size=1) if stale_leases else st.just([])
         )
-        done = [(job.lease, {"id": job.id}) for job in chosen] + [(lease, "stale") for lease in stale]
+        done: list[tuple[Job, Any]] = [(lease, "stale") for lease in stale]
+        for job in chosen:
+            assert job.lease is not None
+            done.insert(0, (job.lease, {"id": job.id}))
         lost = self.run(self.queue.complete_many(done))
         assert len(lost) == len(stale)
         for model in chosen:

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg2
-import psycopg2.extras
+import psycopg2  # type: ignore[import-untyped]
+import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
 from support.redis_keys import delete_prefixed
