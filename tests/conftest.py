@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from support.redis_keys import delete_keys
 from tidegate import Queue
 
 BACKENDS = ["sqlite", "redis"]
@@ -138,20 +139,6 @@ class QueueFactory:
             await self._opened.pop().close()
 
 
-async def _delete_redis_queue(url: str, name: str) -> None:
-    # The server lives for the whole session; dropping each test's keys keeps its memory flat.
-    # Names are random, so matching on the name cannot touch another test's keys.
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(url)
-    try:
-        keys = [key async for key in client.scan_iter(match=f"*{name}*", count=1000)]
-        if keys:
-            await client.unlink(*keys)
-    finally:
-        await client.aclose()
-
-
 @pytest.fixture(params=BACKENDS, ids=BACKENDS)
 async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueFactory]:
     """A QueueFactory for each backend; `queue_factory.backend` says which."""
@@ -167,7 +154,7 @@ async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Async
     finally:
         await factory.aclose()
         if backend == "redis":
-            await _delete_redis_queue(factory.url, factory.queue_name)
+            await delete_keys(factory.url, f"*{factory.queue_name}*")
 
 
 @pytest.fixture

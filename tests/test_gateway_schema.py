@@ -28,8 +28,9 @@ import schemathesis
 from anyio.from_thread import start_blocking_portal
 from jsonschema import Draft202012Validator
 
-from conftest import BACKENDS, QueueFactory, _delete_redis_queue
+from conftest import BACKENDS, QueueFactory
 from gateway_support import CHAT, Gateway, open_gateway
+from support.redis_keys import delete_keys
 from tidegate.config import TidegateConfig, default_models
 from tidegate.gateway.app import create_app
 from tidegate.gateway.settings import GatewaySettings
@@ -122,7 +123,7 @@ def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         finally:
             portal.call(factory.aclose)
             if backend == "redis":
-                portal.call(_delete_redis_queue, factory.url, factory.queue_name)
+                portal.call(delete_keys, factory.url, f"*{factory.queue_name}*")
 
 
 def test_the_running_gateway_serves_the_tested_document(gateway: Gateway) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _delete_redis_queue
+from support.redis_keys import delete_keys
 from tidegate.coord.limiter import (
     DEFAULT_BURST_FRACTION,
     AdaptiveConcurrency,
@@ -51,7 +51,7 @@ async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[RateLimiter]:
     shared = RedisRateLimiter(url, name)
     yield shared
     await shared.close()
-    await _delete_redis_queue(url, name)
+    await delete_keys(url, f"*{name}*")
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ async def redis_name(redis_server: str) -> AsyncIterator[str]:
     """A random limiter name on the test Redis, its keys deleted afterwards."""
     name = f"t{uuid.uuid4().hex[:12]}"
     yield name
-    await _delete_redis_queue(redis_server, name)
+    await delete_keys(redis_server, f"*{name}*")
 
 
 async def _drive(
