@@ -21,12 +21,14 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Import:
-    """One runtime import: `source` (a module) imports `target` (a module) at `path:line`."""
+    """One runtime import: `source` (a module) imports `target` (a module) at `path:line`;
+    `implicit` when the statement names a module inside `target`, a package."""
 
     source: str
     target: str
     path: Path
     line: int
+    implicit: bool = False
 
     def where(self, root: Path) -> str:
         """`tidegate/x.py:12`: the import's place, relative to the directory above the package."""
@@ -82,30 +84,36 @@ def _named_targets(
     return {f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names}
 
 
-def _with_packages_above(target: str, importer: str, modules: dict[str, Path]) -> set[str]:
-    """`target` and the packages an import of it also runs (none that contains `importer`)."""
-    while target not in modules and "." in target:
-        target = target.rsplit(".", 1)[0]  # `import a.b.Name`-like spellings: the module holding it
-    names = {target}
+def _module_of(name: str, modules: dict[str, Path]) -> str:
+    """The module a dotted name is in (`a.b.Name` is in `a.b`)."""
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _packages_above(target: str, importer: str, modules: dict[str, Path]) -> list[str]:
+    """The packages an import of `target` also runs, but for those that contain `importer`."""
     parts = target.split(".")
-    for size in range(1, len(parts)):
-        package = ".".join(parts[:size])
-        if not (importer == package or importer.startswith(package + ".")):
-            names.add(package)
-    return {name for name in names if name in modules and name != importer}
+    above = [".".join(parts[:size]) for size in range(1, len(parts))]
+    return [package for package in above
+            if package in modules and not (importer == package or importer.startswith(package + "."))]
 
 
 def runtime_imports(package_dir: Path) -> list[Import]:
-    """Every runtime import from one module of the package to another, in source order."""
+    """Every runtime import from one module of the package to another, in source order, each
+    once per statement."""
     modules = modules_of(package_dir)
     top = package_dir.name
     found: list[Import] = []
     for module, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in _runtime_import_nodes(tree):
-            for named in _named_targets(node, module, path, modules):
+            for named in sorted(_named_targets(node, module, path, modules)):
                 if named.split(".")[0] != top:
                     continue
-                targets = sorted(_with_packages_above(named, module, modules))
-                found += [Import(module, target, path, node.lineno) for target in targets]
-    return found
+                target = _module_of(named, modules)
+                if target != module:
+                    found.append(Import(module, target, path, node.lineno))
+                found += [Import(module, package, path, node.lineno, implicit=True)
+                          for package in _packages_above(target, module, modules)]
+    return list(dict.fromkeys(found))  # `from a.b import c, d` runs a/b/__init__.py once
