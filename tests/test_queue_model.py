@@ -191,10 +191,11 @@ class QueueModel(RuleBasedStateMachine):
         stale = data.draw(
             st.lists(st.sampled_from(stale_leases), max_size=1) if stale_leases else st.just([])
         )
-        done: list[tuple[Job, Any]] = [(lease, "stale") for lease in stale]
+        done: list[tuple[Job, Any]] = []
         for job in chosen:
             assert job.lease is not None
-            done.insert(0, (job.lease, {"id": job.id}))
+            done.append((job.lease, {"id": job.id}))
+        done += [(lease, "stale") for lease in stale]
         lost = self.run(self.queue.complete_many(done))
         assert len(lost) == len(stale)
         for model in chosen:
