@@ -133,7 +133,7 @@ def test_an_import_under_type_checking_or_inside_a_function_is_read_as_such(tmp_
     }
 
 
-def test_an_arrow_up_or_between_packages_of_one_layer_is_wrong() -> None:
+def test_an_arrow_up_is_wrong_and_one_down_or_between_core_modules_is_not() -> None:
     def arrow(source: str, target: str) -> Import:
         return Import(source, target, PACKAGE / "x.py", 1)
 
@@ -152,9 +152,10 @@ def _layout_layers(readme: str) -> list[tuple[int, list[str]]]:
     assert "\n## Layout\n" in readme, "README.md has no Layout section"
     section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```text\n(.*?)```", section, flags=re.DOTALL)
-    table = next(block for block in blocks if block.lstrip().startswith("layer"))
+    tables = [block for block in blocks if block.lstrip().startswith("layer")]
+    assert len(tables) == 1, "README.md's Layout section needs one ```text block that starts with `layer`"
     rows: list[tuple[int, list[str]]] = []
-    for line in table.splitlines()[1:]:
+    for line in tables[0].splitlines()[1:]:
         words = line.split()
         if words and words[0].isdigit():
             rows.append((int(words.pop(0)), []))
