@@ -2,7 +2,7 @@
 #
 #   make demo     install the base package and run the demo (tidegate up + load through its HTTP API)
 #   make test     install dev extras and test servers, run the whole test suite, then lint
-#   make lint     ruff + mypy
+#   make lint     ruff + mypy (strict, over src, tests and bench)
 #   make bench    install bench extras and run the queue, dispatch, HTTP client, gateway and change-flow
 #                 benchmarks
 #   make clean    remove the virtualenv, caches and local data

@@ -303,8 +303,8 @@ def _fit_model(spec: BatchSpec, user_items: Any, seed: int) -> Any:
 
 
 def _fit(spec: BatchSpec, user_items: Any, seed: int) -> Any:
-    from implicit.als import AlternatingLeastSquares  # type: ignore[import-untyped]
-    from implicit.nearest_neighbours import (  # type: ignore[import-untyped]
+    from implicit.als import AlternatingLeastSquares
+    from implicit.nearest_neighbours import (
         BM25Recommender,
         CosineRecommender,
         TFIDFRecommender,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from support.redis_keys import delete_keys, delete_keys_now
 from tidegate import Queue
 
 BACKENDS = ["sqlite", "redis"]
@@ -138,32 +139,13 @@ class QueueFactory:
             await self._opened.pop().close()
 
 
-async def _delete_redis_queue(url: str, name: str) -> None:
-    # The server lives for the whole session; dropping each test's keys keeps its memory flat.
-    # Names are random, so matching on the name cannot touch another test's keys.
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(url)
-    try:
-        keys = [key async for key in client.scan_iter(match=f"*{name}*", count=1000)]
-        if keys:
-            await client.unlink(*keys)
-    finally:
-        await client.aclose()
-
-
 @pytest.fixture
 def redis_name(redis_server: str) -> Iterator[str]:
     """A random queue (or store) name on the session's redis-server, its keys deleted afterwards.
     Not async, so that async fixtures may ask for it with `request.getfixturevalue`."""
-    import redis
-
     name = f"t{uuid.uuid4().hex[:12]}"
     yield name
-    with redis.Redis.from_url(redis_server) as client:
-        keys = list(client.scan_iter(match=f"*{name}*", count=1000))
-        if keys:
-            client.unlink(*keys)
+    delete_keys_now(redis_server, f"*{name}*")
 
 
 @pytest.fixture(params=BACKENDS, ids=BACKENDS)
@@ -181,7 +163,7 @@ async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Async
     finally:
         await factory.aclose()
         if backend == "redis":
-            await _delete_redis_queue(factory.url, factory.queue_name)
+            await delete_keys(factory.url, f"*{factory.queue_name}*")
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg2
+import psycopg2  # type: ignore[import-untyped]
 
 from tidegate.sync.changes import entity_id_of
 from tidegate.sync.contracts import EntityCache

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import psycopg2
+import psycopg2  # type: ignore[import-untyped]
 
 from tidegate.sync.contracts import EntityCache
 from tidegate.sync.pipeline import Pipeline

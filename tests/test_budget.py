@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _delete_redis_queue
+from support.redis_keys import delete_keys
 from tidegate.config import ModelConfig
 from tidegate.coord.budget import (
     GLOBAL,
@@ -86,7 +86,7 @@ async def ledgers(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     yield factory
     await factory.aclose()
     if factory.backend == "redis":
-        await _delete_redis_queue(factory.location, name)
+        await delete_keys(factory.location, f"*{name}*")
 
 
 @pytest.fixture
@@ -284,7 +284,7 @@ async def test_redis_day_keys_expire(redis_server: str) -> None:
             assert 0 < ttl <= KEEP_DAYS * 86_400
     finally:
         await client.aclose()
-        await _delete_redis_queue(redis_server, name)
+        await delete_keys(redis_server, f"*{name}*")
 
 
 async def test_the_factory_follows_the_queue_url(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import SimulatorSettings
 
-BIG = {"max_tokens": 100_000}  # gpt-4.1 at $8/M output: an estimate of about $0.80
+BIG: dict[str, Any] = {"max_tokens": 100_000}  # gpt-4.1 at $8/M output: an estimate of about $0.80
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ async def _spend(queue_url: str, tenant: str, usd: str) -> None:
 async def test_a_job_above_the_whole_daily_budget_ends_dead_in_every_mode(
     queue_factory: QueueFactory, queue: Queue, base_url: str, mode: str
 ) -> None:
-    budgets = BudgetConfig(tenant_daily_usd={"acme": Decimal("0.10")}, on_exhausted=mode)  # type: ignore[arg-type]
+    budgets = BudgetConfig(tenant_daily_usd={"acme": Decimal("0.10")}, on_exhausted=mode)
     config = sim_config(base_url, queue_url=queue_url_of(queue_factory), budgets=budgets)
     job_id = await queue.enqueue(chat(model="gpt-4.1", **BIG), tenant="acme")
     metrics = DispatchMetrics()

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from support.redis_keys import delete_keys
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange, MissingDependency
 from tidegate.sync.buses.base import BusBase, SubscriptionBase, bus_for
 from tidegate.sync.changes import Change, Op, Version
@@ -33,7 +34,7 @@ from tidegate.sync.contracts import Delivery, Subscription
 
 BACKENDS = ["memory", "redis", "kafka"]
 ONLY = {"memory_only": "memory", "redis_only": "redis", "kafka_only": "kafka"}
-FAST = {
+FAST: dict[str, Any] = {  # BusSettings fields, as bus_for's keyword options
     "reclaim_idle_s": 0.5,
     "reclaim_interval_s": 0.1,
     "partitions": 3,
@@ -89,25 +90,13 @@ async def bus_factory(request: pytest.FixtureRequest) -> AsyncIterator[BusFactor
     finally:
         await factory.aclose()
         if backend == "redis":
-            await _delete_redis_keys(factory.url, factory.prefix)
+            await delete_keys(factory.url, f"{factory.prefix}:*")
 
 
 @pytest.fixture
 async def bus(bus_factory: BusFactory) -> BusBase:
     """One opened bus of the backend under test."""
     return await bus_factory.open()
-
-
-async def _delete_redis_keys(url: str, prefix: str) -> None:
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(url)
-    try:
-        keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
-        if keys:
-            await client.unlink(*keys)
-    finally:
-        await client.aclose()
 
 
 def change(entity_id: str | int, n: int, entity_type: str = "product") -> Change:

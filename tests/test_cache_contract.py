@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.own_redis import OwnRedis, own_redis_server
-from support.redis_keys import delete_prefixed
+from support.redis_keys import delete_keys
 from tidegate.errors import CacheUnavailable, ConfigError, InvalidChange, VersionConflict
 from tidegate.sync import ApplyOutcome, Change, Op, Version, checksum
 from tidegate.sync.cache import ZERO_VERSION, BaseEntityCache, MemoryEntityCache, cache_for
@@ -129,7 +129,7 @@ class Caches:
             await cache.close()
         if self.backend == "redis":
             for prefix in self.prefixes:
-                await delete_prefixed(self.url, prefix, f"{prefix}:sync:checkpoints")
+                await delete_keys(self.url, f"{{{prefix}:*", f"{prefix}:sync:checkpoints")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -396,6 +396,7 @@ async def test_a_thousand_concurrent_misses_share_one_load(cache: BaseEntityCach
 
     assert calls == 1
     assert rows == [{"id": "p1", "name": "loaded"}] * 1_000
+    assert rows[0] is not None and rows[1] is not None
     rows[0]["name"] = "mutated by one caller"
     assert rows[1]["name"] == "loaded"
     entry = await cache.get("products", "p1")
@@ -929,7 +930,7 @@ async def test_redis_keys_of_one_type_share_one_cluster_slot(redis_server: str) 
                 assert len({key_slot(k) for k in keys}) == 1
             assert await cache.get_entity(weird, "x") == {"id": "x"}
         finally:
-            await delete_prefixed(redis_server, prefix, f"{prefix}:sync:checkpoints")
+            await delete_keys(redis_server, f"{{{prefix}:*", f"{prefix}:sync:checkpoints")
             await client.aclose()
 
 

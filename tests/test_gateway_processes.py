@@ -22,9 +22,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import _delete_redis_queue
 from dispatch_support import wait_received
 from support.cluster import GatewayProcess, TidegateProcess, start_gateway, start_worker, write_config
+from support.redis_keys import delete_keys
 from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
@@ -86,7 +86,7 @@ async def cluster(redis_server: str, tmp_path: Path) -> AsyncIterator[Cluster]:
     # Tokens a few milliseconds apart: streams last long enough to be relayed chunk by chunk.
     sim = Simulator(SimulatorSettings(seed=13, defaults={"latency_ms": 50, "inter_token_ms": 2}))
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(_delete_redis_queue, redis_server, name)
+        stack.push_async_callback(delete_keys, redis_server, f"*{name}*")
         sim_url = await stack.enter_async_context(sim.running())
         config = write_config(tmp_path / "tidegate.toml", sim_url, MODELS)
         async with tenant_store_for(queue_url, auth_cache_s=0) as store:

@@ -28,8 +28,9 @@ import schemathesis
 from anyio.from_thread import start_blocking_portal
 from jsonschema import Draft202012Validator
 
-from conftest import BACKENDS, QueueFactory, _delete_redis_queue
+from conftest import BACKENDS, QueueFactory
 from gateway_support import CHAT, Gateway, open_gateway
+from support.redis_keys import delete_keys
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, default_models
 from tidegate.gateway.app import create_app
@@ -122,7 +123,7 @@ def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         finally:
             portal.call(factory.aclose)
             if backend == "redis":
-                portal.call(_delete_redis_queue, factory.url, factory.queue_name)
+                portal.call(delete_keys, factory.url, f"*{factory.queue_name}*")
 
 
 def test_the_running_gateway_serves_the_tested_document(gateway: Gateway) -> None:
@@ -132,7 +133,7 @@ def test_the_running_gateway_serves_the_tested_document(gateway: Gateway) -> Non
 @pytest.mark.parametrize("tenant", TENANTS)
 @schema.parametrize()
 def test_every_operation_answers_as_its_schema_says(
-    case: schemathesis.Case, gateway: Gateway, tenant: str
+    case: schemathesis.Case[Any], gateway: Gateway, tenant: str
 ) -> None:
     case.call_and_validate(base_url=gateway.url, headers=gateway.auth(tenant))
 
@@ -281,7 +282,8 @@ def test_the_gateway_accepts_a_header_value_exactly_when_its_schema_does(
     schema = _header_schema(path, "post", name)
     body = CHAT if path == "/v1/chat/completions" else {"kind": "chat", "body": CHAT}
     # As bytes: an HTTP client sends a header's text as Latin-1, and so the gateway reads it.
-    headers = {**gateway.auth("ops"), name: value.encode("latin-1")}
+    headers = {key.encode(): text.encode() for key, text in gateway.auth("ops").items()}
+    headers[name.encode()] = value.encode("latin-1")
 
     answer = httpx.post(f"{gateway.url}{path}", json=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
 

@@ -22,7 +22,7 @@ from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
-import psycopg2
+import psycopg2  # type: ignore[import-untyped]
 import pytest
 
 from tidegate.errors import SourceError

@@ -499,7 +499,7 @@ async def test_enqueue_refuses_a_payload_that_is_not_an_object(queue: Queue) -> 
 
 
 async def test_one_bad_job_in_a_batch_writes_none_of_the_batch(queue: Queue) -> None:
-    batch = [
+    batch: list[dict[str, Any]] = [
         {"payload": {"n": 0}, "idempotency_key": "first"},
         {"payload": {"n": 1}},
         {"payload": {"n": 2}, "max_attempts": 0},

@@ -46,7 +46,8 @@ async def storage_entries(queue_factory: Any) -> int:
         sizes = {"hash": client.hlen, "zset": client.zcard, "list": client.llen, "set": client.scard}
         total = 0
         async for key in client.scan_iter(match=f"*{queue_factory.queue_name}*"):
-            size = sizes.get((await client.type(key)).decode())
+            kind = await client.type(key)
+            size = sizes.get(kind.decode() if isinstance(kind, bytes) else kind)
             total += await size(key) if size is not None else 1
         return total
     finally:

@@ -31,9 +31,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from support.redis_keys import delete_keys
 from tidegate import Job, JobState, LeaseLost, Priority, Queue
 
 T = TypeVar("T")
+Cleanup = Callable[[], Coroutine[Any, Any, None]]  # deletes what one example's queue stored
 
 MAX_ATTEMPTS = 2
 LEASE_S = 600.0  # never expires within an example: lease recovery is covered by the contract suite
@@ -70,7 +72,7 @@ class QueueModel(RuleBasedStateMachine):
     """Runs one example against a fresh queue; subclasses set `loop` and `open_queue`."""
 
     loop: ClassVar[asyncio.AbstractEventLoop]
-    open_queue: ClassVar[Callable[[], tuple[Queue, Callable[[], None]]]]
+    open_queue: ClassVar[Callable[[], tuple[Queue, Cleanup]]]
 
     def __init__(self) -> None:
         super().__init__()
@@ -88,7 +90,7 @@ class QueueModel(RuleBasedStateMachine):
         try:
             self.run(self.queue.close())
         finally:
-            self._cleanup()
+            self.run(self._cleanup())
 
     def _in(self, *states: str) -> list[ModelJob]:
         return [job for job in self.jobs.values() if job.state in states]
@@ -189,7 +191,11 @@ class QueueModel(RuleBasedStateMachine):
         stale = data.draw(
             st.lists(st.sampled_from(stale_leases), max_size=1) if stale_leases else st.just([])
         )
-        done = [(job.lease, {"id": job.id}) for job in chosen] + [(lease, "stale") for lease in stale]
+        done: list[tuple[Job, Any]] = []
+        for job in chosen:
+            assert job.lease is not None
+            done.append((job.lease, {"id": job.id}))
+        done += [(lease, "stale") for lease in stale]
         lost = self.run(self.queue.complete_many(done))
         assert len(lost) == len(stale)
         for model in chosen:
@@ -288,13 +294,8 @@ class QueueModel(RuleBasedStateMachine):
 # ---------------------------------------------------------------------- one run per backend
 
 
-def _delete_redis_keys(url: str, name: str) -> None:
-    import redis
-
-    with redis.Redis.from_url(url) as client:
-        keys = list(client.scan_iter(match=f"*{name}*", count=1_000))
-        if keys:
-            client.unlink(*keys)
+async def _nothing_to_delete() -> None:
+    """A SQLite queue's cleanup: its file goes with the test's tmp_path."""
 
 
 @pytest.mark.timeout(240)
@@ -304,13 +305,13 @@ def test_the_queue_behaves_like_the_model(
 ) -> None:
     redis_url: str = request.getfixturevalue("redis_server") if backend == "redis" else ""
 
-    def open_queue() -> tuple[Queue, Callable[[], None]]:
+    def open_queue() -> tuple[Queue, Cleanup]:
         name = f"m{uuid.uuid4().hex[:12]}"
         if backend == "sqlite":
             queue = Queue.from_url(f"sqlite:///{tmp_path / name}.db", maintenance_interval_s=None)
-            return queue, lambda: None
+            return queue, _nothing_to_delete
         queue = Queue.from_url(redis_url, name=name, maintenance_interval_s=None)
-        return queue, lambda: _delete_redis_keys(redis_url, name)
+        return queue, lambda: delete_keys(redis_url, f"*{name}*")
 
     loop = asyncio.new_event_loop()
     machine = type(

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import _delete_redis_queue
 from gateway_support import add_tenants, serving
+from support.redis_keys import delete_keys
 from sync_support import eventually
 from tidegate.app.gateway import open_gateway_state
 from tidegate.app.up import UpInfo, UpSettings, run_up
@@ -103,7 +103,7 @@ async def api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[A
             yield gateway
     finally:
         if request.param == "redis":
-            await _delete_redis_queue(url, prefix)
+            await delete_keys(url, f"*{prefix}*")
 
 
 # ---------------------------------------------------------------------- serving
@@ -365,7 +365,7 @@ async def test_two_gateways_on_one_redis_serve_the_same_recommendations(redis_se
                 assert mine["items"] == theirs["items"] and mine["cold_start"] is False
                 assert (await second.http.get("/v1/health")).json()["users"] == 2
         finally:
-            await _delete_redis_queue(url, prefix)
+            await delete_keys(url, f"*{prefix}*")
 
 
 # ---------------------------------------------------------------------- end to end through up

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support.redis_keys import delete_prefixed
+from support.redis_keys import delete_keys
 from tidegate.errors import ConfigError, InvalidRecsInput
 from tidegate.recs import (
     Interaction,
@@ -91,7 +91,7 @@ class Engines:
         """Delete every Redis key of the prefixes used."""
         if self.backend == "redis":
             for prefix in self.prefixes:
-                await delete_prefixed(self.url, prefix)
+                await delete_keys(self.url, f"{{{prefix}:*")
 
 
 @pytest.fixture(params=BACKENDS)

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.own_redis import own_redis_server
-from support.redis_keys import delete_prefixed
+from support.redis_keys import delete_keys
 from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.recs import Item, RecsStore, recs_store_for
 from tidegate.recs.score import log_add, log_weight
@@ -59,7 +59,7 @@ class Stores:
         for store in self.opened:
             await store.close()
         if self.backend == "redis":
-            await delete_prefixed(self.url, self.prefix)
+            await delete_keys(self.url, f"{{{self.prefix}:*")
 
 
 @pytest.fixture(params=BACKENDS)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
+import psycopg2  # type: ignore[import-untyped]
 import pytest
 
 from sync_support import pg_url

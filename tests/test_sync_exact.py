@@ -16,12 +16,12 @@ import contextlib
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg2
-import psycopg2.extras
+import psycopg2  # type: ignore[import-untyped]
+import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
 from sync_exact import cached_rows, database_rows, describe_difference
@@ -75,7 +75,7 @@ def row_count(dsn: str, table: str) -> int:
         return int(row[0]) if row is not None else 0
 
 
-async def assert_cache_equals_db(dsn: str, cache: EntityCache, tables: dict[str, Sequence[str]],
+async def assert_cache_equals_db(dsn: str, cache: EntityCache, tables: Mapping[str, Sequence[str]],
                                  timeout_s: float = SETTLE_S) -> None:
     """Wait until every table's rows equal the cache's entries, every column of every row (the
     pipeline runs on another task); on timeout fail listing the differences."""
@@ -119,7 +119,7 @@ class Flow:
     dsn: str
     sync: SyncConfig
     pipeline: Pipeline
-    keys: dict[str, Sequence[str]]
+    keys: Mapping[str, Sequence[str]]
 
     async def settled(self, timeout_s: float = SETTLE_S) -> None:
         """The cache equals the database, every column, and no column was left unfilled."""
@@ -141,7 +141,7 @@ def sync_config(dsn: str, redis_url: str, backend: str, tables: Sequence[str],
 
 
 @contextlib.asynccontextmanager
-async def flowing(dsn: str, sync: SyncConfig, keys: dict[str, Sequence[str]],
+async def flowing(dsn: str, sync: SyncConfig, keys: Mapping[str, Sequence[str]],
                   cache: EntityCache | None = None) -> AsyncIterator[Flow]:
     """The pipeline running (stopped, with its drain, on exit), its snapshot applied."""
     config = TidegateConfig.load(queue_url="sqlite:///unused.db").model_copy(update={"sync": sync})

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
+import psycopg2  # type: ignore[import-untyped]
 import pytest
 
 from sync_exact import wait_until_exact
@@ -207,9 +207,9 @@ class Versions:
             async for entry in self.cache.scan(table):
                 now[(table, entry.entity_id)] = entry.version
         for ident in self.seen.keys() - now.keys():
-            entry = await self.cache.get(*ident)
-            assert entry is not None, f"{ident} vanished from the cache without a tombstone"
-            now[ident] = entry.version
+            kept = await self.cache.get(*ident)
+            assert kept is not None, f"{ident} vanished from the cache without a tombstone"
+            now[ident] = kept.version
         regressed = {ident: (self.seen[ident], version) for ident, version in now.items()
                      if ident in self.seen and version < self.seen[ident]}
         assert not regressed, f"versions went backwards: {list(regressed.items())[:5]}"

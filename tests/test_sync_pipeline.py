@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import psycopg2
+import psycopg2  # type: ignore[import-untyped]
 import pytest
 
 from sync_support import (

@@ -11,8 +11,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-import psycopg2
-import psycopg2.extras
+import psycopg2  # type: ignore[import-untyped]
+import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
 from sync_support import DictCheckpoints as MemoryCheckpoints
@@ -186,6 +186,7 @@ async def test_every_type_round_trips_from_snapshot_and_stream(pg_dsn: str) -> N
     rows = canonical_rows(pg_dsn, "typed", zone=zone)
     snapped = batch.changes[0]
     assert snapped.op is Op.INSERT
+    assert snapped.after is not None and inserted.after is not None and nulls.after is not None
     assert snapped.after == rows["1"] and snapped.checksum == checksum(rows["1"])
     assert {k: v for k, v in inserted.after.items() if k != "id"} == {
         k: v for k, v in snapped.after.items() if k != "id"}, "snapshot and stream decode alike"
@@ -239,7 +240,7 @@ async def test_multi_row_statements_share_one_lsn_with_distinct_ordinals(pg_dsn:
         assert tx.position is not None and tx.position > tx.changes[0].version.lsn
     assert sorted(c.entity_id for c in updates.changes) == ["1", "2", "3", "4", "5"]
     assert inserts.changes[0].version < updates.changes[0].version
-    assert {c.after["v"] for c in updates.changes} == {10, 20, 30, 40, 50}
+    assert {c.after["v"] for c in updates.changes if c.after is not None} == {10, 20, 30, 40, 50}
 
 
 async def test_composite_keys_schema_qualified_and_key_changes(pg_dsn: str) -> None:

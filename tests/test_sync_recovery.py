@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
+import psycopg2  # type: ignore[import-untyped]
 import pytest
 
 from sync_support import cached_checksums, checksums_of, pg_url, wait_until_equal

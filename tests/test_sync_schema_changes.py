@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg2
+import psycopg2  # type: ignore[import-untyped]
 import pytest
 
 from sync_exact import cached_rows, database_rows, wait_until_exact
@@ -344,7 +344,8 @@ def test_a_renamed_key_column_keeps_identifying_rows() -> None:
     renamed = transaction(assembler, 200, relation(("key", 23), ("n", 23)), Insert(7, row("5", "6")))
     (change,) = renamed.changes
     assert change.key == {"key": 5} and change.after == {"key": 5, "n": 6}
-    assert assembler.table("docs") is not None and assembler.table("docs").key_columns == ("key",)
+    table = assembler.table("docs")
+    assert table is not None and table.key_columns == ("key",)
 
 
 def test_a_renamed_composite_key_column_is_recognised_without_an_earlier_message() -> None:

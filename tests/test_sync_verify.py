@@ -19,11 +19,11 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg2
-import psycopg2.extras
+import psycopg2  # type: ignore[import-untyped]
+import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
-from support.redis_keys import delete_prefixed
+from support.redis_keys import delete_keys
 from sync_support import eventually, execute, pg_url, running
 from tidegate.app.sync import open_sync, sync_status
 from tidegate.config import SyncConfig, TidegateConfig
@@ -85,7 +85,7 @@ async def _syncing(sync: SyncConfig, cache: EntityCache | None = None) -> AsyncI
             yield pipeline
     finally:
         if sync.cache_url.startswith("redis://"):
-            await delete_prefixed(sync.cache_url, sync.prefix, f"{sync.prefix}:sync:checkpoints")
+            await delete_keys(sync.cache_url, f"{{{sync.prefix}:*", f"{sync.prefix}:sync:checkpoints")
 
 
 async def _verify(sync: SyncConfig, cache: EntityCache, settings: VerifySettings = FAST,

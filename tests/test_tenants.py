@@ -83,11 +83,11 @@ class Stores:
 
         client = aioredis.Redis.from_url(self.url.split("?")[0])
         try:
-            chunks: list[bytes] = []
+            chunks: list[bytes | str] = []
             async for key in client.scan_iter(match=f"*{self.name}*"):
                 for field, value in (await client.hgetall(key)).items():
                     chunks += [key, field, value]
-            return b"\n".join(chunks)
+            return b"\n".join(chunk if isinstance(chunk, bytes) else chunk.encode() for chunk in chunks)
         finally:
             await client.aclose()
 

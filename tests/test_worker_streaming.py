@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 import pytest
@@ -41,7 +42,7 @@ async def queue(queue_factory: QueueFactory) -> Queue:
     return await queue_factory.open(maintenance_interval_s=0.2, retry_base_s=0.05, retry_max_s=0.1)
 
 
-async def _collect(relay: ChunkRelay, job_id: str) -> list[tuple[float, dict[str, object]]]:
+async def _collect(relay: ChunkRelay, job_id: str) -> list[tuple[float, dict[str, Any]]]:
     return [(time.monotonic(), orjson.loads(chunk))
             async for chunk in relay.subscribe(job_id, timeout_s=10)]
 

@@ -10,6 +10,7 @@ import asyncio
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -20,7 +21,7 @@ from tidegate.jobs import JobState
 from tidegate.queue import Queue
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
-CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
+CHAT: dict[str, Any] = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
 
 
 async def _simulator(up: Up, http: httpx.AsyncClient, latency_ms: int) -> None:
@@ -66,7 +67,8 @@ async def test_a_stop_lets_calls_in_flight_finish_and_exits_0(tmp_path: Path, si
         up = await up_ready(process)
         await _simulator(up, http, 3_000)
         client = openai.AsyncOpenAI(base_url=up.api_url, api_key=up.admin_key, max_retries=0)
-        call = asyncio.create_task(client.chat.completions.with_raw_response.create(**CHAT))
+        # ensure_future: the SDK types the call as an awaitable, not a coroutine.
+        call = asyncio.ensure_future(client.chat.completions.with_raw_response.create(**CHAT))
         job_id = await _submit(up, http)
         await _received(up, http, 2)
 

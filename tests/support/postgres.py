@@ -166,7 +166,8 @@ class PostgresServer:
 
     def connect(self, dbname: str = "postgres") -> Any:
         """An autocommit psycopg2 connection to `dbname`."""
-        import psycopg2  # here, so the server part runs under any Python
+        # Imported here, so the server part runs under any Python.
+        import psycopg2  # type: ignore[import-untyped]
 
         conn = psycopg2.connect(self.dsn(dbname))
         conn.autocommit = True

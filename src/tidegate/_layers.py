@@ -1,0 +1,56 @@
+"""The layers of tidegate, from the bottom up: the one place the order is written down.
+
+Each layer is a tuple of names under `tidegate`: a module (`errors` is `tidegate/errors.py`) or a
+package (`queue` is `tidegate/queue/` and everything in it). `__init__` is `tidegate/__init__.py`,
+the public facade `from tidegate import …` reads, which re-exports the core's types and the queue;
+`__main__` is `python -m tidegate`.
+
+The rule: a runtime import points DOWN this list, never up. Within one layer, plain modules may
+import each other (the core's modules are peers), but a package imports no other name of its own
+layer unless the pair is in `SIDEWAYS`. Imports under `if TYPE_CHECKING:` do not count, since
+they never run. No module takes part in an import cycle, inside a package or across packages;
+a factory's lazy import of the backend it picks, inside its own package (`Queue.from_url`
+importing `queue/redis.py`, which imports `queue/base.py`), runs only when called and is not
+counted as one.
+tests/test_layers.py reads every module's imports and enforces all of it; README.md's Layout
+section draws the same list.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LAYERS", "SIDEWAYS"]
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # 1. core: the job and AI-call types, errors, settings and the helpers every family shares
+    (
+        "errors",
+        "jobs",
+        "ai",
+        "costs",
+        "config",
+        "callback_urls",
+        "_urls",
+        "_lifecycle",
+        "_redis",
+        "_sqlite",
+        "_shutdown",
+        "_layers",
+    ),
+    ("queue",),  # 2. the durable priority queue
+    ("__init__",),  # 3. the public facade: `from tidegate import Queue, Job, …`
+    ("coord",),  # 4. tenants and keys, rate limiter, budget ledger, relay
+    ("providers",),  # 5. the upstream client and its adapters
+    ("simulator",),  # 6. the simulated provider (a tool the demo, tests and benchmarks call)
+    ("dispatch",),  # 7. workers: route, pace, budget, retry, dead-letter
+    ("sync",),  # 8. the change flow
+    ("recs",),  # 9. recommendations fed by the change flow
+    ("gateway",),  # 10. the HTTP API
+    ("app",),  # 11. composition roots: open the parts of a process and wire them
+    ("demo",),  # 12. `tidegate demo` and its shop
+    ("cli",),  # 13. the command line
+    ("__main__",),  # 14. `python -m tidegate`
+)
+
+# Pairs (importer, imported) of packages in one layer that may import each other. None today:
+# every package has a layer of its own.
+SIDEWAYS: frozenset[tuple[str, str]] = frozenset()
