@@ -430,6 +430,11 @@ async def test_a_loader_error_reaches_every_waiter_and_is_not_cached(cache: Base
 
     readers = [asyncio.create_task(cache.get_entity("products", "p1", failing)) for _ in range(100)]
     await started.wait()
+    # Every reader first misses on a read of its own (a round trip on Redis): the failure is
+    # released once all of them wait for the one load, so none arrives after it and (rightly,
+    # since a failure is not cached) starts another.
+    while cache._flights.waiting(("products", "p1")) < len(readers):  # noqa: ASYNC110
+        await asyncio.sleep(0.005)
     release.set()
     outcomes_ = await asyncio.gather(*readers, return_exceptions=True)
 
