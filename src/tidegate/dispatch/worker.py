@@ -18,7 +18,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from tidegate._shutdown import CLOSE_BOUND_S, bounded, cancel_bounded, close_bounded
@@ -41,13 +40,13 @@ from tidegate.costs import (
     estimate_input_tokens,
     estimate_output_tokens,
     micros_to_usd,
-    usd_to_micros,
 )
 from tidegate.dispatch import failures
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
+from tidegate.dispatch.spending import Spending
 from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
@@ -63,7 +62,6 @@ log = logging.getLogger("tidegate.worker")
 
 QUEUE_RETRY_S = 1.0  # pause before claiming again after the queue failed to answer
 PARK_S = 0.05  # shortest park, and the re-check interval while a model's slots are all taken
-TENANT_CACHE_S = 5.0  # how long a tenant's budget is reused before it is read again
 
 
 @dataclass(slots=True)
@@ -108,11 +106,9 @@ class Worker:
         self.router = Router(config)
         self._owns_limiter = limiter is None
         self._limiter = limiter or rate_limiter_for(config.queue_url)
-        self._ledger = ledger
+        self._spending = Spending(config.budgets, ledger, tenants)
         self._callbacks = callbacks
         self._relay = relay
-        self._tenants = tenants
-        self._tenant_budgets: dict[str, tuple[float, Decimal | None]] = {}  # name → (read at, budget)
         self._concurrency = AdaptiveConcurrency()
         self._turnstiles: dict[str, PriorityTurnstile] = {}  # per provider/model key
         self._health = ModelHealth(config.routing.fallback_after_failures, self.settings.model_cooldown_s)
@@ -134,9 +130,9 @@ class Worker:
             close_bounded(self._stack, client.close, f"the upstream pool of {provider.name}")
         if self._owns_limiter:
             close_bounded(self._stack, self._limiter.close, "the worker's rate limiter")
-        if self._ledger is None and self._budgets_configured():
-            self._ledger = budget_ledger_for(self.config.queue_url)
-            close_bounded(self._stack, self._ledger.close, "the worker's budget ledger")
+        if self._spending.ledger is None and self._spending.configured:
+            ledger = self._spending.ledger = budget_ledger_for(self.config.queue_url)
+            close_bounded(self._stack, ledger.close, "the worker's budget ledger")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -286,7 +282,7 @@ class Worker:
             await self._settle_failure(call, error, retry=False, failure=failures.invalid_job(error))
             return
         estimated_input = estimate_input_tokens(request.kind, request.body)
-        fraction_left = await self._budget_fraction_left(job.tenant)
+        fraction_left = await self._spending.fraction_left(job.tenant)
         failing = self._health.failing()
         try:
             try:
@@ -330,13 +326,13 @@ class Worker:
         job never waits mutely: in `step_down` mode the cheapest model is tried first; then
         `budget_outcome` ends it dead or defers it, with its reason recorded. Returns the route
         to call, or None when the job was settled or deferred."""
-        if self._ledger is None:
+        if self._spending.ledger is None:
             return route
         job = call.job
-        limits = await self._limits(job.tenant)
+        limits = await self._spending.limits(job.tenant)
         amount = estimate_cost_micros(route.model, request.kind, request.body)
         try:
-            call.reservation = await self._reserve(job, amount, limits)
+            call.reservation = await self._spending.reserve(job, amount, limits)
             return route
         except BudgetExhausted as exc:
             refusal = exc
@@ -345,21 +341,13 @@ class Worker:
             if cheaper is not None:
                 amount = estimate_cost_micros(cheaper.model, request.kind, request.body)
                 try:
-                    call.reservation = await self._reserve(job, amount, limits)
+                    call.reservation = await self._spending.reserve(job, amount, limits)
                     self.metrics.budget_refusals.labels("stepped_down", BUDGET_EXHAUSTED).inc()
                     return cheaper
                 except BudgetExhausted as exc:
                     refusal = exc
         await self._on_budget_refusal(call, refusal, amount)
         return None
-
-    async def _reserve(self, job: Job, amount: int, limits: tuple[int | None, int | None]) -> Reservation:
-        assert self._ledger is not None
-        tenant_limit, global_limit = limits
-        return await self._ledger.reserve(
-            job.tenant, amount, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit,
-            enforce=job.priority is not Priority.CRITICAL,
-        )
 
     def _cheaper_route(self, request: AIRequest, job: Job, route: RouteDecision) -> RouteDecision | None:
         """The cheapest model that may serve an `auto` chat job, if it is not the one refused. A
@@ -472,9 +460,8 @@ class Worker:
         job, model = call.job, route.model
         usage = answer.usage
         spent = cost_micros(model, usage.input_tokens, usage.output_tokens)
-        if self._ledger is not None and call.reservation is not None:
-            await self._ledger.settle(call.reservation, spent)
-            call.reservation = None
+        reservation, call.reservation = call.reservation, None
+        await self._spending.settle(reservation, spent)
         await self._observe_rate_limits(call.key, answer.rate_limit)
         self._concurrency.on_success(call.key)
         self.metrics.concurrency_limit.labels(model.name).set(self._concurrency.limit(call.key))
@@ -551,9 +538,8 @@ class Worker:
             await asyncio.shield(self.queue.release(call.job))
 
     async def _release_budget(self, call: _Call) -> None:
-        if self._ledger is not None and call.reservation is not None:
-            reservation, call.reservation = call.reservation, None
-            await self._ledger.release(reservation)
+        reservation, call.reservation = call.reservation, None
+        await self._spending.release(reservation)
 
     def _release_model_slot(self, call: _Call) -> None:
         if call.holds_model_slot:
@@ -582,49 +568,6 @@ class Worker:
         if failure is not None:
             document["failure"] = failure
         self._callbacks.send_later(job.callback_url, document)
-
-    # ------------------------------------------------------------------ budgets
-
-    def _budgets_configured(self) -> bool:
-        budgets = self.config.budgets
-        return bool(
-            budgets.global_daily_usd is not None
-            or budgets.tenant_daily_usd
-            or budgets.default_tenant_daily_usd is not None
-        )
-
-    async def _limits(self, tenant: str) -> tuple[int | None, int | None]:
-        """Daily limits in micros: the tenant's own budget (tenant store) wins over the config."""
-        budgets = self.config.budgets
-        tenant_usd = await self._tenant_budget(tenant)
-        if tenant_usd is None:
-            tenant_usd = budgets.tenant_daily_usd.get(tenant, budgets.default_tenant_daily_usd)
-        return (
-            None if tenant_usd is None else usd_to_micros(tenant_usd),
-            None if budgets.global_daily_usd is None else usd_to_micros(budgets.global_daily_usd),
-        )
-
-    async def _tenant_budget(self, tenant: str) -> Decimal | None:
-        if self._tenants is None:
-            return None
-        now = time.monotonic()
-        cached = self._tenant_budgets.get(tenant)
-        if cached is not None and now - cached[0] < TENANT_CACHE_S:
-            return cached[1]
-        record = await self._tenants.get_tenant(tenant)
-        budget = None if record is None else record.daily_budget_usd
-        self._tenant_budgets[tenant] = (now, budget)
-        return budget
-
-    async def _budget_fraction_left(self, tenant: str) -> float | None:
-        if self._ledger is None:
-            return None
-        tenant_limit, global_limit = await self._limits(tenant)
-        status = await self._ledger.status(
-            tenant, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit
-        )
-        return status.fraction_left
-
 
 def parse_priorities(text: str) -> tuple[int, ...]:
     """`"0-1"`, `"critical,high"` or `"2"` → levels."""

@@ -1,0 +1,102 @@
+"""The budget side of a worker: which daily limits a tenant's jobs are reserved against, how much
+of them is left, and the reservations themselves.
+
+A tenant's own daily budget (set in the tenant store, read again every `TENANT_CACHE_S`) wins over
+the configured one; the global budget applies to everyone. CRITICAL jobs are recorded but never
+refused (DESIGN.md: the most urgent work is not stopped by a spent budget).
+"""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from tidegate.config import BudgetConfig
+from tidegate.coord.budget import BudgetLedger, Reservation
+from tidegate.costs import usd_to_micros
+from tidegate.jobs import Job, Priority
+
+if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gateway layer
+    from tidegate.coord.tenants import TenantStore
+
+__all__ = ["TENANT_CACHE_S", "Limits", "Spending"]
+
+TENANT_CACHE_S = 5.0  # how long a tenant's budget is reused before it is read again
+
+Limits = tuple[int | None, int | None]  # (tenant, global) daily limits in micro-USD; None: none
+
+
+class Spending:
+    """Reserves, settles and releases a job's estimated cost on the ledger (None: no ledger, and
+    nothing is reserved) against the tenant's and the global daily limits."""
+
+    def __init__(self, budgets: BudgetConfig, ledger: BudgetLedger | None,
+                 tenants: TenantStore | None) -> None:
+        self.budgets = budgets
+        self.ledger = ledger
+        self._tenants = tenants
+        self._tenant_budgets: dict[str, tuple[float, Decimal | None]] = {}  # name → (read at, budget)
+
+    @property
+    def configured(self) -> bool:
+        """Whether any daily budget is configured (a worker then needs a ledger of its own)."""
+        budgets = self.budgets
+        return bool(
+            budgets.global_daily_usd is not None
+            or budgets.tenant_daily_usd
+            or budgets.default_tenant_daily_usd is not None
+        )
+
+    async def limits(self, tenant: str) -> Limits:
+        """Daily limits in micros: the tenant's own budget (tenant store) wins over the config."""
+        budgets = self.budgets
+        tenant_usd = await self._tenant_budget(tenant)
+        if tenant_usd is None:
+            tenant_usd = budgets.tenant_daily_usd.get(tenant, budgets.default_tenant_daily_usd)
+        return (
+            None if tenant_usd is None else usd_to_micros(tenant_usd),
+            None if budgets.global_daily_usd is None else usd_to_micros(budgets.global_daily_usd),
+        )
+
+    async def reserve(self, job: Job, amount_micros: int, limits: Limits) -> Reservation:
+        """Reserve `amount_micros` for `job` (BudgetExhausted when it does not fit; a CRITICAL job
+        is never refused)."""
+        assert self.ledger is not None
+        tenant_limit, global_limit = limits
+        return await self.ledger.reserve(
+            job.tenant, amount_micros, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit,
+            enforce=job.priority is not Priority.CRITICAL,
+        )
+
+    async def settle(self, reservation: Reservation | None, spent_micros: int) -> None:
+        """Turn a reservation into what the call actually cost."""
+        if self.ledger is not None and reservation is not None:
+            await self.ledger.settle(reservation, spent_micros)
+
+    async def release(self, reservation: Reservation | None) -> None:
+        """Give a reservation back unspent (the call did not happen or failed)."""
+        if self.ledger is not None and reservation is not None:
+            await self.ledger.release(reservation)
+
+    async def fraction_left(self, tenant: str) -> float | None:
+        """The share of the tightest budget still free today (None: no ledger or no limit)."""
+        if self.ledger is None:
+            return None
+        tenant_limit, global_limit = await self.limits(tenant)
+        status = await self.ledger.status(
+            tenant, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit
+        )
+        return status.fraction_left
+
+    async def _tenant_budget(self, tenant: str) -> Decimal | None:
+        if self._tenants is None:
+            return None
+        now = time.monotonic()
+        cached = self._tenant_budgets.get(tenant)
+        if cached is not None and now - cached[0] < TENANT_CACHE_S:
+            return cached[1]
+        record = await self._tenants.get_tenant(tenant)
+        budget = None if record is None else record.daily_budget_usd
+        self._tenant_budgets[tenant] = (now, budget)
+        return budget
