@@ -31,11 +31,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from support.redis_keys import delete_keys
+from support.redis_keys import delete_keys_now
 from tidegate import Job, JobState, LeaseLost, Priority, Queue
 
 T = TypeVar("T")
-Cleanup = Callable[[], Coroutine[Any, Any, None]]  # deletes what one example's queue stored
+Cleanup = Callable[[], None]  # deletes what one example's queue stored
 
 MAX_ATTEMPTS = 2
 LEASE_S = 600.0  # never expires within an example: lease recovery is covered by the contract suite
@@ -90,7 +90,7 @@ class QueueModel(RuleBasedStateMachine):
         try:
             self.run(self.queue.close())
         finally:
-            self.run(self._cleanup())
+            self._cleanup()
 
     def _in(self, *states: str) -> list[ModelJob]:
         return [job for job in self.jobs.values() if job.state in states]
@@ -294,7 +294,7 @@ class QueueModel(RuleBasedStateMachine):
 # ---------------------------------------------------------------------- one run per backend
 
 
-async def _nothing_to_delete() -> None:
+def _nothing_to_delete() -> None:
     """A SQLite queue's cleanup: its file goes with the test's tmp_path."""
 
 
@@ -311,7 +311,7 @@ def test_the_queue_behaves_like_the_model(
             queue = Queue.from_url(f"sqlite:///{tmp_path / name}.db", maintenance_interval_s=None)
             return queue, _nothing_to_delete
         queue = Queue.from_url(redis_url, name=name, maintenance_interval_s=None)
-        return queue, lambda: delete_keys(redis_url, f"*{name}*")
+        return queue, lambda: delete_keys_now(redis_url, f"*{name}*")
 
     loop = asyncio.new_event_loop()
     machine = type(

@@ -264,10 +264,15 @@ class RedisQueue(Queue):
         is open: a lost connection (a Redis restart) is retried with backoff, and each time the
         subscription stands again every waiter re-reads its job, since what was announced while
         the connection was down never arrives."""
-        while True:
+        # Bounded by the queue's state as well as by cancellation: on Python 3.11 a cancel that
+        # lands while the clean-up's wait_for finishes can be lost, and the listener must not
+        # outlive its queue (reconnecting to a closed pool until the event loop ends).
+        while self.is_open:
             try:
                 await self._relay_done_once()
             except Exception as exc:  # whatever ends it, the listener must not stay dead
+                if not self.is_open:
+                    return
                 if not is_connection_error(exc):
                     log.error("job-done listener failed: %r; starting it again", exc)
                 self._done_outage.lost(exc)
