@@ -19,8 +19,8 @@ from sync_exact import cached_rows, database_rows, wait_until_exact
 from sync_support import eventually, execute, in_one_transaction, pg_url, running
 from tidegate.app.sync import open_sync
 from tidegate.config import SyncConfig, TidegateConfig
-from tidegate.sync.backfill import MAX_ORDINAL, SCHEMA_PREFIX, schema_message
-from tidegate.sync.changes import Op, Version
+from tidegate.sync.backfill import SCHEMA_PREFIX, schema_message
+from tidegate.sync.changes import MAX_ORDINAL, Op, Version
 from tidegate.sync.contracts import Transaction
 from tidegate.sync.pipeline import Pipeline
 from tidegate.sync.sources.postgres.catalog import TableInfo

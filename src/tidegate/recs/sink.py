@@ -40,9 +40,8 @@ import orjson
 from tidegate.recs.engine import Recommender
 from tidegate.recs.model import Interaction, InteractionKind, Item
 from tidegate.recs.monitor import RecsMonitor
-from tidegate.sync.changes import Change, Op
+from tidegate.sync.changes import MAX_ORDINAL, Change, Op
 from tidegate.sync.contracts import ApplyOutcome, ApplyResult
-from tidegate.sync.sources.sqlite.source import SNAPSHOT_ORDINAL
 from tidegate.sync.values import JsonValue, Row, canonical_json, normalise_timestamp
 
 __all__ = [
@@ -209,9 +208,9 @@ def interaction_from_row(row: Row, commit_time: datetime,
 
 def _streamed(change: Change) -> bool:
     """Whether the change came from the source's stream. A snapshot row's commit time is when
-    the snapshot read it, so its freshness means nothing (SQLite marks snapshot rows with the
-    highest ordinal; PostgreSQL's carry no capture time)."""
-    return change.captured_at > 0 and change.version.ordinal != SNAPSHOT_ORDINAL
+    the snapshot read it, so its freshness means nothing (SQLite's snapshot rows and a re-read
+    table's carry the highest ordinal; PostgreSQL's snapshot rows carry no capture time)."""
+    return change.captured_at > 0 and change.version.ordinal != MAX_ORDINAL
 
 
 class RecsSink:

@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from tidegate.errors import InvalidChange, SourceError
-from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.changes import MAX_ORDINAL, Change, Op, Version
 from tidegate.sync.sources.postgres import catalog as pg_catalog
 from tidegate.sync.sources.postgres.catalog import TableInfo
 from tidegate.sync.sources.postgres.driver import psycopg2, sql
@@ -47,7 +47,6 @@ from tidegate.sync.sources.postgres.pgoutput import Relation
 from tidegate.sync.sources.postgres.types import decode_text
 
 __all__ = [
-    "MAX_ORDINAL",
     "SCHEMA_PREFIX",
     "BackfillRequest",
     "Shape",
@@ -64,7 +63,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SCHEMA_PREFIX = "tidegate.schema"
-MAX_ORDINAL = 2**32 - 1
 
 Shape = tuple[tuple[str, int, int], ...]
 """A table's replicated columns in order: (name, type OID, type modifier) each. A change in any of

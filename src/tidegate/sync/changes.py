@@ -26,7 +26,11 @@ import orjson
 from tidegate.errors import InvalidChange
 from tidegate.sync.values import JsonValue, Row, canonical, canonical_json, checksum
 
-__all__ = ["Change", "Op", "Version", "entity_id_of"]
+__all__ = ["MAX_ORDINAL", "Change", "Op", "Version", "entity_id_of"]
+
+# The highest ordinal a version carries (Version.key gives it 8 hex digits): a version at it comes
+# after every change of its position, which is what a snapshot or a re-read of a table states.
+MAX_ORDINAL = 2**32 - 1
 
 
 class Op(enum.StrEnum):

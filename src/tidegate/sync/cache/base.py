@@ -40,7 +40,7 @@ import orjson
 from tidegate._lifecycle import Lifecycle
 from tidegate.errors import CacheUnavailable, ConfigError, InvalidChange, VersionConflict
 from tidegate.sync.cache.singleflight import SingleFlight
-from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.changes import MAX_ORDINAL, Change, Op, Version
 from tidegate.sync.contracts import ApplyOutcome, ApplyResult, Entry, Loader
 from tidegate.sync.values import JsonValue, Row, canonical, checksum
 
@@ -59,7 +59,6 @@ READ_PAGE = 1000
 
 # Version.key is fixed-width only within these bounds; stores compare the keys as strings.
 _MAX_LSN = 2**64 - 1
-_MAX_ORDINAL = 2**32 - 1
 
 Outcome = tuple[ApplyOutcome, Row | None]
 """What a backend did with one change, and the row it held before (None: none or a tombstone)."""
@@ -347,7 +346,7 @@ def _check_change(change: object) -> None:
         raise InvalidChange(f"the entity cache applies Change objects, not {type(change).__name__}")
     _check_key(change.entity_type, change.entity_id)
     lsn, ordinal = change.version
-    if not (0 <= lsn <= _MAX_LSN and 0 <= ordinal <= _MAX_ORDINAL):
+    if not (0 <= lsn <= _MAX_LSN and 0 <= ordinal <= MAX_ORDINAL):
         raise InvalidChange(
             f"change of {change.entity_type} {change.entity_id!r} has version ({lsn}, {ordinal}) "
             "outside 0..2**64-1 / 0..2**32-1"

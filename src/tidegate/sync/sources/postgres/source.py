@@ -38,7 +38,6 @@ from typing import Any
 from tidegate._lifecycle import Lifecycle
 from tidegate.errors import SourceError
 from tidegate.sync.backfill import (
-    MAX_ORDINAL,
     BackfillRequest,
     Shape,
     decode_shape,
@@ -47,7 +46,7 @@ from tidegate.sync.backfill import (
     row_changes,
     shapes_of_catalog,
 )
-from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.changes import MAX_ORDINAL, Change, Op, Version
 from tidegate.sync.contracts import CheckpointStore, Transaction
 from tidegate.sync.fill import RowsRead
 from tidegate.sync.sources.postgres import catalog as pg_catalog

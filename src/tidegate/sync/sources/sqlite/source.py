@@ -50,7 +50,7 @@ import orjson
 from tidegate._lifecycle import Lifecycle
 from tidegate._sqlite import SqliteThread, immediate
 from tidegate.errors import InvalidChange, SourceError
-from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.changes import MAX_ORDINAL, Change, Op, Version
 from tidegate.sync.contracts import CheckpointStore, Transaction
 from tidegate.sync.sources.sqlite.capture import (
     OUTBOX,
@@ -74,7 +74,7 @@ log = logging.getLogger("tidegate.sync.sqlite")
 _OUTBOX_PAGE = (f"SELECT seq, entity_type, op, before_json, after_json, changed_at FROM {OUTBOX} "
                 "WHERE seq > ? ORDER BY seq LIMIT ?")
 _LAST_SEQ = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = ?), 0)"
-SNAPSHOT_ORDINAL = 0xFFFF_FFFF  # the highest ordinal: after every change at the snapshot's position
+SNAPSHOT_ORDINAL = MAX_ORDINAL  # after every change at the snapshot's position
 
 
 @dataclass(frozen=True, slots=True)
