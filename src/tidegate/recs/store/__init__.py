@@ -1,25 +1,6 @@
-"""The recommender's state: `recs_store_for("memory://" | "redis://…")` (see `base`)."""
+"""The recommender's state: `recs_store_for("memory://" | "redis://…")`, one module per backend
+behind the contract of `base` (where the state's types live)."""
 
-from tidegate.recs.store.base import (
-    ItemChanges,
-    RecentItem,
-    RecsStore,
-    StoreStats,
-    UserEvent,
-    UserOutcome,
-    UserParams,
-    UserState,
-    recs_store_for,
-)
+from tidegate.recs.store.base import RecsStore, recs_store_for
 
-__all__ = [
-    "ItemChanges",
-    "RecentItem",
-    "RecsStore",
-    "StoreStats",
-    "UserEvent",
-    "UserOutcome",
-    "UserParams",
-    "UserState",
-    "recs_store_for",
-]
+__all__ = ["RecsStore", "recs_store_for"]
