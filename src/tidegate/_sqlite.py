@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from tidegate.errors import ConfigError
+
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 30_000
@@ -24,13 +26,22 @@ _SETUP_ATTEMPTS = 50
 _SETUP_PAUSE_S = 0.02
 
 
+def sqlite_path(url: str) -> str:
+    """The file of a `sqlite:///…` URL, the one way every SQLite part reads it:
+    sqlite:///relative.db → "relative.db", sqlite:////abs/path.db → "/abs/path.db"; the query
+    is not part of it, and a URL with a host is refused."""
+    parts = urlsplit(url)
+    if parts.netloc:
+        raise ConfigError(f"sqlite URL has a host {parts.netloc!r}: use sqlite:///path/to/file.db")
+    return parts.path[1:] if parts.path.startswith("/") else parts.path
+
+
 def sqlite_file(url: str) -> Path | None:
     """The file a `sqlite:///...` URL names (None for any other URL, or one without a path)."""
     parts = urlsplit(url)
     if parts.scheme != "sqlite" or not parts.path:
         return None
-    # sqlite:///relative.db → relative.db; sqlite:////abs.db → /abs.db (as Queue.from_url reads it)
-    return Path(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    return Path(sqlite_path(url))
 
 
 def ensure_sqlite_folder(url: str) -> None:

@@ -9,9 +9,9 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from tidegate._lifecycle import Lifecycle
+from tidegate._sqlite import sqlite_path
 from tidegate._urls import redact_url
 from tidegate.errors import ConfigError
-from tidegate.queue.base import _sqlite_path
 
 Backend = Literal["redis", "sqlite"]
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -42,8 +42,7 @@ def queue_name_of(queue_url: str) -> str:
 
 def sqlite_path_of(queue_url: str) -> str:
     """The file of a `sqlite:///…` queue URL."""
-    parts = urlsplit(queue_url)
-    return _sqlite_path(parts.netloc, parts.path)
+    return sqlite_path(queue_url)
 
 
 def imported_when_named(package: str, backends: Mapping[str, str]) -> Callable[[str], Any]:

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tidegate._sqlite import sqlite_path
 from tidegate.config import RefreshRule, TidegateConfig
 from tidegate.demo.shop import SHOP_TABLES, create_shop
 from tidegate.jobs import Priority
@@ -30,7 +31,7 @@ def embedded_sync_config(config: TidegateConfig, *, shop_data: str | Path | None
     parts = urlsplit(sync.source_url)
     if parts.scheme != "sqlite":
         return config
-    path = Path(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    path = Path(sqlite_path(sync.source_url))
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         seeded = create_shop(path, data=shop_data)

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from tidegate._lifecycle import Lifecycle
 from tidegate._shutdown import bounded, cancel_bounded
+from tidegate._sqlite import sqlite_path
 from tidegate._urls import redact_url
 from tidegate.errors import (
     ConfigError,
@@ -149,7 +150,7 @@ class Queue(Lifecycle):
         if parts.scheme == "sqlite":
             from tidegate.queue.sqlite import SqliteQueue
 
-            return SqliteQueue(_sqlite_path(parts.netloc, parts.path), resolved)
+            return SqliteQueue(sqlite_path(url), resolved)
         if parts.scheme in ("redis", "rediss", "unix"):
             from tidegate.queue.redis import RedisQueue
 
@@ -541,8 +542,3 @@ def _resolve_time(abs_name: str, absolute: object, rel_name: str, relative: obje
     return None
 
 
-def _sqlite_path(netloc: str, path: str) -> str:
-    # sqlite:///relative.db → "relative.db"; sqlite:////abs/path.db → "/abs/path.db"
-    if netloc:
-        raise ConfigError(f"sqlite URL has a host {netloc!r}: use sqlite:///path/to/file.db")
-    return path[1:] if path.startswith("/") else path

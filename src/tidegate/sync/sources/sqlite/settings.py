@@ -9,6 +9,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tidegate._sqlite import sqlite_path
 from tidegate.errors import ConfigError
 from tidegate.sync.values import source_zone
 
@@ -64,12 +65,10 @@ class SqliteSourceSettings(BaseModel):
         parts = urlsplit(url)
         if parts.scheme != "sqlite":
             raise ConfigError(f"{url!r} is not a sqlite:/// URL")
-        if parts.netloc:
-            raise ConfigError(f"sqlite URL has a host {parts.netloc!r}: use sqlite:///path/to/file.db")
         query: dict[str, Any] = dict(parse_qsl(parts.query))
         if "tables" in query:
             query["tables"] = tuple(t for t in query["tables"].split(",") if t)
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        path = sqlite_path(url)
         try:
             return cls.model_validate({"path": path, **query, **options})
         except ValidationError as exc:
