@@ -3,8 +3,8 @@
 #   make demo     install the base package and run the demo (tidegate up + load through its HTTP API)
 #   make test     install dev extras and test servers, run the whole test suite, then lint
 #   make lint     ruff + mypy (strict, over src, tests and bench)
-#   make bench    install bench extras and run the queue, dispatch, HTTP client, gateway and change-flow
-#                 benchmarks
+#   make bench    install bench extras and peers (Portkey's gateway, with npm) and run the queue,
+#                 dispatch, HTTP client, gateway and change-flow benchmarks
 #   make clean    remove the virtualenv, caches and local data
 
 SHELL := /bin/bash
@@ -22,10 +22,15 @@ REDIS_PKG := redis-server
 POSTGRES_PKG := postgresql
 CHROMIUM_PKG := chromium
 
-.PHONY: help venv servers test lint demo bench clean
+# Portkey's gateway, a peer in bench/gateway.py: a Node package, installed with npm into a folder
+# git ignores, for the benchmarks only (never by `make test` or the dev extra).
+PEERS_DIR := bench/.peers
+PORTKEY_VERSION := 1.15.2
+
+.PHONY: help venv servers peers test lint demo bench clean
 
 help:
-	@echo "make demo | test | lint | bench | servers | venv | clean"
+	@echo "make demo | test | lint | bench | servers | peers | venv | clean"
 
 # ---------------------------------------------------------------- virtualenv
 
@@ -71,6 +76,25 @@ servers:
 	apt-get install -y --no-install-recommends $$missing \
 		|| { apt-get update && apt-get install -y --no-install-recommends $$missing; }
 
+# ---------------------------------------------------------------- benchmark peers
+
+# The package's one install script is patch-package, which applies the patches of Portkey's own
+# repository; the package ships none, so install scripts are skipped.
+$(PEERS_DIR)/.stamp-portkey-$(PORTKEY_VERSION):
+	@for tool in node npm; do \
+		if ! command -v $$tool >/dev/null 2>&1; then \
+			echo "$$tool is missing: Portkey's gateway (a peer in bench/gateway.py) needs Node.js and npm" >&2; \
+			echo "install them with: sudo apt-get install -y nodejs npm" >&2; \
+			exit 1; \
+		fi; \
+	done
+	mkdir -p $(PEERS_DIR)
+	npm install --prefix $(PEERS_DIR) --no-audit --no-fund --ignore-scripts --save-exact \
+		@portkey-ai/gateway@$(PORTKEY_VERSION)
+	@touch $@
+
+peers: $(PEERS_DIR)/.stamp-portkey-$(PORTKEY_VERSION)
+
 # ---------------------------------------------------------------- checks
 
 # pytest exit code 5 means "no tests collected": that is a broken suite, never a pass, so it is
@@ -90,7 +114,7 @@ lint: venv
 demo: $(VENV)/.stamp-base
 	$(BIN)/tidegate demo
 
-bench: $(VENV)/.stamp-bench servers
+bench: $(VENV)/.stamp-bench servers peers
 	$(BIN)/python bench/queue.py
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/http_client.py
@@ -100,5 +124,5 @@ bench: $(VENV)/.stamp-bench servers
 	$(BIN)/python bench/recs_quality.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist
+	rm -rf $(VENV) $(PEERS_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

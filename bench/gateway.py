@@ -1,9 +1,11 @@
 """What the gateway costs: latency it adds over calling the provider directly, and the sustained
-end-to-end rate through gateway → queue → worker → provider, side by side with LiteLLM's proxy.
+end-to-end rate through gateway → queue → worker → provider, side by side with LiteLLM's proxy
+and Portkey's gateway.
 
     .venv/bin/python bench/gateway.py                   # about 5 minutes on a quiet 2-core machine
     .venv/bin/python bench/gateway.py --quick           # a smoke run, about 2 minutes
     .venv/bin/python bench/gateway.py --systems up,redis --rates 100,200 --duration-s 15
+    .venv/bin/python bench/gateway.py --systems up,redis,litellm   # without Portkey (no Node.js)
     .venv/bin/python bench/gateway.py --litellm-workers 2 --clients 256 --json bench/results/gw.json
 
 Every part runs in a process of its own on loopback: the simulated provider (`tidegate simulate`,
@@ -14,7 +16,12 @@ nothing else while a run lasts). The systems, one after the other, all on that o
   wiring of `tidegate up`);
 - `redis`: `tidegate gateway` and `tidegate worker` as two processes on a private redis-server;
 - `litellm`: LiteLLM's proxy (`litellm --config`, from the `bench` extra), its model pointed at
-  the simulator, no database; reported as not run when it cannot be installed or started.
+  the simulator, no database; reported as not run when it cannot be installed or started;
+- `portkey`: Portkey's open-source gateway (`@portkey-ai/gateway`, one Node.js process, headless,
+  listening on loopback only), which `make bench` installs with npm into bench/.peers; each
+  request names its provider in headers (`x-portkey-provider: openai`, `x-portkey-custom-host:`
+  the simulator). Reported as not run when Node.js or the package is missing; `--systems`
+  without it leaves it out.
 
 Added latency: at each offered rate (open loop: requests leave on a fixed schedule whether or not
 earlier ones were answered) the same load goes straight to the simulator, then through the system;
@@ -22,6 +29,8 @@ added = through - direct at p50 and p99. A rate the system cannot keep up with e
 runs. Sustained rate: a closed loop (N clients, each sending its next request when the last is
 answered) counts answers over a window after a warm-up. Every answer must be a 200 with a
 completion and must have reached the simulator (its request count is checked after each run).
+The report then sets each system's figures side by side as ratios: to calling the simulator
+directly, and to each tidegate layout.
 
 The machine may be shared: each row shows the CPU that other processes took meanwhile, and a run
 during which they took more than 20 % of a core is measured again (at most twice, within

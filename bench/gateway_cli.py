@@ -35,6 +35,9 @@ from bench.gateway_systems import (
     System,
     litellm_name,
     litellm_proxy,
+    node_version,
+    portkey_gateway,
+    portkey_version,
     simulator,
     tidegate_redis,
     tidegate_up,
@@ -43,7 +46,10 @@ from bench.machine import CpuMeter
 from bench.report import machine_facts
 from bench.servers import redis_server_version
 
-SYSTEMS = ("up", "redis", "litellm")
+SYSTEMS = ("up", "redis", "litellm", "portkey")
+# Other projects' gateways: one that cannot be installed or started is reported as not run, while
+# tidegate's own layouts failing to start fail the benchmark.
+PEERS = ("litellm", "portkey")
 QUIET_POLL_S = 0.25
 QUIET_TIMEOUT_S = 60.0
 DISTURBED_SHARE_PCT = 20.0  # other processes above this share of one core disturb a run
@@ -263,9 +269,11 @@ def planned_systems(plan: Plan) -> list[Planned]:
         elif key == "redis":
             out.append(Planned(key, "tidegate gateway + worker",
                                lambda folder, sim: tidegate_redis(folder, sim, plan.concurrency)))
-        else:
+        elif key == "litellm":
             out.extend(Planned(key, litellm_name(workers), _litellm_starter(workers))
                        for workers in plan.litellm_workers)
+        else:
+            out.append(Planned(key, "Portkey gateway", portkey_gateway))
     return out
 
 
@@ -274,7 +282,7 @@ def _litellm_starter(workers: int) -> Callable[[Path, Simulator], AbstractAsyncC
 
 
 async def run(plan: Plan, load_before: str) -> Report:
-    """Every planned measurement; a system that cannot start is reported as not run (LiteLLM) or
+    """Every planned measurement; a system that cannot start is reported as not run (a peer) or
     fails the benchmark (tidegate's own layouts)."""
     with tempfile.TemporaryDirectory(prefix="tidegate-bench-gateway-") as name:
         folder = Path(name)
@@ -297,7 +305,7 @@ async def run(plan: Plan, load_before: str) -> Report:
                         _say(f"{system.name} answered after {time.monotonic() - started:.1f} s")
                         await bench.measure(system)
                 except BenchmarkError as error:
-                    if planned.key != "litellm":
+                    if planned.key not in PEERS:
                         raise
                     info = SystemInfo(planned.key, planned.name, "—")
                     bench.report.not_run.append(NotRun(info, "all", str(error).splitlines()[0]))
@@ -328,6 +336,8 @@ def _facts(plan: Plan, load_before: str, other: OtherCpu) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions.append(f"{package} (not installed)")
     facts["libraries"] = ", ".join(versions)
+    if "portkey" in plan.systems:
+        facts["Portkey gateway"] = f"@portkey-ai/gateway {portkey_version() or '(not installed)'}, " + _node()
     facts["plan"] = (
         f"simulator answers after a fixed {plan.latency_ms:g} ms; open loop at "
         f"{', '.join(f'{r:,.0f}' for r in plan.rates)} req/s for {plan.duration_s:g} s each, direct then "
@@ -337,7 +347,17 @@ def _facts(plan: Plan, load_before: str, other: OtherCpu) -> dict[str, str]:
     if "litellm" in plan.systems:
         facts["plan"] += (f"; LiteLLM with {' and '.join(str(w) for w in plan.litellm_workers)} "
                           "worker process(es)")
+    if "portkey" in plan.systems:
+        facts["plan"] += "; Portkey's gateway in one Node process"
     return facts
+
+
+def _node() -> str:
+    """`Node v20.20.2`, or that it is absent."""
+    try:
+        return "Node " + node_version()
+    except BenchmarkError:
+        return "Node (not found)"
 
 
 def parse_args(argv: Sequence[str] | None, description: str | None) -> tuple[Plan, Path | None]:

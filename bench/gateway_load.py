@@ -34,10 +34,12 @@ KEEPALIVE_S = 2.0
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """Where to send: the base URL (`http://host:port/v1`) and the bearer key, if any."""
+    """Where to send: the base URL (`http://host:port/v1`), the bearer key, if any, and any
+    headers the system routes by (Portkey's provider and custom host)."""
 
     base_url: str
     api_key: str | None = None
+    extra_headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def url(self) -> str:
@@ -46,8 +48,8 @@ class Endpoint:
 
     @property
     def headers(self) -> dict[str, str]:
-        """Content type and authorization."""
-        headers = {"Content-Type": "application/json"}
+        """Content type, authorization and the extra headers."""
+        headers = {"Content-Type": "application/json", **dict(self.extra_headers)}
         if self.api_key is not None:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers

@@ -1,5 +1,6 @@
-"""The gateway benchmark's results, and how they are shown: console tables, the same tables as
-markdown for BENCHMARKS.md, and the verdicts on the issue's targets."""
+"""The gateway benchmark's results, and how they are shown: console tables (the figures, then the
+same figures as ratios to calling the simulator directly and to each tidegate layout), the same
+tables as markdown for BENCHMARKS.md, and the verdicts on the issue's targets."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ TARGET_ADDED_P99_MS = 10.0
 TARGET_SUSTAINED_PER_S = 1_700.0  # twice the seed's 847 req/s
 SEED_RATE_PER_S = 847.0
 TIDEGATE_KEYS = ("up", "redis")
+Rows = list[tuple[list[str], bool]]  # a table's rows: the cells, and whether it is tidegate's (bold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +167,7 @@ def sustained_cells(row: Sustained) -> list[str]:
     ]
 
 
-def _table(title: str, headers: Sequence[str], rows: Sequence[tuple[list[str], bool]]) -> Table:
+def _table(title: str, headers: Sequence[str], rows: Rows) -> Table:
     table = Table(title=title)
     for header in headers:
         table.add_column(header, justify="left" if header in ("system", "layout") else "right")
@@ -174,7 +176,7 @@ def _table(title: str, headers: Sequence[str], rows: Sequence[tuple[list[str], b
     return table
 
 
-def _markdown(headers: Sequence[str], rows: Sequence[tuple[list[str], bool]]) -> str:
+def _markdown(headers: Sequence[str], rows: Rows) -> str:
     aligns = ["---" if header in ("system", "layout") else "---:" for header in headers]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(aligns) + "|"]
     for cells, bold in rows:
@@ -183,7 +185,7 @@ def _markdown(headers: Sequence[str], rows: Sequence[tuple[list[str], bool]]) ->
     return "\n".join(lines)
 
 
-def _latency_rows(report: Report) -> list[tuple[list[str], bool]]:
+def _latency_rows(report: Report) -> Rows:
     rows = [(latency_cells(pair), pair.system.is_tidegate) for pair in report.pairs]
     for skip in report.not_run:
         if skip.what != "sustained":
@@ -194,7 +196,7 @@ def _latency_rows(report: Report) -> list[tuple[list[str], bool]]:
     return rows
 
 
-def _sustained_rows(report: Report) -> list[tuple[list[str], bool]]:
+def _sustained_rows(report: Report) -> Rows:
     rows = [(sustained_cells(row), row.system.is_tidegate) for row in report.sustained]
     for skip in report.not_run:
         if skip.what in ("sustained", "all"):
@@ -203,6 +205,60 @@ def _sustained_rows(report: Report) -> list[tuple[list[str], bool]]:
             cells[SUSTAINED_HEADERS.index("errors")] = skip.reason
             rows.append((cells, skip.system.is_tidegate))
     return rows
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    """`0.42x`; `—` without both figures or with a reference at or below 0 (an added latency
+    can be)."""
+    if value is None or reference is None or reference <= 0:
+        return "—"
+    ratio = value / reference
+    return f"{ratio:.2f}x" if abs(ratio) < 10 else f"{ratio:,.1f}x"
+
+
+def sustained_ratios(report: Report) -> tuple[list[str], Rows]:
+    """Each system's sustained rate as a multiple of the simulator's alone and of each tidegate
+    layout's, and its CPU per request as a multiple of each tidegate layout's."""
+    direct = next((row for row in report.sustained if row.system.key == "direct"), None)
+    tidegate = [row for row in report.sustained if row.system.is_tidegate]
+    headers = ["system", "req/s", "req/s ÷ direct", *(f"req/s ÷ {ref.system.name}" for ref in tidegate),
+               "system CPU µs/req", *(f"CPU ÷ {ref.system.name}" for ref in tidegate)]
+    rows: Rows = []
+    for row in report.sustained:
+        if row.system.key == "direct":
+            continue
+        cpu = row.system_cpu_us_per_request()
+        direct_rate = direct.run.rate if direct else None
+        rows.append(([
+            row.system.name, f"{row.run.rate:,.0f}", _ratio(row.run.rate, direct_rate),
+            *(_ratio(row.run.rate, ref.run.rate) for ref in tidegate),
+            _us(cpu), *(_ratio(cpu, ref.system_cpu_us_per_request()) for ref in tidegate),
+        ], row.system.is_tidegate))
+    return headers, rows
+
+
+def latency_ratios(report: Report) -> tuple[list[str], Rows]:
+    """At each offered rate: the latency through each system as a multiple of the direct one
+    (same rate, same run), and its added latency as a multiple of each tidegate layout's at that
+    rate. A reference that could not keep up with the rate gives no ratio."""
+    layouts = list(dict.fromkeys(pair.system.name for pair in report.pairs if pair.system.is_tidegate))
+    reference = {(pair.system.name, pair.rate_per_s): pair for pair in report.pairs
+                 if pair.system.is_tidegate and pair.kept_up}
+    headers = ["system", "offered req/s", "added p50 ms", "added p99 ms", "p50 ÷ direct", "p99 ÷ direct"]
+    for name in layouts:
+        headers += [f"added p50 ÷ {name}", f"added p99 ÷ {name}"]
+    rows: Rows = []
+    for pair in report.pairs:
+        cells = [pair.system.name, f"{pair.rate_per_s:,.0f}{'' if pair.kept_up else ' (overloaded)'}",
+                 _added(pair.added_ms(0.5)), _added(pair.added_ms(0.99)),
+                 _ratio(pair.through.p(0.5), pair.direct.p(0.5)),
+                 _ratio(pair.through.p(0.99), pair.direct.p(0.99))]
+        for name in layouts:
+            ref = reference.get((name, pair.rate_per_s))
+            for fraction in (0.5, 0.99):
+                cells.append(_ratio(pair.added_ms(fraction), ref.added_ms(fraction) if ref else None))
+        rows.append((cells, pair.system.is_tidegate))
+    return headers, rows
 
 
 def verdicts(report: Report) -> list[str]:
@@ -244,11 +300,19 @@ def print_report(console: Console, report: Report, command: str) -> None:
     latency, sustained = _latency_rows(report), _sustained_rows(report)
     console.print(_table("Added latency: open loop, direct vs through each system", LATENCY_HEADERS, latency))
     console.print(_table("Sustained rate: closed loop, end to end", SUSTAINED_HEADERS, sustained))
+    ratio_tables = [
+        ("Side by side: sustained rate and CPU per request, as ratios", *sustained_ratios(report)),
+        ("Side by side: latency, as ratios", *latency_ratios(report)),
+    ]
+    for title, headers, rows in ratio_tables:
+        console.print(_table(title, headers, rows))
     for line in verdicts(report):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print()
     console.print("[bold]Markdown for BENCHMARKS.md[/bold]")
-    for block in (_markdown(LATENCY_HEADERS, latency), _markdown(SUSTAINED_HEADERS, sustained)):
+    blocks = [_markdown(LATENCY_HEADERS, latency), _markdown(SUSTAINED_HEADERS, sustained),
+              *(_markdown(headers, rows) for _, headers, rows in ratio_tables)]
+    for block in blocks:
         console.print(block, markup=False, highlight=False, soft_wrap=True)
         console.print()
     for name, value in report.facts.items():

@@ -1,6 +1,6 @@
 """What the gateway benchmark measures, each started in processes of its own on loopback: the
 simulated provider, tidegate (embedded `up`, or `tidegate gateway` + `tidegate worker` on a
-private Redis) and LiteLLM's proxy, all pointed at that one simulator.
+private Redis), LiteLLM's proxy and Portkey's gateway, all pointed at that one simulator.
 
 Each system is an async context manager that yields a `System` (where to send, with which key,
 and which processes to meter) and stops everything it started when the block ends.
@@ -13,6 +13,8 @@ import importlib.util
 import json
 import os
 import secrets
+import shutil
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ import aiohttp
 
 from bench.common import BenchmarkError
 from bench.gateway_load import MODEL, Endpoint
-from bench.gateway_procs import running, tidegate_command, wait_for_http, wait_for_line
+from bench.gateway_procs import REPO_ROOT, running, tidegate_command, wait_for_http, wait_for_line
 from bench.gateway_up import READY_PREFIX
 from bench.servers import free_port, private_redis
 from tidegate.config import default_models
@@ -34,6 +36,11 @@ SIM_KEY = "sk-bench"  # the simulator checks no key; clients send one as they wo
 SIM_READY = r"Simulated provider listening on (\S+)"
 START_TIMEOUT_S = 30.0
 LITELLM_START_TIMEOUT_S = 300.0  # it imports a great deal, once per worker: minutes on a busy machine
+# Where `make bench` installs Portkey's gateway with npm (ignored by git; see the Makefile).
+PORTKEY_PREFIX = REPO_ROOT / "bench" / ".peers"
+PORTKEY_PACKAGE = PORTKEY_PREFIX / "node_modules" / "@portkey-ai" / "gateway"
+PORTKEY_LOOPBACK = REPO_ROOT / "bench" / "portkey_loopback.cjs"
+PORTKEY_START_TIMEOUT_S = 60.0
 TENANT = Tenant(name="bench", max_priority=Priority.HIGH, default_priority=Priority.NORMAL)
 
 
@@ -212,3 +219,57 @@ async def litellm_proxy(folder: Path, sim: Simulator, workers: int) -> AsyncIter
 def litellm_name(workers: int) -> str:
     """`LiteLLM proxy (2 workers)`."""
     return f"LiteLLM proxy ({workers} worker{'s' if workers != 1 else ''})"
+
+
+def node_binary() -> str:
+    """The `node` on PATH; fails saying how to install it."""
+    node = shutil.which("node")
+    if node is None:
+        raise BenchmarkError("Node.js is not installed (Debian: apt-get install nodejs npm)")
+    return node
+
+
+def node_version() -> str:
+    """`v20.20.2`, from `node --version`."""
+    node = node_binary()
+    try:
+        done = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise BenchmarkError(f"`{node} --version` failed: {error}") from error
+    return done.stdout.strip()
+
+
+def portkey_version() -> str | None:
+    """The version of the Portkey gateway `make bench` installed, or None when it is absent."""
+    try:
+        manifest = json.loads((PORTKEY_PACKAGE / "package.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return str(manifest.get("version", "unknown"))
+
+
+@contextlib.asynccontextmanager
+async def portkey_gateway(folder: Path, sim: Simulator) -> AsyncIterator[System]:
+    """Portkey's open-source gateway (`node build/start-server.js`, one Node process) on a free
+    port, headless (no web UI, no log stream), every request routed by its headers to the
+    simulator as an OpenAI provider at a custom host. The bearer key goes through to the
+    simulator as the provider's key: the gateway itself checks none."""
+    version = portkey_version()
+    if version is None:
+        raise BenchmarkError(f"Portkey's gateway is not installed in {PORTKEY_PREFIX} (`make bench` installs "
+                             "it with npm)")
+    node, node_at = node_binary(), node_version()
+    port = free_port()
+    # --require: it listens on loopback only (see the file); --port=N is its own option.
+    argv = [node, "--require", str(PORTKEY_LOOPBACK), str(PORTKEY_PACKAGE / "build" / "start-server.js"),
+            f"--port={port}", "--headless"]
+    async with running("portkey", argv, folder, cwd=folder) as child:
+        # GET / answers "AI Gateway says hey!" once the server listens.
+        await wait_for_http(child, f"http://127.0.0.1:{port}/", PORTKEY_START_TIMEOUT_S)
+        headers = (("x-portkey-provider", "openai"), ("x-portkey-custom-host", sim.base_url))
+        yield System(
+            "portkey", "Portkey gateway",
+            f"Portkey gateway {version} on Node {node_at}: 1 process, headless, provider openai "
+            "at a custom host; no config, cache or retries",
+            Endpoint(f"http://127.0.0.1:{port}/v1", SIM_KEY, headers), {"portkey": child.pid},
+        )
