@@ -34,21 +34,13 @@ class QueueScript:
 
 def key_names(source: str) -> list[str]:
     """The names on a script's `-- KEYS:` line and its continuation lines, up to `-- ARGV`."""
-    names: list[str] = []
-    reading = False
-    for line in source.splitlines():
-        if line.startswith("-- KEYS:"):
-            reading, line = True, line.removeprefix("-- KEYS:")
-        elif line.startswith("-- ARGV"):
-            if reading:
-                break
-        elif not reading:
-            continue
-        else:
-            line = line.removeprefix("--")
-        names += line.split()
-    else:
+    lines = source.splitlines()
+    start = next((n for n, line in enumerate(lines) if line.startswith("-- KEYS:")), None)
+    end = next((n for n, line in enumerate(lines) if line.startswith("-- ARGV")), None)
+    if start is None or end is None or end < start:
         raise ValueError("a queue script needs a `-- KEYS:` line followed by an `-- ARGV` line")
+    text = " ".join(line.removeprefix("--") for line in lines[start:end]).removeprefix(" KEYS:")
+    names = text.split()
     for name in names:
         if not _NAME.fullmatch(name):
             raise ValueError(f"queue script key {name!r}: a name or a family `name:0..4`")
@@ -58,7 +50,12 @@ def key_names(source: str) -> list[str]:
 def queue_script(name: str, prefix: str, settings: QueueSettings, done_channel: str) -> QueueScript:
     """`lua/<name>.lua` after the settings and lua/_common.lua, with the keys it names under
     `prefix` (the queue's `tidegate:{name}:`)."""
-    own = lua_source(_PACKAGE, name)
+    return compose(lua_source(_PACKAGE, name), prefix, settings, done_channel)
+
+
+def compose(own: str, prefix: str, settings: QueueSettings, done_channel: str) -> QueueScript:
+    """A script's own text `own` as it is sent: the settings, lua/_common.lua, then the table `K`
+    of the keys on its KEYS line, then `own`."""
     keys: list[str] = []
     fields: list[str] = []
     for key in key_names(own):

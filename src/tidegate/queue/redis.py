@@ -2,9 +2,10 @@
 
 All keys of a queue carry its `{hash tag}`, and each script is passed in KEYS exactly the keys
 it touches (named on its `-- KEYS:` line, see queue/_lua.py), so the queue works on Redis Cluster
-and a call packs no more arguments than it needs. Times come from the Redis server's clock (`TIME` inside the scripts), so workers with
-drifting clocks still agree on lease expiry. Blocked claimers wait in BLPOP on per-level token
-lists that the scripts push; `wait()` listens on a pub/sub channel of finished job ids.
+and a call packs no more arguments than it needs. Times come from the Redis server's clock
+(`TIME` inside the scripts), so workers with drifting clocks still agree on lease expiry. Blocked
+claimers wait in BLPOP on per-level token lists that the scripts push; `wait()` listens on a
+pub/sub channel of finished job ids.
 
 Across a lost connection (a Redis restart) the pool lends fresh connections, a blocked claimer
 waits on and reconnects within its wait, and the job-done listener reconnects with backoff for
