@@ -23,6 +23,7 @@ connection, so it reconnects, resubscribes and re-checks what it may have missed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -217,15 +218,21 @@ def _hiredis_packing(connection_class: type) -> type:
     hiredis, as redis-py's synchronous connection already does when hiredis is installed. The
     asyncio connection packs in Python at ~0.6 us an argument, the bulk of a client's time for a
     script call with a few dozen keys; hiredis packs one in ~3 us whatever its length."""
+    import hiredis
     from redis.connection import HiredisRespSerializer
-    from redis.utils import HIREDIS_AVAILABLE
 
-    if not HIREDIS_AVAILABLE:  # pragma: no cover - the redis extra brings hiredis
-        return connection_class
-    packer = HiredisRespSerializer()
+    fallback = HiredisRespSerializer()
 
     def pack_command(self: Any, *args: Any) -> list[bytes]:
-        return packer.pack(*args)
+        # A command name of several words ("SCRIPT LOAD") is sent as separate arguments.
+        name = args[0].encode() if isinstance(args[0], str) else args[0]
+        if b" " not in name:
+            with contextlib.suppress(TypeError):
+                return [hiredis.pack_command(args)]
+        # redis-py's own serializer: it splits the name, converts views and buffers, and turns
+        # an argument hiredis refuses into redis-py's DataError.
+        packed: list[bytes] = fallback.pack(*args)
+        return packed
 
     return type(f"Hiredis{connection_class.__name__}", (connection_class,), {"pack_command": pack_command})
 
