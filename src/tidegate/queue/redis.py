@@ -1,9 +1,11 @@
 """Redis backend: every state change is one Lua script (lua/*.lua, sharing lua/_common.lua).
 
-All keys of a queue carry its `{hash tag}` and are passed in KEYS, so the queue works on Redis
-Cluster. Times come from the Redis server's clock (`TIME` inside the scripts), so workers with
-drifting clocks still agree on lease expiry. Blocked claimers wait in BLPOP on per-level token
-lists that the scripts push; `wait()` listens on a pub/sub channel of finished job ids.
+All keys of a queue carry its `{hash tag}`, and each script is passed in KEYS exactly the keys
+it touches (named on its `-- KEYS:` line, see queue/_lua.py), so the queue works on Redis Cluster
+and a call packs no more arguments than it needs. Times come from the Redis server's clock
+(`TIME` inside the scripts), so workers with drifting clocks still agree on lease expiry. Blocked
+claimers wait in BLPOP on per-level token lists that the scripts push; `wait()` listens on a
+pub/sub channel of finished job ids.
 
 Across a lost connection (a Redis restart) the pool lends fresh connections, a blocked claimer
 waits on and reconnects within its wait, and the job-done listener reconnects with backoff for
@@ -30,11 +32,12 @@ from tidegate._redis import (
     RedisClient,
     honouring_cancellation,
     is_connection_error,
-    lua_source,
+    key_prefix,
 )
 from tidegate._urls import redact_url
 from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority
+from tidegate.queue._lua import LEVELS, queue_script
 from tidegate.queue.base import (
     LevelStats,
     MaintenanceReport,
@@ -71,21 +74,10 @@ class RedisQueue(Queue):
     def __init__(self, url: str, settings: QueueSettings | None = None) -> None:
         super().__init__(settings)
         self.url = url
-        tag = f"tidegate:{{{self.settings.name}}}:"
-        # The order is the KEYS layout documented at the top of lua/_common.lua.
-        names = ["jobs", "payloads", "results", "idem", "seq", "deadlines", "aging", "turns",
-                 "finished", "dead"]
-        self._keys = [tag + name for name in names]
-        for family in ("ready", "leased", "signal", "waiting", "delayed"):
-            self._keys += [f"{tag}{family}:{level}" for level in range(5)]
-        self._signal_keys = [f"{tag}signal:{level}" for level in range(5)]
-        self._done_channel = tag + "done"
-        self._common_args = [
-            "1" if self.settings.tenant_round_robin else "0",
-            str(int((self.settings.aging_interval_s or 0) * 1000)),
-            self._done_channel,
-        ]
-        self._depth_args = [str(self.settings.max_depth.get(level, -1)) for level in range(5)]
+        self._prefix = key_prefix(self.settings.name)
+        self._signal_keys = [f"{self._prefix}signal:{level}" for level in LEVELS]
+        self._done_channel = self._prefix + "done"
+        self._script_keys: dict[str, tuple[str, ...]] = {}
         self._redis: Any = None
         self._scripts: dict[str, Any] = {}
         self._done_waiters: dict[str, set[asyncio.Future[None]]] = {}
@@ -96,9 +88,12 @@ class RedisQueue(Queue):
     # ------------------------------------------------------------------ plumbing
 
     async def _open(self) -> None:
+        scripts = {name: queue_script(name, self._prefix, self.settings, self._done_channel)
+                   for name in _SCRIPTS}
+        self._script_keys = {name: script.keys for name, script in scripts.items()}
         client = RedisClient(
             self.url, what="Redis queue", unavailable=QueueUnavailable, max_connections=64,
-            scripts={name: lua_source("tidegate.queue", name, common="_common") for name in _SCRIPTS})
+            scripts={name: script.source for name, script in scripts.items()})
         await client.ping()
         self._redis, self._scripts = client.client, client.scripts
 
@@ -112,8 +107,10 @@ class RedisQueue(Queue):
 
     async def _call(self, name: str, *args: Any) -> Any:
         """Run one script; stale leases and full levels come back as our own errors."""
+        keys, script = self._script_keys[name], self._scripts[name]
+
         def run() -> Any:
-            return self._scripts[name](keys=self._keys, args=[*self._common_args, *args])
+            return script(keys=keys, args=args)
 
         try:
             try:
@@ -148,7 +145,7 @@ class RedisQueue(Queue):
              job.deadline_ms or 0, job.max_attempts, job.idempotency_key or "", job.callback_url or ""]
             for job in jobs
         ])
-        ids = await self._call("enqueue", specs, *self._depth_args, *(job.payload for job in jobs))
+        ids = await self._call("enqueue", specs, *(job.payload for job in jobs))
         return [raw.decode() for raw in ids]
 
     async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]:
@@ -222,7 +219,7 @@ class RedisQueue(Queue):
 
     async def _idempotent_ids(self, keys: list[str]) -> dict[str, str]:
         try:
-            ids = await self._redis.hmget(self._keys[3], keys)  # the "idem" hash of _common.lua
+            ids = await self._redis.hmget(self._prefix + "idem", keys)  # see lua/_common.lua
         except RedisError as exc:
             raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
         return {key: job_id.decode() if isinstance(job_id, bytes) else job_id
@@ -305,7 +302,7 @@ class RedisQueue(Queue):
     async def _stats(self) -> QueueStats:
         snapshot = [int(value) for value in await self._call("stats")]
         now, levels = snapshot[0], {}
-        for level in range(5):
+        for level in LEVELS:
             depth, oldest_ready_ms, leased = snapshot[4 + level * 3: 7 + level * 3]
             levels[Priority(level)] = LevelStats(
                 depth=depth,

@@ -1,40 +1,40 @@
--- Shared by every tidegate queue script: prepended to each script when it is loaded.
+-- Shared by every tidegate queue script: loaded between the settings and the script's own keys.
 --
--- KEYS, the same list for every script; each key carries the queue's {hash tag}, so every script
--- runs within one Redis Cluster slot:
---   1 jobs        hash    id -> job record (MessagePack map; payload and result live beside it)
---   2 payloads    hash    id -> payload (JSON, never decoded here)
---   3 results     hash    id -> result (JSON, never decoded here)
---   4 idem        hash    idempotency key -> id
---   5 seq         string  FIFO sequence counter, assigned here, never a float timestamp
---   6 deadlines   zset    id by deadline (jobs waiting, not leased and not final)
---   7 aging       zset    id by next promotion time (queued jobs above level 0, aging on)
---   8 turns       hash    "level:tenant" -> tenant's last turn, "level" -> level's current turn
---   9 finished    zset    id by finish time (succeeded, cancelled, expired)
---  10 dead        zset    id by finish time
---  11..15 ready:0..4   zset  member "<turn:12 hex><seq:16 hex><id>", every score 0, so
---                            ZPOPMIN serves by turn, then FIFO by sequence
---  16..20 leased:0..4  zset  id by lease expiry, under the job's own priority
---  21..25 signal:0..4  list  wake-up tokens for claimers blocked in BLPOP
---  26..30 waiting:0..4 zset  id by the time it became claimable, for the oldest wait per level
---  31..35 delayed:0..4 zset  id by due time (states delayed and failed), under its own priority,
---                            so a claim promotes due work level by level in priority order
--- ARGV, common part: [1] tenant round-robin "1"/"0", [2] aging interval ms (0 = off),
--- [3] pub/sub channel announcing finished job ids. Each script's own arguments start at ARGV[4].
+-- The queue's keys, each carrying the queue's {hash tag} so that a script runs within one Redis
+-- Cluster slot. A script receives only the keys it touches, named on its `-- KEYS:` line, which
+-- is read when the queue opens to build the KEYS it sends and the table `K` the script reads
+-- them from (K.jobs, K.ready[level], ...; a key the script did not name is an error, not nil).
+-- Helpers take `K` as their first argument and say which of its keys they touch.
+--   jobs        hash    id -> job record (MessagePack map; payload and result live beside it)
+--   payloads    hash    id -> payload (JSON, never decoded here)
+--   results     hash    id -> result (JSON, never decoded here)
+--   idem        hash    idempotency key -> id
+--   seq         string  FIFO sequence counter, assigned here, never a float timestamp
+--   deadlines   zset    id by deadline (jobs waiting, not leased and not final)
+--   aging       zset    id by next promotion time (queued jobs above level 0, aging on)
+--   turns       hash    "level:tenant" -> tenant's last turn, "level" -> level's current turn
+--   finished    zset    id by finish time (succeeded, cancelled, expired)
+--   dead        zset    id by finish time
+--   ready:0..4   zset  member "<turn:12 hex><seq:16 hex><id>", every score 0, so ZPOPMIN serves
+--                      by turn, then FIFO by sequence
+--   leased:0..4  zset  id by lease expiry, under the job's own priority
+--   signal:0..4  list  wake-up tokens for claimers blocked in BLPOP
+--   waiting:0..4 zset  id by the time it became claimable, for the oldest wait per level
+--   delayed:0..4 zset  id by due time (states delayed and failed), under its own priority, so a
+--                      claim promotes due work level by level in priority order
+-- The queue's settings come before this file as constants (ROUND_ROBIN, AGING_MS, DONE_CHANNEL,
+-- MAX_DEPTH), fixed when the queue opens, so no script call carries them in ARGV.
 
-local ROUND_ROBIN = ARGV[1] == '1'
-local AGING_MS = tonumber(ARGV[2])
-local DONE_CHANNEL = ARGV[3]
 local MAX_ERRORS = 20
 local MAX_TOKENS = 64
-local K_JOBS, K_PAYLOADS, K_RESULTS, K_IDEM, K_SEQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local K_DEADLINES, K_AGING, K_TURNS, K_FINISHED, K_DEAD = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 
-local function ready_key(level) return KEYS[11 + level] end
-local function leased_key(priority) return KEYS[16 + priority] end
-local function signal_key(level) return KEYS[21 + level] end
-local function waiting_key(level) return KEYS[26 + level] end
-local function delayed_key(priority) return KEYS[31 + priority] end
+-- The table a script reads its keys from: reading a key it did not name raises, so a missing
+-- name on a script's KEYS line fails loudly instead of writing to a nil key.
+local function strict(keys, what)
+  return setmetatable(keys, {__index = function(_, name)
+    error('tidegate queue script: ' .. what .. ' ' .. tostring(name) .. ' is not among its KEYS')
+  end})
+end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -75,38 +75,40 @@ function Batch:flush()
 end
 
 -- Records are MessagePack rather than JSON: cmsgpack is about twice as fast as cjson here, and
--- every state change reads and writes one record.
-local function load(id)
-  local raw = redis.call('HGET', K_JOBS, id)
+-- every state change reads and writes one record. Keys: jobs.
+local function load(K, id)
+  local raw = redis.call('HGET', K.jobs, id)
   if not raw then return nil end
   return cmsgpack.unpack(raw)
 end
 
-local function save(job)
+-- Keys: jobs.
+local function save(K, job)
   local record = cmsgpack.pack(job)
-  redis.call('HSET', K_JOBS, job.id, record)
+  redis.call('HSET', K.jobs, job.id, record)
   return record
 end
 
 -- The tenant's next turn at its level: one past its last, never behind the level's current turn.
-local function give_turn(job)
+-- Keys: turns (round-robin on).
+local function give_turn(K, job)
   if not ROUND_ROBIN then return 0 end
-  local current = tonumber(redis.call('HGET', K_TURNS, tostring(job.level)) or '0')
+  local current = tonumber(redis.call('HGET', K.turns, tostring(job.level)) or '0')
   local field = job.level .. ':' .. job.tenant
-  local last = redis.call('HGET', K_TURNS, field)
+  local last = redis.call('HGET', K.turns, field)
   local turn = current
   if last then turn = math.max(current, tonumber(last) + 1) end
-  redis.call('HSET', K_TURNS, field, turn)
+  redis.call('HSET', K.turns, field, turn)
   return turn
 end
 
 -- Called when a job leaves the line at `level` by claim: if it held its tenant's newest turn,
 -- the tenant has nothing left waiting there and its entry is dropped, so the hash holds only
--- tenants with waiting work.
-local function forget_turn(level, tenant, turn)
+-- tenants with waiting work. Keys: turns (round-robin on).
+local function forget_turn(K, level, tenant, turn)
   if not ROUND_ROBIN then return end
   local field = level .. ':' .. tenant
-  if tonumber(redis.call('HGET', K_TURNS, field)) == turn then redis.call('HDEL', K_TURNS, field) end
+  if tonumber(redis.call('HGET', K.turns, field)) == turn then redis.call('HDEL', K.turns, field) end
 end
 
 local function member_of(job, turn)
@@ -117,13 +119,13 @@ local function id_of(member) return string.sub(member, 29) end
 local function turn_of(member) return tonumber(string.sub(member, 1, 12), 16) end
 
 -- Wake blocked claimers: a few tokens per level that gained work (bounded; extra tokens only
--- cost an empty claim).
-local function ring(wake)
+-- cost an empty claim). Keys: signal of each level in `wake`.
+local function ring(K, wake)
   for level, count in pairs(wake) do
     local tokens = {}
     for i = 1, math.min(count, MAX_TOKENS) do tokens[i] = '1' end
-    redis.call('LPUSH', signal_key(level), unpack(tokens))
-    redis.call('LTRIM', signal_key(level), 0, MAX_TOKENS - 1)
+    redis.call('LPUSH', K.signal[level], unpack(tokens))
+    redis.call('LTRIM', K.signal[level], 0, MAX_TOKENS - 1)
   end
 end
 
@@ -132,46 +134,50 @@ local DIRECT = {add = function(_, command, key, a, b) redis.call(command, key, a
 
 -- Make a job claimable at its current level (callers reset job.level to the priority first).
 -- Its index writes go through `batch` when one is given.
-local function make_ready(job, now, wake, batch)
+-- Keys: ready and waiting of the level, aging (aging on), deadlines, turns (round-robin on).
+local function make_ready(K, job, now, wake, batch)
   batch = batch or DIRECT
   job.state = 'queued'
   job.ready_ms = now
   job.not_before_ms = nil
   job.worker_id = nil
   job.lease_expires_ms = nil
-  job.member = member_of(job, give_turn(job))
-  batch:add('ZADD', ready_key(job.level), 0, job.member)
-  batch:add('ZADD', waiting_key(job.level), now, job.id)
-  if AGING_MS > 0 and job.level > 0 then batch:add('ZADD', K_AGING, now + AGING_MS, job.id) end
-  if job.deadline_ms then batch:add('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
+  job.member = member_of(job, give_turn(K, job))
+  batch:add('ZADD', K.ready[job.level], 0, job.member)
+  batch:add('ZADD', K.waiting[job.level], now, job.id)
+  if AGING_MS > 0 and job.level > 0 then batch:add('ZADD', K.aging, now + AGING_MS, job.id) end
+  if job.deadline_ms then batch:add('ZADD', K.deadlines, job.deadline_ms, job.id) end
   wake[job.level] = (wake[job.level] or 0) + 1
 end
 
 -- Park a job until `due` (a new delayed job, or a failed one awaiting its retry).
-local function park(job, state, due, batch)
+-- Keys: delayed of its priority, deadlines.
+local function park(K, job, state, due, batch)
   batch = batch or DIRECT
   job.state = state
   job.not_before_ms = due
   job.worker_id = nil
   job.lease_expires_ms = nil
   job.member = nil
-  batch:add('ZADD', delayed_key(job.priority), due, job.id)
-  if job.deadline_ms then batch:add('ZADD', K_DEADLINES, job.deadline_ms, job.id) end
+  batch:add('ZADD', K.delayed[job.priority], due, job.id)
+  if job.deadline_ms then batch:add('ZADD', K.deadlines, job.deadline_ms, job.id) end
 end
 
--- Take a job out of the indexes its state puts it in.
-local function detach(job)
+-- Take a job out of the indexes its state puts it in. Keys: a queued job's ready and waiting of
+-- its level and aging (aging on); a delayed or failed job's delayed, a leased job's leased, of
+-- its priority; deadlines.
+local function detach(K, job)
   local state = job.state
   if state == 'queued' then
-    if job.member then redis.call('ZREM', ready_key(job.level), job.member) end
-    redis.call('ZREM', waiting_key(job.level), job.id)
-    if AGING_MS > 0 then redis.call('ZREM', K_AGING, job.id) end
+    if job.member then redis.call('ZREM', K.ready[job.level], job.member) end
+    redis.call('ZREM', K.waiting[job.level], job.id)
+    if AGING_MS > 0 then redis.call('ZREM', K.aging, job.id) end
   elseif state == 'delayed' or state == 'failed' then
-    redis.call('ZREM', delayed_key(job.priority), job.id)
+    redis.call('ZREM', K.delayed[job.priority], job.id)
   elseif state == 'leased' then
-    redis.call('ZREM', leased_key(job.priority), job.id)
+    redis.call('ZREM', K.leased[job.priority], job.id)
   end
-  if job.deadline_ms then redis.call('ZREM', K_DEADLINES, job.id) end
+  if job.deadline_ms then redis.call('ZREM', K.deadlines, job.id) end
   job.member = nil
 end
 
@@ -179,14 +185,15 @@ end
 local FINISHED = {}
 
 -- Move a job to a final state and index it for retention.
-local function finish(job, state, now)
-  detach(job)
+-- Keys: detach's, jobs, and dead (state dead) or finished (any other).
+local function finish(K, job, state, now)
+  detach(K, job)
   job.state = state
   job.finished_ms = now
   job.worker_id = nil
   job.lease_expires_ms = nil
-  save(job)
-  redis.call('ZADD', state == 'dead' and K_DEAD or K_FINISHED, now, job.id)
+  save(K, job)
+  redis.call('ZADD', state == 'dead' and K.dead or K.finished, now, job.id)
   FINISHED[#FINISHED + 1] = job.id
 end
 
@@ -196,14 +203,14 @@ local function announce()
 end
 
 -- Delete a finished job for good: its record, payload, result, idempotency key and its entry in
--- `index` (the finished or dead set it was kept in).
-local function erase(id, index)
-  local job = load(id)
-  if job and job.idempotency_key then redis.call('HDEL', K_IDEM, job.idempotency_key) end
+-- `index` (the finished or dead set it was kept in). Keys: jobs, payloads, results, idem.
+local function erase(K, id, index)
+  local job = load(K, id)
+  if job and job.idempotency_key then redis.call('HDEL', K.idem, job.idempotency_key) end
   redis.call('ZREM', index, id)
-  redis.call('HDEL', K_JOBS, id)
-  redis.call('HDEL', K_PAYLOADS, id)
-  redis.call('HDEL', K_RESULTS, id)
+  redis.call('HDEL', K.jobs, id)
+  redis.call('HDEL', K.payloads, id)
+  redis.call('HDEL', K.results, id)
 end
 
 local function add_error(job, err)
@@ -213,9 +220,9 @@ local function add_error(job, err)
   job.last_error = err
 end
 
--- The job under a current lease, or nil and the reason the caller's lease is stale.
-local function leased_job(id, token)
-  local job = load(id)
+-- The job under a current lease, or nil and the reason the caller's lease is stale. Keys: jobs.
+local function leased_job(K, id, token)
+  local job = load(K, id)
   if not job then return nil, 'LEASE_LOST job ' .. id .. ' no longer exists' end
   if job.state ~= 'leased' or tonumber(job.lease_token) ~= tonumber(token) then
     return nil, 'LEASE_LOST lease ' .. token .. ' on job ' .. id .. ' is stale: the job is '
@@ -225,38 +232,41 @@ local function leased_job(id, token)
 end
 
 -- A job back in line, claimable at its own priority (whatever aging raised it to before).
-local function requeue(job, now, wake)
+-- Keys: make_ready's, jobs.
+local function requeue(K, job, now, wake)
   job.level = job.priority
-  make_ready(job, now, wake)
-  save(job)
+  make_ready(K, job, now, wake)
+  save(K, job)
 end
 
 -- Delayed and failed jobs of one priority whose time has come become claimable.
-local function promote_due(level, now, batch, wake)
-  local key = delayed_key(level)
+-- Keys: delayed of that priority, requeue's.
+local function promote_due(K, level, now, batch, wake)
+  local key = K.delayed[level]
   local ids = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, batch)
   for _, id in ipairs(ids) do
     redis.call('ZREM', key, id)
-    local job = load(id)
+    local job = load(K, id)
     if job and (job.state == 'delayed' or job.state == 'failed') then
-      requeue(job, now, wake)
+      requeue(K, job, now, wake)
     end
   end
   return #ids
 end
 
 -- Waiting jobs past their deadline are never handed out: they expire.
-local function expire_overdue(now, batch)
-  local ids = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', now, 'LIMIT', 0, batch)
+-- Keys: deadlines, jobs, finished, and detach's for queued, delayed and failed jobs.
+local function expire_overdue(K, now, batch)
+  local ids = redis.call('ZRANGEBYSCORE', K.deadlines, '-inf', now, 'LIMIT', 0, batch)
   local expired = 0
   for _, id in ipairs(ids) do
-    local job = load(id)
+    local job = load(K, id)
     if job and (job.state == 'queued' or job.state == 'delayed' or job.state == 'failed') then
       job.last_error = 'deadline passed'
-      finish(job, 'expired', now)
+      finish(K, job, 'expired', now)
       expired = expired + 1
     else
-      redis.call('ZREM', K_DEADLINES, id)
+      redis.call('ZREM', K.deadlines, id)
     end
   end
   return expired
@@ -267,21 +277,22 @@ end
 -- priority. The lease token is left as it is: the next claim raises it, so the old holder's
 -- complete or fail is refused (fencing). Run by maintain and at the start of every claim, so
 -- recovery needs no long-lived process. Returns recovered, dead.
-local function recover_expired(now, batch, wake)
+-- Keys: leased of every priority, jobs, deadlines, dead, requeue's.
+local function recover_expired(K, now, batch, wake)
   local recovered, dead = 0, 0
   for priority = 0, 4 do
-    local ids = redis.call('ZRANGEBYSCORE', leased_key(priority), '-inf', now, 'LIMIT', 0, batch)
+    local ids = redis.call('ZRANGEBYSCORE', K.leased[priority], '-inf', now, 'LIMIT', 0, batch)
     for _, id in ipairs(ids) do
-      redis.call('ZREM', leased_key(priority), id)
-      local job = load(id)
+      redis.call('ZREM', K.leased[priority], id)
+      local job = load(K, id)
       if job and job.state == 'leased' then
-        detach(job)
+        detach(K, job)
         add_error(job, 'lease expired: worker ' .. tostring(job.worker_id) .. ' stopped renewing it')
         if job.attempts >= job.max_attempts then
-          finish(job, 'dead', now)
+          finish(K, job, 'dead', now)
           dead = dead + 1
         else
-          requeue(job, now, wake)
+          requeue(K, job, now, wake)
           recovered = recovered + 1
         end
       end

@@ -1,32 +1,32 @@
 -- Record results of leased jobs: each becomes succeeded, unless its lease is stale.
--- KEYS: the queue's key set (see _common.lua).
--- ARGV from [4], three per job: id, lease token, result JSON.
+-- KEYS: jobs results finished leased:0..4
+-- ARGV, three per job: id, lease token, result JSON.
 -- Returns the reasons of the stale leases (empty when every job was completed); a job with a
 -- stale lease is left unchanged.
 local now = now_ms()
 local lost, ids, seen = {}, {}, {}
-for o = 4, #ARGV, 3 do ids[#ids + 1] = ARGV[o] end
-local records = redis.call('HMGET', K_JOBS, unpack(ids))
+for o = 1, #ARGV, 3 do ids[#ids + 1] = ARGV[o] end
+local records = redis.call('HMGET', K.jobs, unpack(ids))
 local batch = Batch.new()
 for n, id in ipairs(ids) do
-  local token = ARGV[3 * n + 2]
+  local token = ARGV[3 * n - 1]
   local job = records[n] and cmsgpack.unpack(records[n])
   if seen[id] then
     lost[#lost + 1] = 'LEASE_LOST job ' .. id .. ' appears twice in one call'
   elseif not job or job.state ~= 'leased' or tonumber(job.lease_token) ~= tonumber(token) then
-    local _, err = leased_job(id, token)
+    local _, err = leased_job(K, id, token)
     lost[#lost + 1] = err
   else
     seen[id] = true
     -- A leased job sits only in its leased index (claim took it out of the others).
-    batch:add('ZREM', leased_key(job.priority), id)
-    batch:add('HSET', K_RESULTS, id, ARGV[3 * n + 3])
+    batch:add('ZREM', K.leased[job.priority], id)
+    batch:add('HSET', K.results, id, ARGV[3 * n])
     job.state = 'succeeded'
     job.finished_ms = now
     job.worker_id = nil
     job.lease_expires_ms = nil
-    batch:add('HSET', K_JOBS, id, cmsgpack.pack(job))
-    batch:add('ZADD', K_FINISHED, now, id)
+    batch:add('HSET', K.jobs, id, cmsgpack.pack(job))
+    batch:add('ZADD', K.finished, now, id)
     FINISHED[#FINISHED + 1] = id
   end
 end

@@ -1,18 +1,19 @@
 -- Add a batch of jobs atomically: all or none.
--- KEYS: the queue's key set (see _common.lua).
--- ARGV[4] JSON array with one array per job: [id, priority, tenant, created_ms, not_before_ms
+-- KEYS: jobs payloads idem seq deadlines aging turns ready:0..4 waiting:0..4 signal:0..4
+-- delayed:0..4
+-- ARGV[1] JSON array with one array per job: [id, priority, tenant, created_ms, not_before_ms
 -- (0 = now), deadline_ms (0 = none), max_attempts, idempotency_key ('' = none), callback_url
--- ('' = none)]; ARGV[5..9] max depth of levels 0..4 (-1 = no limit); ARGV[10..] the payloads,
--- in the same order. (One JSON argument instead of nine per job keeps the client's packing cheap.)
+-- ('' = none)]; ARGV[2..] the payloads, in the same order. (One JSON argument instead of nine
+-- per job keeps the client's packing cheap.) The levels' depth limits are MAX_DEPTH.
 -- Returns the id of every job in order (a known idempotency key returns the first job's id), or
 -- the error "QUEUE_FULL <level> <depth> <limit>" with nothing written.
-local specs = cjson.decode(ARGV[4])
+local specs = cjson.decode(ARGV[1])
 local ids, fresh, seen, adding = {}, {}, {}, {}
 
 for i, spec in ipairs(specs) do
   local key = spec[8]
   local existing = nil
-  if key ~= '' then existing = seen[key] or redis.call('HGET', K_IDEM, key) end
+  if key ~= '' then existing = seen[key] or redis.call('HGET', K.idem, key) end
   if existing then
     ids[i] = existing
   else
@@ -25,9 +26,9 @@ for i, spec in ipairs(specs) do
 end
 
 for level = 0, 4 do
-  local limit = tonumber(ARGV[5 + level])
+  local limit = MAX_DEPTH[level]
   if adding[level] and limit >= 0 then
-    local depth = redis.call('ZCARD', ready_key(level))
+    local depth = redis.call('ZCARD', K.ready[level])
     if depth + adding[level] > limit then
       return redis.error_reply('QUEUE_FULL ' .. level .. ' ' .. depth .. ' ' .. limit)
     end
@@ -36,7 +37,7 @@ end
 
 local now = now_ms()
 local wake, batch = {}, Batch.new()
-local first_seq = redis.call('INCRBY', K_SEQ, #fresh) - #fresh
+local first_seq = redis.call('INCRBY', K.seq, #fresh) - #fresh
 for n, i in ipairs(fresh) do
   local spec = specs[i]
   local job = {
@@ -46,17 +47,17 @@ for n, i in ipairs(fresh) do
   if spec[6] > 0 then job.deadline_ms = spec[6] end
   if spec[8] ~= '' then
     job.idempotency_key = spec[8]
-    batch:add('HSET', K_IDEM, spec[8], job.id)
+    batch:add('HSET', K.idem, spec[8], job.id)
   end
   if spec[9] ~= '' then job.callback_url = spec[9] end
-  batch:add('HSET', K_PAYLOADS, job.id, ARGV[9 + i])
+  batch:add('HSET', K.payloads, job.id, ARGV[1 + i])
   if spec[5] > 0 then
-    park(job, 'delayed', spec[5], batch)
+    park(K, job, 'delayed', spec[5], batch)
   else
-    make_ready(job, now, wake, batch)
+    make_ready(K, job, now, wake, batch)
   end
-  batch:add('HSET', K_JOBS, job.id, cmsgpack.pack(job))
+  batch:add('HSET', K.jobs, job.id, cmsgpack.pack(job))
 end
 batch:flush()
-ring(wake)
+ring(K, wake)
 return ids

@@ -1,10 +1,10 @@
 -- Extend a lease.
--- KEYS: the queue's key set (see _common.lua).
--- ARGV[4] job id, ARGV[5] lease token, ARGV[6] lease ms.
+-- KEYS: jobs leased:0..4
+-- ARGV[1] job id, ARGV[2] lease token, ARGV[3] lease ms.
 -- Returns the new lease expiry (epoch ms), or the error "LEASE_LOST ..." with nothing changed.
-local job, err = leased_job(ARGV[4], ARGV[5])
+local job, err = leased_job(K, ARGV[1], ARGV[2])
 if not job then return redis.error_reply(err) end
-job.lease_expires_ms = now_ms() + tonumber(ARGV[6])
-redis.call('ZADD', leased_key(job.priority), job.lease_expires_ms, job.id)
-save(job)
+job.lease_expires_ms = now_ms() + tonumber(ARGV[3])
+redis.call('ZADD', K.leased[job.priority], job.lease_expires_ms, job.id)
+save(K, job)
 return job.lease_expires_ms

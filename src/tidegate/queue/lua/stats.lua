@@ -1,22 +1,23 @@
 -- A consistent snapshot for stats() and for blocked claimers.
--- KEYS: the queue's key set (see _common.lua).
+-- KEYS: dead ready:0..4 waiting:0..4 delayed:0..4 leased:0..4
+-- ARGV: none.
 -- Returns {now_ms, next_due_ms or -1, delayed, dead, then per level 0..4: depth, the earliest
 -- time a waiting job became claimable (-1 when none), leased}. next_due_ms is when claimable work
 -- may next appear without a push: a delayed job comes due or a lease expires (a claim recovers it).
 local now = now_ms()
 local next_due, delayed = -1, 0
 for priority = 0, 4 do
-  local head = redis.call('ZRANGE', delayed_key(priority), 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', K.delayed[priority], 0, 0, 'WITHSCORES')
   if head[2] and (next_due < 0 or tonumber(head[2]) < next_due) then next_due = tonumber(head[2]) end
-  delayed = delayed + redis.call('ZCARD', delayed_key(priority))
-  local lease = redis.call('ZRANGE', leased_key(priority), 0, 0, 'WITHSCORES')
+  delayed = delayed + redis.call('ZCARD', K.delayed[priority])
+  local lease = redis.call('ZRANGE', K.leased[priority], 0, 0, 'WITHSCORES')
   if lease[2] and (next_due < 0 or tonumber(lease[2]) < next_due) then next_due = tonumber(lease[2]) end
 end
-local out = {now, next_due, delayed, redis.call('ZCARD', K_DEAD)}
+local out = {now, next_due, delayed, redis.call('ZCARD', K.dead)}
 for level = 0, 4 do
-  local oldest = redis.call('ZRANGE', waiting_key(level), 0, 0, 'WITHSCORES')
-  out[#out + 1] = redis.call('ZCARD', ready_key(level))
+  local oldest = redis.call('ZRANGE', K.waiting[level], 0, 0, 'WITHSCORES')
+  out[#out + 1] = redis.call('ZCARD', K.ready[level])
   out[#out + 1] = oldest[2] and tonumber(oldest[2]) or -1
-  out[#out + 1] = redis.call('ZCARD', leased_key(level))
+  out[#out + 1] = redis.call('ZCARD', K.leased[level])
 end
 return out
