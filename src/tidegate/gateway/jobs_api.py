@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel
 
+from tidegate.ai import result_of
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
 from tidegate.gateway.dialects import OPENAI
@@ -109,7 +110,7 @@ async def get_job(
     job = await visible_job(state, tenant, job_id)
     if wait > 0 and not job.is_final:
         job = await state.wait_job(job_id, min(wait, state.settings.max_wait_s))
-    state.recent.record(job)
+    state.recent.record(job, result_of(job))
     return job_view(job)
 
 

@@ -13,7 +13,7 @@ from datetime import UTC, date, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from tidegate.ai import result_of
+from tidegate.ai import AIResult
 from tidegate.jobs import Job, JobState
 
 __all__ = ["GatewayMetrics", "Percentiles", "RecentResults"]
@@ -80,9 +80,9 @@ class RecentResults:
         self._spend_day: date | None = None
         self._spend_by_model: dict[str, int] = {}
 
-    def record(self, job: Job) -> None:
-        """Take in a job's result if it succeeded and was not seen yet."""
-        result = result_of(job)
+    def record(self, job: Job, result: AIResult | None) -> None:
+        """Take in a job's result (`result_of(job)`, read once by the caller) if it succeeded
+        and was not seen yet."""
         if job.state is not JobState.SUCCEEDED or result is None:
             return
         finished = job.finished_at.timestamp() if job.finished_at else self._clock()

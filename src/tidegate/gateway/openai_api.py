@@ -131,7 +131,7 @@ async def _call(
     if submitted.request.kind == "chat" and submitted.request.stream:
         return await stream_job(state, OPENAI, submitted, started=started)
     job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
-    return OPENAI.answer(result, result_headers(job))
+    return OPENAI.answer(result, result_headers(job, result))
 
 
 def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:

@@ -22,18 +22,17 @@ async def succeeded(state: GatewayState, job_id: str, timeout_s: float) -> tuple
     job = await state.wait_job(job_id, timeout_s)
     if job.state is not JobState.SUCCEEDED:
         raise shutting_down(job) if state.draining and not job.is_final else failure_of(job, timeout_s)
-    state.recent.record(job)
     result = result_of(job)
+    state.recent.record(job, result)
     if result is None or result.response is None:
         raise ApiError(502, "the job succeeded without a provider response", code="upstream_error",
                        job_id=job.id)
     return job, result
 
 
-def result_headers(job: Job) -> dict[str, str]:
-    """X-Tidegate-* headers describing a finished job."""
+def result_headers(job: Job, result: AIResult | None) -> dict[str, str]:
+    """X-Tidegate-* headers describing a finished job and its result (`result_of(job)`)."""
     headers = {"X-Tidegate-Job-Id": job.id, "X-Tidegate-Priority": job.priority.name.lower()}
-    result = result_of(job)
     if result is None:
         return headers
     for header, text in (("X-Tidegate-Model", result.model), ("X-Tidegate-Cost-Usd", result.cost_usd)):

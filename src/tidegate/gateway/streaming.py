@@ -125,8 +125,8 @@ async def stream_job(state: GatewayState, dialect: Dialect, submitted: Submitted
         await relayed.aclose()
         if ended.job.state is not JobState.SUCCEEDED:
             raise failure_of(ended.job, timeout_s) from None
-        state.recent.record(ended.job)
         result = result_of(ended.job)
+        state.recent.record(ended.job, result)
         head, live = [] if result is None else renderer.whole_answer(result, job_id), None
     except TimeoutError:
         await relayed.aclose()
@@ -198,7 +198,7 @@ class _Relay:
             if chunk is None:
                 job = await stream.settled_job()
                 if job is not None:
-                    self._state.recent.record(job)
+                    self._state.recent.record(job, result_of(job))
                 return
             if (event := self._event(StreamPart.decode(chunk))) is not None:
                 yield event
