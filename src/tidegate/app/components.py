@@ -19,10 +19,10 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl, urlsplit
 
 from tidegate._shutdown import close_bounded, enter_bounded
 from tidegate.config import TidegateConfig
+from tidegate.coord import queue_name_of
 from tidegate.coord.budget import BudgetLedger, budget_ledger_for
 from tidegate.coord.limiter import RateLimiter, rate_limiter_for
 from tidegate.coord.relay import ChunkRelay, relay_for
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tidegate.recs.engine import Recommender
     from tidegate.sync.contracts import EntityCache
 
-__all__ = ["Components", "queue_name"]
+__all__ = ["Components"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,8 @@ class Components:
             if limiter is True:
                 # Named after the queue, so gateways of one queue share their tenants' counts and
                 # gateways of another queue on the same Redis do not.
-                rates = await enter_bounded(stack, rate_limiter_for(url, queue_name(url)), "the rate limiter")
+                rates = await enter_bounded(stack, rate_limiter_for(url, queue_name_of(url)),
+                                            "the rate limiter")
             if ledger is None:
                 # The default name: every worker and gateway of the queue reads and records one spend.
                 ledger = await enter_bounded(stack, budget_ledger_for(url), "the budget ledger")
@@ -115,8 +116,3 @@ async def _open_callbacks(stack: contextlib.AsyncExitStack, config: TidegateConf
 
     sender = CallbackSender(config.callbacks, secret.encode())
     return await enter_bounded(stack, sender, "the callback sender")
-
-
-def queue_name(url: str) -> str:
-    """The queue's name in its URL (`?name=`), "default" when it names none."""
-    return dict(parse_qsl(urlsplit(url).query)).get("name", "default")

@@ -16,3 +16,7 @@ Every object is on the one lifecycle (`tidegate._lifecycle`), opened by its firs
 its connections with `tidegate._redis.RedisClient`, which translates driver errors into the
 family's error with the URL's credentials left out.
 """
+
+from tidegate.coord._store import queue_name_of
+
+__all__ = ["queue_name_of"]
