@@ -128,6 +128,19 @@ class BudgetConfig(BaseModel):
     # than a day, so at least one daily reset passes.
     defer_max_s: float = Field(90_000.0, gt=0)
 
+    @property
+    def limited(self) -> bool:
+        """Whether any daily budget is configured (a worker then needs a ledger of its own)."""
+        return bool(self.global_daily_usd is not None or self.tenant_daily_usd
+                    or self.default_tenant_daily_usd is not None)
+
+    def tenant_limit_usd(self, tenant: str, own: Decimal | None = None) -> Decimal | None:
+        """A tenant's daily budget, in the order the workers apply: its own (`own`, set in the
+        tenant store) over the one configured for it, over the default."""
+        if own is not None:
+            return own
+        return self.tenant_daily_usd.get(tenant, self.default_tenant_daily_usd)
+
 
 class CallbackConfig(BaseModel):
     """Result callbacks: signed POSTs to the job's callback_url."""

@@ -38,22 +38,10 @@ class Spending:
         self._tenants = tenants
         self._tenant_budgets: dict[str, tuple[float, Decimal | None]] = {}  # name → (read at, budget)
 
-    @property
-    def configured(self) -> bool:
-        """Whether any daily budget is configured (a worker then needs a ledger of its own)."""
-        budgets = self.budgets
-        return bool(
-            budgets.global_daily_usd is not None
-            or budgets.tenant_daily_usd
-            or budgets.default_tenant_daily_usd is not None
-        )
-
     async def limits(self, tenant: str) -> Limits:
         """Daily limits in micros: the tenant's own budget (tenant store) wins over the config."""
         budgets = self.budgets
-        tenant_usd = await self._tenant_budget(tenant)
-        if tenant_usd is None:
-            tenant_usd = budgets.tenant_daily_usd.get(tenant, budgets.default_tenant_daily_usd)
+        tenant_usd = budgets.tenant_limit_usd(tenant, await self._tenant_budget(tenant))
         return (
             None if tenant_usd is None else usd_to_micros(tenant_usd),
             None if budgets.global_daily_usd is None else usd_to_micros(budgets.global_daily_usd),

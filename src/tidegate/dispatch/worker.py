@@ -130,7 +130,7 @@ class Worker:
             close_bounded(self._stack, client.close, f"the upstream pool of {provider.name}")
         if self._owns_limiter:
             close_bounded(self._stack, self._limiter.close, "the worker's rate limiter")
-        if self._spending.ledger is None and self._spending.configured:
+        if self._spending.ledger is None and self.config.budgets.limited:
             ledger = self._spending.ledger = budget_ledger_for(self.config.queue_url)
             close_bounded(self._stack, ledger.close, "the worker's budget ledger")
         return self

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response
@@ -92,17 +91,11 @@ async def _budgets_today(state: GatewayState, spend: dict[str, int]) -> dict[str
     """Each tenant that spent today or has a budget, with the global total under GLOBAL."""
     budgets = state.config.budgets
 
-    def limit(name: str, own: Decimal | None = None) -> Decimal | None:
-        # The order the workers apply: the tenant store's budget, then the config's.
-        if own is not None:
-            return own
-        return budgets.tenant_daily_usd.get(name, budgets.default_tenant_daily_usd)
-
-    limits = {tenant.name: limit(tenant.name, tenant.daily_budget_usd)
+    limits = {tenant.name: budgets.tenant_limit_usd(tenant.name, tenant.daily_budget_usd)
               for tenant in await state.tenants.list_tenants()}
     for name in (*budgets.tenant_daily_usd, *spend):
         if name != GLOBAL and name not in limits:
-            limits[name] = limit(name)
+            limits[name] = budgets.tenant_limit_usd(name)
     rows = {
         name: TenantSpendView(spent_usd=micros_to_usd(spend.get(name, 0)), daily_budget_usd=budget)
         for name, budget in sorted(limits.items())
