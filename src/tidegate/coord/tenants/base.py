@@ -228,10 +228,10 @@ class TenantStore(OpensOnFirstUse):
         await self._ready()
         return _newest_first(await self._list_keys(tenant))
 
-    async def close(self) -> None:
-        """Release connections. Idempotent; a closed store cannot be used again."""
+    async def _closing(self) -> None:
+        # Nothing authenticated before the close may answer from this store's memory after it.
         self._cache.clear()
-        await super().close()
+        await super()._closing()
 
     # -- the cache
 
