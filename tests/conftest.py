@@ -1,5 +1,6 @@
-"""Shared fixtures: a private redis-server per test session and a queue factory parametrized over
-every backend, so one contract suite runs against SQLite and Redis alike."""
+"""Shared fixtures: a private redis-server and a private Redis Cluster per test session, and a
+queue factory parametrized over every backend, so one contract suite runs against SQLite, Redis and
+Redis Cluster alike."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ import pytest
 from support.redis_keys import delete_keys, delete_keys_now
 from tidegate import Queue
 
-BACKENDS = ["sqlite", "redis"]
+BACKENDS = ["sqlite", "redis", "redis-cluster"]
+REDIS_BACKENDS = ("redis", "redis-cluster")
 REDIS_START_TIMEOUT_S = 10.0
 REDIS_PORT_ATTEMPTS = 3
 
-# Marker → the only backend such a test runs on.
-BACKEND_MARKERS = {"redis_only": "redis", "sqlite_only": "sqlite"}
+# Marker → the only backends such a test runs on.
+BACKEND_MARKERS = {"redis_only": REDIS_BACKENDS, "sqlite_only": ("sqlite",)}
 
 
 # ---------------------------------------------------------------------- redis-server
@@ -106,6 +108,35 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.fail("could not start redis-server:\n" + "\n".join(failures), pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Redis Cluster of our own for the whole session: three masters on free loopback ports
+    (see tests/support/redis_cluster.py), shared by every test that names it; each test keeps
+    to its own random names."""
+    from support.redis_cluster import ClusterUnavailable, running_cluster
+
+    try:
+        with running_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+            yield cluster
+    except ClusterUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(redis_cluster: Any) -> str:
+    """`redis+cluster://127.0.0.1:PORT/0` of the session's cluster."""
+    url: str = redis_cluster.url
+    return url
+
+
+def redis_url_of(request: pytest.FixtureRequest, backend: str) -> str:
+    """The session server's URL of a Redis backend id ("redis" or "redis-cluster"), requested
+    lazily so that runs without that backend start no server."""
+    fixture = "redis_cluster_url" if backend == "redis-cluster" else "redis_server"
+    url: str = request.getfixturevalue(fixture)
+    return url
+
+
 # ---------------------------------------------------------------------- queues
 
 
@@ -156,13 +187,12 @@ async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Async
         factory = QueueFactory(backend, f"sqlite:///{tmp_path / 'queue.db'}")
     else:
         # Requested lazily so that `-k sqlite` runs need no redis-server at all.
-        url: str = request.getfixturevalue("redis_server")
-        factory = QueueFactory(backend, url, {"name": f"t{uuid.uuid4().hex[:12]}"})
+        factory = QueueFactory(backend, redis_url_of(request, backend), {"name": f"t{uuid.uuid4().hex[:12]}"})
     try:
         yield factory
     finally:
         await factory.aclose()
-        if backend == "redis":
+        if backend in REDIS_BACKENDS:
             await delete_keys(factory.url, f"*{factory.queue_name}*")
 
 
@@ -173,7 +203,8 @@ async def queue(queue_factory: QueueFactory) -> Queue:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the other backend's case of tests marked `redis_only` or `sqlite_only`."""
+    """Skip the other backends' cases of tests marked `redis_only` (Redis and Redis Cluster) or
+    `sqlite_only`."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         backend = callspec.params.get("queue_factory") if callspec is not None else None
@@ -183,7 +214,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if backend is None:
                 # Marked but not parametrized by backend: the marker is documentation only.
                 continue
-            if backend != only:
+            if backend not in only:
                 item.add_marker(pytest.mark.skip(reason=f"{marker}: not for the {backend} backend"))
 
 
