@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from support.redis_keys import delete_keys, delete_keys_now
+from support.redis_keys import REDIS_BACKENDS, SERVER_FIXTURES, delete_keys, delete_keys_now, redis_url_of
 from tidegate import Queue
 
-BACKENDS = ["sqlite", "redis", "redis-cluster"]
-REDIS_BACKENDS = ("redis", "redis-cluster")
+# The queue's backends on one server; `queue_factory` adds the Redis Cluster ("redis-cluster").
+BACKENDS = ["sqlite", "redis"]
+QUEUE_BACKENDS = [*BACKENDS, "redis-cluster"]
 REDIS_START_TIMEOUT_S = 10.0
 REDIS_PORT_ATTEMPTS = 3
 
@@ -129,12 +130,11 @@ def redis_cluster_url(redis_cluster: Any) -> str:
     return url
 
 
-def redis_url_of(request: pytest.FixtureRequest, backend: str) -> str:
-    """The session server's URL of a Redis backend id ("redis" or "redis-cluster"), requested
-    lazily so that runs without that backend start no server."""
-    fixture = "redis_cluster_url" if backend == "redis-cluster" else "redis_server"
-    url: str = request.getfixturevalue(fixture)
-    return url
+@pytest.fixture(params=REDIS_BACKENDS)
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The session's redis-server, then its Redis Cluster: a Redis-only test that takes this
+    runs on both."""
+    return redis_url_of(request, request.param)
 
 
 # ---------------------------------------------------------------------- queues
@@ -171,17 +171,36 @@ class QueueFactory:
 
 
 @pytest.fixture
-def redis_name(redis_server: str) -> Iterator[str]:
-    """A random queue (or store) name on the session's redis-server, its keys deleted afterwards.
-    Not async, so that async fixtures may ask for it with `request.getfixturevalue`."""
+def redis_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A random queue (or store) name, its keys deleted afterwards from the session's Redis
+    servers the test used (redis-server, Redis Cluster). Not async, so that async fixtures may
+    ask for it with `request.getfixturevalue`."""
     name = f"t{uuid.uuid4().hex[:12]}"
     yield name
-    delete_keys_now(redis_server, f"*{name}*")
+    for fixture in SERVER_FIXTURES.values():
+        if fixture in request.fixturenames:
+            delete_keys_now(request.getfixturevalue(fixture), f"*{name}*")
 
 
-@pytest.fixture(params=BACKENDS, ids=BACKENDS)
+# Modules whose cases test the HTTP surface over a queue (limits, the dashboard's page) and meet
+# Redis only through the queue and stores that the contract suites run on the cluster: there the
+# cluster would add half a minute and no coverage.
+WITHOUT_CLUSTER = frozenset({"test_gateway_limits", "test_dashboard"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run every test that takes `queue_factory` once per backend (QUEUE_BACKENDS; BACKENDS for
+    the modules in WITHOUT_CLUSTER)."""
+    if "queue_factory" in metafunc.fixturenames:
+        module = metafunc.module.__name__.rpartition(".")[2]
+        backends = BACKENDS if module in WITHOUT_CLUSTER else QUEUE_BACKENDS
+        metafunc.parametrize("queue_factory", backends, ids=backends, indirect=True)
+
+
+@pytest.fixture
 async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueFactory]:
-    """A QueueFactory for each backend; `queue_factory.backend` says which."""
+    """A QueueFactory for each backend (see pytest_generate_tests); `queue_factory.backend` says
+    which."""
     backend: str = request.param
     if backend == "sqlite":
         factory = QueueFactory(backend, f"sqlite:///{tmp_path / 'queue.db'}")

@@ -392,6 +392,7 @@ class RedisClient:
         self.outage = Outage(component or what.replace(" ", "_"), url)
         self.wait_replicas = wait_replicas
         self.wait_timeout_s = wait_timeout_s
+        self._learnt = not self.cluster  # whether the client knows the cluster's slots yet
 
     def __repr__(self) -> str:
         return f"RedisClient({redact_url(self.url)!r}, what={self.what!r})"
@@ -409,14 +410,27 @@ class RedisClient:
         failure close the client and raise the family's error."""
         try:
             await self.client.ping()
+            self._learnt = True
         except self._errors as exc:
             await self.client.aclose()
             raise self._unavailable(f"cannot reach {self.what} at {redact_url(self.url)}: {exc}") from exc
+
+    async def learn_slots(self) -> None:
+        """On a cluster, make sure the client knows which node serves each slot before the
+        first command (a no-op afterwards, and on one server). redis-py learns them lazily, but
+        routes the commands that arrive meanwhile as keyless, to any node: their MOVED replies,
+        five of them, make it close every connection, under other calls in flight."""
+        if not self._learnt:
+            await self.client.initialize()
+            self._learnt = True
 
     async def run(self, call: Callable[[], Awaitable[T]], *, retry: bool, doing: str | None = None) -> T:
         """`call()`, sent again across a lost connection for up to RETRY_WITHIN_S when `retry`
         (only for calls harmless to run twice), driver errors translated."""
         try:
+            if not self._learnt:
+                await call_with_reconnect(self.learn_slots, self.outage,
+                                          within_s=RETRY_WITHIN_S if retry else 0.0)
             return await call_with_reconnect(call, self.outage, within_s=RETRY_WITHIN_S if retry else 0.0)
         except self._errors as exc:
             raise self.error(exc, doing) from exc

@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tidegate._lifecycle import Lifecycle
+from tidegate._redis import is_redis_url
 from tidegate._urls import redact_url
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange
 from tidegate.sync.changes import Change
@@ -109,7 +110,7 @@ def bus_for(url: str, *, prefix: str | None = None, settings: BusSettings | None
         from tidegate.sync.buses.memory import MemoryBus
 
         return MemoryBus(resolved)
-    if parts.scheme in ("redis", "rediss", "unix"):
+    if is_redis_url(url):
         from tidegate.sync.buses.redis import RedisBus
 
         return RedisBus(base_url, resolved)
