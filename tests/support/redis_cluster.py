@@ -3,9 +3,9 @@ ports in a temporary folder, joined with `redis-cli --cluster create`, never the
 Redis.
 
 `running_cluster(folder)` starts three masters (with `replicas=1`, a replica for each master as
-well), waits until every node reports `cluster_state:ok` and agrees on who serves each slot (and,
-with replicas, until every replica is in sync), yields a `RedisCluster` and stops every process
-it started. A test may kill a node (`kill_master_of`) and wait for its replica's promotion
+well; with `masters=1`, one node that serves every slot), waits until every node reports
+`cluster_state:ok` and agrees on who serves each slot (and, with replicas, until every replica is
+in sync), yields a `RedisCluster` and stops every process it started. A test may kill a node (`kill_master_of`) and wait for its replica's promotion
 (`await_promotion`).
 """
 
@@ -131,12 +131,15 @@ def running_cluster(folder: Path, *, masters: int = 3, replicas: int = 0,
         cluster = RedisCluster(nodes, folder, node_timeout_ms)
         for node in nodes:
             _await_ping(node)
-        create = subprocess.run(
-            [cli, "--cluster", "create", *(node.address for node in nodes),
-             "--cluster-replicas", str(replicas), "--cluster-yes"],
-            capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False)
-        if create.returncode != 0:
-            raise ClusterUnavailable(f"redis-cli --cluster create failed:\n{create.stdout}{create.stderr}")
+        if masters == 1 and not replicas:
+            # redis-cli creates clusters of three masters or more; one node takes every slot.
+            command = [cli, "-p", str(nodes[0].port), "CLUSTER", "ADDSLOTSRANGE", "0", "16383"]
+        else:
+            command = [cli, "--cluster", "create", *(node.address for node in nodes),
+                       "--cluster-replicas", str(replicas), "--cluster-yes"]
+        create = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False)
+        if create.returncode != 0 or "ERR" in create.stdout:
+            raise ClusterUnavailable(f"{' '.join(command)} failed:\n{create.stdout}{create.stderr}")
         _await_formed(cluster, masters, replicas)
         yield cluster
     finally:
