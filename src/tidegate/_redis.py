@@ -393,6 +393,7 @@ class RedisClient:
         self.wait_replicas = wait_replicas
         self.wait_timeout_s = wait_timeout_s
         self._learnt = not self.cluster  # whether the client knows the cluster's slots yet
+        self._slots_lost = False  # a pipeline lost its node: learn the slots again (see _send)
 
     def __repr__(self) -> str:
         return f"RedisClient({redact_url(self.url)!r}, what={self.what!r})"
@@ -474,17 +475,10 @@ class RedisClient:
         are raised untranslated."""
         if not self.wait_replicas:
             return await self.scripts[name](keys=keys, args=args)
-        wait: tuple[Any, ...] = ("WAIT", self.wait_replicas, max(1, round(self.wait_timeout_s * 1000)))
-        if self.cluster:
-            # WAIT counts the replicas that have this connection's writes; it names no key, so it
-            # is sent to the node that serves the script's keys, where the pipeline uses one
-            # connection for both.
-            await self.client.initialize()
-            wait = (*wait, {"target_nodes": self.client.get_node_from_key(keys[0])})
-        result, acked = await self._send([self.script_command(name, keys, args), wait])
+        result, acked = await self._send([self.script_command(name, keys, args)], wait_on=keys[0])
         if _is_noscript(result):
             await self.client.script_load(self.scripts[name].script)
-            result, acked = await self._send([self.script_command(name, keys, args), wait])
+            result, acked = await self._send([self.script_command(name, keys, args)], wait_on=keys[0])
         if isinstance(result, Exception):
             raise result
         if isinstance(acked, Exception) or int(acked) < self.wait_replicas:
@@ -538,16 +532,37 @@ class RedisClient:
             with contextlib.suppress(*self._errors, TimeoutError):
                 await asyncio.wait_for(pubsub.aclose(), CLOSE_TIMEOUT_S)
 
-    async def _send(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """`commands` in one pipeline without MULTI, errors returned in place; a dict at the end
-        of a command holds its keyword options (a cluster's `target_nodes`)."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for command in commands:
-                if command and isinstance(command[-1], dict):
-                    pipe.execute_command(*command[:-1], **command[-1])
-                else:
-                    pipe.execute_command(*command)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
+    async def _send(self, commands: Sequence[tuple[Any, ...]], *, wait_on: str | None = None) -> list[Any]:
+        """`commands` in one pipeline without MULTI, errors returned in place; with `wait_on` (a
+        key), then `WAIT wait_replicas` on the connection of that key's commands.
+
+        On a cluster, WAIT names no key, so it is sent to the node that serves `wait_on`, where
+        the pipeline sends that node's commands on one connection, in order. A cluster pipeline
+        that lost its node does not make the client learn the slots again (a plain command
+        does): so the next `_send` does, or it would go to the dead node for good."""
+        try:
+            if self.cluster:
+                if self._slots_lost:
+                    self._slots_lost = False  # once, whichever of several callers comes first
+                    await self.client.nodes_manager.initialize()
+                await self.learn_slots()
+            sent = list(commands)
+            if wait_on is not None:
+                wait_ms = max(1, round(self.wait_timeout_s * 1000))
+                target = {"target_nodes": self.client.get_node_from_key(wait_on)} if self.cluster else {}
+                sent.append(("WAIT", self.wait_replicas, wait_ms, target))
+            async with self.client.pipeline(transaction=False) as pipe:
+                for command in sent:
+                    if isinstance(command[-1], dict):
+                        pipe.execute_command(*command[:-1], **command[-1])
+                    else:
+                        pipe.execute_command(*command)
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            self._slots_lost = self.cluster and is_connection_error(exc)
+            raise
+        self._slots_lost = self.cluster and any(
+            isinstance(reply, Exception) and is_connection_error(reply) for reply in replies)
         return replies
 
     async def aclose(self) -> None:

@@ -254,10 +254,19 @@ class RedisQueue(Queue):
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._done_waiters.setdefault(job_id, set()).add(done)
             try:
-                job = await self._get(job_id)
+                try:
+                    job = await self._get(job_id)
+                except QueueUnavailable as exc:
+                    # A re-read lost with the connection (a restart, a failover that takes a few
+                    # seconds): the wait goes on, within its timeout, until the listener has
+                    # subscribed again and wakes every waiter (or the next safety wake).
+                    lost = exc.__cause__ is not None and is_connection_error(exc.__cause__)
+                    if not lost or time.monotonic() >= give_up:
+                        raise
+                else:
+                    if job is None or job.is_final or give_up <= time.monotonic():
+                        return job
                 remaining = give_up - time.monotonic()
-                if job is None or job.is_final or remaining <= 0:
-                    return job
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(done, min(remaining, SAFETY_WAKE_S))
             finally:
