@@ -325,6 +325,9 @@ def _cluster_client(url: str, options: dict[str, Any]) -> Any:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
+    if not hasattr(RedisCluster, "pubsub"):  # asyncio cluster pub/sub came with redis-py 8.0
+        raise MissingDependency(f"a Redis Cluster ({redact_url(url)}) needs redis-py 8 or later: "
+                                "pip install -U 'redis[hiredis]>=8'")
     parts = urlsplit(url)
     client = RedisCluster.from_url(
         parts._replace(scheme=CLUSTER_SCHEMES[parts.scheme]).geturl(),

@@ -24,7 +24,8 @@ def backend_of(queue_url: str) -> Backend:
     if urlsplit(queue_url).scheme == "sqlite":
         return "sqlite"
     raise ConfigError(
-        f"unsupported queue URL {redact_url(queue_url)!r}: use sqlite:///path/to/file.db or redis://host:port/db"
+        f"unsupported queue URL {redact_url(queue_url)!r}: use sqlite:///path/to/file.db, "
+        "redis://host:port/db or redis+cluster://host:port"
     )
 
 

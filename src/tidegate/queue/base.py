@@ -160,7 +160,8 @@ class Queue(Lifecycle):
 
             return RedisQueue(base_url, resolved)
         raise ConfigError(
-            f"unsupported queue URL {redact_url(url)!r}: use sqlite:///path/to/file.db or redis://host:port/db"
+            f"unsupported queue URL {redact_url(url)!r}: use sqlite:///path/to/file.db, redis://host:port/db "
+            "or redis+cluster://host:port"
         )
 
     def _opened(self) -> None:

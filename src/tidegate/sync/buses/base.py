@@ -1,7 +1,8 @@
 """Event buses between the change source and the sinks; `bus_for(url)` picks one.
 
     memory://                       in this process (the embedded default), see `memory.py`
-    redis://host:port/db            Redis Streams, see `redis.py`
+    redis://host:port/db            Redis Streams, see `redis.py` (redis+cluster://host:port on a
+                                    Redis Cluster)
     kafka://host:port[,host:port]   Kafka or a Kafka-protocol broker (aiokafka), see `kafka.py`
 
 What every bus promises (one contract suite, tests/test_bus_contract.py, runs on all three):
