@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import sqlite3
 import threading
 import time
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from tidegate.errors import ConfigError
@@ -62,18 +63,30 @@ def connect(path: str, schema: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                            timeout=BUSY_TIMEOUT_MS / 1000)
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    try:
+        _retried_while_locked(lambda: (conn.execute("PRAGMA journal_mode=WAL"),
+                                       conn.execute("PRAGMA synchronous=NORMAL"),
+                                       conn.executescript(schema)))
+    except sqlite3.Error:
+        conn.close()
+        raise
+    return conn
+
+
+def apply_schema(conn: sqlite3.Connection, schema: str) -> None:
+    """Run `schema` (CREATE … IF NOT EXISTS statements) on a connection made by `connect`."""
+    _retried_while_locked(lambda: conn.executescript(schema))
+
+
+def _retried_while_locked(setup: Callable[[], object]) -> None:
     for attempt in range(_SETUP_ATTEMPTS):
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(schema)
-            return conn
+            setup()
+            return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or attempt == _SETUP_ATTEMPTS - 1:
-                conn.close()
                 raise
             time.sleep(_SETUP_PAUSE_S)
-    raise AssertionError("unreachable")
 
 
 def immediate(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
@@ -91,20 +104,27 @@ def immediate(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T])
 
 @dataclass(slots=True)
 class _Call:
-    """One call waiting for the connection's thread: `fn`, whether it writes, and where its
-    outcome goes (set on the event loop's thread)."""
+    """One call waiting for the connection's thread: `fn`, whether it writes, the handle it came
+    through (its schema and row factory) and where its outcome goes (set on its event loop)."""
 
     fn: Callable[[sqlite3.Connection], Any]
     writes: bool
+    handle: SqliteThread
+    loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     value: Any = None
     error: BaseException | None = None
 
 
 class SqliteThread:
-    """One SQLite connection used only on a thread of its own, so the event loop never waits on
-    the disk or on another process's write lock. Connects on first use (or `open()`); driver
-    errors leave as what `error` makes of them.
+    """A component's way to one SQLite file: its calls run on a thread that owns the connection,
+    so the event loop never waits on the disk or on another process's write lock. Connects on
+    first use (or `open()`), with the component's `schema` applied; driver errors leave as what
+    `error` makes of them.
+
+    Every SqliteThread of one file in a process shares that thread and connection (the queue,
+    the budget ledger and the tenant store of `tidegate up` all live in the queue's file), so
+    their writes commit together instead of taking the file's write lock in turn.
 
     Group commit: calls made while the thread is busy wait for it together, and then run as one
     batch — the reads first, then every write in ONE `BEGIN IMMEDIATE` transaction, each in a
@@ -119,14 +139,11 @@ class SqliteThread:
         row_factory: type[sqlite3.Row] | None = None,
     ) -> None:
         self.path = path
-        self._schema = schema
+        self.name = name
+        self.schema = schema
+        self.row_factory = row_factory
         self._error = error
-        self._row_factory = row_factory
-        self._conn: sqlite3.Connection | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tidegate-{name}")
-        self._lock = threading.Lock()
-        self._waiting: list[_Call] = []  # calls made since the last batch began
-        self._batch_queued = False  # a batch job is queued on the thread and has not begun
+        self._file: _SharedFile | None = None
 
     async def open(self) -> None:
         """Connect now, so a file that cannot be opened fails here rather than at first use."""
@@ -142,13 +159,11 @@ class SqliteThread:
         return await self._call(body, writes=True)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T], *, writes: bool) -> T:
+        if self._file is None:
+            self._file = _SharedFile.join(self.path)
         loop = asyncio.get_running_loop()
-        call = _Call(fn, writes, loop.create_future())
-        with self._lock:
-            self._waiting.append(call)
-            queue_batch, self._batch_queued = not self._batch_queued, True
-        if queue_batch:
-            self._thread.submit(self._run_batch, loop)
+        call = _Call(fn, writes, self, loop, loop.create_future())
+        self._file.submit(call)
         try:
             value: T = await call.future
         except sqlite3.Error as exc:
@@ -156,7 +171,59 @@ class SqliteThread:
         return value
 
     async def close(self) -> None:
-        """Close the connection once the calls already made have run, then let the thread go."""
+        """Leave the shared connection once the calls already made have run; the last handle of a
+        file closes it and lets its thread go."""
+        shared, self._file = self._file, None
+        if shared is not None:
+            await shared.leave()
+
+
+class _SharedFile:
+    """The thread and connection of one SQLite file in this process, and the calls waiting for
+    them. Joined by each SqliteThread at its first call and left at its close."""
+
+    _open: ClassVar[dict[str, _SharedFile]] = {}
+    _registry_lock: ClassVar = threading.Lock()
+
+    def __init__(self, path: str, key: str) -> None:
+        self.path = path
+        self._key = key  # its place in _open: the absolute path
+        self._users = 0
+        self._conn: sqlite3.Connection | None = None
+        self._applied: set[str] = set()  # the schemas run on this connection
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegate-sqlite")
+        self._lock = threading.Lock()
+        self._waiting: list[_Call] = []  # calls made since the last batch began
+        self._batch_queued = False  # a batch job is queued on the thread and has not begun
+
+    @classmethod
+    def join(cls, path: str) -> _SharedFile:
+        # ":memory:" is a database of its own on each connection: never shared.
+        key = path if path == ":memory:" else os.path.abspath(path)
+        with cls._registry_lock:
+            shared = cls._open.get(key) if key != ":memory:" else None
+            if shared is None:
+                shared = cls(path, key)
+                if key != ":memory:":
+                    cls._open[key] = shared
+            shared._users += 1
+            return shared
+
+    def submit(self, call: _Call) -> None:
+        with self._lock:
+            self._waiting.append(call)
+            queue_batch, self._batch_queued = not self._batch_queued, True
+        if queue_batch:
+            self._thread.submit(self._run_batch)
+
+    async def leave(self) -> None:
+        with self._registry_lock:
+            self._users -= 1
+            last = self._users == 0
+            if last and self._open.get(self._key) is self:
+                del self._open[self._key]
+        if not last:
+            return
 
         def disconnect() -> None:
             if self._conn is not None:
@@ -168,29 +235,37 @@ class SqliteThread:
 
     # ------------------------------------------------------------------ on the thread
 
-    def _run_batch(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _run_batch(self) -> None:
         with self._lock:
             batch, self._waiting = self._waiting, []
             self._batch_queued = False
-        try:
-            conn = self._connection()
-        except sqlite3.Error as exc:
-            for call in batch:
+        writes: list[_Call] = []
+        for call in batch:
+            try:
+                conn = self._connection(call.handle)
+            except sqlite3.Error as exc:
                 call.error = exc
-        else:
-            for call in batch:
-                if not call.writes:
-                    _run_one(call, functools.partial(call.fn, conn))
-            _write_together(conn, [call for call in batch if call.writes])
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(_deliver, batch)
+                continue
+            if call.writes:
+                writes.append(call)
+            else:
+                _run_one(call, functools.partial(call.fn, conn))
+        if writes:
+            assert self._conn is not None
+            _write_together(self._conn, writes)
+        for loop in {call.loop for call in batch}:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_deliver, [call for call in batch if call.loop is loop])
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self, handle: SqliteThread) -> sqlite3.Connection:
         # Runs on the thread, the only one that ever touches the connection.
         if self._conn is None:
-            self._conn = connect(self.path, self._schema)
-            if self._row_factory is not None:
-                self._conn.row_factory = self._row_factory
+            self._conn = connect(self.path, handle.schema)
+            self._applied.add(handle.schema)
+        elif handle.schema not in self._applied:
+            apply_schema(self._conn, handle.schema)
+            self._applied.add(handle.schema)
+        self._conn.row_factory = handle.row_factory
         return self._conn
 
 
@@ -204,13 +279,15 @@ def _run_one(call: _Call, run: Callable[[], Any]) -> None:
 def _write_together(conn: sqlite3.Connection, writes: list[_Call]) -> None:
     """Every write of a batch in one transaction, each in a savepoint that its failure rolls
     back; a lone write in a transaction of its own, as it always was."""
-    if len(writes) <= 1:
-        for call in writes:
-            _run_one(call, functools.partial(immediate, conn, call.fn))
+    if len(writes) == 1:
+        [call] = writes
+        conn.row_factory = call.handle.row_factory
+        _run_one(call, functools.partial(immediate, conn, call.fn))
         return
     try:
         conn.execute("BEGIN IMMEDIATE")
         for call in writes:
+            conn.row_factory = call.handle.row_factory
             conn.execute("SAVEPOINT call")
             _run_one(call, functools.partial(call.fn, conn))
             if call.error is None:
@@ -229,7 +306,7 @@ def _write_together(conn: sqlite3.Connection, writes: list[_Call]) -> None:
 
 
 def _deliver(batch: list[_Call]) -> None:
-    """On the event loop: hand each call its outcome (unless its caller stopped waiting)."""
+    """On a call's event loop: hand each call its outcome (unless its caller stopped waiting)."""
     for call in batch:
         if call.future.done():
             continue
