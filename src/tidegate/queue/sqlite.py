@@ -99,7 +99,9 @@ class SqliteQueue(Queue):
             error=lambda exc: QueueUnavailable(f"SQLite queue at {path}: {exc}"),
         )
         self._bell = Doorbell(path)
-        self._watched: dict[str, list[asyncio.Future[None]]] = {}  # job id → wait() callers
+        # job id → its wait() callers: each is handed the final job when this instance finished
+        # it, or None when another one did (the caller then reads it)
+        self._watched: dict[str, list[asyncio.Future[Job | None]]] = {}
         self._watcher: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ plumbing
@@ -336,22 +338,23 @@ class SqliteQueue(Queue):
             raise LeaseLost(lost[0])
 
     async def _complete_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[str]:
-        def body(conn: sqlite3.Connection) -> list[str]:
-            now, lost = now_ms(), []
+        def body(conn: sqlite3.Connection) -> tuple[list[Job], list[str]]:
+            now, done, lost = now_ms(), [], []
             for job_id, token, result in items:
-                changed = conn.execute(
+                row = conn.execute(
                     "UPDATE jobs SET state = 'succeeded', result = ?, finished_ms = ?,"
                     " worker_id = NULL, lease_expires_ms = NULL"
-                    " WHERE id = ? AND state = 'leased' AND lease_token = ?",
+                    f" WHERE id = ? AND state = 'leased' AND lease_token = ? RETURNING {_JOB_COLUMNS}",
                     (result, now, job_id, token),
-                ).rowcount
-                if not changed:
+                ).fetchone()
+                if row is None:
                     lost.append(str(_lease_lost(conn, job_id, token)))
-            return lost
+                else:
+                    done.append(_job(row))
+            return done, lost
 
-        lost = await self._write(body)
-        if len(lost) < len(items):
-            self._bell.ring(DONE)
+        done, lost = await self._write(body)
+        self._finished(done)
         return lost
 
     async def _fail(
@@ -429,9 +432,20 @@ class SqliteQueue(Queue):
             self._bell.ring(DONE)
         return cancelled
 
+    def _finished(self, jobs: Sequence[Job]) -> None:
+        """Jobs this instance just brought to a final state: their waiters here get them as they
+        are (no read-back), and every other instance is rung."""
+        if not jobs:
+            return
+        for job in jobs:
+            for waiter in self._watched.get(job.id, []):
+                if not waiter.done():
+                    waiter.set_result(job)
+        self._bell.ring(DONE, here=False)
+
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
         self._bell.listen()
-        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        finished: asyncio.Future[Job | None] = asyncio.get_running_loop().create_future()
         self._watched.setdefault(job_id, []).append(finished)
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.create_task(self._watch_finishes())
@@ -440,7 +454,10 @@ class SqliteQueue(Queue):
             if job is None or job.is_final:
                 return job
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(finished), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    handed = await asyncio.shield(finished)
+                    if handed is not None:
+                        return handed
             return await self._get(job_id)
         finally:
             waiters = self._watched.get(job_id, [])
