@@ -11,13 +11,13 @@ Serves until SIGINT or SIGTERM, like `tidegate up`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
 import os
 import sys
 
+from tidegate._eventloop import run as run_loop
 from tidegate._sqlite import ensure_sqlite_folder
 from tidegate.app.up import UpInfo, UpSettings, run_up
 from tidegate.config import TidegateConfig
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     # CPU and the queue with the requests measured here.
     settings = UpSettings(host="127.0.0.1", port=0, concurrency=args.concurrency, change_flow=False)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_up(config, settings, on_ready=_ready))
+        run_loop(run_up(config, settings, on_ready=_ready))
     return 0
 
 

@@ -211,6 +211,26 @@ async def test_release_gives_the_reservation_back(ledger: BudgetLedger) -> None:
     await ledger.reserve("acme", 400, tenant_limit_micros=1_000, global_limit_micros=None)
 
 
+async def test_record_adds_a_cost_without_a_reservation(ledgers: Ledgers) -> None:
+    ledger = ledgers.open()
+    await ledger.reserve("acme", 600, tenant_limit_micros=None, global_limit_micros=None)
+
+    await ledger.record("acme", 250)
+    await ledgers.open().record("globex", 100)  # another process
+    await ledger.record("acme", 0)
+
+    assert await ledger.spend_today() == {"acme": 850, "globex": 100, GLOBAL: 950}
+    status = await ledger.status("acme", tenant_limit_micros=1_000, global_limit_micros=None)
+    assert status.remaining_micros == 150
+    ledgers.clock.day += timedelta(days=1)
+    await ledger.record("acme", 5)
+    assert await ledger.spend_today() == {"acme": 5, GLOBAL: 5}
+    with pytest.raises(ValueError, match="tenant"):
+        await ledger.record(GLOBAL, 1)
+    with pytest.raises(ValueError, match="amount_micros"):
+        await ledger.record("acme", -1)
+
+
 # ---------------------------------------------------------------------- days and status
 
 

@@ -216,7 +216,7 @@ async def test_headers_over_the_limit_answer_431_in_the_apis_shape(gw: Gateway) 
 
 
 async def test_a_head_the_http_server_refuses_itself_is_answered_in_the_apis_shape(gw: Gateway) -> None:
-    # A 200 KB header arriving in pieces: uvicorn (h11) refuses it before the app sees anything
+    # A 200 KB header arriving in pieces: the HTTP server refuses it before the app sees anything
     head = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
     pieces = [b"a" * 10_000 for _ in range(20)] + [b"\r\n\r\n"]
 

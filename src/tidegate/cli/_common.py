@@ -7,7 +7,6 @@ typer and rich is imported inside that command.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -18,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tidegate._eventloop import run as run_loop
 from tidegate.errors import TidegateError
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def errors_as_exit() -> Iterator[None]:
 def run(main: Coroutine[Any, Any, T]) -> T:
     """Run `main` to its end, its TidegateError as a one-line message."""
     with errors_as_exit():
-        return asyncio.run(main)
+        return run_loop(main)
 
 
 def run_with(opener: Callable[[], AbstractAsyncContextManager[R]], call: Callable[[R], Awaitable[T]]) -> T:

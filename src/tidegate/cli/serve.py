@@ -42,10 +42,10 @@ def simulate(
 ) -> None:
     """Run a simulated OpenAI-compatible provider until Ctrl-C. Flags override --config for
     every model without a setting of its own."""
-    import asyncio
     import os
     from pathlib import Path
 
+    from tidegate._eventloop import run as run_loop
     from tidegate.simulator.server import serve
     from tidegate.simulator.settings import SimulatorSettings
 
@@ -69,7 +69,7 @@ def simulate(
             typer.echo(f"Simulated provider listening on {url}")  # one line: scripts read the URL
             typer.echo(f"Models: {', '.join(settings.served_models())}. Press Ctrl-C to stop.")
 
-        asyncio.run(serve(settings, host=host, port=port, allow_remote=allow_remote, on_ready=ready))
+        run_loop(serve(settings, host=host, port=port, allow_remote=allow_remote, on_ready=ready))
     typer.echo("Simulator stopped.")
 
 

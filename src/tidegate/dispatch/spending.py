@@ -9,6 +9,7 @@ refused (DESIGN.md: the most urgent work is not stopped by a spent budget).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -20,11 +21,23 @@ from tidegate.jobs import Job, Priority
 if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gateway layer
     from tidegate.coord.tenants import TenantStore
 
-__all__ = ["TENANT_CACHE_S", "Limits", "Spending"]
+__all__ = ["TENANT_CACHE_S", "Hold", "Limits", "Spending", "Unlimited"]
 
 TENANT_CACHE_S = 5.0  # how long a tenant's budget is reused before it is read again
 
 Limits = tuple[int | None, int | None]  # (tenant, global) daily limits in micro-USD; None: none
+
+
+@dataclass(frozen=True, slots=True)
+class Unlimited:
+    """A call that no daily limit applies to: nothing is reserved before it (there is nothing
+    to refuse), and its cost is recorded once, when it settles."""
+
+    tenant: str
+
+
+Hold = Reservation | Unlimited
+"""What a job's call holds on the ledger while it runs."""
 
 
 class Spending:
@@ -47,31 +60,39 @@ class Spending:
             None if budgets.global_daily_usd is None else usd_to_micros(budgets.global_daily_usd),
         )
 
-    async def reserve(self, job: Job, amount_micros: int, limits: Limits) -> Reservation:
+    async def reserve(self, job: Job, amount_micros: int, limits: Limits) -> Hold:
         """Reserve `amount_micros` for `job` (BudgetExhausted when it does not fit; a CRITICAL job
-        is never refused)."""
+        is never refused). Without any limit there is nothing to reserve: the hold is Unlimited."""
         assert self.ledger is not None
         tenant_limit, global_limit = limits
+        if tenant_limit is None and global_limit is None:
+            return Unlimited(job.tenant)
         return await self.ledger.reserve(
             job.tenant, amount_micros, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit,
             enforce=job.priority is not Priority.CRITICAL,
         )
 
-    async def settle(self, reservation: Reservation | None, spent_micros: int) -> None:
-        """Turn a reservation into what the call actually cost."""
-        if self.ledger is not None and reservation is not None:
-            await self.ledger.settle(reservation, spent_micros)
+    async def settle(self, hold: Hold | None, spent_micros: int) -> None:
+        """Turn a hold into what the call actually cost."""
+        if self.ledger is None or hold is None:
+            return
+        if isinstance(hold, Unlimited):
+            await self.ledger.record(hold.tenant, spent_micros)
+        else:
+            await self.ledger.settle(hold, spent_micros)
 
-    async def release(self, reservation: Reservation | None) -> None:
-        """Give a reservation back unspent (the call did not happen or failed)."""
-        if self.ledger is not None and reservation is not None:
-            await self.ledger.release(reservation)
+    async def release(self, hold: Hold | None) -> None:
+        """Give a hold back unspent (the call did not happen or failed)."""
+        if self.ledger is not None and isinstance(hold, Reservation):
+            await self.ledger.release(hold)
 
     async def fraction_left(self, tenant: str) -> float | None:
         """The share of the tightest budget still free today (None: no ledger or no limit)."""
         if self.ledger is None:
             return None
         tenant_limit, global_limit = await self.limits(tenant)
+        if tenant_limit is None and global_limit is None:
+            return None  # nothing to read: the answer is None whatever was spent
         status = await self.ledger.status(
             tenant, tenant_limit_micros=tenant_limit, global_limit_micros=global_limit
         )

@@ -28,7 +28,6 @@ from tidegate.coord.budget import (
     BUDGET_EXHAUSTED,
     BudgetExhausted,
     BudgetLedger,
-    Reservation,
     budget_ledger_for,
     budget_outcome,
 )
@@ -46,7 +45,7 @@ from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
-from tidegate.dispatch.spending import Spending
+from tidegate.dispatch.spending import Hold, Spending
 from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
@@ -78,7 +77,7 @@ class _Call:
     job: Job
     queue_wait_ms: float = 0.0
     key: str = ""
-    reservation: Reservation | None = None
+    reservation: Hold | None = None
     holds_model_slot: bool = False
 
 

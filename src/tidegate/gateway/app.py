@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from tidegate import __version__
 from tidegate.gateway import admin_api, dashboard, jobs_api, openai_api, ops, recs_api
 from tidegate.gateway.errors import install_error_handlers
+from tidegate.gateway.fast_path import FastPath
 from tidegate.gateway.middleware import BodyLimit, RequestMetrics
 from tidegate.gateway.openapi import install_openapi
 from tidegate.gateway.state import GatewayState
@@ -60,7 +61,9 @@ def create_app(state: GatewayState) -> FastAPI:
     install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
     for module in (openai_api, jobs_api, recs_api, admin_api, ops, dashboard):
         app.include_router(module.router)
-    # The last added runs first: metrics see every answer, including a 413.
+    # The last added runs first: metrics see every answer, including a 413; the fast path runs
+    # inside the body limit, on the body it lets through.
+    app.add_middleware(FastPath, gateway=app)
     app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
     return app

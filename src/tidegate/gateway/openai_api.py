@@ -32,7 +32,7 @@ from tidegate.gateway.schemas import ModelList, ModelView
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.streaming import stream_job
 
-__all__ = ["router"]
+__all__ = ["router", "serve"]
 
 # A synchronous call answers how its job ended: refused at the door, or dead (the failure its
 # worker recorded: the provider's own 4xx, a routing or budget refusal, 502), cancelled or late.
@@ -89,7 +89,7 @@ async def chat_completions(
 ) -> Response:
     """Queue the completion at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    return await _call(state, tenant, OPENAI.request("chat", body), started=started,
+    return await serve(state, tenant, OPENAI.request("chat", body), started=started,
                        priority=x_priority, timeout_header=x_tidegate_timeout,
                        idempotency_key=idempotency_key)
 
@@ -111,12 +111,12 @@ async def embeddings(
 ) -> Response:
     """Queue the embeddings request at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    return await _call(state, tenant, OPENAI.request("embeddings", body), started=started,
+    return await serve(state, tenant, OPENAI.request("embeddings", body), started=started,
                        priority=x_priority, timeout_header=x_tidegate_timeout,
                        idempotency_key=idempotency_key)
 
 
-async def _call(
+async def serve(
     state: GatewayState,
     tenant: Tenant,
     request: AIRequest,
@@ -126,6 +126,8 @@ async def _call(
     timeout_header: str | None,
     idempotency_key: str | None,
 ) -> Response:
+    """Queue the call's job and answer with its result (or relay its stream): what both routes
+    do once FastAPI, or the gateway's fast path (tidegate.gateway.fast_path), has read the request."""
     submitted = await submit(state, tenant, request, priority_header=priority, timeout_header=timeout_header,
                              idempotency_key=idempotency_key)
     if submitted.request.kind == "chat" and submitted.request.stream:

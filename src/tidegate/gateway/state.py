@@ -57,7 +57,7 @@ class GatewayState:
     models: dict[str, ModelConfig] = field(init=False)
     _credentials_seen: bool = field(default=False, init=False)
     _drain_deadline: float | None = field(default=None, init=False)  # time.monotonic()
-    _draining: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _waits: set[asyncio.Timeout] = field(default_factory=set, init=False)  # of calls in wait_job
 
     def __post_init__(self) -> None:
         self.recent = RecentResults(self.settings.stats_window)
@@ -79,28 +79,36 @@ class GatewayState:
     @property
     def draining(self) -> bool:
         """True once the server stopped accepting (`begin_drain`)."""
-        return self._draining.is_set()
+        return self._drain_deadline is not None
 
     def begin_drain(self, grace_s: float) -> None:
         """The server stops accepting and cuts open calls after `grace_s`: calls waiting for a
         job answer before then (see `wait_job`), in the API's own error shape, rather than be
         cut without an answer."""
         self._drain_deadline = time.monotonic() + max(grace_s - DRAIN_ANSWER_S, 0.0)
-        self._draining.set()
+        cut = self._drain_cut()
+        for scope in self._waits:
+            scope.reschedule(cut)
+
+    def _drain_cut(self) -> float | None:
+        """When, on the event loop's clock, a drain answers the calls still waiting (None: no
+        drain)."""
+        if self._drain_deadline is None:
+            return None
+        return asyncio.get_running_loop().time() + max(self._drain_deadline - time.monotonic(), 0.0)
 
     async def wait_job(self, job_id: str, timeout_s: float) -> Job:
         """`queue.wait`, returned early (the job as it is then) when a drain leaves less time."""
-        waiting = asyncio.ensure_future(self.queue.wait(job_id, timeout_s))
-        draining = asyncio.ensure_future(self._draining.wait())
+        scope = asyncio.timeout_at(self._drain_cut())  # moved forward by begin_drain
+        self._waits.add(scope)
         try:
-            await asyncio.wait([waiting, draining], return_when=asyncio.FIRST_COMPLETED)
-            if not waiting.done() and self._drain_deadline is not None:
-                await asyncio.wait([waiting], timeout=max(self._drain_deadline - time.monotonic(), 0.0))
-            if waiting.done():
-                return waiting.result()
+            async with scope:
+                return await self.queue.wait(job_id, timeout_s)
+        except TimeoutError:
+            if not scope.expired():
+                raise
         finally:
-            draining.cancel()
-            waiting.cancel()
+            self._waits.discard(scope)
         job = await self.queue.get(job_id)
         assert job is not None  # waited for, so it existed; retention keeps it for a day
         return job

@@ -86,9 +86,11 @@ class Doorbell:
             self._sender.close()
             self._sender = None
 
-    def ring(self, kind: bytes) -> None:
-        """Signal this instance's waiters, then every other registered instance."""
-        (self.work if kind == WORK else self.done).notify()
+    def ring(self, kind: bytes, *, here: bool = True) -> None:
+        """Signal this instance's waiters (unless `here` is False: the caller told them itself),
+        then every other registered instance."""
+        if here:
+            (self.work if kind == WORK else self.done).notify()
         if not self._supported:
             return
         try:

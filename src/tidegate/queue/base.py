@@ -40,6 +40,7 @@ from tidegate.jobs import (
     ms_to_datetime,
     now_ms,
 )
+from tidegate.queue._handoff import Handoffs, Offer, WaitingClaim
 from tidegate.queue.settings import QueueSettings
 
 __all__ = ["LevelStats", "MaintenanceReport", "NewJob", "Queue", "QueueSettings", "QueueStats"]
@@ -123,10 +124,15 @@ class Queue(Lifecycle):
     unavailable_error = QueueClosed
     what = "this queue"
 
+    # Whether the backend writes jobs offered to a waiting claim of this instance leased to it
+    # (`_enqueue_handing`; see queue/_handoff.py).
+    hands_off = False
+
     def __init__(self, settings: QueueSettings | None = None) -> None:
         super().__init__()
         self.settings = settings or QueueSettings()
         self._maintenance: asyncio.Task[None] | None = None
+        self._handoffs = Handoffs(self.release)
 
     # ------------------------------------------------------------------ construction, lifecycle
 
@@ -209,7 +215,16 @@ class Queue(Lifecycle):
         prepared = [self._prepare(spec, now, index) for index, spec in enumerate(specs)]
         if not prepared:
             return []
-        return await self._enqueue(prepared)
+        if not self.hands_off:
+            return await self._enqueue(prepared)
+        offers = self._handoffs.offers([(job.id, job.priority) for job in prepared if not job.not_before_ms])
+        try:
+            ids, handed = await self._enqueue_handing(prepared, offers)
+        except BaseException:
+            self._handoffs.deliver(offers, [])  # the claims offered to claim again
+            raise
+        self._handoffs.deliver(offers, handed)
+        return ids
 
     def _prepare(self, spec: JobSpec | Mapping[str, Any], now: int, index: int) -> NewJob:
         try:
@@ -283,7 +298,14 @@ class Queue(Lifecycle):
             remaining = give_up - time.monotonic()
             if jobs or remaining <= 0:
                 return jobs
-            await self._wait_for_work(levels, remaining, marker)
+            if not self.hands_off:
+                await self._wait_for_work(levels, remaining, marker)
+                continue
+            # While it waits, work enqueued by this instance may be handed to it directly.
+            waiting = WaitingClaim(worker_id, levels, limit, lease_ms)
+            handed = await self._handoffs.wait(waiting, self._wait_for_work(levels, remaining, marker))
+            if handed:
+                return handed
 
     async def heartbeat(self, job: Job, lease_s: float | None = None) -> None:
         """Extend the job's lease; raises LeaseLost when the token is stale."""
@@ -417,6 +439,14 @@ class Queue(Lifecycle):
 
     @abc.abstractmethod
     async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]: ...
+
+    async def _enqueue_handing(
+        self, jobs: Sequence[NewJob], offers: Mapping[str, Offer],
+    ) -> tuple[list[str], list[Job]]:
+        """`_enqueue`, writing each job that `offers` names leased to its claim when nothing
+        claimable waits at the job's level or above in the levels the claim serves; returns the
+        ids and the jobs written leased. Only for a backend with `hands_off`."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     async def _claim(

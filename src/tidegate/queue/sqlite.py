@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import functools
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -19,6 +20,7 @@ import orjson
 from tidegate._sqlite import SqliteThread
 from tidegate.errors import LeaseLost, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority, now_ms
+from tidegate.queue._handoff import Offer
 from tidegate.queue._signals import DONE, WORK, Doorbell, Signal
 from tidegate.queue.base import LevelStats, MaintenanceReport, NewJob, Queue, QueueStats
 from tidegate.queue.settings import QueueSettings
@@ -99,8 +101,11 @@ class SqliteQueue(Queue):
             error=lambda exc: QueueUnavailable(f"SQLite queue at {path}: {exc}"),
         )
         self._bell = Doorbell(path)
-        self._watched: dict[str, list[asyncio.Future[None]]] = {}  # job id → wait() callers
+        # job id → its wait() callers: each is handed the final job when this instance finished
+        # it, or None when another one did (the caller then reads it)
+        self._watched: dict[str, list[asyncio.Future[Job | None]]] = {}
         self._watcher: asyncio.Task[None] | None = None
+        self._quiet: dict[tuple[int, ...], _Quiet] = {}  # levels → what their last empty claim saw
 
     # ------------------------------------------------------------------ plumbing
 
@@ -164,11 +169,24 @@ class SqliteQueue(Queue):
 
     # ------------------------------------------------------------------ enqueue
 
+    hands_off = True
+
     async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]:
-        def body(conn: sqlite3.Connection) -> tuple[list[str], bool]:
+        ids, _ = await self._enqueue_handing(jobs, {})
+        return ids
+
+    async def _enqueue_handing(
+        self, jobs: Sequence[NewJob], offers: Mapping[str, Offer],
+    ) -> tuple[list[str], list[Job]]:
+        def body(conn: sqlite3.Connection) -> tuple[list[str], list[Job], bool]:
             ids, new = self._dedupe(conn, jobs)
             self._admit(conn, new)
             now = now_ms()
+            handed = [job for job in (self._hand(conn, job, offers.get(job.id), now) for job in new)
+                      if job is not None]
+            if handed:
+                kept = {job.id for job in handed}
+                new = [job for job in new if job.id not in kept]
             conn.executemany(
                 "INSERT INTO jobs(id, priority, level, tenant, state, payload, created_ms, ready_ms,"
                 " not_before_ms, deadline_ms, max_attempts, idempotency_key, callback_url)"
@@ -184,12 +202,42 @@ class SqliteQueue(Queue):
                 ],
             )
             self._give_turns(conn, ((j.id, j.priority, j.tenant) for j in new if not j.not_before_ms))
-            return ids, any(not job.not_before_ms for job in new)
+            return ids, handed, any(not job.not_before_ms for job in new)
 
-        ids, ready = await self._write(body)
+        ids, handed, ready = await self._write(body)
         if ready:
             self._bell.ring(WORK)
-        return ids
+        if any(job.not_before_ms for job in jobs):
+            self._quiet.clear()  # a delayed job brings its due time forward, without a ring
+        return ids, handed
+
+    @staticmethod
+    def _hand(conn: sqlite3.Connection, job: NewJob, offer: Offer | None, now: int) -> Job | None:
+        """Write `job` leased to the claim `offer` names, as a claim would lease it, if nothing a
+        claim of those levels would take first waits (queued, due, or its lease run out); None
+        (and nothing written) otherwise."""
+        if offer is None or (job.deadline_ms is not None and job.deadline_ms <= now):
+            return None
+        marks = ",".join("?" * len(offer.levels))
+        ahead = conn.execute(
+            f"SELECT 1 FROM jobs WHERE level IN ({marks}) AND level <= ? AND (state = 'queued'"
+            " OR (state IN ('delayed', 'failed') AND not_before_ms <= ?)"
+            " OR (state = 'leased' AND lease_expires_ms <= ?)) LIMIT 1",
+            (*offer.levels, job.priority, now, now),
+        ).fetchone()
+        if ahead is not None:
+            return None
+        row = conn.execute(
+            "INSERT INTO jobs(id, priority, level, tenant, state, payload, created_ms, ready_ms,"
+            " deadline_ms, max_attempts, idempotency_key, callback_url, attempts, lease_token,"
+            " worker_id, lease_expires_ms)"
+            " VALUES (?, ?, ?, ?, 'leased', ?, ?, ?, ?, ?, ?, ?, 1, 1, ?, ?)"
+            f" RETURNING {_JOB_COLUMNS}",
+            (job.id, job.priority, job.priority, job.tenant, job.payload, job.created_ms, now,
+             job.deadline_ms, job.max_attempts, job.idempotency_key, job.callback_url,
+             offer.worker_id, now + offer.lease_ms),
+        ).fetchone()
+        return _job(row)
 
     @staticmethod
     def _dedupe(conn: sqlite3.Connection, jobs: Sequence[NewJob]) -> tuple[list[str], list[NewJob]]:
@@ -236,6 +284,20 @@ class SqliteQueue(Queue):
         return self._bell.work.marker()
 
     async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]:
+        quiet = self._quiet.get(levels)
+        if quiet is not None and quiet.holds(now_ms()):
+            return []  # nothing can have become claimable since the last claim found nothing
+        marker = self._bell.work.marker()
+        jobs = await self._claim_now(worker_id, levels, limit, lease_ms)
+        if jobs:
+            self._quiet.pop(levels, None)
+        else:
+            self._quiet[levels] = _Quiet(marker, until_ms=now_ms() + int(SAFETY_WAKE_S * 1000))
+        return jobs
+
+    async def _claim_now(
+        self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int,
+    ) -> list[Job]:
         marks = ",".join("?" * len(levels))
 
         def body(conn: sqlite3.Connection) -> tuple[list[Job], MaintenanceReport]:
@@ -298,7 +360,13 @@ class SqliteQueue(Queue):
             ).fetchone()
             return None if row[0] is None else int(row[0])
 
-        due_ms = await self._run(next_due)
+        quiet = self._quiet.get(levels)
+        if quiet is not None and quiet.holds(now_ms()):
+            if not quiet.due_known:
+                quiet.due(await self._run(next_due))
+            due_ms = quiet.due_ms
+        else:
+            due_ms = await self._run(next_due)
         sleep_s = min(timeout_s, SAFETY_WAKE_S)
         if due_ms is not None:
             sleep_s = min(sleep_s, max((due_ms - now_ms()) / 1000, 0.0))
@@ -336,22 +404,23 @@ class SqliteQueue(Queue):
             raise LeaseLost(lost[0])
 
     async def _complete_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[str]:
-        def body(conn: sqlite3.Connection) -> list[str]:
-            now, lost = now_ms(), []
+        def body(conn: sqlite3.Connection) -> tuple[list[Job], list[str]]:
+            now, done, lost = now_ms(), [], []
             for job_id, token, result in items:
-                changed = conn.execute(
+                row = conn.execute(
                     "UPDATE jobs SET state = 'succeeded', result = ?, finished_ms = ?,"
                     " worker_id = NULL, lease_expires_ms = NULL"
-                    " WHERE id = ? AND state = 'leased' AND lease_token = ?",
+                    f" WHERE id = ? AND state = 'leased' AND lease_token = ? RETURNING {_JOB_COLUMNS}",
                     (result, now, job_id, token),
-                ).rowcount
-                if not changed:
+                ).fetchone()
+                if row is None:
                     lost.append(str(_lease_lost(conn, job_id, token)))
-            return lost
+                else:
+                    done.append(_job(row))
+            return done, lost
 
-        lost = await self._write(body)
-        if len(lost) < len(items):
-            self._bell.ring(DONE)
+        done, lost = await self._write(body)
+        self._finished(done)
         return lost
 
     async def _fail(
@@ -429,9 +498,20 @@ class SqliteQueue(Queue):
             self._bell.ring(DONE)
         return cancelled
 
+    def _finished(self, jobs: Sequence[Job]) -> None:
+        """Jobs this instance just brought to a final state: their waiters here get them as they
+        are (no read-back), and every other instance is rung."""
+        if not jobs:
+            return
+        for job in jobs:
+            for waiter in self._watched.get(job.id, []):
+                if not waiter.done():
+                    waiter.set_result(job)
+        self._bell.ring(DONE, here=False)
+
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
         self._bell.listen()
-        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        finished: asyncio.Future[Job | None] = asyncio.get_running_loop().create_future()
         self._watched.setdefault(job_id, []).append(finished)
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.create_task(self._watch_finishes())
@@ -440,7 +520,10 @@ class SqliteQueue(Queue):
             if job is None or job.is_final:
                 return job
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(finished), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    handed = await asyncio.shield(finished)
+                    if handed is not None:
+                        return handed
             return await self._get(job_id)
         finally:
             waiters = self._watched.get(job_id, [])
@@ -647,6 +730,31 @@ def _known_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, str]
         known.update(conn.execute(
             f"SELECT idempotency_key, id FROM jobs WHERE idempotency_key IN ({marks})", chunk))
     return known
+
+@dataclass(slots=True)
+class _Quiet:
+    """What a claim that found nothing saw: the work signal's marker taken before it, and when
+    work may appear without a ring (a delayed job comes due, a lease runs out; at the latest a
+    safety interval later, should a ring from another process be lost). Until the marker is set or
+    that time comes, another claim of the same levels would find nothing either, and neither the
+    claim nor the read of the next due time needs the database: with work handed to waiting
+    claims (queue/_handoff.py) this is the common case of a worker in `tidegate up`."""
+
+    marker: asyncio.Event
+    until_ms: int
+    due_known: bool = False
+    due_ms: int | None = None
+
+    def holds(self, now: int) -> bool:
+        """Whether nothing can have become claimable yet."""
+        return not self.marker.is_set() and now < self.until_ms
+
+    def due(self, due_ms: int | None) -> None:
+        """The next due time, as read: it shortens how long this holds."""
+        self.due_known, self.due_ms = True, due_ms
+        if due_ms is not None:
+            self.until_ms = min(self.until_ms, due_ms)
+
 
 def _job(row: sqlite3.Row) -> Job:
     record = dict(row)

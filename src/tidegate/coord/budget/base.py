@@ -160,6 +160,16 @@ class BudgetLedger(OpensOnFirstUse):
         """The call never happened: settle to 0."""
         await self.settle(reservation, 0)
 
+    async def record(self, tenant: str, amount_micros: int) -> None:
+        """Add what a call cost to the tenant's and the global total of today, with no
+        reservation before it: for spend that no limit is checked against."""
+        if not tenant or tenant == GLOBAL:
+            raise ValueError(f"invalid tenant name {tenant!r}: it must be non-empty and not {GLOBAL!r}")
+        if amount_micros < 0:
+            raise ValueError(f"amount_micros must be >= 0, got {amount_micros}")
+        await self._ready()
+        await self._record(tenant, self._today(), amount_micros)
+
     async def status(
         self, tenant: str, *, tenant_limit_micros: int | None, global_limit_micros: int | None
     ) -> BudgetStatus:
@@ -188,6 +198,13 @@ class BudgetLedger(OpensOnFirstUse):
     async def _settle(self, reservation: Reservation, actual_micros: int) -> None:
         """In one atomic step: if the reservation is pending, stop keeping it and add
         `actual - reserved` to both totals of its day; else change nothing."""
+
+    async def _record(self, tenant: str, day: date, amount_micros: int) -> None:
+        """Add the amount to the tenant's and the global total of `day`. By default an unchecked
+        reservation settled at once; a backend that can add both in one step does."""
+        reservation = Reservation(uuid.uuid4().hex, tenant, amount_micros, day, False)
+        await self._reserve(reservation, None, None)
+        await self._settle(reservation, amount_micros)
 
     @abc.abstractmethod
     async def _spent(self, day: date, tenant: str) -> tuple[int, int]:

@@ -15,7 +15,7 @@ __all__ = ["RedisBudgetLedger"]
 
 MAX_CONNECTIONS = 32  # a worker's ledger calls are short; more would only queue in Redis
 _KEEP_S = KEEP_DAYS * 86_400
-_SCRIPTS = ("reserve", "settle")
+_SCRIPTS = ("reserve", "settle", "record")
 
 
 class RedisBudgetLedger(BudgetLedger):
@@ -67,6 +67,10 @@ class RedisBudgetLedger(BudgetLedger):
         args = [reservation.tenant, reservation.id, actual_micros, _KEEP_S]
         # Idempotent (the script removes the pending entry), so a lost connection is retried.
         await self._redis.script("settle", self._keys(reservation.day), args, retry=True)
+
+    async def _record(self, tenant: str, day: date, amount_micros: int) -> None:
+        assert self._redis is not None
+        await self._redis.script("record", self._keys(day)[:1], [tenant, amount_micros, _KEEP_S])
 
     async def _spent(self, day: date, tenant: str) -> tuple[int, int]:
         assert self._redis is not None

@@ -100,6 +100,13 @@ class SqliteBudgetLedger(BudgetLedger):
 
         await self._db.write(body)
 
+    async def _record(self, tenant: str, day: date, amount_micros: int) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            conn.executemany(_ADD_SPEND, [(self.name, day.isoformat(), tenant, amount_micros),
+                                          (self.name, day.isoformat(), GLOBAL, amount_micros)])
+
+        await self._db.write(body)
+
     async def _spent(self, day: date, tenant: str) -> tuple[int, int]:
         return await self._db.run(lambda conn: self._spent_on(conn, day.isoformat(), tenant))
 
