@@ -30,6 +30,7 @@ from tidegate import (
     Priority,
     Queue,
     QueueClosed,
+    QueueUnavailable,
 )
 
 # ---------------------------------------------------------------------- helpers
@@ -587,6 +588,16 @@ async def test_every_redis_key_of_a_queue_carries_its_hash_tag(queue_factory: An
     assert [key for key in created if tag not in key] == []
 
 
+@pytest.mark.redis_only
+async def test_a_write_no_replica_confirms_in_time_is_refused(queue_factory: Any) -> None:
+    # The session's servers have no replicas: with wait_replicas=1 no write is acknowledged.
+    q = await queue_factory.open(maintenance_interval_s=None, wait_replicas=1, wait_timeout_s=0.05)
+    with pytest.raises(QueueUnavailable, match="0 of 1 replicas confirmed it"):
+        await q.enqueue({"n": 1})
+    # The master made the write all the same (the refusal says so), and reads are not held up
+    assert (await q.stats()).levels[Priority.NORMAL].depth == 1
+
+
 # ---------------------------------------------------------------------- lifecycle
 
 
@@ -641,6 +652,8 @@ def test_from_url_with_an_unknown_scheme_is_a_config_error(url: str) -> None:
 def test_from_url_with_invalid_settings_is_a_config_error(tmp_path: Any) -> None:
     with pytest.raises(ConfigError):
         Queue.from_url(f"sqlite:///{tmp_path / 'q.db'}?max_batch=0")
+    with pytest.raises(ConfigError, match="wait_replicas is a Redis setting"):
+        Queue.from_url(f"sqlite:///{tmp_path / 'q.db'}?wait_replicas=1")
     with pytest.raises(ConfigError):
         Queue.from_url(f"sqlite:///{tmp_path / 'q.db'}", no_such_setting=1)
 
