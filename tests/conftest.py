@@ -1,5 +1,6 @@
-"""Shared fixtures: a private redis-server per test session and a queue factory parametrized over
-every backend, so one contract suite runs against SQLite and Redis alike."""
+"""Shared fixtures: a private redis-server and a private Redis Cluster per test session, and a
+queue factory parametrized over every backend, so one contract suite runs against SQLite, Redis and
+Redis Cluster alike."""
 
 from __future__ import annotations
 
@@ -14,15 +15,17 @@ from typing import Any
 
 import pytest
 
-from support.redis_keys import delete_keys, delete_keys_now
+from support.redis_keys import REDIS_BACKENDS, SERVER_FIXTURES, delete_keys, delete_keys_now, redis_url_of
 from tidegate import Queue
 
+# The queue's backends on one server; `queue_factory` adds the Redis Cluster ("redis-cluster").
 BACKENDS = ["sqlite", "redis"]
+QUEUE_BACKENDS = [*BACKENDS, "redis-cluster"]
 REDIS_START_TIMEOUT_S = 10.0
 REDIS_PORT_ATTEMPTS = 3
 
-# Marker → the only backend such a test runs on.
-BACKEND_MARKERS = {"redis_only": "redis", "sqlite_only": "sqlite"}
+# Marker → the only backends such a test runs on.
+BACKEND_MARKERS = {"redis_only": REDIS_BACKENDS, "sqlite_only": ("sqlite",)}
 
 
 # ---------------------------------------------------------------------- redis-server
@@ -106,6 +109,34 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.fail("could not start redis-server:\n" + "\n".join(failures), pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Redis Cluster of our own for the whole session: three masters on free loopback ports
+    (see tests/support/redis_cluster.py), shared by every test that names it; each test keeps
+    to its own random names."""
+    from support.redis_cluster import ClusterUnavailable, running_cluster
+
+    try:
+        with running_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+            yield cluster
+    except ClusterUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(redis_cluster: Any) -> str:
+    """`redis+cluster://127.0.0.1:PORT/0` of the session's cluster."""
+    url: str = redis_cluster.url
+    return url
+
+
+@pytest.fixture(params=REDIS_BACKENDS)
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The session's redis-server, then its Redis Cluster: a Redis-only test that takes this
+    runs on both."""
+    return redis_url_of(request, request.param)
+
+
 # ---------------------------------------------------------------------- queues
 
 
@@ -140,29 +171,47 @@ class QueueFactory:
 
 
 @pytest.fixture
-def redis_name(redis_server: str) -> Iterator[str]:
-    """A random queue (or store) name on the session's redis-server, its keys deleted afterwards.
-    Not async, so that async fixtures may ask for it with `request.getfixturevalue`."""
+def redis_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A random queue (or store) name, its keys deleted afterwards from the session's Redis
+    servers the test used (redis-server, Redis Cluster). Not async, so that async fixtures may
+    ask for it with `request.getfixturevalue`."""
     name = f"t{uuid.uuid4().hex[:12]}"
     yield name
-    delete_keys_now(redis_server, f"*{name}*")
+    for fixture in SERVER_FIXTURES.values():
+        if fixture in request.fixturenames:
+            delete_keys_now(request.getfixturevalue(fixture), f"*{name}*")
 
 
-@pytest.fixture(params=BACKENDS, ids=BACKENDS)
+# Modules whose cases test the HTTP surface over a queue (limits, the dashboard's page) and meet
+# Redis only through the queue and stores that the contract suites run on the cluster: there the
+# cluster would add half a minute and no coverage.
+WITHOUT_CLUSTER = frozenset({"test_gateway_limits", "test_dashboard"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run every test that takes `queue_factory` once per backend (QUEUE_BACKENDS; BACKENDS for
+    the modules in WITHOUT_CLUSTER)."""
+    if "queue_factory" in metafunc.fixturenames:
+        module = metafunc.module.__name__.rpartition(".")[2]
+        backends = BACKENDS if module in WITHOUT_CLUSTER else QUEUE_BACKENDS
+        metafunc.parametrize("queue_factory", backends, ids=backends, indirect=True)
+
+
+@pytest.fixture
 async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueFactory]:
-    """A QueueFactory for each backend; `queue_factory.backend` says which."""
+    """A QueueFactory for each backend (see pytest_generate_tests); `queue_factory.backend` says
+    which."""
     backend: str = request.param
     if backend == "sqlite":
         factory = QueueFactory(backend, f"sqlite:///{tmp_path / 'queue.db'}")
     else:
         # Requested lazily so that `-k sqlite` runs need no redis-server at all.
-        url: str = request.getfixturevalue("redis_server")
-        factory = QueueFactory(backend, url, {"name": f"t{uuid.uuid4().hex[:12]}"})
+        factory = QueueFactory(backend, redis_url_of(request, backend), {"name": f"t{uuid.uuid4().hex[:12]}"})
     try:
         yield factory
     finally:
         await factory.aclose()
-        if backend == "redis":
+        if backend in REDIS_BACKENDS:
             await delete_keys(factory.url, f"*{factory.queue_name}*")
 
 
@@ -173,7 +222,8 @@ async def queue(queue_factory: QueueFactory) -> Queue:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the other backend's case of tests marked `redis_only` or `sqlite_only`."""
+    """Skip the other backends' cases of tests marked `redis_only` (Redis and Redis Cluster) or
+    `sqlite_only`."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         backend = callspec.params.get("queue_factory") if callspec is not None else None
@@ -183,7 +233,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if backend is None:
                 # Marked but not parametrized by backend: the marker is documentation only.
                 continue
-            if backend != only:
+            if backend not in only:
                 item.add_marker(pytest.mark.skip(reason=f"{marker}: not for the {backend} backend"))
 
 

@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from support.redis_keys import REDIS_BACKENDS
 from tidegate.config import BudgetConfig, ProviderConfig, RoutingConfig, TidegateConfig, default_models
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
@@ -64,7 +65,7 @@ async def running_worker(
 
 def queue_url_of(factory: Any) -> str:
     """The URL a separate component (ledger, limiter, worker process) uses for the test's queue."""
-    if factory.backend == "redis":
+    if factory.backend in REDIS_BACKENDS:
         return f"{factory.url}?name={factory.queue_name}"
     return str(factory.url)
 

@@ -1,5 +1,5 @@
-"""The budget ledger contract over SQLite and Redis (atomic reservations, settle, release, scopes,
-UTC days, retention), and the money and token arithmetic of dispatch.costs."""
+"""The budget ledger contract over SQLite, Redis and Redis Cluster (atomic reservations, settle,
+release, scopes, UTC days, retention), and the money and token arithmetic of dispatch.costs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.redis_keys import delete_keys
+from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
 from tidegate.config import ModelConfig
 from tidegate.coord.budget import (
     GLOBAL,
@@ -75,17 +75,17 @@ class Ledgers:
             await ledger.close()
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", *REDIS_BACKENDS])
 async def ledgers(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Ledgers]:
     """A Ledgers factory for each backend."""
     name = f"t{uuid.uuid4().hex[:12]}"
     if request.param == "sqlite":
         factory = Ledgers("sqlite", str(tmp_path / "budget.db"), name)
     else:
-        factory = Ledgers("redis", request.getfixturevalue("redis_server"), name)
+        factory = Ledgers(request.param, redis_url_of(request, request.param), name)
     yield factory
     await factory.aclose()
-    if factory.backend == "redis":
+    if factory.backend in REDIS_BACKENDS:
         await delete_keys(factory.location, f"*{name}*")
 
 
@@ -291,20 +291,18 @@ async def test_sqlite_forgets_days_past_retention(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis_only
-async def test_redis_day_keys_expire(redis_server: str) -> None:
-    import redis.asyncio as aioredis
-
+async def test_redis_day_keys_expire(redis_url: str) -> None:
     name = f"t{uuid.uuid4().hex[:12]}"
-    async with RedisBudgetLedger(redis_server, name, today=Clock()) as ledger:
+    async with RedisBudgetLedger(redis_url, name, today=Clock()) as ledger:
         await ledger.reserve("acme", 100, tenant_limit_micros=None, global_limit_micros=None)
-    client = aioredis.Redis.from_url(redis_server)
+    client = redis_client(redis_url)
     try:
         for suffix in ("spend", "pending"):
             ttl = await client.ttl(f"tidegate:{{{name}}}:budget:{DAY.isoformat()}:{suffix}")
             assert 0 < ttl <= KEEP_DAYS * 86_400
     finally:
         await client.aclose()
-        await delete_keys(redis_server, f"*{name}*")
+        await delete_keys(redis_url, f"*{name}*")
 
 
 async def test_the_factory_follows_the_queue_url(tmp_path: Path) -> None:

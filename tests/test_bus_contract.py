@@ -1,6 +1,7 @@
 """One contract suite for every event bus: memory://, redis:// (Redis Streams on the session's
-redis-server) and kafka:// (the session's Tansu broker). Backend-only cases are marked
-`memory_only`, `redis_only` or `kafka_only`.
+redis-server), redis+cluster:// (on the session's Redis Cluster) and kafka:// (the session's Tansu
+broker). Backend-only cases are marked `memory_only`, `redis_only` (both Redis forms) or
+`kafka_only`.
 
 Each test works under its own stream/topic prefix, so tests never see each other's changes.
 Timings are shortened (reclaim after 0.5 s, Kafka sessions of 2 s) to keep the suite quick.
@@ -26,14 +27,14 @@ from typing import Any
 
 import pytest
 
-from support.redis_keys import delete_keys
+from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange, MissingDependency
 from tidegate.sync.buses.base import BusBase, SubscriptionBase, bus_for
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import Delivery, Subscription
 
-BACKENDS = ["memory", "redis", "kafka"]
-ONLY = {"memory_only": "memory", "redis_only": "redis", "kafka_only": "kafka"}
+BACKENDS = ["memory", *REDIS_BACKENDS, "kafka"]
+ONLY = {"memory_only": ("memory",), "redis_only": REDIS_BACKENDS, "kafka_only": ("kafka",)}
 FAST: dict[str, Any] = {  # BusSettings fields, as bus_for's keyword options
     "reclaim_idle_s": 0.5,
     "reclaim_interval_s": 0.1,
@@ -76,20 +77,21 @@ class BusFactory:
 async def bus_factory(request: pytest.FixtureRequest) -> AsyncIterator[BusFactory]:
     """A BusFactory per backend; servers are requested only for the backends that need them."""
     backend: str = request.param
-    allowed = {only for marker, only in ONLY.items() if request.node.get_closest_marker(marker)}
+    allowed = {backend for marker, only in ONLY.items() if request.node.get_closest_marker(marker)
+               for backend in only}
     if allowed and backend not in allowed:
         pytest.skip(f"not for the {backend} bus")
     if backend == "memory":
         factory = BusFactory(backend, "memory://")
-    elif backend == "redis":
-        factory = BusFactory(backend, request.getfixturevalue("redis_server"))
+    elif backend in REDIS_BACKENDS:
+        factory = BusFactory(backend, redis_url_of(request, backend))
     else:
         factory = BusFactory(backend, request.getfixturevalue("kafka_broker").bus_url)
     try:
         yield factory
     finally:
         await factory.aclose()
-        if backend == "redis":
+        if backend in REDIS_BACKENDS:
             await delete_keys(factory.url, f"{factory.prefix}:*")
 
 
@@ -145,9 +147,10 @@ async def settle(factory: BusFactory, subs: Sequence[SubscriptionBase]) -> None:
     if factory.backend != "kafka":
         return
     deadline = time.monotonic() + WAIT_S
+    partitions = FAST["partitions"] * len(subs[0].entity_types)  # every topic's
     while time.monotonic() < deadline:
         assignments = [sub._consumer.assignment() for sub in subs]  # type: ignore[attr-defined]
-        if all(assignments) and len(set().union(*assignments)) == FAST["partitions"]:
+        if all(assignments) and len(set().union(*assignments)) == partitions:
             return
         await asyncio.sleep(0.1)
     pytest.fail("the Kafka group did not form")
@@ -342,6 +345,24 @@ async def test_a_waiting_fetch_returns_what_is_published_meanwhile(bus_factory: 
     assert [d.change for d in got] == [change(1, 1)]
 
 
+async def test_a_fetch_waiting_on_several_entity_types_wakes_for_any_of_them(bus_factory: BusFactory,
+                                                                           bus: BusBase) -> None:
+    # On a Redis Cluster the two streams live on two slots: the fetch waits on both at once
+    async with bus.subscribe("g", "c1", ["product", "user"]) as sub:
+        await settle(bus_factory, [sub])
+        for n, entity_type in enumerate(["user", "product", "user"], start=1):
+            waiting = asyncio.create_task(sub.fetch(10, timeout_s=30))
+            await asyncio.sleep(0.2)
+            await bus.publish([change(n, 1, entity_type)])
+            got = await asyncio.wait_for(waiting, timeout=10)
+            assert [d.change for d in got] == [change(n, 1, entity_type)]
+            await sub.ack(got)
+        # The waits that the first answer ended left nothing behind, handed out or not
+        assert await sub.fetch(10, timeout_s=0.5) == []
+    async with bus.subscribe("g", "c2", ["product", "user"]) as other:
+        assert await other.fetch(10, timeout_s=1) == []
+
+
 async def test_malformed_entries_are_counted_and_do_not_wedge_the_group(bus_factory: BusFactory,
                                                                        bus: BusBase) -> None:
     if bus_factory.backend == "memory":
@@ -365,10 +386,8 @@ async def test_malformed_entries_are_counted_and_do_not_wedge_the_group(bus_fact
 async def _write_raw(factory: BusFactory, bus: BusBase, entity_type: str, entity_id: str,
                      values: list[bytes]) -> None:
     """Write entries straight into the bus's stream or topic, bypassing `publish`."""
-    if factory.backend == "redis":
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(factory.url)
+    if factory.backend in REDIS_BACKENDS:
+        client = redis_client(factory.url)
         try:
             key = f"{factory.prefix}:{{{entity_type}}}:changes"
             for index, value in enumerate(values):
@@ -430,6 +449,11 @@ async def _server_that_goes_away(factory: BusFactory, tmp_path: Path) -> AsyncIt
     elif factory.backend == "redis":
         with _private_redis(tmp_path) as (url, proc):
             yield url, _stopper(proc)
+    elif factory.backend == "redis-cluster":
+        from support.redis_cluster import running_cluster
+
+        with running_cluster(tmp_path, masters=1) as cluster:
+            yield cluster.url, _stopper(cluster.nodes[0].process)
     else:
         from support.tansu import running_broker
 
@@ -481,12 +505,10 @@ def _private_redis(workdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]
 
 @pytest.mark.redis_only
 async def test_redis_streams_stay_within_their_cap(bus_factory: BusFactory) -> None:
-    import redis.asyncio as aioredis
-
     bus = await bus_factory.open(max_len=50)
     for start in range(0, 1000, 100):
         await bus.publish([change(n, 1) for n in range(start, start + 100)])
-    client = aioredis.Redis.from_url(bus_factory.url)
+    client = redis_client(bus_factory.url)
     try:
         length = await client.xlen(f"{bus_factory.prefix}:{{product}}:changes")
     finally:

@@ -22,13 +22,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.own_redis import OwnRedis, own_redis_server
-from support.redis_keys import delete_keys
+from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
 from tidegate.errors import CacheUnavailable, ConfigError, InvalidChange, VersionConflict
 from tidegate.sync import ApplyOutcome, Change, Op, Version, checksum
 from tidegate.sync.cache import ZERO_VERSION, BaseEntityCache, MemoryEntityCache, cache_for
 from tidegate.sync.values import Row
 
-BACKENDS = ["memory", "redis"]
+BACKENDS = ["memory", *REDIS_BACKENDS]
 COMMIT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 SHORT_TTL_S = 0.3  # long enough for a few round trips on a busy machine, short enough to wait out
 PAST_TTL_S = 0.6
@@ -127,7 +127,7 @@ class Caches:
     async def aclose(self) -> None:
         for cache in self.opened:
             await cache.close()
-        if self.backend == "redis":
+        if self.backend in REDIS_BACKENDS:
             for prefix in self.prefixes:
                 await delete_keys(self.url, f"{{{prefix}:*", f"{prefix}:sync:checkpoints")
 
@@ -135,7 +135,7 @@ class Caches:
 @pytest.fixture(params=BACKENDS)
 async def caches(request: pytest.FixtureRequest) -> AsyncIterator[Caches]:
     backend: str = request.param
-    url = "memory://" if backend == "memory" else request.getfixturevalue("redis_server")
+    url = "memory://" if backend == "memory" else redis_url_of(request, backend)
     factory = Caches(backend, url)
     try:
         yield factory
@@ -918,16 +918,15 @@ async def test_any_delivery_order_with_duplicates_ends_in_the_newest_state(
 # ---------------------------------------------------------------------- Redis only
 
 
-async def test_redis_keys_of_one_type_share_one_cluster_slot(redis_server: str) -> None:
-    import redis.asyncio as aioredis
+async def test_redis_keys_of_one_type_share_one_cluster_slot(redis_url: str) -> None:
     from redis.crc import key_slot
 
     prefix = f"t{uuid.uuid4().hex[:12]}"
     weird = "we}ird{type"
-    async with cache_for(redis_server, prefix=prefix, tombstone_ttl_s=60) as cache:
+    async with cache_for(redis_url, prefix=prefix, tombstone_ttl_s=60) as cache:
         await cache.apply([insert("p1", 1), delete("p2", 2), truncate(1, 5),
                            change(Op.INSERT, "x", 1, entity_type=weird)])
-        client = aioredis.Redis.from_url(redis_server)
+        client = redis_client(redis_url)
         try:
             for entity_type in ("products", weird):
                 keys = [k async for k in client.scan_iter(match=f"{{{prefix}:{entity_type[:2]}*")]
@@ -935,13 +934,13 @@ async def test_redis_keys_of_one_type_share_one_cluster_slot(redis_server: str) 
                 assert len({key_slot(k) for k in keys}) == 1
             assert await cache.get_entity(weird, "x") == {"id": "x"}
         finally:
-            await delete_keys(redis_server, f"{{{prefix}:*", f"{prefix}:sync:checkpoints")
+            await delete_keys(redis_url, f"{{{prefix}:*", f"{prefix}:sync:checkpoints")
             await client.aclose()
 
 
 @pytest.fixture
-async def redis_caches(redis_server: str) -> AsyncIterator[Caches]:
-    factory = Caches("redis", redis_server)
+async def redis_caches(redis_url: str) -> AsyncIterator[Caches]:
+    factory = Caches("redis", redis_url)
     try:
         yield factory
     finally:
@@ -965,12 +964,11 @@ async def test_redis_caches_with_one_prefix_share_entries_and_checkpoints(redis_
         await other.close()
 
 
-async def test_redis_applies_a_batch_in_one_script_call_per_entity_type(
-    redis_caches: Caches, redis_server: str,
-) -> None:
+async def test_redis_applies_a_batch_in_one_script_call_per_entity_type(redis_server: str) -> None:
     import redis.asyncio as aioredis
 
-    cache = await redis_caches.open()
+    caches = Caches("redis", redis_server)
+    cache = await caches.open()
     await cache.apply([insert("warm-up", 1)])  # loads the script into the server
     client = aioredis.Redis.from_url(redis_server)
     try:
@@ -985,6 +983,7 @@ async def test_redis_applies_a_batch_in_one_script_call_per_entity_type(
         calls = await script_calls() - before
     finally:
         await client.aclose()
+        await caches.aclose()
 
     assert outcomes(results) == [APPLIED] * 300
     assert calls == 2

@@ -1,5 +1,6 @@
-"""The rate limiter contract, run against the in-process and the Redis limiter, plus what only
-Redis promises (one limit shared by instances and OS processes) and the AIMD concurrency window.
+"""The rate limiter contract, run against the in-process and the Redis limiter (one server and a
+Redis Cluster), plus what only Redis promises (one limit shared by instances and OS processes) and
+the AIMD concurrency window.
 
 Times are measured with real clocks over short periods (period_s=1.0). Admission times seen by a
 client trail the limiter's decision by a scheduling or network delay that varies, so windows are
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from support.redis_keys import REDIS_BACKENDS, redis_client, redis_url_of
 from tidegate.coord.limiter import (
     DEFAULT_BURST_FRACTION,
     AdaptiveConcurrency,
@@ -36,15 +38,14 @@ RPM = 20  # per PERIOD_S: one request every 50 ms
 JITTER_S = 0.05
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", *REDIS_BACKENDS])
 async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[RateLimiter]:
     """A fresh limiter of each kind; the Redis one under a random name (`redis_name`)."""
     chosen: RateLimiter
     if request.param == "memory":
         chosen = LocalRateLimiter()
     else:
-        chosen = RedisRateLimiter(request.getfixturevalue("redis_server"),
-                                  request.getfixturevalue("redis_name"))
+        chosen = RedisRateLimiter(redis_url_of(request, request.param), request.getfixturevalue("redis_name"))
     yield chosen
     await chosen.close()
 
@@ -213,10 +214,10 @@ async def test_a_closed_limiter_refuses_use(limiter: RateLimiter) -> None:
 
 
 @pytest.mark.redis_only
-async def test_two_instances_share_one_limit(redis_server: str, redis_name: str) -> None:
+async def test_two_instances_share_one_limit(redis_url: str, redis_name: str) -> None:
     # Two limiters on the same Redis, as two worker processes would hold
-    async with RedisRateLimiter(redis_server, redis_name) as one, \
-            RedisRateLimiter(redis_server, redis_name) as two:
+    async with RedisRateLimiter(redis_url, redis_name) as one, \
+            RedisRateLimiter(redis_url, redis_name) as two:
         await two.pause(KEY, 0.2)
         assert await one.acquire(KEY, tokens=1, rpm=None, tpm=None) > 0.1  # the pause reaches both
         await asyncio.sleep(0.2)
@@ -256,12 +257,10 @@ async def test_two_processes_never_exceed_the_limit_together(
 
 
 @pytest.mark.redis_only
-async def test_state_keys_expire(redis_server: str, redis_name: str) -> None:
-    import redis.asyncio as aioredis
-
-    async with RedisRateLimiter(redis_server, redis_name) as limiter:
+async def test_state_keys_expire(redis_url: str, redis_name: str) -> None:
+    async with RedisRateLimiter(redis_url, redis_name) as limiter:
         await limiter.acquire(KEY, tokens=1, rpm=RPM, tpm=None, period_s=PERIOD_S)
-    client = aioredis.Redis.from_url(redis_server)
+    client = redis_client(redis_url)
     try:
         keys = [key async for key in client.scan_iter(match=f"tidegate:{{{redis_name}}}:rate:*")]
         assert keys == [f"tidegate:{{{redis_name}}}:rate:{KEY}".encode()]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from support.redis_keys import redis_client
 from tidegate import (
     ConfigError,
     InvalidJob,
@@ -555,9 +556,7 @@ async def test_a_job_that_was_never_claimed_cannot_be_settled(queue: Queue) -> N
 @pytest.mark.redis_only
 async def test_every_redis_key_of_a_queue_carries_its_hash_tag(queue_factory: Any) -> None:
     # One hash tag per queue keeps every script's keys in one Redis Cluster slot.
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(queue_factory.url)
+    client = redis_client(queue_factory.url)
     try:
         before = {key async for key in client.scan_iter(count=1_000)}
         q = await queue_factory.open(

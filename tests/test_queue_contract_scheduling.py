@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from support.redis_keys import redis_client
 from tidegate import InvalidJob, Job, JobNotFound, JobState, Priority, Queue, QueueFull
 
 # ---------------------------------------------------------------------- helpers
@@ -39,9 +40,7 @@ async def storage_entries(queue_factory: Any) -> int:
         with contextlib.closing(sqlite3.connect(urlsplit(queue_factory.url).path[1:])) as conn:
             tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
             return sum(conn.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0] for table in tables)
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(queue_factory.url)
+    client = redis_client(queue_factory.url)
     try:
         sizes = {"hash": client.hlen, "zset": client.zcard, "list": client.llen, "set": client.scard}
         total = 0

@@ -1,4 +1,5 @@
-"""The recommendation store contract: one suite, run against memory:// and redis:// through `stores`.
+"""The recommendation store contract: one suite, run against memory://, redis:// and redis+cluster://
+through `stores`.
 
 The catalogue and its change log, per-user state (decayed profile, co-occurrence pairs, recent and
 purchased items, buy-again counts) checked against a from-scratch reference over random event lists, log-added
@@ -20,14 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.own_redis import own_redis_server
-from support.redis_keys import delete_keys
+from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
 from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.recs import Item, RecsStore, recs_store_for
 from tidegate.recs.score import log_add, log_weight
 from tidegate.recs.store.base import RecentItem, UserEvent, UserParams
 from tidegate.recs.store.memory import MemoryRecsStore
 
-BACKENDS = ["memory", "redis"]
+BACKENDS = ["memory", *REDIS_BACKENDS]
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 HOUR = 3600.0
 # Each decayed sum with a half-life of its own, so a mix-up shows.
@@ -58,14 +59,14 @@ class Stores:
     async def aclose(self) -> None:
         for store in self.opened:
             await store.close()
-        if self.backend == "redis":
+        if self.backend in REDIS_BACKENDS:
             await delete_keys(self.url, f"{{{self.prefix}:*")
 
 
 @pytest.fixture(params=BACKENDS)
 async def stores(request: pytest.FixtureRequest) -> AsyncIterator[Stores]:
     backend: str = request.param
-    url = "memory://" if backend == "memory" else request.getfixturevalue("redis_server")
+    url = "memory://" if backend == "memory" else redis_url_of(request, backend)
     factory = Stores(backend, url)
     try:
         yield factory
@@ -438,8 +439,8 @@ def test_store_urls_and_prefixes_are_checked() -> None:
 
 
 @pytest.fixture
-async def redis_stores(redis_server: str) -> AsyncIterator[Stores]:
-    factory = Stores("redis", redis_server)
+async def redis_stores(redis_url: str) -> AsyncIterator[Stores]:
+    factory = Stores("redis", redis_url)
     try:
         yield factory
     finally:
@@ -458,9 +459,7 @@ async def test_redis_stores_with_one_prefix_share_state(redis_stores: Stores) ->
     assert await reader.trending_top(None, 0, 1) == [("a", 1.0)]
 
 
-async def test_redis_keys_carry_a_hash_tag_per_unit(redis_stores: Stores, redis_server: str) -> None:
-    import redis.asyncio as aioredis
-
+async def test_redis_keys_carry_a_hash_tag_per_unit(redis_stores: Stores) -> None:
     store = await redis_stores.open()
     await store.put_item(item("a", "shoes"))
     await store.record_users([("u1", [event("a", T0, purchase=True), event("b", T0 + 1)])], PARAMS)
@@ -468,7 +467,7 @@ async def test_redis_keys_carry_a_hash_tag_per_unit(redis_stores: Stores, redis_
     await store.add_trending({None: {"a": 1.0}, "shoes": {"a": 1.0}}, 10)
     await store.note_update(at_s=T0, interaction_at_s=T0, new_users=1)
 
-    client = aioredis.Redis.from_url(redis_server)
+    client = redis_client(redis_stores.url)
     try:
         keys = sorted([key.decode() async for key in client.scan_iter(match=f"*{redis_stores.prefix}*")])
     finally:

@@ -42,3 +42,20 @@ def test_the_url_still_chooses_the_connection_kind() -> None:
 
     assert isinstance(client_connection("rediss://127.0.0.1:1/0"), SSLConnection)
     assert isinstance(client_connection("unix:///tmp/none.sock"), UnixDomainSocketConnection)
+
+
+@pytest.mark.parametrize(("url", "kind"), [("redis+cluster://127.0.0.1:1/0", "Connection"),
+                                           ("rediss+cluster://127.0.0.1:1/0", "SSLConnection")])
+def test_a_cluster_url_opens_a_cluster_client_whose_nodes_pack_with_hiredis(url: str, kind: str) -> None:
+    from redis.asyncio import connection
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    client = RedisClient(url, what="test", unavailable=QueueUnavailable).client
+    assert isinstance(client, RedisCluster)
+    # The seed node, and every node the client discovers later, build their connections so.
+    for connection_class in (client.startup_nodes[0].connection_class,
+                             ClusterNode("127.0.0.1", 2, **client.connection_kwargs).connection_class):
+        assert issubclass(connection_class, getattr(connection, kind))
+        assert connection_class.__name__ == f"Hiredis{kind}"
+        assert b"".join(connection_class(host="127.0.0.1").pack_command(*CASES[0])) == \
+            b"".join(Connection().pack_command(*CASES[0]))

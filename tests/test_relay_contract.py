@@ -1,7 +1,8 @@
 """The stream relay contract, run against the in-process and the Redis relay: chunks in order
 from the first whatever the subscriber's arrival, one channel per job, the end of a stream, the
 quiet timeout, the lifecycle; plus what only Redis does (streams hash-tagged and expiring, shared
-by separate relay objects as separate processes would hold them)."""
+by separate relay objects as separate processes would hold them). Redis runs as one server and as a
+Redis Cluster."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from support.redis_keys import REDIS_BACKENDS, redis_client, redis_url_of
 from tidegate.coord.relay import CHANNEL_TTL_S, ChunkRelay, MemoryRelay, RedisRelay, relay_for
 from tidegate.errors import QueueUnavailable
 
-BACKENDS = ["memory", "redis"]
+BACKENDS = ["memory", *REDIS_BACKENDS]
 
 
 @pytest.fixture(params=BACKENDS, ids=BACKENDS)
@@ -24,7 +26,7 @@ async def relay(request: pytest.FixtureRequest) -> AsyncIterator[ChunkRelay]:
     if request.param == "memory":
         chosen = MemoryRelay()
     else:
-        chosen = RedisRelay(request.getfixturevalue("redis_server"), request.getfixturevalue("redis_name"))
+        chosen = RedisRelay(redis_url_of(request, request.param), request.getfixturevalue("redis_name"))
     yield chosen
     await chosen.close()
 
@@ -116,10 +118,10 @@ async def test_a_closed_relay_refuses_use(relay: ChunkRelay) -> None:
 
 
 @pytest.mark.redis_only
-async def test_two_relays_on_one_server_share_the_stream(redis_server: str, redis_name: str) -> None:
+async def test_two_relays_on_one_server_share_the_stream(redis_url: str, redis_name: str) -> None:
     # A worker's relay publishes, a gateway's (another object, as in another process) reads
-    async with RedisRelay(redis_server, redis_name) as worker, \
-            RedisRelay(redis_server, redis_name) as gateway:
+    async with RedisRelay(redis_url, redis_name) as worker, \
+            RedisRelay(redis_url, redis_name) as gateway:
         reader = asyncio.create_task(_read_all(gateway, "job"))
         await worker.publish("job", b"x")
         await worker.finish("job")
@@ -127,12 +129,10 @@ async def test_two_relays_on_one_server_share_the_stream(redis_server: str, redi
 
 
 @pytest.mark.redis_only
-async def test_streams_are_hash_tagged_and_expire(redis_server: str, redis_name: str) -> None:
-    import redis.asyncio as aioredis
-
-    async with RedisRelay(redis_server, redis_name) as relay:
+async def test_streams_are_hash_tagged_and_expire(redis_url: str, redis_name: str) -> None:
+    async with RedisRelay(redis_url, redis_name) as relay:
         await relay.publish("job", b"x")
-    client = aioredis.Redis.from_url(redis_server)
+    client = redis_client(redis_url)
     try:
         keys = [key async for key in client.scan_iter(match=f"*{redis_name}*")]
         assert keys == [f"tidegate:{{{redis_name}}}:chunks:job".encode()]
@@ -156,3 +156,5 @@ def test_the_factory_follows_the_queue_url(tmp_path: Path) -> None:
     assert isinstance(local, MemoryRelay)
     assert isinstance(shared, RedisRelay)
     assert shared.url == "redis://127.0.0.1:1/0"
+    cluster = relay_for("redis+cluster://127.0.0.1:1?name=jobs")
+    assert isinstance(cluster, RedisRelay) and cluster.url == "redis+cluster://127.0.0.1:1"

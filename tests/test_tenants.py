@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from dispatch_support import queue_url_of
+from support.redis_keys import REDIS_BACKENDS, redis_client
 from tidegate.cli.main import app
 from tidegate.coord.tenants import (
     RedisTenantStore,
@@ -59,7 +60,7 @@ class Stores:
 
     def open_with_clock(self, clock: FakeClock, auth_cache_s: float) -> TenantStore:
         store: TenantStore
-        if self.backend == "redis":
+        if self.backend in REDIS_BACKENDS:
             store = RedisTenantStore(self.url.split("?")[0], self.name, auth_cache_s=auth_cache_s,
                                      clock=clock)
         else:
@@ -79,9 +80,7 @@ class Stores:
                 rows = [*conn.execute("SELECT * FROM tenants"), *conn.execute("SELECT * FROM api_keys")]
             files = [Path(self._sqlite_path + suffix) for suffix in ("", "-wal")]
             return repr(rows).encode() + b"".join(f.read_bytes() for f in files if f.exists())
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(self.url.split("?")[0])
+        client = redis_client(self.url.split("?")[0])
         try:
             chunks: list[bytes | str] = []
             async for key in client.scan_iter(match=f"*{self.name}*"):
@@ -97,9 +96,7 @@ class Stores:
             with sqlite3.connect(self._sqlite_path) as conn:
                 conn.execute("DELETE FROM tenants WHERE name = ?", (name,))
             return
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(self.url.split("?")[0])
+        client = redis_client(self.url.split("?")[0])
         try:
             await client.hdel(f"tidegate:{{{self.name}}}:tenants", name)
         finally:

@@ -1,10 +1,11 @@
 """Redis plumbing every component shares.
 
 - `RedisClient`: the one opener of every Redis connection (queue, coordination state, buses,
-  entity cache, recommendation store): a pool with `connection_options()`, the caller's Lua
-  scripts (`lua_source`) registered on it, an optional PING to fail early, and driver errors
-  translated into the caller's own error with the URL's credentials left out. `key_prefix` is the
-  hash-tagged start of a named queue's keys.
+  entity cache, recommendation store): a pool with `connection_options()` (or, for a
+  `redis+cluster://` URL, a Redis Cluster client), the caller's Lua scripts (`lua_source`)
+  registered on it, an optional PING to fail early, and driver errors translated into the
+  caller's own error with the URL's credentials left out. `key_prefix` is the hash-tagged start of
+  a named queue's keys.
 - `Outage`: how a component lives through a lost connection (a Redis restart, a dropped socket).
   It logs once when the connection is lost and once when it is back (never once per attempt),
   paces reconnect attempts with redis-py's capped exponential backoff with jitter, and counts
@@ -18,6 +19,15 @@ they are by default) and bounds every reply and connect.
 
 Long-lived reads (a pub/sub subscription, a blocking stream read) do need a loop: each holds one
 connection, so it reconnects, resubscribes and re-checks what it may have missed meanwhile.
+
+Redis Cluster: `redis+cluster://host:port` (`rediss+cluster://` with TLS) names any node of a
+cluster; the client learns the others and which node serves each slot from it, and follows a
+failover or a resharding (MOVED, ASK) by itself. Every component keeps all the keys one call
+touches under one `{hash tag}`, so each script, transaction and multi-key command runs within one
+slot. What a cluster changes for the callers is in `RedisClient`'s methods: `listen` (sharded
+pub/sub, with `publish_command`), `server_time_ms` (the clock of the node a key lives on),
+`pipelined` with `script_command` (scripts inside a pipeline) and `replicated_script` (WAIT on
+the connection that wrote).
 """
 
 from __future__ import annotations
@@ -26,10 +36,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -38,20 +49,26 @@ from tidegate.errors import MissingDependency, TidegateError
 
 __all__ = [
     "BLOCK_MAX_S",
+    "CLUSTER_SCHEMES",
     "CONNECT_TIMEOUT_S",
     "POOL_TIMEOUT_S",
     "RECONNECTS",
     "RECONNECT_REGISTRY",
+    "REDIS_SCHEMES",
     "RETRY_WITHIN_S",
     "SOCKET_TIMEOUT_S",
     "Outage",
     "RedisClient",
     "call_with_reconnect",
     "connection_options",
+    "driver_errors",
     "honouring_cancellation",
+    "is_cluster_url",
     "is_connection_error",
+    "is_redis_url",
     "key_prefix",
     "lua_source",
+    "publish_command",
     "require_redis",
 ]
 
@@ -74,6 +91,17 @@ BLOCK_MAX_S = 5.0
 # for a restart (a few hundred milliseconds), short enough that a caller hears of a real outage.
 RETRY_WITHIN_S = 2.0
 POOL_TIMEOUT_S = 30.0  # longest a call waits for a free connection of a bounded pool
+CLUSTER_MAX_CONNECTIONS = 2**31 - 1  # per node: unbounded (see _cluster_client)
+CLOSE_TIMEOUT_S = 1.0  # longest a subscription's clean-up may take
+SHARDED_POLL_S = 1.0  # how often a sharded subscription checks it still stands while idle
+WAIT_TIMEOUT_S = 1.0  # default longest wait for replicas to confirm a write (wait_replicas)
+# A script's clock: routed by its one key, so on a cluster it is the clock of that key's node.
+_CLOCK_LUA = "return redis.call('TIME')"
+
+# URL schemes of a Redis Cluster, each with the scheme redis-py's cluster client reads for it.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+# Every scheme a Redis backend is chosen by: one server (TCP, TLS, Unix socket) or a cluster.
+REDIS_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
 
 # One registry per process: components are built in many places (gateway, worker, sync) and this
 # counter is about the process's connections, whichever component holds them.
@@ -99,13 +127,50 @@ def connection_options() -> dict[str, Any]:
     return options
 
 
+def is_redis_url(url: str) -> bool:
+    """Whether `url` names a Redis server or cluster (see REDIS_SCHEMES)."""
+    return urlsplit(url).scheme in REDIS_SCHEMES
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether `url` names a Redis Cluster: `redis+cluster://` or `rediss+cluster://`."""
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def publish_command(url: str) -> str:
+    """The command that publishes to a `RedisClient.listen` channel on `url`: SPUBLISH on a
+    cluster (the message stays within the shard that serves the channel's slot, where PUBLISH
+    would send it to every node), PUBLISH otherwise."""
+    return "SPUBLISH" if is_cluster_url(url) else "PUBLISH"
+
+
+@cache
+def driver_errors() -> tuple[type[Exception], ...]:
+    """What redis-py raises for a failed call: its RedisError, the cluster client's own exception
+    (which is not one: a cluster it cannot reach, a slot no node serves) and socket errors."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    return (RedisError, RedisClusterException, OSError)
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """Whether `exc` means the connection was lost or refused (worth a reconnect), as opposed to
-    an answer of the server (a script error, a wrong type) that another attempt would repeat."""
+    an answer of the server (a script error, a wrong type) that another attempt would repeat.
+
+    On a cluster, a failover in progress counts too: a slot without a master (CLUSTERDOWN,
+    TRYAGAIN) or a client that reached no node at all passes once a replica is promoted. The
+    server refused those commands before running them."""
+    from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    return isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, TryAgainError,
+                        SlotNotCoveredError)):
+        return True
+    # The cluster client reports "no node reachable" as its own exception, caused by the last
+    # node's connection error.
+    cause = exc.__cause__
+    return isinstance(exc, RedisClusterException) and cause is not None and is_connection_error(cause)
 
 
 class Outage:
@@ -237,6 +302,51 @@ def _hiredis_packing(connection_class: type) -> type:
     return type(f"Hiredis{connection_class.__name__}", (connection_class,), {"pack_command": pack_command})
 
 
+def _server_client(url: str, max_connections: int | None, options: dict[str, Any]) -> Any:
+    """A client of one server (redis://, rediss://, unix://) on a pool of hiredis-packing
+    connections; a bounded pool makes a caller wait for a free connection."""
+    import redis.asyncio as aioredis
+
+    pool: Any
+    if max_connections is None:
+        pool = aioredis.ConnectionPool.from_url(url, **options)
+    else:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=POOL_TIMEOUT_S, **options)
+    pool.connection_class = _hiredis_packing(pool.connection_class)
+    # from_pool hands the pool to the client, so aclose() also closes its connections.
+    return aioredis.Redis.from_pool(pool)
+
+
+def _cluster_client(url: str, options: dict[str, Any]) -> Any:
+    """A Redis Cluster client seeded with the node `url` names, its connections packing with
+    hiredis. Query options of the URL (`?socket_timeout=…`) reach every node's connections."""
+    from redis.asyncio.cluster import RedisCluster
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    if not hasattr(RedisCluster, "pubsub"):  # asyncio cluster pub/sub came with redis-py 8.0
+        raise MissingDependency(f"a Redis Cluster ({redact_url(url)}) needs redis-py 8 or later: "
+                                "pip install -U 'redis[hiredis]>=8'")
+    parts = urlsplit(url)
+    client = RedisCluster.from_url(
+        parts._replace(scheme=CLUSTER_SCHEMES[parts.scheme]).geturl(),
+        # Nothing sent again by the driver (a call that timed out may have run); redirections
+        # (MOVED, ASK) are still followed, since a redirected command did not run.
+        retry=Retry(NoBackoff(), 0),
+        # redis-py's cluster pools refuse a call (MaxConnectionsError) rather than wait once a
+        # node holds max_connections, which would turn a burst into errors: so none is bounded.
+        max_connections=CLUSTER_MAX_CONNECTIONS,
+        **{key: value for key, value in options.items() if key != "retry"},
+    )
+    packing = _hiredis_packing(client.connection_kwargs["connection_class"])
+    # Nodes are built from these kwargs as the client discovers them; the seed node already was.
+    client.connection_kwargs["connection_class"] = packing
+    for node in client.startup_nodes:
+        node.connection_class = packing
+    return client
+
+
 class RedisClient:
     """The one way tidegate opens Redis: a pool for `url`, the family's Lua scripts registered on
     it, and driver errors translated into the family's own `unavailable` error, naming `what`
@@ -250,7 +360,12 @@ class RedisClient:
     one bounded schedule, never twice by the driver for a call that must not be sent twice.
 
     A script is sent as EVALSHA and loaded again by redis-py when the server answers NOSCRIPT
-    (its script cache is empty after a restart)."""
+    (its script cache is empty after a restart).
+
+    A `redis+cluster://` URL opens a Redis Cluster client (`cluster` is True) instead, with the
+    same options; its per-node pools are unbounded (see `_cluster_client`). `wait_replicas` (0:
+    none) is how many replicas must have a write of `replicated_script` before it returns, within
+    `wait_timeout_s`."""
 
     def __init__(
         self,
@@ -262,28 +377,26 @@ class RedisClient:
         max_connections: int | None = None,
         decode_responses: bool = False,
         component: str | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_s: float = WAIT_TIMEOUT_S,
     ) -> None:
-        import redis.asyncio as aioredis
-        from redis.exceptions import RedisError
-
         self.url = url
         self.what = what
         self._unavailable = unavailable
-        self._errors: tuple[type[Exception], ...] = (RedisError, OSError)
+        self._errors = driver_errors()
+        self.cluster = is_cluster_url(url)
         options = {**connection_options(), "retry": None, "decode_responses": decode_responses}
-        pool: Any
-        if max_connections is None:
-            pool = aioredis.ConnectionPool.from_url(url, **options)
-        else:
-            pool = aioredis.BlockingConnectionPool.from_url(
-                url, max_connections=max_connections, timeout=POOL_TIMEOUT_S, **options)
-        pool.connection_class = _hiredis_packing(pool.connection_class)
-        # from_pool hands the pool to the client, so aclose() also closes its connections.
-        self.client: Any = aioredis.Redis.from_pool(pool)
+        self.client: Any = (_cluster_client(url, options) if self.cluster
+                            else _server_client(url, max_connections, options))
         self.scripts: dict[str, Any] = {
             name: self.client.register_script(source) for name, source in (scripts or {}).items()
         }
+        self._clock = self.client.register_script(_CLOCK_LUA)
         self.outage = Outage(component or what.replace(" ", "_"), url)
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_s = wait_timeout_s
+        self._learnt = not self.cluster  # whether the client knows the cluster's slots yet
+        self._slots_lost = False  # a pipeline lost its node: learn the slots again (see _send)
 
     def __repr__(self) -> str:
         return f"RedisClient({redact_url(self.url)!r}, what={self.what!r})"
@@ -297,17 +410,31 @@ class RedisClient:
         return self._unavailable(f"{doing or self.what} on {redact_url(self.url)}: {exc}")
 
     async def ping(self) -> None:
-        """Reach the server now; on failure close the client and raise the family's error."""
+        """Reach the server (or the cluster: the client learns its nodes and slots) now; on
+        failure close the client and raise the family's error."""
         try:
             await self.client.ping()
+            self._learnt = True
         except self._errors as exc:
             await self.client.aclose()
             raise self._unavailable(f"cannot reach {self.what} at {redact_url(self.url)}: {exc}") from exc
+
+    async def learn_slots(self) -> None:
+        """On a cluster, make sure the client knows which node serves each slot before the
+        first command (a no-op afterwards, and on one server). redis-py learns them lazily, but
+        routes the commands that arrive meanwhile as keyless, to any node: their MOVED replies,
+        five of them, make it close every connection, under other calls in flight."""
+        if not self._learnt:
+            await self.client.initialize()
+            self._learnt = True
 
     async def run(self, call: Callable[[], Awaitable[T]], *, retry: bool, doing: str | None = None) -> T:
         """`call()`, sent again across a lost connection for up to RETRY_WITHIN_S when `retry`
         (only for calls harmless to run twice), driver errors translated."""
         try:
+            if not self._learnt:
+                await call_with_reconnect(self.learn_slots, self.outage,
+                                          within_s=RETRY_WITHIN_S if retry else 0.0)
             return await call_with_reconnect(call, self.outage, within_s=RETRY_WITHIN_S if retry else 0.0)
         except self._errors as exc:
             raise self.error(exc, doing) from exc
@@ -321,6 +448,139 @@ class RedisClient:
         """Run one plain Redis command; `retry` when sending it twice is harmless."""
         return await self.run(lambda: self.client.execute_command(*args), retry=retry)
 
+    def script_command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        """Script `name` as one command of a `pipelined` batch: a cluster's pipeline refuses
+        redis-py's script objects, and EVALSHA goes through either kind of pipeline."""
+        return ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args)
+
+    async def pipelined(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """`commands` in one pipeline without MULTI (on a cluster, one per node, each node's in
+        order), their replies in order; the first error raised, untranslated. A command a server
+        refused with NOSCRIPT (its script cache is empty: a restart, a promoted replica) did not
+        run: the scripts are loaded and those commands sent again."""
+        replies = await self._send(commands)
+        refused = [index for index, reply in enumerate(replies) if _is_noscript(reply)]
+        if refused:
+            for script in self.scripts.values():
+                await self.client.script_load(script.script)  # on a cluster, every master
+            for index, reply in zip(refused, await self._send([commands[i] for i in refused]), strict=True):
+                replies[index] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    async def replicated_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run script `name`, then `WAIT wait_replicas` on the same connection, so that it returns
+        only once that many replicas hold what it wrote: a failover that promotes one of them
+        then cannot lose it. Fewer within `wait_timeout_s` raise the family's error (the write
+        may be on the master alone). Without `wait_replicas`, the script alone. Driver errors
+        are raised untranslated."""
+        if not self.wait_replicas:
+            return await self.scripts[name](keys=keys, args=args)
+        result, acked = await self._send([self.script_command(name, keys, args)], wait_on=keys[0])
+        if _is_noscript(result):
+            await self.client.script_load(self.scripts[name].script)
+            result, acked = await self._send([self.script_command(name, keys, args)], wait_on=keys[0])
+        if isinstance(result, Exception):
+            raise result
+        if isinstance(acked, Exception) or int(acked) < self.wait_replicas:
+            confirmed = (f"WAIT failed ({acked})" if isinstance(acked, Exception) else
+                         f"{acked} of {self.wait_replicas} replicas confirmed it in {self.wait_timeout_s}s")
+            raise self._unavailable(f"{self.what} script {name} on {redact_url(self.url)}: written on the "
+                                    f"master, but {confirmed}; a failover now could lose it")
+        return result
+
+    async def server_time_ms(self, key: str) -> int:
+        """The clock of the server that holds `key`, in ms: on a cluster, of the node serving its
+        slot, the clock its scripts read."""
+        seconds, micros = await self._clock(keys=[key])
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def listen(self, channel: str) -> AsyncGenerator[bytes | None, None]:
+        """Subscribe to `channel` and yield None each time the subscription stands, then each
+        message's data, until the connection is lost (its error propagates: reconnecting is the
+        caller's loop). On a cluster the channel is sharded (SSUBSCRIBE; publish with
+        `publish_command(url)`, SPUBLISH) and lives on the node serving its slot; the client asks the
+        cluster for its slots first, so a listener coming back after a failover finds the new
+        master. A slot moving away ends the subscription like a lost connection."""
+        pubsub = self.client.pubsub()
+        try:
+            if not self.cluster:
+                await pubsub.subscribe(channel)
+                async for message in pubsub.listen():
+                    if message["type"] == "subscribe":
+                        yield None
+                    elif message["type"] == "message":
+                        yield message["data"]
+                return
+            await self.client.nodes_manager.initialize()
+            await pubsub.ssubscribe(channel)
+            while True:
+                message = await pubsub.get_sharded_message(timeout=SHARDED_POLL_S)
+                if message is None:
+                    if not pubsub.shard_channels:
+                        raise _lost(f"sharded subscription to {channel} ended")
+                    continue
+                kind = message["type"]
+                if kind == "ssubscribe":
+                    yield None
+                elif kind == "smessage":
+                    yield message["data"]
+                elif kind == "sunsubscribe":
+                    # The server unsubscribes us when the slot moves (failover, resharding).
+                    raise _lost(f"{channel}'s slot moved to another node")
+        finally:
+            # Bounded: a close that cannot reach the server must not hold up a reconnect or close.
+            with contextlib.suppress(*self._errors, TimeoutError):
+                await asyncio.wait_for(pubsub.aclose(), CLOSE_TIMEOUT_S)
+
+    async def _send(self, commands: Sequence[tuple[Any, ...]], *, wait_on: str | None = None) -> list[Any]:
+        """`commands` in one pipeline without MULTI, errors returned in place; with `wait_on` (a
+        key), then `WAIT wait_replicas` on the connection of that key's commands.
+
+        On a cluster, WAIT names no key, so it is sent to the node that serves `wait_on`, where
+        the pipeline sends that node's commands on one connection, in order. A cluster pipeline
+        that lost its node does not make the client learn the slots again (a plain command
+        does): so the next `_send` does, or it would go to the dead node for good."""
+        try:
+            if self.cluster:
+                if self._slots_lost:
+                    self._slots_lost = False  # once, whichever of several callers comes first
+                    await self.client.nodes_manager.initialize()
+                await self.learn_slots()
+            sent = list(commands)
+            if wait_on is not None:
+                wait_ms = max(1, round(self.wait_timeout_s * 1000))
+                target = {"target_nodes": self.client.get_node_from_key(wait_on)} if self.cluster else {}
+                sent.append(("WAIT", self.wait_replicas, wait_ms, target))
+            async with self.client.pipeline(transaction=False) as pipe:
+                for command in sent:
+                    if isinstance(command[-1], dict):
+                        pipe.execute_command(*command[:-1], **command[-1])
+                    else:
+                        pipe.execute_command(*command)
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            self._slots_lost = self.cluster and is_connection_error(exc)
+            raise
+        self._slots_lost = self.cluster and any(
+            isinstance(reply, Exception) and is_connection_error(reply) for reply in replies)
+        return replies
+
     async def aclose(self) -> None:
         """Release the pool's connections."""
         await self.client.aclose()
+
+
+def _is_noscript(reply: Any) -> bool:
+    from redis.exceptions import NoScriptError
+
+    return isinstance(reply, NoScriptError)
+
+
+def _lost(why: str) -> Exception:
+    """A subscription that ended without a socket error, as the connection error it amounts to."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return RedisConnectionError(why)

@@ -10,11 +10,11 @@ import math
 import socket
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Final
-from urllib.parse import urlsplit
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from tidegate._redis import is_redis_url
 from tidegate._shutdown import enter_bounded, stop_on_signals
 from tidegate._urls import redact_url
 from tidegate.app.components import Components
@@ -50,7 +50,6 @@ class _FromConfig:
 
 FROM_CONFIG: Final = _FromConfig()
 """`recs_url` not given: the change flow's cache when it is shared (Redis), else no recommender."""
-_SHARED_SCHEMES = ("redis", "rediss", "unix")
 
 
 def gateway_state(
@@ -109,7 +108,7 @@ def _recs_url(config: TidegateConfig, given: str | _FromConfig | None) -> str | 
     if not isinstance(given, _FromConfig):
         return given
     cache_url = config.sync.cache_url
-    return cache_url if urlsplit(cache_url).scheme in _SHARED_SCHEMES else None
+    return cache_url if is_redis_url(cache_url) else None
 
 
 class GatewayServer(uvicorn.Server):

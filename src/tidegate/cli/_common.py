@@ -32,7 +32,8 @@ DEFAULT_QUEUE_URL = "sqlite:///.tidegate/tidegate.db"
 QueueUrl = Annotated[
     str,
     typer.Option("--queue", "-q", envvar="TIDEGATE_QUEUE_URL", show_default=True,
-                 help="Queue URL: sqlite:///path/to/file.db or redis://host:port/db."),
+                 help="Queue URL: sqlite:///path/to/file.db, redis://host:port/db or "
+                      "redis+cluster://host:port (any node of a Redis Cluster)."),
 ]
 
 T = TypeVar("T")

@@ -30,8 +30,10 @@ ConfigFile = Annotated[str | None, typer.Option("--config", "-c", envvar="TIDEGA
                                                 help="The tidegate.toml to read.")]
 SourceUrl = Annotated[str | None, typer.Option(
     "--source", help="postgresql://user@host:port/db or sqlite:///shop.db (default: the config's).")]
-BusUrl = Annotated[str | None, typer.Option("--bus", help="memory://, redis://host:port/db or kafka://host:port.")]
-CacheUrl = Annotated[str | None, typer.Option("--cache", help="memory:// or redis://host:port/db.")]
+BusUrl = Annotated[str | None, typer.Option(
+    "--bus", help="memory://, redis://host:port/db, redis+cluster://host:port or kafka://host:port.")]
+CacheUrl = Annotated[str | None, typer.Option(
+    "--cache", help="memory://, redis://host:port/db or redis+cluster://host:port.")]
 Tables = Annotated[str | None, typer.Option("--tables", help="Comma-separated tables to capture.")]
 
 

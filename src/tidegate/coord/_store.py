@@ -9,23 +9,23 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from tidegate._lifecycle import Lifecycle
+from tidegate._redis import is_redis_url
 from tidegate._sqlite import sqlite_path
 from tidegate._urls import redact_url
 from tidegate.errors import ConfigError
 
 Backend = Literal["redis", "sqlite"]
-REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 def backend_of(queue_url: str) -> Backend:
     """The store a queue URL implies: the same Redis, or the same SQLite file."""
-    scheme = urlsplit(queue_url).scheme
-    if scheme in REDIS_SCHEMES:
+    if is_redis_url(queue_url):
         return "redis"
-    if scheme == "sqlite":
+    if urlsplit(queue_url).scheme == "sqlite":
         return "sqlite"
     raise ConfigError(
-        f"unsupported queue URL {redact_url(queue_url)!r}: use sqlite:///path/to/file.db or redis://host:port/db"
+        f"unsupported queue URL {redact_url(queue_url)!r}: use sqlite:///path/to/file.db, "
+        "redis://host:port/db or redis+cluster://host:port"
     )
 
 

@@ -7,7 +7,8 @@ queue opens and builds both the KEYS list a call sends (built once, reused by ev
 Lua table `K` the script reads them from, placed after lua/_common.lua so that the shared helpers
 can only reach keys passed to them. The queue's settings (tenant round-robin, aging interval,
 depth limits, the job-done channel) become constants ahead of the helpers, so no call carries
-them in ARGV; a queue with other settings loads scripts of its own.
+them in ARGV; a queue with other settings loads scripts of its own. So does the command that
+announces finished jobs (`publish`: SPUBLISH on a Redis Cluster, see `RedisClient.listen`).
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ def key_names(source: str) -> list[str]:
     return names
 
 
-def queue_script(name: str, prefix: str, settings: QueueSettings, done_channel: str) -> QueueScript:
+def queue_script(name: str, prefix: str, settings: QueueSettings, done_channel: str, *,
+                 publish: str = "PUBLISH") -> QueueScript:
     """`lua/<name>.lua` after the settings and lua/_common.lua, with the keys it names under
-    `prefix` (the queue's `tidegate:{name}:`)."""
-    return compose(lua_source(_PACKAGE, name), prefix, settings, done_channel)
+    `prefix` (the queue's `tidegate:{name}:`); finished jobs announced with `publish`."""
+    return compose(lua_source(_PACKAGE, name), prefix, settings, done_channel, publish=publish)
 
 
-def compose(own: str, prefix: str, settings: QueueSettings, done_channel: str) -> QueueScript:
+def compose(own: str, prefix: str, settings: QueueSettings, done_channel: str, *,
+            publish: str = "PUBLISH") -> QueueScript:
     """A script's own text `own` as it is sent: the settings, lua/_common.lua, then the table `K`
     of the keys on its KEYS line, then `own`."""
     keys: list[str] = []
@@ -70,16 +73,20 @@ def compose(own: str, prefix: str, settings: QueueSettings, done_channel: str) -
             levels.append(f"[{level}] = KEYS[{len(keys)}]")
         fields.append(f"{family} = strict({{{', '.join(levels)}}}, '{family} level')")
     table = f"local K = strict({{{', '.join(fields)}}}, 'key')\n"
-    source = _settings_lua(settings, done_channel) + lua_source(_PACKAGE, _COMMON) + "\n" + table + own
+    head = _settings_lua(settings, done_channel, publish) + lua_source(_PACKAGE, _COMMON) + "\n"
+    source = head + table + own
     return QueueScript(source=source, keys=tuple(keys))
 
 
-def _settings_lua(settings: QueueSettings, done_channel: str) -> str:
+def _settings_lua(settings: QueueSettings, done_channel: str, publish: str) -> str:
+    if publish not in ("PUBLISH", "SPUBLISH"):
+        raise ValueError(f"finished jobs are announced with PUBLISH or SPUBLISH, not {publish!r}")
     depths = ", ".join(f"[{level}] = {settings.max_depth.get(level, -1)}" for level in LEVELS)
     return (
         f"local ROUND_ROBIN = {'true' if settings.tenant_round_robin else 'false'}\n"
         f"local AGING_MS = {int((settings.aging_interval_s or 0) * 1000)}\n"
         f"local DONE_CHANNEL = {_lua_string(done_channel)}\n"
+        f"local DONE_PUBLISH = '{publish}'\n"
         f"local MAX_DEPTH = {{{depths}}}\n"
     )
 

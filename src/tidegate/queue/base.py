@@ -19,6 +19,7 @@ import orjson
 from pydantic import ValidationError
 
 from tidegate._lifecycle import Lifecycle
+from tidegate._redis import is_redis_url
 from tidegate._shutdown import bounded, cancel_bounded
 from tidegate._sqlite import sqlite_path
 from tidegate._urls import redact_url
@@ -137,7 +138,8 @@ class Queue(Lifecycle):
 
     @staticmethod
     def from_url(url: str, settings: QueueSettings | None = None, **options: Any) -> Queue:
-        """`sqlite:///path/to/tidegate.db` (embedded) or `redis://host:port/db`.
+        """`sqlite:///path/to/tidegate.db` (embedded), `redis://host:port/db` or
+        `redis+cluster://host:port` (any node of a Redis Cluster).
 
         Settings come from `settings`, then from URL query parameters (`?name=jobs`), then from
         keyword options; later ones win.
@@ -156,13 +158,16 @@ class Queue(Lifecycle):
         if parts.scheme == "sqlite":
             from tidegate.queue.sqlite import SqliteQueue
 
+            if resolved.wait_replicas:
+                raise ConfigError(f"wait_replicas is a Redis setting; {redact_url(url)} has no replicas")
             return SqliteQueue(sqlite_path(url), resolved)
-        if parts.scheme in ("redis", "rediss", "unix"):
+        if is_redis_url(url):
             from tidegate.queue.redis import RedisQueue
 
             return RedisQueue(base_url, resolved)
         raise ConfigError(
-            f"unsupported queue URL {redact_url(url)!r}: use sqlite:///path/to/file.db or redis://host:port/db"
+            f"unsupported queue URL {redact_url(url)!r}: use sqlite:///path/to/file.db, redis://host:port/db "
+            "or redis+cluster://host:port"
         )
 
     def _opened(self) -> None:

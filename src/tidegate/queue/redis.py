@@ -2,10 +2,16 @@
 
 All keys of a queue carry its `{hash tag}`, and each script is passed in KEYS exactly the keys
 it touches (named on its `-- KEYS:` line, see queue/_lua.py), so the queue works on Redis Cluster
-and a call packs no more arguments than it needs. Times come from the Redis server's clock
-(`TIME` inside the scripts), so workers with drifting clocks still agree on lease expiry. Blocked
-claimers wait in BLPOP on per-level token lists that the scripts push; `wait()` listens on a
-pub/sub channel of finished job ids.
+(`redis+cluster://host:port`) and a call packs no more arguments than it needs. Times come from
+the Redis server's clock (`TIME` inside the scripts), so workers with drifting clocks still agree
+on lease expiry. Blocked claimers wait in BLPOP on per-level token lists that the scripts push;
+`wait()` listens on a pub/sub channel of finished job ids (sharded on a cluster, so the messages
+stay within the queue's shard).
+
+With `wait_replicas` set, every state change returns only once that many replicas hold it (WAIT
+after the script, on its connection): a failover that promotes one of them loses no acknowledged
+enqueue, claim or result. Without it, replication is asynchronous and a failover can lose what
+the master acknowledged in its last moments.
 
 Across a lost connection (a Redis restart) the pool lends fresh connections, a blocked claimer
 waits on and reconnects within its wait, and the job-done listener reconnects with backoff for
@@ -28,11 +34,14 @@ import orjson
 
 from tidegate._redis import (
     BLOCK_MAX_S,
+    CLOSE_TIMEOUT_S,
     Outage,
     RedisClient,
+    driver_errors,
     honouring_cancellation,
     is_connection_error,
     key_prefix,
+    publish_command,
 )
 from tidegate._urls import redact_url
 from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
@@ -48,14 +57,12 @@ from tidegate.queue.base import (
 from tidegate.queue.settings import QueueSettings
 
 try:
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import RedisError, ResponseError
+    from redis.exceptions import ResponseError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependency(
         "the Redis queue needs redis-py: pip install 'tidegate[redis]'"
     ) from exc
 
-CLOSE_TIMEOUT_S = 1.0  # longest the done listener's clean-up may take
 SAFETY_WAKE_S = 5.0  # longest a blocked claimer waits without re-checking
 UPKEEP_BATCH = 1_000  # jobs one maintenance step touches, so a script never blocks Redis long
 REDRIVE_BATCH = 10_000
@@ -64,6 +71,7 @@ _SCRIPTS = (
     "redrive", "purge_dead", "maintain", "read", "stats",
 )
 _READ_ONLY_SCRIPTS = frozenset({"read", "stats"})  # safe to send twice
+_DRIVER_ERRORS = driver_errors()
 
 log = logging.getLogger("tidegate.queue")
 
@@ -78,8 +86,10 @@ class RedisQueue(Queue):
         self._signal_keys = [f"{self._prefix}signal:{level}" for level in LEVELS]
         self._done_channel = self._prefix + "done"
         self._script_keys: dict[str, tuple[str, ...]] = {}
+        self._client: RedisClient | None = None
         self._redis: Any = None
         self._scripts: dict[str, Any] = {}
+        self._replicated = self.settings.wait_replicas > 0
         self._done_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._done_outage = Outage("queue", url)
@@ -88,14 +98,16 @@ class RedisQueue(Queue):
     # ------------------------------------------------------------------ plumbing
 
     async def _open(self) -> None:
-        scripts = {name: queue_script(name, self._prefix, self.settings, self._done_channel)
+        publish = publish_command(self.url)
+        scripts = {name: queue_script(name, self._prefix, self.settings, self._done_channel, publish=publish)
                    for name in _SCRIPTS}
         self._script_keys = {name: script.keys for name, script in scripts.items()}
         client = RedisClient(
             self.url, what="Redis queue", unavailable=QueueUnavailable, max_connections=64,
-            scripts={name: script.source for name, script in scripts.items()})
+            scripts={name: script.source for name, script in scripts.items()},
+            wait_replicas=self.settings.wait_replicas, wait_timeout_s=self.settings.wait_timeout_s)
         await client.ping()
-        self._redis, self._scripts = client.client, client.scripts
+        self._client, self._redis, self._scripts = client, client.client, client.scripts
 
     async def _close(self) -> None:
         if self._listener is not None:
@@ -110,16 +122,20 @@ class RedisQueue(Queue):
         keys, script = self._script_keys[name], self._scripts[name]
 
         def run() -> Any:
+            if self._replicated and name not in _READ_ONLY_SCRIPTS:
+                assert self._client is not None
+                return self._client.replicated_script(name, list(keys), list(args))
             return script(keys=keys, args=args)
 
         try:
             try:
                 return await honouring_cancellation(run())
-            except RedisConnectionError:
-                # A pooled connection can outlive its server (a Redis restart): a read is sent
-                # again once on a fresh connection. State changes are not — their first attempt may
-                # have run — and surface as QueueUnavailable for the caller's own retry.
-                if name not in _READ_ONLY_SCRIPTS:
+            except _DRIVER_ERRORS as exc:
+                # A pooled connection can outlive its server (a Redis restart, a failover): a
+                # read is sent again once on a fresh connection. State changes are not — their
+                # first attempt may have run — and surface as QueueUnavailable for the caller's
+                # own retry.
+                if name not in _READ_ONLY_SCRIPTS or not is_connection_error(exc):
                     raise
                 return await honouring_cancellation(run())
         except ResponseError as exc:
@@ -134,7 +150,7 @@ class RedisQueue(Queue):
                     retry_after_s=self.settings.queue_full_retry_after_s,
                 ) from None
             raise QueueUnavailable(f"Redis queue script {name} failed: {exc}") from exc
-        except RedisError as exc:
+        except _DRIVER_ERRORS as exc:
             raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
 
     # ------------------------------------------------------------------ producing and consuming
@@ -167,7 +183,7 @@ class RedisQueue(Queue):
         while (remaining := give_up - time.monotonic()) > 0.001:
             try:
                 await honouring_cancellation(self._redis.blpop(keys, timeout=remaining))
-            except RedisError as exc:
+            except _DRIVER_ERRORS as exc:
                 if not is_connection_error(exc):
                     raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
                 # Lost while waiting (a Redis restart): wait on across it, reconnecting with
@@ -220,7 +236,7 @@ class RedisQueue(Queue):
     async def _idempotent_ids(self, keys: list[str]) -> dict[str, str]:
         try:
             ids = await self._redis.hmget(self._prefix + "idem", keys)  # see lua/_common.lua
-        except RedisError as exc:
+        except _DRIVER_ERRORS as exc:
             raise QueueUnavailable(f"Redis queue at {redact_url(self.url)}: {exc}") from exc
         return {key: job_id.decode() if isinstance(job_id, bytes) else job_id
                 for key, job_id in zip(keys, ids, strict=True) if job_id is not None}
@@ -238,10 +254,19 @@ class RedisQueue(Queue):
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._done_waiters.setdefault(job_id, set()).add(done)
             try:
-                job = await self._get(job_id)
+                try:
+                    job = await self._get(job_id)
+                except QueueUnavailable as exc:
+                    # A re-read lost with the connection (a restart, a failover that takes a few
+                    # seconds): the wait goes on, within its timeout, until the listener has
+                    # subscribed again and wakes every waiter (or the next safety wake).
+                    lost = exc.__cause__ is not None and is_connection_error(exc.__cause__)
+                    if not lost or time.monotonic() >= give_up:
+                        raise
+                else:
+                    if job is None or job.is_final or give_up <= time.monotonic():
+                        return job
                 remaining = give_up - time.monotonic()
-                if job is None or job.is_final or remaining <= 0:
-                    return job
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(done, min(remaining, SAFETY_WAKE_S))
             finally:
@@ -276,22 +301,17 @@ class RedisQueue(Queue):
             await self._done_outage.pause()
 
     async def _relay_done_once(self) -> None:
-        pubsub = self._redis.pubsub()
-        try:
-            await pubsub.subscribe(self._done_channel)
-            async for message in pubsub.listen():
-                if message["type"] == "subscribe":
+        assert self._client is not None
+        async with contextlib.aclosing(self._client.listen(self._done_channel)) as messages:
+            async for data in messages:
+                if data is None:  # subscribed (again)
                     self._done_outage.restored()
                     self._wake_all_waiters()
-                elif message["type"] == "message" and self._done_waiters:
-                    for job_id in message["data"].decode().split(","):
+                elif self._done_waiters:
+                    for job_id in data.decode().split(","):
                         for waiter in self._done_waiters.get(job_id, ()):
                             if not waiter.done():
                                 waiter.set_result(None)
-        finally:
-            # Bounded: a close that cannot reach the server must not hold up a reconnect or close.
-            with contextlib.suppress(RedisError, OSError, TimeoutError):
-                await asyncio.wait_for(pubsub.aclose(), CLOSE_TIMEOUT_S)
 
     def _wake_all_waiters(self) -> None:
         for waiters in self._done_waiters.values():

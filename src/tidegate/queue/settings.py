@@ -32,6 +32,11 @@ class QueueSettings(BaseModel):
     # Background upkeep (lease recovery, deadline expiry, aging, retention); None turns it off
     # for callers that run `Queue.maintain()` themselves.
     maintenance_interval_s: float | None = Field(1.0, gt=0)
+    # Durability across a Redis failover (Redis only): every state change returns only once this
+    # many replicas hold it, waiting up to wait_timeout_s (then the call fails as unavailable,
+    # its change possibly made on the master alone). 0: replication stays asynchronous.
+    wait_replicas: int = Field(0, ge=0)
+    wait_timeout_s: float = Field(1.0, gt=0)
 
     @field_validator("max_depth")
     @classmethod

@@ -152,8 +152,8 @@ def available(tat: float | None, now: float, limit: int | None, period: float | 
 
 
 def rate_limiter_for(queue_url: str, name: str = "default") -> RateLimiter:
-    """The limiter that fits a queue: Redis for redis:// (rediss://, unix://) URLs, shared by every
-    process on that server under `name`; in-process for SQLite."""
+    """The limiter that fits a queue: Redis for redis:// (rediss://, unix://, redis+cluster://)
+    URLs, shared by every process on that server under `name`; in-process for SQLite."""
     if backend_of(queue_url) == "redis":
         from tidegate.coord.limiter.redis import RedisRateLimiter
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
-from urllib.parse import urlsplit
 
-from tidegate.coord._store import REDIS_SCHEMES, OpensOnFirstUse, queue_name_of, without_query
+from tidegate._redis import is_redis_url
+from tidegate.coord._store import OpensOnFirstUse, queue_name_of, without_query
 from tidegate.errors import QueueUnavailable
 
 __all__ = ["CHANNEL_TTL_S", "END", "MAX_CHUNKS", "ChunkRelay", "relay_for"]
@@ -70,7 +70,7 @@ class ChunkRelay(OpensOnFirstUse):
 def relay_for(queue_url: str) -> ChunkRelay:
     """Redis for a Redis queue (gateways and workers may be separate processes), named after the
     queue (`?name=`); memory otherwise (the embedded queue runs gateway and workers in one process)."""
-    if urlsplit(queue_url).scheme in REDIS_SCHEMES:
+    if is_redis_url(queue_url):
         from tidegate.coord.relay.redis import RedisRelay
 
         return RedisRelay(without_query(queue_url), queue_name_of(queue_url))

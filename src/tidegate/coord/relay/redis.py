@@ -90,6 +90,7 @@ class RedisRelay(ChunkRelay):
         while (remaining := quiet_until - time.monotonic()) > 0:
             try:
                 block_ms = max(int(min(remaining, BLOCK_MAX_S) * 1000), 1)
+                await redis.learn_slots()
                 answer = await honouring_cancellation(
                     redis.client.xread({key: last}, count=500, block=block_ms))
             except Exception as exc:

@@ -23,7 +23,9 @@
 --   delayed:0..4 zset  id by due time (states delayed and failed), under its own priority, so a
 --                      claim promotes due work level by level in priority order
 -- The queue's settings come before this file as constants (ROUND_ROBIN, AGING_MS, DONE_CHANNEL,
--- MAX_DEPTH), fixed when the queue opens, so no script call carries them in ARGV.
+-- DONE_PUBLISH, MAX_DEPTH), fixed when the queue opens, so no script call carries them in ARGV.
+-- DONE_PUBLISH is SPUBLISH on a Redis Cluster: the channel carries the queue's hash tag, so the
+-- message stays within the shard that serves the queue instead of reaching every node.
 
 local MAX_ERRORS = 20
 local MAX_TOKENS = 64
@@ -199,7 +201,7 @@ end
 
 -- One message per script call, the finished ids comma-separated: waiters in wait() re-read them.
 local function announce()
-  if #FINISHED > 0 then redis.call('PUBLISH', DONE_CHANNEL, table.concat(FINISHED, ',')) end
+  if #FINISHED > 0 then redis.call(DONE_PUBLISH, DONE_CHANNEL, table.concat(FINISHED, ',')) end
 end
 
 -- Delete a finished job for good: its record, payload, result, idempotency key and its entry in

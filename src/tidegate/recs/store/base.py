@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from tidegate._lifecycle import Lifecycle
+from tidegate._redis import is_redis_url
 from tidegate._urls import redact_url
 from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.recs.model import Item
@@ -299,14 +300,15 @@ def recs_store_for(url: str, *, prefix: str = "tidegate") -> RecsStore:
     """The recommendation store for `url`, not yet opened (use it with `async with`).
 
     - `memory://`: a store of its own in this process (each call makes a separate one);
-    - `redis://host:port/db` (also `rediss://`, `unix://`): shared by every process using the same
-      Redis and `prefix`; needs `pip install 'tidegate[redis]'`."""
+    - `redis://host:port/db` (also `rediss://`, `unix://`, or `redis+cluster://host:port` for a
+      Redis Cluster): shared by every process using the same Redis and `prefix`; needs
+      `pip install 'tidegate[redis]'`."""
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         from tidegate.recs.store.memory import MemoryRecsStore
 
         return MemoryRecsStore()
-    if scheme in ("redis", "rediss", "unix"):
+    if is_redis_url(url):
         from tidegate.recs.store.redis import RedisRecsStore
 
         return RedisRecsStore(url, prefix=prefix)

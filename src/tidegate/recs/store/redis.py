@@ -15,6 +15,10 @@ Redis Cluster slot:
   bounded), one tag so that one script updates them all;
 - `{<prefix>:recs}:meta`: user count and update times.
 
+On a Redis Cluster (`redis+cluster://`) the units spread over the shards. A batch that touches
+many units (users, items' neighbours) is one pipeline: on a cluster one per node at once, each
+script in it sent as EVALSHA (`RedisClient.pipelined`).
+
 An item is stored as msgpack `[id, name, categories, price, stock, vector]`, the vector as
 little-endian float32 bytes; its description is not kept (it only served to hash its vector).
 """
@@ -26,7 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tidegate._redis import RedisClient, lua_source
+from tidegate._redis import RedisClient, driver_errors, lua_source
 from tidegate._urls import redact_url
 from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
 from tidegate.recs.model import Item
@@ -43,7 +47,7 @@ from tidegate.recs.store.base import (
 
 try:
     import msgpack
-    from redis.exceptions import RedisError
+    import redis  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependency(
         "the Redis recommendation store needs redis-py and msgpack: pip install 'tidegate[redis]'"
@@ -75,6 +79,7 @@ class RedisRecsStore(RecsStore):
         self._item_keys = [f"{items}:data", f"{items}:log", f"{items}:version"]
         self._trending_tag = f"{{{prefix}:recs:trending}}"
         self._meta_key = f"{{{prefix}:recs}}:meta"
+        self._client: RedisClient | None = None
         self._redis: Any = None
         self._scripts: dict[str, Any] = {}
 
@@ -86,7 +91,7 @@ class RedisRecsStore(RecsStore):
             max_connections=self._max_connections,
             scripts={name: lua_source("tidegate.recs.store", name) for name in _SCRIPTS})
         await client.ping()
-        self._redis, self._scripts = client.client, client.scripts
+        self._client, self._redis, self._scripts = client, client.client, client.scripts
 
     async def _close(self) -> None:
         if self._redis is not None:
@@ -96,8 +101,17 @@ class RedisRecsStore(RecsStore):
         """Await a Redis call, translating driver errors (the URL without credentials)."""
         try:
             return await call
-        except (RedisError, OSError) as exc:
+        except driver_errors() as exc:
             raise CacheUnavailable(f"recommendation store at {redact_url(self.url)}: {exc}") from exc
+
+    def _script_command(self, name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
+        assert self._client is not None
+        return self._client.script_command(name, keys, args)
+
+    async def _pipelined(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+        """`calls` in one pipeline (see RedisClient.pipelined), driver errors translated."""
+        assert self._client is not None
+        return await self._guard(self._client.pipelined(calls))
 
     def _user_keys(self, user_id: str) -> list[str]:
         tag = f"{{{self.prefix}:recs:user:{user_id}}}"
@@ -154,19 +168,19 @@ class RedisRecsStore(RecsStore):
             repr(params.pair_half_life_s), repr(params.repeat_half_life_s), params.max_repeat,
         ]
         packed: dict[tuple[float, ...], bytes] = {}
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for user_id, events in batch:
-                args: list[Any] = list(head)
-                for event in events:
-                    vector = b""
-                    if event.vector is not None:
-                        vector = packed.get(event.vector) or packed.setdefault(
-                            event.vector, msgpack.packb(list(event.vector))
-                        )
-                    purchase = b"1" if event.purchase else b"0"
-                    args += [event.item_id, event.at_s, event.weight, purchase, vector]
-                await self._scripts["record"](keys=self._user_keys(user_id), args=args, client=pipe)
-            replies = await self._guard(pipe.execute())
+        calls = []
+        for user_id, events in batch:
+            args: list[Any] = list(head)
+            for event in events:
+                vector = b""
+                if event.vector is not None:
+                    vector = packed.get(event.vector) or packed.setdefault(
+                        event.vector, msgpack.packb(list(event.vector))
+                    )
+                purchase = b"1" if event.purchase else b"0"
+                args += [event.item_id, event.at_s, event.weight, purchase, vector]
+            calls.append(self._script_command("record", self._user_keys(user_id), args))
+        replies = await self._pipelined(calls)
         outcomes = []
         for reply in replies:
             pairs = tuple(
@@ -201,13 +215,13 @@ class RedisRecsStore(RecsStore):
     # ------------------------------------------------------------------ co-occurrence
 
     async def _add_neighbours(self, updates: Mapping[str, Mapping[str, float]], max_neighbours: int) -> None:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for item_id, adds in updates.items():
-                args: list[Any] = [max_neighbours]
-                for other, value in adds.items():
-                    args += [1, other, repr(value)]
-                await self._scripts["log_add"](keys=[self._neighbours_key(item_id)], args=args, client=pipe)
-            await self._guard(pipe.execute())
+        calls = []
+        for item_id, adds in updates.items():
+            args: list[Any] = [max_neighbours]
+            for other, value in adds.items():
+                args += [1, other, repr(value)]
+            calls.append(self._script_command("log_add", [self._neighbours_key(item_id)], args))
+        await self._pipelined(calls)
 
     async def _neighbours(self, item_ids: Sequence[str], limit: int) -> dict[str, list[tuple[str, float]]]:
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -232,11 +246,10 @@ class RedisRecsStore(RecsStore):
         # only the last trims, so the outcome is the same as one call.
         step = 3 * SCRIPT_CHUNK
         chunks = [triples[start:start + step] for start in range(0, len(triples), step)]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for number, chunk in enumerate(chunks, start=1):
-                bound = max_size if number == len(chunks) else NO_BOUND
-                await self._scripts["log_add"](keys=keys, args=[bound, *chunk], client=pipe)
-            await self._guard(pipe.execute())
+        await self._pipelined([
+            self._script_command("log_add", keys, [max_size if number == len(chunks) else NO_BOUND, *chunk])
+            for number, chunk in enumerate(chunks, start=1)
+        ])
 
     async def _trending_top(self, scope: str | None, start: int, count: int) -> list[tuple[str, float]]:
         reply = await self._guard(

@@ -1,7 +1,8 @@
 """Event buses between the change source and the sinks; `bus_for(url)` picks one.
 
     memory://                       in this process (the embedded default), see `memory.py`
-    redis://host:port/db            Redis Streams, see `redis.py`
+    redis://host:port/db            Redis Streams, see `redis.py` (redis+cluster://host:port on a
+                                    Redis Cluster)
     kafka://host:port[,host:port]   Kafka or a Kafka-protocol broker (aiokafka), see `kafka.py`
 
 What every bus promises (one contract suite, tests/test_bus_contract.py, runs on all three):
@@ -30,6 +31,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tidegate._lifecycle import Lifecycle
+from tidegate._redis import is_redis_url
 from tidegate._urls import redact_url
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange
 from tidegate.sync.changes import Change
@@ -109,7 +111,7 @@ def bus_for(url: str, *, prefix: str | None = None, settings: BusSettings | None
         from tidegate.sync.buses.memory import MemoryBus
 
         return MemoryBus(resolved)
-    if parts.scheme in ("redis", "rediss", "unix"):
+    if is_redis_url(url):
         from tidegate.sync.buses.redis import RedisBus
 
         return RedisBus(base_url, resolved)

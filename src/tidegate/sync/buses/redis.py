@@ -1,7 +1,10 @@
 """redis:// — Redis Streams, one stream per entity type.
 
 - Keys: `<prefix>:{<entity_type>}:changes`. The hash tag is the entity type, so on Redis Cluster
-  the entity types spread over the shards while each stream stays whole.
+  (`redis+cluster://`) the entity types spread over the shards while each stream stays whole.
+  A read over several streams is one XREADGROUP per slot there (a cluster refuses one command
+  over keys of several slots): pipelined when it does not block; when it does, one blocking read
+  per slot at once, the first to answer ending the others (see `_read_new`).
 - Publish: `XADD key MAXLEN ~ N * change <Change.to_json()>` for every change, all in one pipeline
   (one round trip) without MULTI: one transaction's changes may belong to streams on different
   Cluster shards, and a half-published transaction is harmless (publish did not return, so the
@@ -40,12 +43,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from tidegate._redis import Outage, RedisClient, call_with_reconnect
+from tidegate._redis import Outage, RedisClient, call_with_reconnect, driver_errors, is_cluster_url
 from tidegate._urls import redact_url
 from tidegate.errors import BusUnavailable, MissingDependency
 from tidegate.sync.buses.base import BusBase, BusSettings, SubscriptionBase, log
@@ -53,7 +57,8 @@ from tidegate.sync.changes import Change
 from tidegate.sync.contracts import Delivery
 
 try:
-    from redis.exceptions import RedisError, ResponseError
+    from redis.crc import key_slot
+    from redis.exceptions import ResponseError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependency("the Redis bus needs redis-py: pip install 'tidegate[redis]'") from exc
 
@@ -62,6 +67,7 @@ __all__ = ["DEFAULT_MAX_LEN", "RedisBus", "RedisSubscription"]
 DEFAULT_MAX_LEN = 1_000_000
 FIELD = b"change"
 _START = b"0-0"
+_DRIVER_ERRORS = driver_errors()
 
 
 class RedisBus(BusBase):
@@ -111,7 +117,7 @@ class RedisBus(BusBase):
 
         try:
             await self.retrying(send)
-        except RedisError as exc:
+        except _DRIVER_ERRORS as exc:
             raise self.unavailable(exc) from exc
 
 
@@ -130,6 +136,11 @@ class RedisSubscription(SubscriptionBase):
         self._next_reclaim = 0.0  # monotonic time of the next XAUTOCLAIM pass
         self._buffer: deque[Delivery] = deque()  # read beyond max_count, not yet handed out
         self._unacked: dict[tuple[str, bytes], None] = {}  # handed out or buffered, not acked
+        # The streams by Redis Cluster slot, each group one XREADGROUP (one group off a cluster).
+        slots: dict[int, list[str]] = {}
+        for key in self._keys:
+            slots.setdefault(key_slot(key.encode()) if is_cluster_url(bus.url) else 0, []).append(key)
+        self._slot_of = {key: slot for slot, keys in slots.items() for key in keys}
 
     async def _open(self) -> None:
         await self._call(self._create_groups)
@@ -156,7 +167,7 @@ class RedisSubscription(SubscriptionBase):
                 RuntimeError(f"consumer group {self.group} had vanished (a Redis restart without "
                              "persistence?) and was created again; changes published before it "
                              "vanished and not acked are gone from the bus")) from exc
-        except RedisError as exc:
+        except _DRIVER_ERRORS as exc:
             raise self.bus.unavailable(exc) from exc
         if self._reconnects_seen != reconnects:
             # A reply lost with the connection may have carried entries now pending for us.
@@ -174,7 +185,7 @@ class RedisSubscription(SubscriptionBase):
         log.error("%r: group %s vanished from Redis; creating it again", self, self.group)
         try:
             await self.bus.retrying(self._create_groups)
-        except RedisError as exc:
+        except _DRIVER_ERRORS as exc:
             raise self.bus.unavailable(exc) from exc
         self._reread_history()
         self._reclaim_cursor = dict.fromkeys(self._keys, _START)
@@ -193,7 +204,7 @@ class RedisSubscription(SubscriptionBase):
                 for key, ids in by_key.items():
                     pipe.xclaim(key, self.group, self.consumer, 0, ids, idle=idle_ms, justid=True)
                 await pipe.execute()
-        except RedisError as exc:
+        except _DRIVER_ERRORS as exc:
             # Not fatal: the entries stay pending and are reclaimed after reclaim_idle_s anyway.
             log.warning("%r: could not hand %d unacked entries back: %s",
                         self, len(self._unacked), self.bus.unavailable(exc))
@@ -227,11 +238,12 @@ class RedisSubscription(SubscriptionBase):
 
     async def _read_history(self, room: int) -> list[Delivery]:
         """Our own pending entries, left by an earlier run of this consumer."""
-        keys = [key for key, cursor in self._history.items() if cursor is not None]
+        streams: dict[str, bytes | str] = {
+            key: cursor for key, cursor in self._history.items() if cursor is not None}
+        keys = list(streams)
         if not keys:
             return []
-        reply = await self.bus.redis.xreadgroup(
-            self.group, self.consumer, {key: self._history[key] for key in keys}, count=room)
+        reply = await self._read_now(streams, room)
         seen = {self._key_of(key) for key, _ in reply}
         for key in keys:
             if key not in seen:
@@ -271,13 +283,64 @@ class RedisSubscription(SubscriptionBase):
     async def _read_new(self, room: int, block_s: float) -> list[Delivery]:
         # BLOCK 0 would wait forever: below a millisecond, do not block at all.
         block_ms = int(block_s * 1000)
-        reply = await self.bus.redis.xreadgroup(
-            self.group, self.consumer, dict.fromkeys(self._keys, ">"), count=room,
-            block=block_ms if block_ms >= 1 else None)
+        streams: dict[str, bytes | str] = dict.fromkeys(self._keys, ">")
+        if len(set(self._slot_of.values())) == 1:
+            reply = await self.bus.redis.xreadgroup(
+                self.group, self.consumer, streams, count=room, block=block_ms if block_ms >= 1 else None)
+        else:
+            # Streams on several slots: what is there already, in one round trip; only when
+            # there is nothing, a wait on every slot at once.
+            reply = await self._read_now(streams, room)
+            if not reply and block_ms >= 1:
+                reply = await self._read_first(streams, room, block_ms)
         out: list[Delivery] = []
         for raw_key, entries in reply or []:
             out += await self._deliveries(self._key_of(raw_key), entries)
         return self._keep(out, room)
+
+    def _by_slot(self, streams: dict[str, bytes | str]) -> list[dict[str, bytes | str]]:
+        """`streams` split into one XREADGROUP's worth per slot."""
+        groups: dict[int, dict[str, bytes | str]] = {}
+        for key, cursor in streams.items():
+            groups.setdefault(self._slot_of[key], {})[key] = cursor
+        return list(groups.values())
+
+    async def _read_now(self, streams: dict[str, bytes | str], room: int) -> list[Any]:
+        """XREADGROUP without blocking over `streams`: one command, or one per slot in a
+        pipeline (on a cluster, one round trip per node, all at once)."""
+        groups = self._by_slot(streams)
+        if len(groups) == 1:
+            return list(await self.bus.redis.xreadgroup(self.group, self.consumer, streams, count=room) or [])
+        async with self.bus.redis.pipeline(transaction=False) as pipe:
+            for group in groups:
+                pipe.xreadgroup(self.group, self.consumer, group, count=room)
+            replies = await pipe.execute()
+        return [stream for reply in replies for stream in reply or []]
+
+    async def _read_first(self, streams: dict[str, bytes | str], room: int, block_ms: int) -> list[Any]:
+        """One XREADGROUP BLOCK per slot at once, each on its own connection; the first answer
+        ends the others. A read ended so may have taken entries whose reply it never read: they
+        are pending for this consumer, so its own history is read again on the next fetch."""
+        reads = {asyncio.ensure_future(self.bus.redis.xreadgroup(
+                     self.group, self.consumer, group, count=room, block=block_ms))
+                 for group in self._by_slot(streams)}
+        try:
+            await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for read in reads:
+                read.cancel()
+            # The reads end at once (a cancelled read closes its connection), and are collected
+            # here so that none outlives this fetch.
+            outcomes = await asyncio.gather(*reads, return_exceptions=True)
+        if any(read.cancelled() for read in reads):
+            self._reread_history()
+        reply: list[Any] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            if isinstance(outcome, list):
+                reply += outcome
+        return reply
 
     def _keep(self, deliveries: list[Delivery], room: int) -> list[Delivery]:
         """Hand out `room`; COUNT applies per stream, so several streams may return more."""
@@ -327,7 +390,7 @@ class RedisSubscription(SubscriptionBase):
 
         try:
             await self.bus.retrying(send)
-        except RedisError as exc:
+        except _DRIVER_ERRORS as exc:
             raise self.bus.unavailable(exc) from exc
         for delivery in deliveries:
             self._unacked.pop(delivery.handle, None)

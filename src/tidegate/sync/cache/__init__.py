@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from tidegate._redis import is_redis_url
 from tidegate._urls import redact_url
 from tidegate.config import SyncConfig
 from tidegate.errors import ConfigError
@@ -38,8 +39,9 @@ def cache_for(
     """The entity cache for `url`, not yet opened (use it with `async with`).
 
     - `memory://`: a cache of its own in this process (each call makes a separate one);
-    - `redis://host:port/db` (also `rediss://`, `unix://`): shared by every process using the same
-      Redis and `prefix`; needs `pip install 'tidegate[redis]'`.
+    - `redis://host:port/db` (also `rediss://`, `unix://`, or `redis+cluster://host:port` for a
+      Redis Cluster): shared by every process using the same Redis and `prefix`; needs
+      `pip install 'tidegate[redis]'`.
 
     `tombstone_ttl_s` is how long a delete is remembered, and so how late an older change may
     arrive without resurrecting the row (None: forever); `entry_ttl_s` expires live entries (None:
@@ -47,7 +49,7 @@ def cache_for(
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return MemoryEntityCache(entry_ttl_s=entry_ttl_s, tombstone_ttl_s=tombstone_ttl_s)
-    if scheme in ("redis", "rediss", "unix"):
+    if is_redis_url(url):
         from tidegate.sync.cache.redis import RedisEntityCache
 
         return RedisEntityCache(url, prefix=prefix, entry_ttl_s=entry_ttl_s, tombstone_ttl_s=tombstone_ttl_s)

@@ -5,8 +5,9 @@ tombstones by expiry) and the type's truncate floor, all under the type's `{hash
 in KEYS, so each script runs in one Redis Cluster slot and `scan`/`count`/truncate never walk the
 keyspace. A batch of changes is one script call per entity type; the script compares version keys
 (fixed-width hex strings) change by change. Expiry uses the Redis server's clock (`TIME` in the
-scripts), so processes with drifting clocks agree; expired entries read as absent and are pruned
-by later writes to their type (at least as many as each write adds, so nothing piles up).
+scripts, and a scan reads the clock of the node that holds the type on a Redis Cluster), so
+processes with drifting clocks agree; expired entries read as absent and are pruned by later
+writes to their type (at least as many as each write adds, so nothing piles up).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tidegate._redis import RedisClient, lua_source
+from tidegate._redis import RedisClient, driver_errors, lua_source, require_redis
 from tidegate._urls import redact_url
-from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
+from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.sync.cache.base import (
     DEFAULT_TOMBSTONE_TTL_S,
     BaseEntityCache,
@@ -29,12 +30,7 @@ from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import ApplyOutcome, Entry
 from tidegate.sync.values import Row
 
-try:
-    from redis.exceptions import RedisError
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependency(
-        "the Redis entity cache needs redis-py: pip install 'tidegate[redis]'"
-    ) from exc
+require_redis("the Redis entity cache")
 
 __all__ = ["RedisEntityCache"]
 
@@ -68,6 +64,7 @@ class RedisEntityCache(BaseEntityCache):
         self._checkpoints_key = f"{prefix}:sync:checkpoints"
         self._ttl_args = [_ms(self.entry_ttl_s), _ms(self.tombstone_ttl_s)]
         self._type_keys: dict[str, list[str]] = {}
+        self._client: RedisClient | None = None
         self._redis: Any = None
         self._scripts: dict[str, Any] = {}
 
@@ -79,7 +76,7 @@ class RedisEntityCache(BaseEntityCache):
             max_connections=self._max_connections,
             scripts={name: lua_source("tidegate.sync.cache", name, common="_common") for name in _SCRIPTS})
         await client.ping()
-        self._redis, self._scripts = client.client, client.scripts
+        self._client, self._redis, self._scripts = client, client.client, client.scripts
 
     async def _close(self) -> None:
         if self._redis is not None:
@@ -98,7 +95,7 @@ class RedisEntityCache(BaseEntityCache):
         """Await a Redis call, translating driver errors (the URL without credentials)."""
         try:
             return await call
-        except (RedisError, OSError) as exc:
+        except driver_errors() as exc:
             raise CacheUnavailable(f"entity cache at {redact_url(self.url)}: {exc}") from exc
 
     async def _script(self, name: str, entity_type: str, *args: Any) -> Any:
@@ -158,8 +155,7 @@ class RedisEntityCache(BaseEntityCache):
 
     async def _scan(self, entity_type: str) -> AsyncIterator[Entry]:
         rows_key, live_key = self._keys(entity_type)[:2]
-        seconds, micros = await self._guard(self._redis.time())
-        now_ms = seconds * 1000 + micros // 1000
+        now_ms = await self._now_ms(live_key)
         cursor = 0
         while True:
             cursor, members = await self._guard(self._redis.zscan(live_key, cursor, count=SCAN_PAGE))
@@ -177,8 +173,7 @@ class RedisEntityCache(BaseEntityCache):
     async def _scan_ids(self, entity_type: str) -> AsyncIterator[str]:
         # The live index alone: its scores are the entries' expiry times.
         live_key = self._keys(entity_type)[1]
-        seconds, micros = await self._guard(self._redis.time())
-        now_ms = seconds * 1000 + micros // 1000
+        now_ms = await self._now_ms(live_key)
         cursor = 0
         while True:
             cursor, members = await self._guard(self._redis.zscan(live_key, cursor, count=SCAN_PAGE))
@@ -187,6 +182,11 @@ class RedisEntityCache(BaseEntityCache):
                     yield member.decode()
             if cursor == 0:
                 return
+
+    async def _now_ms(self, key: str) -> int:
+        """The clock the scripts that write `key` read: the node's that holds it."""
+        assert self._client is not None
+        return await self._guard(self._client.server_time_ms(key))
 
     async def _count(self, entity_type: str) -> int:
         return int(await self._script("count", entity_type))
