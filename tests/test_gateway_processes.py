@@ -242,6 +242,8 @@ async def test_two_gateways_and_two_workers_serve_one_load_with_nothing_lost(clu
     # ... both workers did work, and both gateways took their share of the jobs
     assert {job.result["worker_id"] for job in jobs} == set(WORKER_IDS), cluster.describe()
     assert [await enqueued_by(http) for http in cluster.clients] == [35, 35]
+    # ... and no gateway wrote a log line per request (the access log is off by default)
+    assert not [gateway.name for gateway in cluster.gateways if "POST /v1/" in gateway.log()]
 
 
 async def test_a_worker_killed_mid_load_loses_nothing(cluster: Cluster) -> None:

@@ -222,6 +222,9 @@ class GatewaySettings(Section):
     # How many recent results feed the p50/p99 figures of GET /v1/stats.
     stats_window: int = Field(2_000, gt=0)
     readiness_timeout_s: float = Field(2.0, gt=0)
+    # One log line per request (uvicorn's access log). Off by default: it cost a tenth of the
+    # gateway's CPU per call (BENCHMARKS.md), and /metrics counts every request by route and status.
+    access_log: bool = False
 
 
 class UpSettings(Section):

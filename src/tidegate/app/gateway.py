@@ -180,7 +180,8 @@ async def serve_gateway(
         app = create_app(state)
         # The state is opened and closed here, around the server: no ASGI lifespan is needed.
         server = GatewayServer(uvicorn.Config(app, host=settings.host, port=settings.port, lifespan="off",
-                                              log_level="info", timeout_graceful_shutdown=math.ceil(grace_s),
+                                              log_level="info", access_log=settings.access_log,
+                                              timeout_graceful_shutdown=math.ceil(grace_s),
                                               **UVICORN_OPTIONS))
         log.info("gateway serving %s on %s:%d", redact_url(config.queue_url), settings.host, settings.port)
         def stop() -> None:

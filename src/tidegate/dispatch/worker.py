@@ -460,7 +460,6 @@ class Worker:
         usage = answer.usage
         spent = cost_micros(model, usage.input_tokens, usage.output_tokens)
         reservation, call.reservation = call.reservation, None
-        await self._spending.settle(reservation, spent)
         await self._observe_rate_limits(call.key, answer.rate_limit)
         self._concurrency.on_success(call.key)
         self.metrics.concurrency_limit.labels(model.name).set(self._concurrency.limit(call.key))
@@ -476,13 +475,23 @@ class Worker:
         self.metrics.tokens.labels(model.name, "input").inc(usage.input_tokens)
         self.metrics.tokens.labels(model.name, "output").inc(usage.output_tokens)
         self.metrics.cost_usd.labels(model.name, job.tenant).inc(float(micros_to_usd(spent)))
-        try:
-            await self.queue.complete(job, result)
-        except LeaseLost as exc:
+        # The spend and the result are written together (one transaction on SQLite): the call
+        # has happened, so neither waits for the other, and a failure of one undoes nothing.
+        settled, completed = await asyncio.gather(
+            self._spending.settle(reservation, spent), self.queue.complete(job, result),
+            return_exceptions=True)
+        if isinstance(settled, BaseException):
+            if not isinstance(settled, Exception):
+                raise settled
+            log.error("job %s: its spend of %s USD could not be recorded: %s", job.id, micros_to_usd(spent),
+                      settled)
+        if isinstance(completed, LeaseLost):
             # Cancelled or recovered while the call ran; its spend stays recorded.
-            log.warning("job %s: result discarded, lease lost: %s", job.id, exc)
+            log.warning("job %s: result discarded, lease lost: %s", job.id, completed)
             self.metrics.jobs.labels("lease_lost", priority, model.name).inc()
             return
+        if isinstance(completed, BaseException):
+            raise completed
         self.metrics.jobs.labels("succeeded", priority, model.name).inc()
         self._callback(job, JobState.SUCCEEDED, result=result)
 

@@ -13,6 +13,9 @@ built-in local tenant; once a key exists, or on any other bind, a valid key is r
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 from fastapi import FastAPI
 
 from tidegate import __version__
@@ -52,10 +55,19 @@ _TAGS = [
 ]
 
 
+# FastAPI's own OpenTelemetry instrumentation (in recent releases) looks the global providers up
+# on every request; the gateway counts its requests itself (/metrics), so it is turned off.
+# Older releases have none to turn off.
+_NO_NATIVE_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI).parameters else {}
+)
+
+
 def create_app(state: GatewayState) -> FastAPI:
     """The gateway application serving `state`."""
     app = FastAPI(title="tidegate gateway", version=__version__, description=_DESCRIPTION,
-                  openapi_tags=_TAGS)
+                  openapi_tags=_TAGS, **_NO_NATIVE_TELEMETRY)
     app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
