@@ -117,3 +117,17 @@ async def test_jobs_handed_to_a_claim_that_stopped_waiting_go_back_to_the_queue(
     assert stored is not None and stored.state is JobState.QUEUED and stored.attempts == 0
     [again] = await queue.claim("w2")
     assert again.id == "gone"
+
+
+async def test_an_enqueue_cancelled_while_it_writes_still_hands_its_job_over(queue: Queue) -> None:
+    claim = await _waiting_claim(queue)
+    enqueue = asyncio.create_task(queue.enqueue({"n": 1}, priority="normal"))
+    await asyncio.sleep(0)  # the enqueue has offered its job and is writing it
+
+    enqueue.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await enqueue
+
+    # The write went on and its job reached the claim it was leased to
+    [job] = await asyncio.wait_for(claim, 1.0)
+    assert (job.state, job.worker_id, job.payload) == (JobState.LEASED, "w1", {"n": 1})

@@ -218,12 +218,14 @@ class Queue(Lifecycle):
         if not self.hands_off:
             return await self._enqueue(prepared)
         offers = self._handoffs.offers([(job.id, job.priority) for job in prepared if not job.not_before_ms])
-        try:
-            ids, handed = await self._enqueue_handing(prepared, offers)
-        except BaseException:
-            self._handoffs.deliver(offers, [])  # the claims offered to claim again
-            raise
-        self._handoffs.deliver(offers, handed)
+        if not offers:
+            ids, _ = await self._enqueue_handing(prepared, offers)
+            return ids
+        # The claims offered jobs get what was written, even if this caller is cancelled while
+        # the write goes on: jobs leased to a claim must reach it (or go back to the queue).
+        writing = asyncio.ensure_future(self._enqueue_handing(prepared, offers))
+        writing.add_done_callback(lambda done: self._handoffs.deliver(offers, _handed(done)))
+        ids, _ = await asyncio.shield(writing)
         return ids
 
     def _prepare(self, spec: JobSpec | Mapping[str, Any], now: int, index: int) -> NewJob:
@@ -513,6 +515,13 @@ class Queue(Lifecycle):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _handed(write: asyncio.Future[tuple[list[str], list[Job]]]) -> list[Job]:
+    """The jobs an enqueue wrote leased to waiting claims; none if it failed."""
+    if write.cancelled() or write.exception() is not None:
+        return []
+    return write.result()[1]
 
 
 def _levels(priorities: Iterable[Priority | int | str] | None) -> tuple[int, ...]:
