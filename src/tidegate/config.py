@@ -222,6 +222,8 @@ class GatewaySettings(Section):
     # How many recent results feed the p50/p99 figures of GET /v1/stats.
     stats_window: int = Field(2_000, gt=0)
     readiness_timeout_s: float = Field(2.0, gt=0)
+    # Gateway processes on the one port (SO_REUSEPORT), one per core: each runs one event loop.
+    processes: int = Field(1, ge=1)
     # One log line per request (uvicorn's access log). Off by default: it cost a tenth of the
     # gateway's CPU per call (BENCHMARKS.md), and /metrics counts every request by route and status.
     access_log: bool = False

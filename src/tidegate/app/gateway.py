@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from tidegate.recs.monitor import RecsMonitor
 
 __all__ = ["FROM_CONFIG", "GRACE_S", "GatewayServer", "check_bind", "gateway_state", "open_gateway_state",
-           "serve_gateway"]
+           "reusable_socket", "serve_gateway"]
 
 log = logging.getLogger("tidegate.gateway")
 
@@ -148,6 +148,16 @@ class GatewayServer(uvicorn.Server):
             self.main_loop_done.set()
 
 
+def reusable_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` that other processes may bind too (SO_REUSEPORT)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                         socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host.strip("[]"), port))
+    return sock
+
+
 async def check_bind(state: GatewayState) -> None:
     """Refuse to listen beyond loopback while no API key exists: anyone who can reach the port
     could otherwise spend the providers' budget. (On such a bind a key is always required, so
@@ -169,9 +179,12 @@ async def serve_gateway(
     *,
     extra_registries: Sequence[CollectorRegistry] = (),
     grace_s: float = GRACE_S,
+    reuse_port: bool = False,
 ) -> None:
     """Serve the gateway on `settings.host:port` until SIGTERM or SIGINT; then stop accepting,
-    give open requests up to `grace_s` to finish, close the state and return."""
+    give open requests up to `grace_s` to finish, close the state and return. With `reuse_port`
+    the port may be shared with other gateway processes, the kernel spreading connections among
+    them (SO_REUSEPORT; see tidegate.app.gateway_processes)."""
     async with contextlib.AsyncExitStack() as stack:
         state = await enter_bounded(
             stack, open_gateway_state(config, settings=settings, extra_registries=extra_registries),
@@ -188,6 +201,7 @@ async def serve_gateway(
             state.begin_drain(grace_s)
             server.request_exit()
 
+        sockets = [reusable_socket(settings.host, settings.port)] if reuse_port else None
         with stop_on_signals(stop, force=server.force, grace_s=grace_s):
-            await server.serve()
+            await server.serve(sockets=sockets)
         log.info("gateway stopped")

@@ -130,6 +130,9 @@ def gateway(
     max_batch: Annotated[int | None, typer.Option(min=1, help="Most jobs in one POST /v1/jobs.")] = None,
     grace_s: Annotated[float, typer.Option(min=0, help="On SIGTERM/SIGINT, how long open requests may "
                                            "finish before their connections are cut.")] = 30.0,
+    processes: Annotated[int | None, typer.Option(
+        min=1, help="Gateway processes sharing the port, one per core (default: the config's "
+        "gateway.processes, else 1); above 1 needs a fixed --port.")] = None,
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible, jobs, admin, metrics) until SIGTERM or SIGINT.
 
@@ -138,6 +141,7 @@ def gateway(
     and workers at one Redis queue to scale out."""
     from tidegate._sqlite import ensure_sqlite_folder
     from tidegate.app.gateway import serve_gateway
+    from tidegate.app.gateway_processes import serve_gateways
 
     log_to_stderr(logging.INFO)
     with errors_as_exit():
@@ -147,7 +151,11 @@ def gateway(
         # TIDEGATE_GATEWAY_* variables), then the defaults.
         gateway_settings = settings.gateway.given(
             host=host, port=port, request_timeout_s=timeout_s, max_body_bytes=max_body_bytes,
-            max_messages=max_messages, max_batch=max_batch)
+            max_messages=max_messages, max_batch=max_batch, processes=processes)
+        if gateway_settings.processes > 1:
+            status = serve_gateways(settings, gateway_settings, processes=gateway_settings.processes,
+                                    grace_s=grace_s)
+            raise typer.Exit(status)
     run(serve_gateway(settings, gateway_settings, grace_s=grace_s))
 
 
