@@ -38,6 +38,7 @@ from bench.gateway_systems import (
     node_version,
     portkey_gateway,
     portkey_version,
+    redis_name,
     simulator,
     tidegate_redis,
     tidegate_up,
@@ -73,6 +74,7 @@ class Plan:
     latency_ms: float  # the simulator's fixed answer time
     concurrency: int  # tidegate worker's calls in flight
     litellm_workers: tuple[int, ...]  # one LiteLLM run per worker count
+    processes: tuple[int, ...]  # one run of tidegate's Redis layout per count of each process
     redo_budget_s: float  # wall time for measuring disturbed runs again
 
 
@@ -267,14 +269,19 @@ def planned_systems(plan: Plan) -> list[Planned]:
             out.append(Planned(key, "tidegate up",
                                lambda folder, sim: tidegate_up(folder, sim, plan.concurrency)))
         elif key == "redis":
-            out.append(Planned(key, "tidegate gateway + worker",
-                               lambda folder, sim: tidegate_redis(folder, sim, plan.concurrency)))
+            out.extend(Planned(key, redis_name(processes), _redis_starter(plan.concurrency, processes))
+                       for processes in plan.processes)
         elif key == "litellm":
             out.extend(Planned(key, litellm_name(workers), _litellm_starter(workers))
                        for workers in plan.litellm_workers)
         else:
             out.append(Planned(key, "Portkey gateway", portkey_gateway))
     return out
+
+
+def _redis_starter(concurrency: int, processes: int,
+                   ) -> Callable[[Path, Simulator], AbstractAsyncContextManager[System]]:
+    return lambda folder, sim: tidegate_redis(folder, sim, concurrency, processes)
 
 
 def _litellm_starter(workers: int) -> Callable[[Path, Simulator], AbstractAsyncContextManager[System]]:
@@ -373,6 +380,9 @@ def parse_args(argv: Sequence[str] | None, description: str | None) -> tuple[Pla
     parser.add_argument("--sustained-warmup-s", type=float, default=2.0, help="closed-loop warm-up")
     parser.add_argument("--latency-ms", type=float, default=10.0, help="the simulator's fixed answer time")
     parser.add_argument("--concurrency", type=int, default=256, help="tidegate worker's calls in flight")
+    parser.add_argument("--processes", default="1",
+                        help="gateway and worker processes of tidegate's Redis layout, one run per count "
+                        "(e.g. 1,2: the gateway with --processes N beside N workers)")
     parser.add_argument("--litellm-workers", default="1,2",
                         help="LiteLLM proxy worker processes; a list measures it once per count")
     parser.add_argument("--redo-budget-s", type=float, default=60.0,
@@ -395,12 +405,14 @@ def parse_args(argv: Sequence[str] | None, description: str | None) -> tuple[Pla
         parser.error("--duration-s and --window-s must be above 0, --sustained-warmup-s at least 0")
     try:
         litellm_workers = tuple(int(count) for count in args.litellm_workers.split(",") if count.strip())
+        processes = tuple(int(count) for count in args.processes.split(",") if count.strip())
     except ValueError:
-        parser.error(f"--litellm-workers must be counts separated by commas, not {args.litellm_workers!r}")
+        parser.error("--litellm-workers and --processes must be counts separated by commas")
     if args.latency_ms < 0:
         parser.error("--latency-ms must be at least 0")
-    if args.clients < 1 or args.concurrency < 1 or not litellm_workers or min(litellm_workers) < 1:
-        parser.error("--clients, --concurrency and --litellm-workers must be at least 1")
+    if (args.clients < 1 or args.concurrency < 1 or not litellm_workers or min(litellm_workers) < 1
+            or not processes or min(processes) < 1):
+        parser.error("--clients, --concurrency, --litellm-workers and --processes must be at least 1")
     duration_s, window_s, warmup_s = args.duration_s, args.window_s, args.sustained_warmup_s
     warm_requests, redo_budget_s = 400, args.redo_budget_s
     if args.quick:
@@ -410,7 +422,8 @@ def parse_args(argv: Sequence[str] | None, description: str | None) -> tuple[Pla
     plan = Plan(systems=systems, rates=tuple(sorted(rates)), duration_s=duration_s, clients=args.clients,
                 sustained_warmup_s=warmup_s, sustained_window_s=window_s, warmup_requests=warm_requests,
                 latency_ms=args.latency_ms, concurrency=args.concurrency,
-                litellm_workers=litellm_workers, redo_budget_s=max(0.0, redo_budget_s))
+                litellm_workers=litellm_workers, processes=processes,
+                redo_budget_s=max(0.0, redo_budget_s))
     return plan, args.json
 
 

@@ -125,10 +125,17 @@ async def tidegate_up(folder: Path, sim: Simulator, concurrency: int) -> AsyncIt
         )
 
 
+def redis_name(processes: int) -> str:
+    """The report's name of the Redis layout with `processes` gateways and as many workers."""
+    return "tidegate gateway + worker" + (f" (x{processes})" if processes > 1 else "")
+
+
 @contextlib.asynccontextmanager
-async def tidegate_redis(folder: Path, sim: Simulator, concurrency: int) -> AsyncIterator[System]:
-    """The scale-out layout: `tidegate gateway` and `tidegate worker`, one process each, on a
-    private redis-server; the tenant's key is created beforehand as an operator would."""
+async def tidegate_redis(folder: Path, sim: Simulator, concurrency: int, processes: int = 1,
+                         ) -> AsyncIterator[System]:
+    """The scale-out layout: `tidegate gateway` (with `--processes N`: N processes on its port)
+    and N `tidegate worker` processes, on a private redis-server; the tenant's key is created
+    beforehand as an operator would."""
     with private_redis() as server:
         queue_url = f"{server.url}?name=bench"
         config = write_tidegate_config(folder / "redis.toml", sim.base_url, queue_url, concurrency)
@@ -137,19 +144,28 @@ async def tidegate_redis(folder: Path, sim: Simulator, concurrency: int) -> Asyn
             _, key = await store.create_key(TENANT.name)
         port = free_port()
         gateway_argv = [*tidegate_command(), "gateway", "--queue", queue_url, "--config", str(config),
-                        "--port", str(port)]
-        worker_argv = [*tidegate_command(), "worker", "--queue", queue_url, "--config", str(config),
-                       "--concurrency", str(concurrency), "--worker-id", "w1"]
-        async with running("tidegate-gateway", gateway_argv, folder) as gateway, \
-                running("tidegate-worker", worker_argv, folder) as worker:
+                        "--port", str(port), "--processes", str(processes)]
+        async with contextlib.AsyncExitStack() as stack:
+            gateway = await stack.enter_async_context(running("tidegate-gateway", gateway_argv, folder))
+            workers = [await stack.enter_async_context(running(f"tidegate-worker-{n}", [
+                *tidegate_command(), "worker", "--queue", queue_url, "--config", str(config),
+                "--concurrency", str(concurrency), "--worker-id", f"w{n}"], folder))
+                for n in range(1, processes + 1)]
             await wait_for_http(gateway, f"http://127.0.0.1:{port}/readyz", START_TIMEOUT_S)
-            await wait_for_line(worker, "worker w1 serving", START_TIMEOUT_S)
+            for n, worker in enumerate(workers, start=1):
+                await wait_for_line(worker, f"worker w{n} serving", START_TIMEOUT_S)
+            pids = {"gateway": gateway.pid}  # with its processes, metered as one tree
+            pids |= {"worker" if processes == 1 else f"worker {n}": worker.pid
+                     for n, worker in enumerate(workers, start=1)}
             yield System(
-                "redis", "tidegate gateway + worker",
+                "redis", redis_name(processes),
+                f"{2 * processes} processes: gateway x{processes} on one port, worker x{processes} "
+                f"({concurrency} in flight each); Redis queue (redis-server {server.version})"
+                if processes > 1 else
                 f"2 processes: gateway, worker ({concurrency} in flight); Redis queue "
                 f"(redis-server {server.version})",
                 Endpoint(f"http://127.0.0.1:{port}/v1", key),
-                {"gateway": gateway.pid, "worker": worker.pid, "redis-server": server.pid},
+                {**pids, "redis-server": server.pid},
             )
 
 
