@@ -12,7 +12,7 @@ import pytest
 
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
-from tidegate.queue._handoff import Offer, WaitingClaim
+from tidegate.queue._handoff import WaitingClaim
 from tidegate.queue.base import NewJob
 
 pytestmark = pytest.mark.sqlite_only  # the backend that hands off (`Queue.hands_off`)
@@ -83,7 +83,7 @@ async def test_an_offer_is_refused_when_work_a_claim_would_take_first_waits(queu
                      idempotency_key=None, callback_url=None)
     claim = WaitingClaim("w1", (0, 1, 2, 3, 4), 1, 30_000)
 
-    ids, handed = await queue._enqueue_handing([offered], {"offered": Offer(claim)})
+    ids, handed = await queue._enqueue_handing([offered], {"offered": claim})
 
     assert ids == ["offered"] and handed == []
     for job_id in (ahead, "offered"):
@@ -95,7 +95,7 @@ async def test_jobs_handed_to_a_claim_that_stopped_waiting_go_back_to_the_queue(
     claim = await _waiting_claim(queue)
     [waiting] = queue._handoffs._waiting
     offers = queue._handoffs.offers([("gone", int(Priority.NORMAL))])  # an enqueue takes it ...
-    assert offers["gone"].claim is waiting
+    assert offers["gone"] is waiting
     claim.cancel()  # ... and the claim is cancelled while the enqueue writes
     with pytest.raises(asyncio.CancelledError):
         await claim

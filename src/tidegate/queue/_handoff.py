@@ -25,14 +25,16 @@ from typing import Any
 
 from tidegate.jobs import Job
 
-__all__ = ["Handoffs", "Offer", "WaitingClaim"]
+__all__ = ["Handoffs", "WaitingClaim"]
 
 log = logging.getLogger("tidegate.queue")
 
 
 @dataclass(eq=False, slots=True)
 class WaitingClaim:
-    """A claim of this instance waiting for work, and where the jobs handed to it go."""
+    """A claim of this instance waiting for work, and where the jobs handed to it go. An enqueue
+    that offers it a job writes the job leased to `worker_id` for `lease_ms`, if nothing waits
+    ahead of it at `levels`."""
 
     worker_id: str
     levels: tuple[int, ...]
@@ -46,28 +48,6 @@ def _future() -> asyncio.Future[list[Job]]:
     return asyncio.get_running_loop().create_future()
 
 
-@dataclass(frozen=True, slots=True)
-class Offer:
-    """A ready job offered to a waiting claim: what the backend writes it leased with."""
-
-    claim: WaitingClaim
-
-    @property
-    def worker_id(self) -> str:
-        """The worker the job is leased to."""
-        return self.claim.worker_id
-
-    @property
-    def lease_ms(self) -> int:
-        """The length of its lease."""
-        return self.claim.lease_ms
-
-    @property
-    def levels(self) -> tuple[int, ...]:
-        """The levels the claim serves: nothing claimable may wait at them ahead of the job."""
-        return self.claim.levels
-
-
 class Handoffs:
     """The claims of one queue instance that wait for work; `release` gives a job back to the
     queue (Queue.release)."""
@@ -77,31 +57,31 @@ class Handoffs:
         self._release = release
         self._releasing: set[asyncio.Task[None]] = set()
 
-    def offers(self, jobs: Sequence[tuple[str, int]]) -> dict[str, Offer]:
+    def offers(self, jobs: Sequence[tuple[str, int]]) -> dict[str, WaitingClaim]:
         """Offer ready jobs, given as (id, priority) in the order enqueued, to the waiting
         claims: most urgent first, each to the first claim that serves its level and has room.
         A claim offered anything stops waiting here (an enqueue now owes it an answer)."""
         if not self._waiting or not jobs:
             return {}
         room = {id(claim): claim.limit for claim in self._waiting}
-        offers: dict[str, Offer] = {}
+        offers: dict[str, WaitingClaim] = {}
         for job_id, priority in sorted(jobs, key=lambda job: job[1]):
             for claim in self._waiting:
                 if room[id(claim)] > 0 and priority in claim.levels:
                     room[id(claim)] -= 1
-                    offers[job_id] = Offer(claim)
+                    offers[job_id] = claim
                     break
-        taken = {id(offer.claim) for offer in offers.values()}
+        taken = {id(claim) for claim in offers.values()}
         self._waiting = [claim for claim in self._waiting if id(claim) not in taken]
         return offers
 
-    def deliver(self, offers: dict[str, Offer], handed: Sequence[Job]) -> None:
+    def deliver(self, offers: dict[str, WaitingClaim], handed: Sequence[Job]) -> None:
         """Give each claim that was made offers the jobs written leased to it (perhaps none:
         it then claims again); jobs of a claim that is gone are released."""
-        by_claim: dict[int, list[Job]] = {id(offer.claim): [] for offer in offers.values()}
+        by_claim: dict[int, list[Job]] = {id(claim): [] for claim in offers.values()}
         for job in handed:
-            by_claim[id(offers[job.id].claim)].append(job)
-        for claim in {id(offer.claim): offer.claim for offer in offers.values()}.values():
+            by_claim[id(offers[job.id])].append(job)
+        for claim in {id(claim): claim for claim in offers.values()}.values():
             jobs = by_claim[id(claim)]
             if claim.gone or claim.handed.done():
                 self._give_back(jobs)

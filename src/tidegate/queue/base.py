@@ -40,7 +40,7 @@ from tidegate.jobs import (
     ms_to_datetime,
     now_ms,
 )
-from tidegate.queue._handoff import Handoffs, Offer, WaitingClaim
+from tidegate.queue._handoff import Handoffs, WaitingClaim
 from tidegate.queue.settings import QueueSettings
 
 __all__ = ["LevelStats", "MaintenanceReport", "NewJob", "Queue", "QueueSettings", "QueueStats"]
@@ -443,7 +443,7 @@ class Queue(Lifecycle):
     async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]: ...
 
     async def _enqueue_handing(
-        self, jobs: Sequence[NewJob], offers: Mapping[str, Offer],
+        self, jobs: Sequence[NewJob], offers: Mapping[str, WaitingClaim],
     ) -> tuple[list[str], list[Job]]:
         """`_enqueue`, writing each job that `offers` names leased to its claim when nothing
         claimable waits at the job's level or above in the levels the claim serves; returns the

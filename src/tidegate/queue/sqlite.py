@@ -20,7 +20,7 @@ import orjson
 from tidegate._sqlite import SqliteThread
 from tidegate.errors import LeaseLost, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority, now_ms
-from tidegate.queue._handoff import Offer
+from tidegate.queue._handoff import WaitingClaim
 from tidegate.queue._signals import DONE, WORK, Doorbell, Signal
 from tidegate.queue.base import LevelStats, MaintenanceReport, NewJob, Queue, QueueStats
 from tidegate.queue.settings import QueueSettings
@@ -176,7 +176,7 @@ class SqliteQueue(Queue):
         return ids
 
     async def _enqueue_handing(
-        self, jobs: Sequence[NewJob], offers: Mapping[str, Offer],
+        self, jobs: Sequence[NewJob], offers: Mapping[str, WaitingClaim],
     ) -> tuple[list[str], list[Job]]:
         def body(conn: sqlite3.Connection) -> tuple[list[str], list[Job], bool]:
             ids, new = self._dedupe(conn, jobs)
@@ -212,7 +212,7 @@ class SqliteQueue(Queue):
         return ids, handed
 
     @staticmethod
-    def _hand(conn: sqlite3.Connection, job: NewJob, offer: Offer | None, now: int) -> Job | None:
+    def _hand(conn: sqlite3.Connection, job: NewJob, offer: WaitingClaim | None, now: int) -> Job | None:
         """Write `job` leased to the claim `offer` names, as a claim would lease it, if nothing a
         claim of those levels would take first waits (queued, due, or its lease run out); None
         (and nothing written) otherwise."""
