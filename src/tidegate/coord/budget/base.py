@@ -133,10 +133,7 @@ class BudgetLedger(OpensOnFirstUse):
         """Atomically check both limits (None = unlimited) and add the amount to both totals, or
         raise BudgetExhausted naming the scope and change nothing. `enforce=False` records
         without checking (critical jobs)."""
-        if not tenant or tenant == GLOBAL:
-            raise ValueError(f"invalid tenant name {tenant!r}: it must be non-empty and not {GLOBAL!r}")
-        if amount_micros < 0:
-            raise ValueError(f"amount_micros must be >= 0, got {amount_micros}")
+        _check_spend(tenant, amount_micros)
         await self._ready()
         reservation = Reservation(uuid.uuid4().hex, tenant, amount_micros, self._today(), enforce)
         limits = (tenant_limit_micros, global_limit_micros) if enforce else (None, None)
@@ -163,10 +160,7 @@ class BudgetLedger(OpensOnFirstUse):
     async def record(self, tenant: str, amount_micros: int) -> None:
         """Add what a call cost to the tenant's and the global total of today, with no
         reservation before it: for spend that no limit is checked against."""
-        if not tenant or tenant == GLOBAL:
-            raise ValueError(f"invalid tenant name {tenant!r}: it must be non-empty and not {GLOBAL!r}")
-        if amount_micros < 0:
-            raise ValueError(f"amount_micros must be >= 0, got {amount_micros}")
+        _check_spend(tenant, amount_micros)
         await self._ready()
         await self._record(tenant, self._today(), amount_micros)
 
@@ -213,6 +207,14 @@ class BudgetLedger(OpensOnFirstUse):
     @abc.abstractmethod
     async def _spend(self, day: date) -> dict[str, int]:
         """Every total of `day`, the global one under GLOBAL."""
+
+
+def _check_spend(tenant: str, amount_micros: int) -> None:
+    """A tenant name and an amount a reservation or a record may carry (ValueError otherwise)."""
+    if not tenant or tenant == GLOBAL:
+        raise ValueError(f"invalid tenant name {tenant!r}: it must be non-empty and not {GLOBAL!r}")
+    if amount_micros < 0:
+        raise ValueError(f"amount_micros must be >= 0, got {amount_micros}")
 
 
 def _exhausted(scope: BudgetScope, tenant: str, amount: int, spent: int, limit: int) -> BudgetExhausted:
