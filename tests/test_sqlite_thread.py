@@ -25,7 +25,7 @@ class Unavailable(Exception):
 
 @pytest.fixture
 async def db(tmp_path: Path) -> AsyncIterator[SqliteThread]:
-    thread = SqliteThread(str(tmp_path / "notes.db"), SCHEMA, name="test",
+    thread = SqliteThread(str(tmp_path / "notes.db"), SCHEMA,
                           error=lambda exc: Unavailable(str(exc)))
     await thread.open()
     yield thread

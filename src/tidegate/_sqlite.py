@@ -135,11 +135,10 @@ class SqliteThread:
     second (BENCHMARKS.md). A commit that fails fails every write of its batch."""
 
     def __init__(
-        self, path: str, schema: str, *, name: str, error: Callable[[sqlite3.Error], Exception],
+        self, path: str, schema: str, *, error: Callable[[sqlite3.Error], Exception],
         row_factory: type[sqlite3.Row] | None = None,
     ) -> None:
         self.path = path
-        self.name = name
         self.schema = schema
         self.row_factory = row_factory
         self._error = error

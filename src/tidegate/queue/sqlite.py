@@ -97,7 +97,7 @@ class SqliteQueue(Queue):
         super().__init__(settings)
         self.path = path
         self._db = SqliteThread(
-            path, _SCHEMA, name="sqlite", row_factory=sqlite3.Row,
+            path, _SCHEMA, row_factory=sqlite3.Row,
             error=lambda exc: QueueUnavailable(f"SQLite queue at {path}: {exc}"),
         )
         self._bell = Doorbell(path)

@@ -48,7 +48,7 @@ class SqliteBudgetLedger(BudgetLedger):
         super().__init__(name, today)
         self.path = path
         self._db = SqliteThread(
-            path, _SCHEMA, name="budget",
+            path, _SCHEMA,
             error=lambda exc: DispatchUnavailable(f"SQLite budget ledger at {path}: {exc}"),
         )
         self._purged_before: str | None = None  # the cutoff of the last purge of old days

@@ -59,7 +59,7 @@ class SqliteTenantStore(TenantStore):
         super().__init__(name, auth_cache_s, clock)
         self.path = path
         self._db = SqliteThread(
-            path, _SCHEMA, name="tenants",
+            path, _SCHEMA,
             error=lambda exc: QueueUnavailable(f"SQLite tenant store at {path}: {exc}"),
         )
 

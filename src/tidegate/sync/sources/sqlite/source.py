@@ -102,7 +102,7 @@ class SqliteSource(Lifecycle):
         self._checkpoints = checkpoints
         self._zone = source_zone(settings.source_zone)
         self._checkpoint_name = settings.checkpoint_name
-        self._db = SqliteThread(settings.path, OUTBOX_SCHEMA, name="sync-sqlite",
+        self._db = SqliteThread(settings.path, OUTBOX_SCHEMA,
                                 error=lambda exc: SourceError(f"SQLite source at {settings.path}: {exc}"))
         self._iterated = False
         self._readers: dict[str, RowReader] = {}
