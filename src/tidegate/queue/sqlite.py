@@ -284,8 +284,7 @@ class SqliteQueue(Queue):
         return self._bell.work.marker()
 
     async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]:
-        quiet = self._quiet.get(levels)
-        if quiet is not None and quiet.holds(now_ms()):
+        if self._still_quiet(levels) is not None:
             return []  # nothing can have become claimable since the last claim found nothing
         marker = self._bell.work.marker()
         jobs = await self._claim_now(worker_id, levels, limit, lease_ms)
@@ -294,6 +293,11 @@ class SqliteQueue(Queue):
         else:
             self._quiet[levels] = _Quiet(marker, until_ms=now_ms() + int(SAFETY_WAKE_S * 1000))
         return jobs
+
+    def _still_quiet(self, levels: tuple[int, ...]) -> _Quiet | None:
+        """What the last empty claim of these levels saw, while it still holds."""
+        quiet = self._quiet.get(levels)
+        return quiet if quiet is not None and quiet.holds(now_ms()) else None
 
     async def _claim_now(
         self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int,
@@ -360,8 +364,8 @@ class SqliteQueue(Queue):
             ).fetchone()
             return None if row[0] is None else int(row[0])
 
-        quiet = self._quiet.get(levels)
-        if quiet is not None and quiet.holds(now_ms()):
+        quiet = self._still_quiet(levels)
+        if quiet is not None:
             if not quiet.due_known:
                 quiet.due(await self._run(next_due))
             due_ms = quiet.due_ms
