@@ -134,15 +134,16 @@ class Job:
         return self.state in FINAL_STATES
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], payload: bytes | str,
+    def from_record(cls, record: Mapping[str, Any], payload: bytes | str | JsonObject,
                     result: bytes | str | None = None) -> Job:
-        """Build a Job from the record shape both backends store (times in epoch ms)."""
+        """Build a Job from the record shape both backends store (times in epoch ms); the
+        payload as stored (JSON) or already parsed."""
         created = ms_to_datetime(int(record["created_ms"]))
         assert created is not None
         return cls(
             id=str(record["id"]),
             priority=Priority(int(record["priority"])),
-            payload=orjson.loads(payload),
+            payload=payload if isinstance(payload, dict) else orjson.loads(payload),
             tenant=str(record["tenant"]),
             state=JobState(record["state"]),
             created_at=created,

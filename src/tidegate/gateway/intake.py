@@ -269,13 +269,15 @@ async def submit(
     chosen = resolve_priority(tenant, header_priority(priority_header), request.body.get("priority"))
     draft = draft_job(state, tenant, request, priority=chosen,
                       idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
-    [job_id] = await enqueue(state, tenant, [draft])
+    [job_id] = await enqueue(state, tenant, [draft], will_wait=True)
     return Submitted(job_id, chosen, draft.request, timeout_s)
 
 
-async def enqueue(state: GatewayState, tenant: Tenant, drafts: Sequence[JobDraft]) -> list[str]:
+async def enqueue(state: GatewayState, tenant: Tenant, drafts: Sequence[JobDraft], *,
+                  will_wait: bool = False) -> list[str]:
     """Enqueue checked jobs in one atomic call; their callback URLs are checked first, and so is
-    every Idempotency-Key already used (409 when it was used for another request)."""
+    every Idempotency-Key already used (409 when it was used for another request). `will_wait`:
+    the call waits for them next (see `Queue.enqueue_many`)."""
     for url in {draft.callback_url for draft in drafts if draft.callback_url is not None}:
         await state.check_callback_url(url)
     keyed = [draft for draft in drafts if draft.idempotency_key is not None]
@@ -284,7 +286,7 @@ async def enqueue(state: GatewayState, tenant: Tenant, drafts: Sequence[JobDraft
     for draft in keyed:
         if draft.idempotency_key in known:
             await _check_repeat(state, draft, known[draft.idempotency_key])
-    ids = await state.queue.enqueue_many([draft.spec(tenant) for draft in drafts])
+    ids = await state.queue.enqueue_many([draft.spec(tenant) for draft in drafts], will_wait=will_wait)
     for draft, job_id in zip(drafts, ids, strict=True):
         if draft.idempotency_key is not None and draft.idempotency_key not in known:
             # Two first uses at once: the other may have won the key in between.

@@ -35,11 +35,13 @@ from tidegate.jobs import (
     JobFailure,
     JobSpec,
     JobState,
+    JsonObject,
     Priority,
     datetime_to_ms,
     ms_to_datetime,
     now_ms,
 )
+from tidegate.queue._finishes import Finishes
 from tidegate.queue._handoff import Handoffs, WaitingClaim
 from tidegate.queue.settings import QueueSettings
 
@@ -133,6 +135,7 @@ class Queue(Lifecycle):
         self.settings = settings or QueueSettings()
         self._maintenance: asyncio.Task[None] | None = None
         self._handoffs = Handoffs(self.release)
+        self._finishes = Finishes()
 
     # ------------------------------------------------------------------ construction, lifecycle
 
@@ -205,8 +208,13 @@ class Queue(Lifecycle):
         ids = await self.enqueue_many([{"payload": payload, **options}])
         return ids[0]
 
-    async def enqueue_many(self, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[str]:
-        """Add a batch in one round trip and one atomic write: all are added or none."""
+    async def enqueue_many(self, jobs: Iterable[JobSpec | Mapping[str, Any]], *,
+                           will_wait: bool = False) -> list[str]:
+        """Add a batch in one round trip and one atomic write: all are added or none.
+
+        `will_wait`: the caller will `wait()` for these jobs next (a call answered when its job
+        is done). This instance then watches them from before they are written, so the wait
+        needs no first read, and is handed each job as it finishes where the backend can."""
         self._check_open()
         specs = list(jobs)
         if len(specs) > self.settings.max_batch:
@@ -215,6 +223,21 @@ class Queue(Lifecycle):
         prepared = [self._prepare(spec, now, index) for index, spec in enumerate(specs)]
         if not prepared:
             return []
+        if not will_wait:
+            return await self._write_new(prepared)
+        expected = self._finishes.expect(
+            (job.id, _payload_of(spec)) for job, spec in zip(prepared, specs, strict=True))
+        try:
+            ids = await self._write_new(prepared)
+        except BaseException:
+            self._finishes.unexpect(expected)
+            raise
+        # A known idempotency key returns the first job's id: the new one was never written.
+        self._finishes.unexpect(waiter for waiter, job_id in zip(expected, ids, strict=True)
+                                if waiter.job_id != job_id)
+        return ids
+
+    async def _write_new(self, prepared: list[NewJob]) -> list[str]:
         if not self.hands_off:
             return await self._enqueue(prepared)
         offers = self._handoffs.offers([(job.id, job.priority) for job in prepared if not job.not_before_ms])
@@ -522,6 +545,12 @@ def _handed(write: asyncio.Future[tuple[list[str], list[Job]]]) -> list[Job]:
     if write.cancelled() or write.exception() is not None:
         return []
     return write.result()[1]
+
+
+def _payload_of(spec: JobSpec | Mapping[str, Any]) -> JsonObject:
+    """The payload of a spec `_prepare` accepted, as the Job built from it holds it."""
+    payload = spec.payload if isinstance(spec, JobSpec) else spec["payload"]
+    return payload if isinstance(payload, dict) else dict(payload)
 
 
 def _levels(priorities: Iterable[Priority | int | str] | None) -> tuple[int, ...]:

@@ -90,7 +90,6 @@ class RedisQueue(Queue):
         self._redis: Any = None
         self._scripts: dict[str, Any] = {}
         self._replicated = self.settings.wait_replicas > 0
-        self._done_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._done_outage = Outage("queue", url)
         self._wakeup_outage = Outage("queue_wakeup", url)
@@ -247,34 +246,40 @@ class RedisQueue(Queue):
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
         self._listen_for_done()
         give_up = time.monotonic() + timeout_s
+        # Watched since before this instance wrote it: every finish since reaches the waiter (or,
+        # lost with a connection, wakes it when the listener has subscribed again), so there is
+        # nothing to read before the first wait.
+        waiter = self._finishes.take_expected(job_id)
+        read_first = waiter is None
         while True:
             # Registered before the read, so a finish announced in between is not missed: the
             # listener wakes it, or, when the announcement fell into a lost connection, wakes
             # every waiter once it has subscribed again.
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._done_waiters.setdefault(job_id, set()).add(done)
+            if waiter is None:
+                waiter = self._finishes.watch(job_id)
             try:
-                try:
-                    job = await self._get(job_id)
-                except QueueUnavailable as exc:
-                    # A re-read lost with the connection (a restart, a failover that takes a few
-                    # seconds): the wait goes on, within its timeout, until the listener has
-                    # subscribed again and wakes every waiter (or the next safety wake).
-                    lost = exc.__cause__ is not None and is_connection_error(exc.__cause__)
-                    if not lost or time.monotonic() >= give_up:
-                        raise
-                else:
-                    if job is None or job.is_final or give_up <= time.monotonic():
-                        return job
+                if read_first:
+                    try:
+                        job = await self._get(job_id)
+                    except QueueUnavailable as exc:
+                        # A re-read lost with the connection (a restart, a failover that takes a
+                        # few seconds): the wait goes on, within its timeout, until the listener
+                        # has subscribed again and wakes every waiter (or the next safety wake).
+                        lost = exc.__cause__ is not None and is_connection_error(exc.__cause__)
+                        if not lost or time.monotonic() >= give_up:
+                            raise
+                    else:
+                        if job is None or job.is_final or give_up <= time.monotonic():
+                            return job
+                read_first = True
                 remaining = give_up - time.monotonic()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(done, min(remaining, SAFETY_WAKE_S))
+                    handed = await asyncio.wait_for(waiter.future, min(max(remaining, 0), SAFETY_WAKE_S))
+                    if handed is not None:
+                        return handed
             finally:
-                waiters = self._done_waiters.get(job_id)
-                if waiters is not None:
-                    waiters.discard(done)
-                    if not waiters:
-                        del self._done_waiters[job_id]
+                self._finishes.forget(waiter)
+                waiter = None
 
     def _listen_for_done(self) -> None:
         """Start the listener once; it lives, reconnecting as needed, until the queue closes."""
@@ -306,18 +311,19 @@ class RedisQueue(Queue):
             async for data in messages:
                 if data is None:  # subscribed (again)
                     self._done_outage.restored()
-                    self._wake_all_waiters()
-                elif self._done_waiters:
-                    for job_id in data.decode().split(","):
-                        for waiter in self._done_waiters.get(job_id, ()):
-                            if not waiter.done():
-                                waiter.set_result(None)
+                    self._finishes.wake_all()
+                elif self._finishes:
+                    self._relay_finished(data)
 
-    def _wake_all_waiters(self) -> None:
-        for waiters in self._done_waiters.values():
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+    def _relay_finished(self, message: bytes) -> None:
+        """One job-done message (see announce() in lua/_common.lua) to the waiters of its jobs."""
+        for entry in msgpack.unpackb(message, raw=True):
+            if isinstance(entry, bytes):
+                self._finishes.touch((entry.decode(),))
+                continue
+            job_id, record, result = entry[0].decode(), entry[1], entry[2]
+            if self._finishes.waits_for(job_id):
+                self._finishes.hand_record(job_id, msgpack.unpackb(record), result)
 
     async def _stats(self) -> QueueStats:
         snapshot = [int(value) for value in await self._call("stats")]

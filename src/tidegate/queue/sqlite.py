@@ -101,9 +101,6 @@ class SqliteQueue(Queue):
             error=lambda exc: QueueUnavailable(f"SQLite queue at {path}: {exc}"),
         )
         self._bell = Doorbell(path)
-        # job id → its wait() callers: each is handed the final job when this instance finished
-        # it, or None when another one did (the caller then reads it)
-        self._watched: dict[str, list[asyncio.Future[Job | None]]] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._quiet: dict[tuple[int, ...], _Quiet] = {}  # levels → what their last empty claim saw
 
@@ -508,43 +505,39 @@ class SqliteQueue(Queue):
         if not jobs:
             return
         for job in jobs:
-            for waiter in self._watched.get(job.id, []):
-                if not waiter.done():
-                    waiter.set_result(job)
+            self._finishes.hand(job)
         self._bell.ring(DONE, here=False)
 
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
         self._bell.listen()
-        finished: asyncio.Future[Job | None] = asyncio.get_running_loop().create_future()
-        self._watched.setdefault(job_id, []).append(finished)
+        # Watched since before this instance wrote it (the watcher's first look covers a finish
+        # rung before the bell listened): nothing to read before waiting.
+        waiter = self._finishes.take_expected(job_id)
+        read_first = waiter is None
+        if waiter is None:
+            waiter = self._finishes.watch(job_id)
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.create_task(self._watch_finishes())
         try:
-            job = await self._get(job_id)
-            if job is None or job.is_final:
-                return job
+            if read_first:
+                job = await self._get(job_id)
+                if job is None or job.is_final:
+                    return job
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
-                    handed = await asyncio.shield(finished)
+                    handed = await asyncio.shield(waiter.future)
                     if handed is not None:
                         return handed
             return await self._get(job_id)
         finally:
-            waiters = self._watched.get(job_id, [])
-            if finished in waiters:
-                waiters.remove(finished)
-            if not waiters:
-                self._watched.pop(job_id, None)
+            self._finishes.forget(waiter)
 
     async def _watch_finishes(self) -> None:
         """One watcher per queue instance: on each finish signal it asks, in one query, which
         watched jobs are final — so a thousand waiters cost one read per finish, not a thousand."""
-        while self._watched:
+        while self._finishes:
             marker = self._bell.done.marker()
-            for job_id in await self._run(functools.partial(_final_ids, ids=list(self._watched))):
-                for waiter in self._watched.get(job_id, []):
-                    if not waiter.done():
-                        waiter.set_result(None)
+            self._finishes.touch(await self._run(functools.partial(_final_ids, ids=self._finishes.ids())))
             await Signal.wait(marker, SAFETY_WAKE_S)
 
     async def _stats(self) -> QueueStats:

@@ -199,9 +199,12 @@ local function finish(K, job, state, now)
   FINISHED[#FINISHED + 1] = job.id
 end
 
--- One message per script call, the finished ids comma-separated: waiters in wait() re-read them.
+-- One message per script call: a MessagePack array with an entry per finished job, its id (its
+-- waiters in wait() read it), or {id, record, result} when the script has both in hand and the
+-- result is small enough to send to every listener (its waiters need no read).
+local HAND_RESULT_BYTES = 16384
 local function announce()
-  if #FINISHED > 0 then redis.call(DONE_PUBLISH, DONE_CHANNEL, table.concat(FINISHED, ',')) end
+  if #FINISHED > 0 then redis.call(DONE_PUBLISH, DONE_CHANNEL, cmsgpack.pack(FINISHED)) end
 end
 
 -- Delete a finished job for good: its record, payload, result, idempotency key and its entry in

@@ -19,15 +19,17 @@ for n, id in ipairs(ids) do
   else
     seen[id] = true
     -- A leased job sits only in its leased index (claim took it out of the others).
+    local result = ARGV[3 * n]
     batch:add('ZREM', K.leased[job.priority], id)
-    batch:add('HSET', K.results, id, ARGV[3 * n])
+    batch:add('HSET', K.results, id, result)
     job.state = 'succeeded'
     job.finished_ms = now
     job.worker_id = nil
     job.lease_expires_ms = nil
-    batch:add('HSET', K.jobs, id, cmsgpack.pack(job))
+    local record = cmsgpack.pack(job)
+    batch:add('HSET', K.jobs, id, record)
     batch:add('ZADD', K.finished, now, id)
-    FINISHED[#FINISHED + 1] = id
+    FINISHED[#FINISHED + 1] = #result <= HAND_RESULT_BYTES and {id, record, result} or id
   end
 end
 batch:flush()
