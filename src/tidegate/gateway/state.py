@@ -56,11 +56,15 @@ class GatewayState:
     recent: RecentResults = field(init=False)
     models: dict[str, ModelConfig] = field(init=False)
     _credentials_seen: bool = field(default=False, init=False)
+    _may_serve_without_keys: bool = field(default=False, init=False)
     _drain_deadline: float | None = field(default=None, init=False)  # time.monotonic()
     _waits: set[asyncio.Timeout] = field(default_factory=set, init=False)  # of calls in wait_job
 
     def __post_init__(self) -> None:
         self.recent = RecentResults(self.settings.stats_window)
+        # Read on every request, and the settings hold for the state's life.
+        self._may_serve_without_keys = (
+            self.settings.allow_unauthenticated_local and is_loopback_host(self.settings.host))
         # Without configured providers the workers serve the price table through the simulator
         # (TidegateConfig.with_simulator), so that is what the gateway offers too.
         served = [model for provider in self.config.providers for model in provider.models]
@@ -131,11 +135,7 @@ class GatewayState:
 
     async def serves_without_keys(self) -> bool:
         """Embedded mode: loopback bind, local access allowed, and no tenant or key exists."""
-        return (
-            self.settings.allow_unauthenticated_local
-            and is_loopback_host(self.settings.host)
-            and not await self.credentials_exist()
-        )
+        return self._may_serve_without_keys and not await self.credentials_exist()
 
     async def check_callback_url(self, url: str) -> None:
         """Raise CallbackRefused for a URL the workers would refuse to call: not http(s), or a

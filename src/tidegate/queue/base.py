@@ -319,7 +319,7 @@ class Queue(Lifecycle):
             # Taken before the attempt, so work that arrives between an empty claim and the
             # wait still wakes the wait.
             marker = self._work_marker()
-            jobs = await self._claim(worker_id, levels, limit, lease_ms)
+            jobs = await self._claim(worker_id, levels, limit, lease_ms, marker)
             remaining = give_up - time.monotonic()
             if jobs or remaining <= 0:
                 return jobs
@@ -475,11 +475,14 @@ class Queue(Lifecycle):
 
     @abc.abstractmethod
     async def _claim(
-        self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int
-    ) -> list[Job]: ...
+        self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int, marker: object
+    ) -> list[Job]:
+        """Lease up to `limit` jobs; `marker` is the attempt's (`_work_marker`), on which a claim
+        that finds nothing may note what its wait needs to know."""
 
     def _work_marker(self) -> object:
-        """A mark of the backend's wake-up signal, taken before each claim attempt."""
+        """A mark of the backend's wake-up signal, taken before each claim attempt (and given to
+        it)."""
         return None
 
     @abc.abstractmethod

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -74,6 +75,15 @@ _READ_ONLY_SCRIPTS = frozenset({"read", "stats"})  # safe to send twice
 _DRIVER_ERRORS = driver_errors()
 
 log = logging.getLogger("tidegate.queue")
+
+
+@dataclass(slots=True)
+class _EmptyClaim:
+    """What a claim that found nothing saw: the server's time and when work may next come due
+    (-1: nothing delayed or leased), for the wait that follows it."""
+
+    server_now_ms: int | None = None
+    next_due_ms: int = -1
 
 
 class RedisQueue(Queue):
@@ -163,15 +173,27 @@ class RedisQueue(Queue):
         ids = await self._call("enqueue", specs, *(job.payload for job in jobs))
         return [raw.decode() for raw in ids]
 
-    async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]:
+    def _work_marker(self) -> _EmptyClaim:
+        return _EmptyClaim()
+
+    async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int,
+                     marker: object) -> list[Job]:
         flat = await self._call("claim", worker_id, lease_ms, limit, *levels)
+        if flat and isinstance(flat[0], int):  # nothing claimed: the server's time, the next due
+            if isinstance(marker, _EmptyClaim):
+                marker.server_now_ms, marker.next_due_ms = int(flat[0]), int(flat[1])
+            return []
         return [Job.from_record(msgpack.unpackb(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
     async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float, marker: object) -> None:
         # Tokens pushed by the scripts persist in the lists, so nothing arriving between the empty
-        # claim and this wait is missed; the marker is not needed here.
-        snapshot = await self._call("stats")
-        server_now, next_due = int(snapshot[0]), int(snapshot[1])
+        # claim and this wait is missed. The marker holds what the empty claim saw of the next due
+        # time; without it (a claim that never ran), the stats script tells.
+        if isinstance(marker, _EmptyClaim) and marker.server_now_ms is not None:
+            server_now, next_due = marker.server_now_ms, marker.next_due_ms
+        else:
+            snapshot = await self._call("stats")
+            server_now, next_due = int(snapshot[0]), int(snapshot[1])
         wait_s = min(timeout_s, SAFETY_WAKE_S, BLOCK_MAX_S)
         if next_due >= 0:
             wait_s = min(wait_s, max(next_due - server_now, 0) / 1000)

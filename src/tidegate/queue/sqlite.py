@@ -280,7 +280,8 @@ class SqliteQueue(Queue):
     def _work_marker(self) -> object:
         return self._bell.work.marker()
 
-    async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int) -> list[Job]:
+    async def _claim(self, worker_id: str, levels: tuple[int, ...], limit: int, lease_ms: int,
+                     marker: object) -> list[Job]:
         if self._still_quiet(levels) is not None:
             return []  # nothing can have become claimable since the last claim found nothing
         marker = self._bell.work.marker()

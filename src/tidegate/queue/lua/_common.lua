@@ -305,3 +305,17 @@ local function recover_expired(K, now, batch, wake)
   end
   return recovered, dead
 end
+
+-- When claimable work may next appear without a push: the earliest delayed job coming due or
+-- lease expiring (a claim recovers it), in ms; -1 when neither is waiting.
+-- Keys: delayed and leased of every priority.
+local function next_due(K)
+  local due = -1
+  for priority = 0, 4 do
+    for _, index in ipairs({K.delayed[priority], K.leased[priority]}) do
+      local head = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+      if head[2] and (due < 0 or tonumber(head[2]) < due) then due = tonumber(head[2]) end
+    end
+  end
+  return due
+end

@@ -4,7 +4,9 @@
 -- KEYS: jobs payloads deadlines aging turns finished dead ready:0..4 leased:0..4 signal:0..4
 -- waiting:0..4 delayed:0..4
 -- ARGV[1] worker id, ARGV[2] lease ms, ARGV[3] limit, ARGV[4..] levels to serve, ascending.
--- Returns a flat array: job record, payload, job record, payload, ...
+-- Returns a flat array: job record, payload, job record, payload, ...; or, when nothing was
+-- claimed, {now ms, next due ms or -1}: when claimable work may next appear without a push (a
+-- delayed job comes due or a lease expires), so a claimer knows how long it may block.
 local worker, lease_ms, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local wake = {}
@@ -65,4 +67,5 @@ for i = 4, #ARGV do
 end
 ring(K, wake)
 announce()
+if claimed == 0 then return {now, next_due(K)} end
 return out

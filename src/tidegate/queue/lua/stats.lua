@@ -5,15 +5,9 @@
 -- time a waiting job became claimable (-1 when none), leased}. next_due_ms is when claimable work
 -- may next appear without a push: a delayed job comes due or a lease expires (a claim recovers it).
 local now = now_ms()
-local next_due, delayed = -1, 0
-for priority = 0, 4 do
-  local head = redis.call('ZRANGE', K.delayed[priority], 0, 0, 'WITHSCORES')
-  if head[2] and (next_due < 0 or tonumber(head[2]) < next_due) then next_due = tonumber(head[2]) end
-  delayed = delayed + redis.call('ZCARD', K.delayed[priority])
-  local lease = redis.call('ZRANGE', K.leased[priority], 0, 0, 'WITHSCORES')
-  if lease[2] and (next_due < 0 or tonumber(lease[2]) < next_due) then next_due = tonumber(lease[2]) end
-end
-local out = {now, next_due, delayed, redis.call('ZCARD', K.dead)}
+local delayed = 0
+for priority = 0, 4 do delayed = delayed + redis.call('ZCARD', K.delayed[priority]) end
+local out = {now, next_due(K), delayed, redis.call('ZCARD', K.dead)}
 for level = 0, 4 do
   local oldest = redis.call('ZRANGE', K.waiting[level], 0, 0, 'WITHSCORES')
   out[#out + 1] = redis.call('ZCARD', K.ready[level])
