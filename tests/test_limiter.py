@@ -29,6 +29,7 @@ from tidegate.coord.limiter import (
     burst_capacity,
     rate_limiter_for,
 )
+from tidegate.coord.limiter.redis import KnownPauses
 from tidegate.errors import ConfigError, DispatchClosed, DispatchUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,6 +227,104 @@ async def test_two_instances_share_one_limit(redis_url: str, redis_name: str) ->
 
     assert _most_in_window(admitted, PERIOD_S - JITTER_S) <= RPM + burst_capacity(RPM) - 1
     assert len(admitted) >= 0.8 * (burst_capacity(RPM) + RPM * 1.5)
+
+
+def _count_scripts(limiter: RedisRateLimiter) -> list[str]:
+    """Record the script calls the limiter sends from now on."""
+    sent: list[str] = []
+    assert limiter._redis is not None
+    script = limiter._redis.script
+
+    async def counted(name: str, *args: object, **kwargs: object) -> object:
+        sent.append(name)
+        return await script(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    limiter._redis.script = counted  # type: ignore[method-assign]
+    return sent
+
+
+async def _known(limiter: RedisRateLimiter, key: str) -> None:
+    """Acquire `key` (no limits) until its pause is known without a script call: the
+    announcements are followed and the key has been read once since."""
+    for _ in range(200):
+        await limiter.acquire(key, tokens=1, rpm=None, tpm=None)
+        if limiter._pauses.wait_s(key) is not None:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the limiter never followed the pause announcements")
+
+
+async def test_a_key_without_limits_is_admitted_without_a_round_trip(redis_url: str, redis_name: str) -> None:
+    async with RedisRateLimiter(redis_url, redis_name) as limiter:
+        await _known(limiter, KEY)
+        sent = _count_scripts(limiter)
+
+        waits = [await limiter.acquire(KEY, tokens=1, rpm=None, tpm=None) for _ in range(20)]
+        await limiter.acquire(KEY, tokens=1, rpm=RPM, tpm=None, period_s=PERIOD_S)
+
+    assert waits == [0.0] * 20
+    assert sent == ["acquire"]  # only the key with a limit went to Redis
+
+
+async def test_a_pause_by_another_process_holds_a_known_key_once_announced(
+    redis_url: str, redis_name: str
+) -> None:
+    async with RedisRateLimiter(redis_url, redis_name) as here, \
+            RedisRateLimiter(redis_url, redis_name) as there:
+        await _known(here, KEY)
+        sent = _count_scripts(here)
+
+        await there.pause(KEY, 5.0)
+
+        for _ in range(100):  # the announcement's trip through Redis
+            if await here.acquire(KEY, tokens=1, rpm=None, tpm=None) > 4.0:
+                break
+            await asyncio.sleep(0.005)
+        else:
+            raise AssertionError("the pause never reached the other limiter")
+        assert sent == []  # learnt from the announcement, not read
+
+
+@pytest.mark.redis_only
+async def test_a_pause_made_while_the_announcements_are_cut_off_still_holds(
+    redis_server: str, redis_name: str
+) -> None:
+    async with RedisRateLimiter(redis_server, redis_name) as here, \
+            RedisRateLimiter(redis_server, redis_name) as there, redis_client(redis_server) as admin:
+        await _known(here, KEY)
+        generation = here._pauses.generation
+        # The subscription's connection is cut (as a restart or a network fault would); once the
+        # limiter has seen it go, a pause is made, perhaps before it has subscribed again.
+        await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        for _ in range(200):
+            if here._pauses.wait_s(KEY) is None or here._pauses.generation > generation:
+                break
+            await asyncio.sleep(0.005)
+        await there.pause(KEY, 5.0)
+
+        assert await here.acquire(KEY, tokens=1, rpm=None, tpm=None) > 4.0
+
+
+def test_known_pauses_trust_only_what_was_read_within_the_standing_subscription() -> None:
+    pauses = KnownPauses()
+    pauses.learn(KEY, 0.0, since=pauses.generation)
+    assert pauses.wait_s(KEY) is None  # not following yet: nothing is known
+
+    pauses.subscribed()
+    since = pauses.generation
+    pauses.learn(KEY, 0.0, since)
+    assert pauses.wait_s(KEY) == 0.0
+    pauses.paused(KEY, 2.0)
+    assert 1.9 < (pauses.wait_s(KEY) or 0.0) <= 2.0
+    pauses.paused(KEY, 0.5)  # a shorter pause never shortens it
+    assert (pauses.wait_s(KEY) or 0.0) > 1.9
+
+    pauses.lost()
+    assert pauses.wait_s(KEY) is None  # announcements may be lost now
+    pauses.subscribed()
+    assert pauses.wait_s(KEY) is None  # read again within the new subscription first
+    pauses.learn(KEY, 0.0, since)  # a read sent before the subscription stood again
+    assert pauses.wait_s(KEY) is None
 
 
 def _spawn(url: str, name: str, start_at: float, duration_s: float, out: Path) -> subprocess.Popen[str]:

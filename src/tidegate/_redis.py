@@ -535,6 +535,36 @@ class RedisClient:
             with contextlib.suppress(*self._errors, TimeoutError):
                 await asyncio.wait_for(pubsub.aclose(), CLOSE_TIMEOUT_S)
 
+    async def follow(self, channel: str, outage: Outage, *, running: Callable[[], bool],
+                     on_message: Callable[[bytes], None], on_subscribed: Callable[[], None],
+                     on_lost: Callable[[], None] = lambda: None) -> None:
+        """`listen` to `channel` for as long as `running()`: each message to `on_message`;
+        `on_subscribed` each time the subscription stands (again: what was published while it
+        did not arrives never), `on_lost` each time it fell; a lost connection is retried with
+        `outage`'s backoff. Cancel the task to stop at once."""
+        # Bounded by `running` as well as by cancellation: on Python 3.11 a cancel that lands
+        # while the clean-up's wait_for finishes can be lost, and a listener must not outlive its
+        # component (reconnecting to a closed pool until the event loop ends).
+        while running():
+            try:
+                async with contextlib.aclosing(self.listen(channel)) as messages:
+                    async for data in messages:
+                        if data is None:
+                            outage.restored()
+                            on_subscribed()
+                        else:
+                            on_message(data)
+            except Exception as exc:  # whatever ends it, the listener must not stay dead
+                if not running():
+                    return
+                if not is_connection_error(exc):
+                    log.error("%s listener of %s failed: %r; starting it again",
+                              outage.component, channel, exc)
+                outage.lost(exc)
+            finally:
+                on_lost()
+            await outage.pause()
+
     async def _send(self, commands: Sequence[tuple[Any, ...]], *, wait_on: str | None = None) -> list[Any]:
         """`commands` in one pipeline without MULTI, errors returned in place; with `wait_on` (a
         key), then `WAIT wait_replicas` on the connection of that key's commands.

@@ -309,36 +309,18 @@ class RedisQueue(Queue):
             self._listener = asyncio.create_task(self._relay_done(), name="tidegate-queue-done")
 
     async def _relay_done(self) -> None:
-        """Relay finished job ids from the done channel to the waiters, for as long as the queue
-        is open: a lost connection (a Redis restart) is retried with backoff, and each time the
+        """Relay finished jobs from the done channel to the waiters, for as long as the queue is
+        open: a lost connection (a Redis restart) is retried with backoff, and each time the
         subscription stands again every waiter re-reads its job, since what was announced while
         the connection was down never arrives."""
-        # Bounded by the queue's state as well as by cancellation: on Python 3.11 a cancel that
-        # lands while the clean-up's wait_for finishes can be lost, and the listener must not
-        # outlive its queue (reconnecting to a closed pool until the event loop ends).
-        while self.is_open:
-            try:
-                await self._relay_done_once()
-            except Exception as exc:  # whatever ends it, the listener must not stay dead
-                if not self.is_open:
-                    return
-                if not is_connection_error(exc):
-                    log.error("job-done listener failed: %r; starting it again", exc)
-                self._done_outage.lost(exc)
-            await self._done_outage.pause()
-
-    async def _relay_done_once(self) -> None:
         assert self._client is not None
-        async with contextlib.aclosing(self._client.listen(self._done_channel)) as messages:
-            async for data in messages:
-                if data is None:  # subscribed (again)
-                    self._done_outage.restored()
-                    self._finishes.wake_all()
-                elif self._finishes:
-                    self._relay_finished(data)
+        await self._client.follow(self._done_channel, self._done_outage, running=lambda: self.is_open,
+                                  on_message=self._relay_finished, on_subscribed=self._finishes.wake_all)
 
     def _relay_finished(self, message: bytes) -> None:
         """One job-done message (see announce() in lua/_common.lua) to the waiters of its jobs."""
+        if not self._finishes:
+            return
         for entry in msgpack.unpackb(message, raw=True):
             if isinstance(entry, bytes):
                 self._finishes.touch((entry.decode(),))
