@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_sqlite",
         "_eventloop",
         "_shutdown",
+        "_batching",
         "_layers",
     ),
     ("queue",),  # 2. the durable priority queue

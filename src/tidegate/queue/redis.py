@@ -33,6 +33,7 @@ from typing import Any
 import msgpack
 import orjson
 
+from tidegate._batching import GroupCall
 from tidegate._redis import (
     BLOCK_MAX_S,
     CLOSE_TIMEOUT_S,
@@ -101,6 +102,7 @@ class RedisQueue(Queue):
         self._scripts: dict[str, Any] = {}
         self._replicated = self.settings.wait_replicas > 0
         self._listener: asyncio.Task[None] | None = None
+        self._completes: GroupCall[tuple[str, int, bytes], str] = GroupCall(self._complete_each)
         self._done_outage = Outage("queue", url)
         self._wakeup_outage = Outage("queue_wakeup", url)
 
@@ -119,6 +121,9 @@ class RedisQueue(Queue):
         self._client, self._redis, self._scripts = client, client.client, client.scripts
 
     async def _close(self) -> None:
+        # Results already handed over are sent before the connections go (bounded: a server
+        # that stopped answering must not hold the close).
+        await asyncio.wait({asyncio.ensure_future(self._completes.drain())}, timeout=2 * CLOSE_TIMEOUT_S)
         if self._listener is not None:
             self._listener.cancel()
             # The listener is cancelled in a read or a backoff sleep; its own clean-up is bounded.
@@ -220,16 +225,22 @@ class RedisQueue(Queue):
         return int(await self._call("heartbeat", job_id, token, lease_ms))
 
     async def _complete(self, job_id: str, token: int, result: bytes) -> None:
-        lost = await self._call("complete", job_id, token, result)
+        # Results finished in the same loop turn, or while the last batch was on its way, go
+        # out in one script call (see tidegate._batching).
+        lost = await self._completes.call((job_id, token, result))
         if lost:
-            raise LeaseLost(lost[0].decode().removeprefix("LEASE_LOST "))
+            raise LeaseLost(lost)
 
     async def _complete_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[str]:
+        return [lost for lost in await self._complete_each(items) if lost]
+
+    async def _complete_each(self, items: Sequence[tuple[str, int, bytes]]) -> list[str]:
+        """Complete the jobs in one script call: per job, '' or why its lease is stale."""
         args: list[Any] = []
         for job_id, token, result in items:
             args += [job_id, token, result]
-        lost = await self._call("complete", *args)
-        return [reason.decode().removeprefix("LEASE_LOST ") for reason in lost]
+        outcomes = await self._call("complete", *args)
+        return [outcome.decode().removeprefix("LEASE_LOST ") for outcome in outcomes]
 
     async def _fail(
         self, job_id: str, token: int, error: str, retry_delay_ms: int | None, failure: bytes | None

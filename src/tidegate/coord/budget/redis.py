@@ -3,9 +3,11 @@ and ARGV)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import date
 
-from tidegate._redis import RedisClient, key_prefix, lua_source, require_redis
+from tidegate._batching import GroupCall
+from tidegate._redis import CLOSE_TIMEOUT_S, RedisClient, key_prefix, lua_source, require_redis
 from tidegate.coord.budget.base import GLOBAL, KEEP_DAYS, BudgetLedger, Refusal, Reservation, Today, utc_today
 from tidegate.errors import DispatchUnavailable
 
@@ -31,6 +33,7 @@ class RedisBudgetLedger(BudgetLedger):
         self.url = url
         self._prefix = key_prefix(name) + "budget:"
         self._redis: RedisClient | None = None
+        self._records: GroupCall[tuple[str, date, int], None] = GroupCall(self._record_batch)
 
     async def _open(self) -> None:
         self._redis = RedisClient(
@@ -39,6 +42,8 @@ class RedisBudgetLedger(BudgetLedger):
 
     async def _close(self) -> None:
         assert self._redis is not None
+        # Spend already handed over is recorded before the connections go (bounded).
+        await asyncio.wait({asyncio.ensure_future(self._records.drain())}, timeout=2 * CLOSE_TIMEOUT_S)
         await self._redis.aclose()
 
     def _keys(self, day: date) -> list[str]:
@@ -69,8 +74,18 @@ class RedisBudgetLedger(BudgetLedger):
         await self._redis.script("settle", self._keys(reservation.day), args, retry=True)
 
     async def _record(self, tenant: str, day: date, amount_micros: int) -> None:
+        # Spend recorded in the same loop turn, or while the last batch was on its way, goes out
+        # in one script call per day (see tidegate._batching).
+        await self._records.call((tenant, day, amount_micros))
+
+    async def _record_batch(self, items: list[tuple[str, date, int]]) -> list[None]:
         assert self._redis is not None
-        await self._redis.script("record", self._keys(day)[:1], [tenant, amount_micros, _KEEP_S])
+        by_day: dict[date, list[str | int]] = {}
+        for tenant, day, amount_micros in items:
+            by_day.setdefault(day, []).extend((tenant, amount_micros))
+        for day, pairs in by_day.items():
+            await self._redis.script("record", self._keys(day)[:1], [_KEEP_S, *pairs])
+        return [None] * len(items)
 
     async def _spent(self, day: date, tenant: str) -> tuple[int, int]:
         assert self._redis is not None

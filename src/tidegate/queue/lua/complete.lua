@@ -1,10 +1,10 @@
 -- Record results of leased jobs: each becomes succeeded, unless its lease is stale.
 -- KEYS: jobs results finished leased:0..4
 -- ARGV, three per job: id, lease token, result JSON.
--- Returns the reasons of the stale leases (empty when every job was completed); a job with a
--- stale lease is left unchanged.
+-- Returns one entry per job, in order: '' when it was completed, else why its lease is stale (a
+-- job with a stale lease is left unchanged).
 local now = now_ms()
-local lost, ids, seen = {}, {}, {}
+local outcomes, ids, seen = {}, {}, {}
 for o = 1, #ARGV, 3 do ids[#ids + 1] = ARGV[o] end
 local records = redis.call('HMGET', K.jobs, unpack(ids))
 local batch = Batch.new()
@@ -12,11 +12,12 @@ for n, id in ipairs(ids) do
   local token = ARGV[3 * n - 1]
   local job = records[n] and cmsgpack.unpack(records[n])
   if seen[id] then
-    lost[#lost + 1] = 'LEASE_LOST job ' .. id .. ' appears twice in one call'
+    outcomes[n] = 'LEASE_LOST job ' .. id .. ' appears twice in one call'
   elseif not job or job.state ~= 'leased' or tonumber(job.lease_token) ~= tonumber(token) then
     local _, err = leased_job(K, id, token)
-    lost[#lost + 1] = err
+    outcomes[n] = err
   else
+    outcomes[n] = ''
     seen[id] = true
     -- A leased job sits only in its leased index (claim took it out of the others).
     local result = ARGV[3 * n]
@@ -34,4 +35,4 @@ for n, id in ipairs(ids) do
 end
 batch:flush()
 announce()
-return lost
+return outcomes
