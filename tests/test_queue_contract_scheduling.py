@@ -375,6 +375,22 @@ async def test_a_batch_that_would_overfill_a_level_writes_nothing(queue_factory:
     assert (await q.stats()).levels[Priority.BULK].depth == 5
 
 
+async def test_concurrent_enqueues_at_a_nearly_full_level_are_refused_each_for_its_own_job(
+    queue_factory: Any,
+) -> None:
+    # Callers enqueueing one job each at once (a backend may send them together) are admitted in
+    # order while the level has room; only the jobs past it are refused.
+    q = await queue_factory.open(maintenance_interval_s=None, max_depth={4: 3})
+    await q.enqueue({"n": 0}, priority=Priority.BULK)
+
+    outcomes = await asyncio.gather(*(q.enqueue({"n": n}, priority=Priority.BULK) for n in range(1, 5)),
+                                    return_exceptions=True)
+
+    admitted = [outcome for outcome in outcomes if isinstance(outcome, str)]
+    assert len(admitted) == 2 and all(isinstance(outcome, QueueFull) for outcome in outcomes[2:])
+    assert [job.payload["n"] for job in await q.claim("w", limit=10)] == [0, 1, 2]
+
+
 async def test_a_known_idempotency_key_is_answered_even_when_its_level_is_full(queue_factory: Any) -> None:
     q = await queue_factory.open(maintenance_interval_s=None, max_depth={2: 2})
     first = await q.enqueue({"n": 0}, idempotency_key="k")

@@ -102,6 +102,7 @@ class RedisQueue(Queue):
         self._scripts: dict[str, Any] = {}
         self._replicated = self.settings.wait_replicas > 0
         self._listener: asyncio.Task[None] | None = None
+        self._enqueues: GroupCall[NewJob, str] = GroupCall(self._enqueue_group)
         self._completes: GroupCall[tuple[str, int, bytes], str] = GroupCall(self._complete_each)
         self._done_outage = Outage("queue", url)
         self._wakeup_outage = Outage("queue_wakeup", url)
@@ -121,9 +122,10 @@ class RedisQueue(Queue):
         self._client, self._redis, self._scripts = client, client.client, client.scripts
 
     async def _close(self) -> None:
-        # Results already handed over are sent before the connections go (bounded: a server
-        # that stopped answering must not hold the close).
-        await asyncio.wait({asyncio.ensure_future(self._completes.drain())}, timeout=2 * CLOSE_TIMEOUT_S)
+        # Jobs and results already handed over are sent before the connections go (bounded: a
+        # server that stopped answering must not hold the close).
+        await asyncio.wait({asyncio.ensure_future(self._enqueues.drain()),
+                            asyncio.ensure_future(self._completes.drain())}, timeout=2 * CLOSE_TIMEOUT_S)
         if self._listener is not None:
             self._listener.cancel()
             # The listener is cancelled in a read or a backoff sleep; its own clean-up is bounded.
@@ -170,6 +172,32 @@ class RedisQueue(Queue):
     # ------------------------------------------------------------------ producing and consuming
 
     async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]:
+        if len(jobs) == 1:
+            # One-job enqueues (a gateway's calls) made in the same loop turn, or while the last
+            # group was on its way, go out in one script call (see tidegate._batching).
+            return [await self._enqueues.call(jobs[0])]
+        return await self._enqueue_now(jobs)
+
+    async def _enqueue_group(self, jobs: list[NewJob]) -> Sequence[str | BaseException]:
+        """One-job enqueues of several callers in one script call. The script adds a batch
+        whole or not at all, so a full level must not refuse one caller for another's job: a
+        group refused as full is sent again one job at a time, each caller told its own answer."""
+        try:
+            return await self._enqueue_now(jobs)
+        except QueueFull:
+            if len(jobs) == 1:
+                raise
+        outcomes: list[str | BaseException] = []
+        for job in jobs:
+            try:
+                [job_id] = await self._enqueue_now([job])
+            except (QueueFull, QueueUnavailable) as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(job_id)
+        return outcomes
+
+    async def _enqueue_now(self, jobs: Sequence[NewJob]) -> list[str]:
         specs = orjson.dumps([
             [job.id, job.priority, job.tenant, job.created_ms, job.not_before_ms or 0,
              job.deadline_ms or 0, job.max_attempts, job.idempotency_key or "", job.callback_url or ""]
