@@ -15,6 +15,7 @@ from tidegate.errors import QueueFull
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
 from tidegate.queue._finishes import Finishes
+from tidegate.queue.redis import RedisQueue
 
 
 def _count_reads(queue: Queue) -> list[str]:
@@ -147,3 +148,16 @@ async def test_expected_waits_are_bounded_and_a_dropped_one_still_waits_by_readi
     assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 3
     assert not queue._finishes
 
+
+
+
+@pytest.mark.redis_only
+async def test_a_job_done_message_it_cannot_read_wakes_every_waiter_to_read(queue: Queue) -> None:
+    # A process of another version announcing finishes its own way (ids comma-separated) must
+    # not leave a wait hanging until its safety re-read: every waiter is told to read its job.
+    assert isinstance(queue, RedisQueue)
+    waiters = [queue._finishes.watch(job_id) for job_id in ("a" * 32, "b" * 32)]
+
+    queue._relay_finished(f"{'c' * 32},{'d' * 32}".encode())
+
+    assert [waiter.future.done() and waiter.future.result() for waiter in waiters] == [None, None]

@@ -360,7 +360,16 @@ class RedisQueue(Queue):
         """One job-done message (see announce() in lua/_common.lua) to the waiters of its jobs."""
         if not self._finishes:
             return
-        for entry in msgpack.unpackb(message, raw=True):
+        try:
+            entries = msgpack.unpackb(message, raw=True)
+        except (ValueError, msgpack.UnpackException):
+            entries = None
+        if not isinstance(entries, list):
+            # Not this version's message (a process of another version shares the queue): every
+            # waiter reads its job rather than miss a finish.
+            self._finishes.wake_all()
+            return
+        for entry in entries:
             if isinstance(entry, bytes):
                 self._finishes.touch((entry.decode(),))
                 continue

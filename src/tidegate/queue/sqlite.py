@@ -284,7 +284,7 @@ class SqliteQueue(Queue):
                      marker: object) -> list[Job]:
         if self._still_quiet(levels) is not None:
             return []  # nothing can have become claimable since the last claim found nothing
-        marker = self._bell.work.marker()
+        assert isinstance(marker, asyncio.Event)  # the work signal's, taken just before this claim
         jobs = await self._claim_now(worker_id, levels, limit, lease_ms)
         if jobs:
             self._quiet.pop(levels, None)
