@@ -100,10 +100,10 @@ async def bounded(step: Awaitable[T], what: str, timeout_s: float = CLOSE_BOUND_
         return None
 
 
-async def cancel_bounded(task: asyncio.Task[object], what: str) -> None:
+async def cancel_bounded(task: asyncio.Task[object], what: str, timeout_s: float = CLOSE_BOUND_S) -> None:
     """Cancel `task` and wait, bounded like `bounded`, until it has ended."""
     task.cancel()
-    await bounded(_ended(task), what)
+    await bounded(_ended(task), what, timeout_s)
 
 
 async def _ended(task: asyncio.Task[object]) -> None:

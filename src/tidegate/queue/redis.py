@@ -45,6 +45,7 @@ from tidegate._redis import (
     key_prefix,
     publish_command,
 )
+from tidegate._shutdown import bounded, cancel_bounded
 from tidegate._urls import redact_url
 from tidegate.errors import LeaseLost, MissingDependency, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority
@@ -124,12 +125,11 @@ class RedisQueue(Queue):
     async def _close(self) -> None:
         # Jobs and results already handed over are sent before the connections go (bounded: a
         # server that stopped answering must not hold the close).
-        await asyncio.wait({asyncio.ensure_future(self._enqueues.drain()),
-                            asyncio.ensure_future(self._completes.drain())}, timeout=2 * CLOSE_TIMEOUT_S)
+        await bounded(asyncio.gather(self._enqueues.drain(), self._completes.drain()),
+                      "the queue's last writes", 2 * CLOSE_TIMEOUT_S)
         if self._listener is not None:
-            self._listener.cancel()
             # The listener is cancelled in a read or a backoff sleep; its own clean-up is bounded.
-            await asyncio.wait({self._listener}, timeout=2 * CLOSE_TIMEOUT_S)
+            await cancel_bounded(self._listener, "the job-done listener's stop", 2 * CLOSE_TIMEOUT_S)
         if self._redis is not None:
             await self._redis.aclose()
 

@@ -3,11 +3,11 @@ and ARGV)."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import date
 
 from tidegate._batching import GroupCall
 from tidegate._redis import CLOSE_TIMEOUT_S, RedisClient, key_prefix, lua_source, require_redis
+from tidegate._shutdown import bounded
 from tidegate.coord.budget.base import GLOBAL, KEEP_DAYS, BudgetLedger, Refusal, Reservation, Today, utc_today
 from tidegate.errors import DispatchUnavailable
 
@@ -43,7 +43,7 @@ class RedisBudgetLedger(BudgetLedger):
     async def _close(self) -> None:
         assert self._redis is not None
         # Spend already handed over is recorded before the connections go (bounded).
-        await asyncio.wait({asyncio.ensure_future(self._records.drain())}, timeout=2 * CLOSE_TIMEOUT_S)
+        await bounded(self._records.drain(), "the ledger's last spend records", 2 * CLOSE_TIMEOUT_S)
         await self._redis.aclose()
 
     def _keys(self, day: date) -> list[str]:

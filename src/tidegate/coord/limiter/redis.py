@@ -18,6 +18,7 @@ from tidegate._redis import (
     publish_command,
     require_redis,
 )
+from tidegate._shutdown import cancel_bounded
 from tidegate.coord.limiter.base import (
     DEFAULT_BURST_FRACTION,
     LimiterState,
@@ -114,8 +115,7 @@ class RedisRateLimiter(RateLimiter):
     async def _close(self) -> None:
         assert self._redis is not None
         if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.wait({self._listener}, timeout=2 * CLOSE_TIMEOUT_S)
+            await cancel_bounded(self._listener, "the pause listener's stop", 2 * CLOSE_TIMEOUT_S)
         await self._redis.aclose()
 
     async def _script(self, name: str, key: str, args: list[int | str]) -> Any:
