@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
+from tidegate import _sqlite
 from tidegate._sqlite import SqliteThread
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE);"
@@ -101,3 +103,86 @@ async def test_a_call_whose_caller_stopped_waiting_still_runs_and_the_others_get
 
     assert await kept == 2
     assert await _texts(db) == ["written anyway", "waited for"]
+
+
+@pytest.fixture
+async def on_loop_db(tmp_path: Path) -> AsyncIterator[SqliteThread]:
+    thread = SqliteThread(str(tmp_path / "notes.db"), SCHEMA, on_loop=True,
+                          error=lambda exc: Unavailable(str(exc)))
+    await thread.open()
+    yield thread
+    await thread.close()
+
+
+def _thread_of(conn: sqlite3.Connection) -> int:
+    return threading.get_ident()
+
+
+async def test_short_calls_of_an_on_loop_handle_run_on_the_event_loop(on_loop_db: SqliteThread) -> None:
+    loop_thread = threading.get_ident()
+
+    assert await on_loop_db.run(_thread_of) == loop_thread
+    assert await on_loop_db.write(_thread_of) == loop_thread
+    # A long call says so, and keeps off the loop
+    assert await on_loop_db.run(_thread_of, on_thread=True) != loop_thread
+    assert await on_loop_db.write(_thread_of, on_thread=True) != loop_thread
+
+
+async def test_writes_on_the_loop_made_together_still_commit_together(on_loop_db: SqliteThread) -> None:
+    watcher = sqlite3.connect(on_loop_db.path)
+    before = watcher.execute("PRAGMA data_version").fetchone()[0]
+
+    ids = await asyncio.gather(*(on_loop_db.write(_insert(f"note {n}")) for n in range(20)))
+
+    after = watcher.execute("PRAGMA data_version").fetchone()[0]
+    watcher.close()
+    assert sorted(ids) == list(range(1, 21))
+    assert after - before == 1
+
+
+async def test_a_write_that_finds_the_lock_taken_waits_on_the_thread_not_on_the_loop(
+    on_loop_db: SqliteThread,
+) -> None:
+    # Given another connection (another process, say) holding the file's write lock
+    other = sqlite3.connect(on_loop_db.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO notes(text) VALUES ('the other one')")
+
+    # When a write is made, the loop goes on turning while it waits
+    write = asyncio.ensure_future(on_loop_db.write(_insert("mine")))
+    turns = 0
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+        turns += 1
+    assert turns == 20 and not write.done()
+
+    # Then it is written, on the thread, once the lock is free
+    other.execute("COMMIT")
+    other.close()
+    assert await asyncio.wait_for(write, 10) == 2
+    assert await _texts(on_loop_db) == ["the other one", "mine"]
+
+
+async def test_checkpoints_run_on_the_thread_never_inside_a_commit_on_the_loop(
+    on_loop_db: SqliteThread, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checkpoints: list[int] = []
+    checkpoint = _sqlite._SharedFile._checkpoint
+
+    def spied(self: _sqlite._SharedFile) -> None:
+        checkpoints.append(threading.get_ident())
+        checkpoint(self)
+
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY_COMMITS", 5)
+    monkeypatch.setattr(_sqlite._SharedFile, "_checkpoint", spied)
+    autocheckpoint = await on_loop_db.run(
+        lambda conn: conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+    for n in range(12):
+        await on_loop_db.write(_insert(f"note {n}"))
+    await on_loop_db.run(lambda conn: None, on_thread=True)  # after the checkpoints queued on the thread
+
+    assert autocheckpoint == 0
+    assert len(checkpoints) == 2
+    assert threading.get_ident() not in checkpoints
+    assert len(await _texts(on_loop_db)) == 12

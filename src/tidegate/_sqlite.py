@@ -29,6 +29,12 @@ T = TypeVar("T")
 BUSY_TIMEOUT_MS = 30_000
 _SETUP_ATTEMPTS = 50
 _SETUP_PAUSE_S = 0.02
+# Commits between two checkpoints of a file whose connection runs calls on the event loop: SQLite's
+# own (every 1,000 WAL pages, in the committing call) would copy pages into the database and sync
+# it on the loop; ~5 pages a commit keeps the WAL near the size SQLite's default lets it reach.
+CHECKPOINT_EVERY_COMMITS = 200
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
 
 
 def sqlite_path(url: str) -> str:
@@ -102,13 +108,22 @@ def immediate(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T])
     return value
 
 
+def _is_busy(exc: BaseException) -> bool:
+    """Whether `exc` is SQLite saying another connection holds the lock it needed."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF in (
+        _SQLITE_BUSY, _SQLITE_LOCKED)
+
+
 @dataclass(slots=True)
 class _Call:
-    """One call waiting for the connection's thread: `fn`, whether it writes, the handle it came
-    through (its schema and row factory) and where its outcome goes (set on its event loop)."""
+    """One call waiting for the connection: `fn`, whether it writes, whether it may run on the
+    event loop (`quick`), the handle it came through (its schema and row factory) and where its
+    outcome goes (set on its event loop)."""
 
     fn: Callable[[sqlite3.Connection], Any]
     writes: bool
+    quick: bool
     handle: SqliteThread
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
@@ -132,15 +147,26 @@ class SqliteThread:
     made before any of them finished, so none can depend on another's outcome, and any order
     among them is one the callers could have seen. A transaction and a thread hop per batch
     instead of per call is what lets the embedded queue keep up with hundreds of requests a
-    second (BENCHMARKS.md). A commit that fails fails every write of its batch."""
+    second (BENCHMARKS.md). A commit that fails fails every write of its batch.
+
+    On the loop: a handle made with `on_loop=True` lets its short calls (those not made with
+    `on_thread=True`) run on the event loop itself, as one batch at the end of the loop's turn,
+    while the connection is free and the file's lock is not held by another connection. A
+    thread hop there and back costs more than the work of the queue's calls (it doubled the CPU
+    per request at low rates, BENCHMARKS.md); SQLite's C code waits on nothing but the file's
+    lock, which such a batch never waits for: a call that finds the lock taken goes to the
+    thread and waits there. Checkpoints, which sync the database file, then run on the thread
+    too (every CHECKPOINT_EVERY_COMMITS commits, from a connection of their own), never inside a
+    commit made on the loop."""
 
     def __init__(
         self, path: str, schema: str, *, error: Callable[[sqlite3.Error], Exception],
-        row_factory: type[sqlite3.Row] | None = None,
+        row_factory: type[sqlite3.Row] | None = None, on_loop: bool = False,
     ) -> None:
         self.path = path
         self.schema = schema
         self.row_factory = row_factory
+        self.on_loop = on_loop
         self._error = error
         self._file: _SharedFile | None = None
 
@@ -148,20 +174,21 @@ class SqliteThread:
         """Connect now, so a file that cannot be opened fails here rather than at first use."""
         await self.run(lambda _: None)
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """`fn(connection)` on the connection's thread, outside any transaction."""
-        return await self._call(fn, writes=False)
+    async def run(self, fn: Callable[[sqlite3.Connection], T], *, on_thread: bool = False) -> T:
+        """`fn(connection)` outside any transaction; a read that may take long (a scan, a count)
+        says `on_thread=True`."""
+        return await self._call(fn, writes=False, on_thread=on_thread)
 
-    async def write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        """`body(connection)` in a `BEGIN IMMEDIATE` transaction on the connection's thread (shared
-        with the other writes of its batch; see the class docstring)."""
-        return await self._call(body, writes=True)
+    async def write(self, body: Callable[[sqlite3.Connection], T], *, on_thread: bool = False) -> T:
+        """`body(connection)` in a `BEGIN IMMEDIATE` transaction (shared with the other writes of
+        its batch; see the class docstring); a write of many rows says `on_thread=True`."""
+        return await self._call(body, writes=True, on_thread=on_thread)
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T], *, writes: bool) -> T:
+    async def _call(self, fn: Callable[[sqlite3.Connection], T], *, writes: bool, on_thread: bool) -> T:
         if self._file is None:
             self._file = _SharedFile.join(self.path)
         loop = asyncio.get_running_loop()
-        call = _Call(fn, writes, self, loop, loop.create_future())
+        call = _Call(fn, writes, self.on_loop and not on_thread, self, loop, loop.create_future())
         self._file.submit(call)
         try:
             value: T = await call.future
@@ -193,7 +220,11 @@ class _SharedFile:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegate-sqlite")
         self._lock = threading.Lock()
         self._waiting: list[_Call] = []  # calls made since the last batch began
-        self._batch_queued = False  # a batch job is queued on the thread and has not begun
+        self._batch_queued = False  # a batch is queued (on the thread or a loop) and has not begun
+        self._using = threading.Lock()  # held while a batch uses the connection
+        self._busy_ms = BUSY_TIMEOUT_MS  # the connection's busy timeout now
+        self._commits = 0  # since the last checkpoint
+        self._checkpointer: sqlite3.Connection | None = None  # on the thread only
 
     @classmethod
     def join(cls, path: str) -> _SharedFile:
@@ -212,8 +243,26 @@ class _SharedFile:
         with self._lock:
             self._waiting.append(call)
             queue_batch, self._batch_queued = not self._batch_queued, True
+        if not queue_batch:
+            return
+        if call.quick and self._conn is not None:
+            call.loop.call_soon(self._run_on_loop)
+        else:
+            self._thread.submit(self._run_batch)
+
+    def _to_thread(self, calls: list[_Call]) -> None:
+        """Give `calls` (taken from the waiting ones, not run) to the thread, first in line."""
+        with self._lock:
+            self._waiting[:0] = calls
+            queue_batch, self._batch_queued = not self._batch_queued, True
         if queue_batch:
             self._thread.submit(self._run_batch)
+
+    def _take_batch(self) -> list[_Call]:
+        with self._lock:
+            batch, self._waiting = self._waiting, []
+            self._batch_queued = False
+        return batch
 
     async def leave(self) -> None:
         with self._registry_lock:
@@ -225,9 +274,12 @@ class _SharedFile:
             return
 
         def disconnect() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            with self._using:
+                self._run_waiting()  # made before the last handle left, and not run yet
+                for conn in (self._conn, self._checkpointer):
+                    if conn is not None:
+                        conn.close()
+                self._conn = self._checkpointer = None
 
         await asyncio.get_running_loop().run_in_executor(self._thread, disconnect)
         self._thread.shutdown(wait=False)
@@ -235,9 +287,18 @@ class _SharedFile:
     # ------------------------------------------------------------------ on the thread
 
     def _run_batch(self) -> None:
-        with self._lock:
-            batch, self._waiting = self._waiting, []
-            self._batch_queued = False
+        with self._using:
+            self._run_waiting()
+            if self._commits >= CHECKPOINT_EVERY_COMMITS:
+                self._checkpoint()
+
+    def _run_waiting(self) -> None:
+        # With `_using` held, on the thread: the calls made so far, each waiting for the lock as
+        # long as it takes.
+        batch = self._take_batch()
+        if not batch:
+            return
+        self._set_busy_timeout(BUSY_TIMEOUT_MS)
         writes: list[_Call] = []
         for call in batch:
             try:
@@ -252,14 +313,79 @@ class _SharedFile:
         if writes:
             assert self._conn is not None
             _write_together(self._conn, writes)
-        for loop in {call.loop for call in batch}:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(_deliver, [call for call in batch if call.loop is loop])
+            self._commits += 1
+        _deliver_everywhere(batch)
+
+    def _checkpoint(self) -> None:
+        # On the thread, from a connection of its own: it syncs the database file, which the loop
+        # never waits for. PASSIVE copies what no reader still needs and blocks nobody.
+        self._commits = 0
+        with contextlib.suppress(sqlite3.Error):  # the next one copies what this one could not
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(self.path, isolation_level=None,
+                                                     check_same_thread=False)
+            self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    # ------------------------------------------------------------------ on the event loop
+
+    def _run_on_loop(self) -> None:
+        """The quick calls made during this turn of the loop, run here while nothing else uses the
+        connection and nobody holds the file's write lock; whatever cannot goes to the thread."""
+        if not self._using.acquire(blocking=False):
+            self._to_thread(self._take_batch())  # a batch runs on the thread: queue behind it
+            return
+        try:
+            batch = self._take_batch()
+            if not batch:
+                return
+            conn = self._conn
+            if conn is None or not all(call.quick and call.handle.schema in self._applied
+                                       for call in batch):
+                self._to_thread(batch)
+                return
+            self._set_busy_timeout(0)
+            later: list[_Call] = []
+            writes: list[_Call] = []
+            for call in batch:
+                if call.writes:
+                    writes.append(call)
+                    continue
+                conn.row_factory = call.handle.row_factory
+                _run_one(call, functools.partial(call.fn, conn))
+                if _is_busy(call.error):  # a read that would have to wait: the thread waits
+                    call.error = None
+                    later.append(call)
+            if writes:
+                if _write_together(conn, writes, wait_for_lock=False):
+                    self._commits += 1
+                else:
+                    later.extend(writes)
+        finally:
+            self._using.release()
+        if later:
+            self._to_thread(later)
+        if self._commits >= CHECKPOINT_EVERY_COMMITS:
+            self._commits = 0
+            self._thread.submit(self._checkpoint_alone)
+        retried = {id(call) for call in later}
+        _deliver_everywhere([call for call in batch if id(call) not in retried])
+
+    def _checkpoint_alone(self) -> None:
+        with self._using:
+            self._checkpoint()
+
+    def _set_busy_timeout(self, ms: int) -> None:
+        if self._conn is not None and self._busy_ms != ms:
+            self._conn.execute(f"PRAGMA busy_timeout={ms}")
+            self._busy_ms = ms
 
     def _connection(self, handle: SqliteThread) -> sqlite3.Connection:
         # Runs on the thread, the only one that ever touches the connection.
         if self._conn is None:
             self._conn = connect(self.path, handle.schema)
+            # Checkpoints are this file's own (see _checkpoint), whichever way its calls run.
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._busy_ms = BUSY_TIMEOUT_MS
             self._applied.add(handle.schema)
         elif handle.schema not in self._applied:
             apply_schema(self._conn, handle.schema)
@@ -275,16 +401,32 @@ def _run_one(call: _Call, run: Callable[[], Any]) -> None:
         call.error = exc
 
 
-def _write_together(conn: sqlite3.Connection, writes: list[_Call]) -> None:
+def _write_together(conn: sqlite3.Connection, writes: list[_Call], *, wait_for_lock: bool = True) -> bool:
     """Every write of a batch in one transaction, each in a savepoint that its failure rolls
-    back; a lone write in a transaction of its own, as it always was."""
+    back; a lone write in a transaction of its own. False, with nothing run, when another
+    connection holds the write lock and `wait_for_lock` is false."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        if not wait_for_lock and _is_busy(exc):
+            return False
+        for call in writes:
+            call.error = exc
+        return True
     if len(writes) == 1:
         [call] = writes
         conn.row_factory = call.handle.row_factory
-        _run_one(call, functools.partial(immediate, conn, call.fn))
-        return
+        _run_one(call, functools.partial(call.fn, conn))
+        if call.error is None:
+            try:
+                conn.execute("COMMIT")
+                return True
+            except sqlite3.Error as exc:
+                call.value, call.error = None, exc
+        with contextlib.suppress(sqlite3.Error):  # an error may have ended the transaction already
+            conn.execute("ROLLBACK")
+        return True
     try:
-        conn.execute("BEGIN IMMEDIATE")
         for call in writes:
             conn.row_factory = call.handle.row_factory
             conn.execute("SAVEPOINT call")
@@ -302,6 +444,22 @@ def _write_together(conn: sqlite3.Connection, writes: list[_Call]) -> None:
             conn.execute("ROLLBACK")
         for call in writes:  # nothing of the batch was written
             call.value, call.error = None, exc
+    return True
+
+
+def _deliver_everywhere(batch: list[_Call]) -> None:
+    """Hand each call its outcome on its own event loop (now, when that is the running one)."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    for loop in {call.loop for call in batch}:
+        calls = [call for call in batch if call.loop is loop]
+        if loop is running:
+            _deliver(calls)
+            continue
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(_deliver, calls)
 
 
 def _deliver(batch: list[_Call]) -> None:

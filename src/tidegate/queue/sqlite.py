@@ -98,7 +98,7 @@ class SqliteQueue(Queue):
         self.path = path
         self._db = SqliteThread(
             path, _SCHEMA, row_factory=sqlite3.Row,
-            error=lambda exc: QueueUnavailable(f"SQLite queue at {path}: {exc}"),
+            error=lambda exc: QueueUnavailable(f"SQLite queue at {path}: {exc}"), on_loop=True,
         )
         self._bell = Doorbell(path)
         self._watcher: asyncio.Task[None] | None = None
@@ -106,11 +106,11 @@ class SqliteQueue(Queue):
 
     # ------------------------------------------------------------------ plumbing
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._db.run(fn)
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, on_thread: bool = False) -> T:
+        return await self._db.run(fn, on_thread=on_thread)
 
-    async def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._db.write(body)
+    async def _write(self, body: Callable[[sqlite3.Connection], T], *, on_thread: bool = False) -> T:
+        return await self._db.write(body, on_thread=on_thread)
 
     async def _open(self) -> None:
         await self._db.open()
@@ -568,7 +568,7 @@ class SqliteQueue(Queue):
                 )
             return QueueStats(levels=levels, delayed=delayed, dead=dead)
 
-        return await self._run(body)
+        return await self._run(body, on_thread=True)  # counts over the whole table
 
     async def _dead_letters(self, limit: int, offset: int) -> list[Job]:
         def body(conn: sqlite3.Connection) -> list[Job]:
@@ -579,7 +579,7 @@ class SqliteQueue(Queue):
             ).fetchall()
             return [_job(row) for row in rows]
 
-        return await self._run(body)
+        return await self._run(body, on_thread=True)
 
     async def _redrive(self, ids: list[str] | None) -> int:
         def body(conn: sqlite3.Connection) -> int:
@@ -601,7 +601,7 @@ class SqliteQueue(Queue):
             self._give_turns(conn, ((r[0], r[1], r[2]) for r in rows))
             return len(rows)
 
-        count = await self._write(body)
+        count = await self._write(body, on_thread=True)  # any number of rows
         if count:
             self._bell.ring(WORK)
         return count
@@ -622,13 +622,13 @@ class SqliteQueue(Queue):
                 removed += conn.execute(sql + f" AND id IN ({marks})", [*params, *chunk]).rowcount
             return removed
 
-        return await self._write(body)
+        return await self._write(body, on_thread=True)
 
     # ------------------------------------------------------------------ upkeep
 
     async def _maintain(self) -> MaintenanceReport:
         # The write lock of one IMMEDIATE transaction is what keeps upkeep to one process at a time.
-        report = await self._write(self._upkeep)
+        report = await self._write(self._upkeep, on_thread=True)
         if report.recovered or report.promoted or report.aged:
             self._bell.ring(WORK)
         if report.dead or report.expired:

@@ -41,7 +41,7 @@ ON CONFLICT (ledger, day, tenant) DO UPDATE SET spent_micros = spent_micros + ex
 
 class SqliteBudgetLedger(BudgetLedger):
     """A ledger in a SQLite file (WAL), safe across processes on one host: every change is one
-    `BEGIN IMMEDIATE` transaction, run on a thread of its own so the event loop never waits on
+    `BEGIN IMMEDIATE` transaction, run by `SqliteThread` so the event loop never waits on
     the disk or on another process's lock. Connects on first use."""
 
     def __init__(self, path: str, name: str = "default", *, today: Today = utc_today) -> None:
@@ -50,6 +50,7 @@ class SqliteBudgetLedger(BudgetLedger):
         self._db = SqliteThread(
             path, _SCHEMA,
             error=lambda exc: DispatchUnavailable(f"SQLite budget ledger at {path}: {exc}"),
+            on_loop=True,
         )
         self._purged_before: str | None = None  # the cutoff of the last purge of old days
 

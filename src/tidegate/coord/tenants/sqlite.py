@@ -52,7 +52,8 @@ def _sqlite_record(row: tuple[Any, ...]) -> KeyRecord:
 
 class SqliteTenantStore(TenantStore):
     """Tenants and keys in a SQLite file (WAL), usually the queue's own; safe across processes on
-    one host. Connects on first use, on a thread of its own so the event loop never waits on the disk."""
+    one host. Connects on first use; `SqliteThread` keeps the event loop from waiting on the disk or
+    on another process's lock."""
 
     def __init__(self, path: str, name: str = "default", *,
                  auth_cache_s: float = DEFAULT_AUTH_CACHE_S, clock: Clock = time.monotonic) -> None:
@@ -60,7 +61,7 @@ class SqliteTenantStore(TenantStore):
         self.path = path
         self._db = SqliteThread(
             path, _SCHEMA,
-            error=lambda exc: QueueUnavailable(f"SQLite tenant store at {path}: {exc}"),
+            error=lambda exc: QueueUnavailable(f"SQLite tenant store at {path}: {exc}"), on_loop=True,
         )
 
     def __repr__(self) -> str:
