@@ -108,7 +108,7 @@ def immediate(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T])
     return value
 
 
-def _is_busy(exc: BaseException) -> bool:
+def _is_busy(exc: BaseException | None) -> bool:
     """Whether `exc` is SQLite saying another connection holds the lock it needed."""
     code = getattr(exc, "sqlite_errorcode", None)
     return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF in (
