@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_eventloop",
         "_shutdown",
         "_batching",
+        "_labels",
         "_layers",
     ),
     ("queue",),  # 2. the durable priority queue

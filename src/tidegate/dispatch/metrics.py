@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from tidegate._labels import Labelled
+
 _WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 
@@ -15,44 +17,44 @@ class DispatchMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.jobs = Counter(
+        self.jobs = Labelled(Counter(
             "tidegate_jobs", "AI jobs handled by workers, by outcome",
             ["outcome", "priority", "model"], registry=r,
-        )
-        self.queue_wait = Histogram(
+        ))
+        self.queue_wait = Labelled(Histogram(
             "tidegate_queue_wait_seconds", "Time from claimable to claimed",
             ["priority"], buckets=_WAIT_BUCKETS_S, registry=r,
-        )
-        self.upstream_latency = Histogram(
+        ))
+        self.upstream_latency = Labelled(Histogram(
             "tidegate_upstream_latency_seconds", "Provider call duration",
             ["priority", "model"], buckets=_LATENCY_BUCKETS_S, registry=r,
-        )
-        self.tokens = Counter(
+        ))
+        self.tokens = Labelled(Counter(
             "tidegate_tokens", "Tokens used, by direction", ["model", "direction"], registry=r,
-        )
-        self.cost_usd = Counter(
+        ))
+        self.cost_usd = Labelled(Counter(
             "tidegate_cost_usd", "Spend in USD", ["model", "tenant"], registry=r,
-        )
-        self.throttled = Counter(
+        ))
+        self.throttled = Labelled(Counter(
             "tidegate_upstream_429", "429 answers from providers", ["model"], registry=r,
-        )
-        self.deferred = Counter(
+        ))
+        self.deferred = Labelled(Counter(
             "tidegate_jobs_deferred", "Jobs parked without counting an attempt, by reason",
             ["reason"], registry=r,
-        )
-        self.budget_refusals = Counter(
+        ))
+        self.budget_refusals = Labelled(Counter(
             "tidegate_budget_refusals", "Reservations a budget refused, by what became of the job "
             "(dead, deferred, stepped_down) and why", ["outcome", "reason"], registry=r,
-        )
-        self.in_flight = Gauge(
+        ))
+        self.in_flight = Labelled(Gauge(
             "tidegate_in_flight", "Provider calls under way", ["model"], registry=r,
-        )
-        self.concurrency_limit = Gauge(
+        ))
+        self.concurrency_limit = Labelled(Gauge(
             "tidegate_concurrency_limit", "Adaptive (AIMD) concurrency limit per model",
             ["model"], registry=r,
-        )
-        self.paused_until = Gauge(
+        ))
+        self.paused_until = Labelled(Gauge(
             "tidegate_limiter_paused_until_seconds",
             "Unix time until which a model is paused after a 429 (0 = not paused)",
             ["model"], registry=r,
-        )
+        ))

@@ -13,6 +13,7 @@ from datetime import UTC, date, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from tidegate._labels import Labelled
 from tidegate.ai import AIResult
 from tidegate.jobs import Job, JobState
 
@@ -29,23 +30,23 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        self.requests = Labelled(Counter(
             "tidegate_gateway_requests", "HTTP requests answered, by route template and status",
             ["route", "method", "status"], registry=r,
-        )
-        self.latency = Histogram(
+        ))
+        self.latency = Labelled(Histogram(
             "tidegate_gateway_request_seconds", "Time from request to the end of the answer",
             ["route", "method"], buckets=_LATENCY_BUCKETS_S, registry=r,
-        )
-        self.ttft = Histogram(
+        ))
+        self.ttft = Labelled(Histogram(
             "tidegate_gateway_ttft_seconds",
             "Streamed completions: time from request to the first content chunk sent",
             ["priority"], buckets=_TTFT_BUCKETS_S, registry=r,
-        )
-        self.enqueued = Counter(
+        ))
+        self.enqueued = Labelled(Counter(
             "tidegate_gateway_jobs_enqueued", "Jobs enqueued by this gateway",
             ["kind", "priority"], registry=r,
-        )
+        ))
 
 
 @dataclass(frozen=True, slots=True)
