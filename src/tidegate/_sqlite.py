@@ -132,8 +132,9 @@ class _Call:
 
 
 class SqliteThread:
-    """A component's way to one SQLite file: its calls run on a thread that owns the connection,
-    so the event loop never waits on the disk or on another process's write lock. Connects on
+    """A component's way to one SQLite file: its calls run on a thread that owns the connection
+    (or on the event loop, see "On the loop" below), so the event loop never waits on another
+    process's write lock. Connects on
     first use (or `open()`), with the component's `schema` applied; driver errors leave as what
     `error` makes of them.
 
@@ -289,8 +290,8 @@ class _SharedFile:
     def _run_batch(self) -> None:
         with self._using:
             self._run_waiting()
-            if self._commits >= CHECKPOINT_EVERY_COMMITS:
-                self._checkpoint()
+        if self._commits >= CHECKPOINT_EVERY_COMMITS:
+            self._checkpoint()
 
     def _run_waiting(self) -> None:
         # With `_using` held, on the thread: the calls made so far, each waiting for the lock as
@@ -317,8 +318,9 @@ class _SharedFile:
         _deliver_everywhere(batch)
 
     def _checkpoint(self) -> None:
-        # On the thread, from a connection of its own: it syncs the database file, which the loop
-        # never waits for. PASSIVE copies what no reader still needs and blocks nobody.
+        # On the thread, from a connection of its own and without `_using`: it syncs the database
+        # file, which nobody waits for. PASSIVE copies what no reader still needs, blocks nobody,
+        # and goes on while the connection commits to the WAL.
         self._commits = 0
         with contextlib.suppress(sqlite3.Error):  # the next one copies what this one could not
             if self._checkpointer is None:
@@ -366,13 +368,9 @@ class _SharedFile:
             self._to_thread(later)
         if self._commits >= CHECKPOINT_EVERY_COMMITS:
             self._commits = 0
-            self._thread.submit(self._checkpoint_alone)
+            self._thread.submit(self._checkpoint)
         retried = {id(call) for call in later}
         _deliver_everywhere([call for call in batch if id(call) not in retried])
-
-    def _checkpoint_alone(self) -> None:
-        with self._using:
-            self._checkpoint()
 
     def _set_busy_timeout(self, ms: int) -> None:
         if self._conn is not None and self._busy_ms != ms:
@@ -380,7 +378,7 @@ class _SharedFile:
             self._busy_ms = ms
 
     def _connection(self, handle: SqliteThread) -> sqlite3.Connection:
-        # Runs on the thread, the only one that ever touches the connection.
+        # On the thread: connecting and applying a schema may wait for other connections.
         if self._conn is None:
             self._conn = connect(self.path, handle.schema)
             # Checkpoints are this file's own (see _checkpoint), whichever way its calls run.
