@@ -153,12 +153,12 @@ class SqliteThread:
     On the loop: a handle made with `on_loop=True` lets its short calls (those not made with
     `on_thread=True`) run on the event loop itself, as one batch at the end of the loop's turn,
     while the connection is free and the file's lock is not held by another connection. A
-    thread hop there and back costs more than the work of the queue's calls (it doubled the CPU
-    per request at low rates, BENCHMARKS.md); SQLite's C code waits on nothing but the file's
-    lock, which such a batch never waits for: a call that finds the lock taken goes to the
-    thread and waits there. Checkpoints, which sync the database file, then run on the thread
-    too (every CHECKPOINT_EVERY_COMMITS commits, from a connection of their own), never inside a
-    commit made on the loop."""
+    thread hop there and back costs more than the work of the queue's calls (a tenth of
+    `tidegate up`'s CPU per request, and 0.2-0.3 ms of each request's latency: BENCHMARKS.md);
+    SQLite's C code waits on nothing but the file's lock, which such a batch never waits for: a
+    call that finds the lock taken goes to the thread and waits there. Checkpoints, which sync
+    the database file, then run on the thread too (every CHECKPOINT_EVERY_COMMITS commits, from
+    a connection of their own), never inside a commit made on the loop."""
 
     def __init__(
         self, path: str, schema: str, *, error: Callable[[sqlite3.Error], Exception],
