@@ -33,6 +33,7 @@ _SETUP_PAUSE_S = 0.02
 # own (every 1,000 WAL pages, in the committing call) would copy pages into the database and sync
 # it on the loop; ~5 pages a commit keeps the WAL near the size SQLite's default lets it reach.
 CHECKPOINT_EVERY_COMMITS = 200
+CHECKPOINT_WAIT_MS = 200  # how long a checkpoint waits for other connections' transactions
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
 
@@ -276,11 +277,12 @@ class _SharedFile:
 
         def disconnect() -> None:
             with self._using:
-                self._run_waiting()  # made before the last handle left, and not run yet
+                ran = self._run_waiting()  # made before the last handle left, and not run yet
                 for conn in (self._conn, self._checkpointer):
                     if conn is not None:
                         conn.close()
                 self._conn = self._checkpointer = None
+            _deliver_everywhere(ran)
 
         await asyncio.get_running_loop().run_in_executor(self._thread, disconnect)
         self._thread.shutdown(wait=False)
@@ -289,16 +291,18 @@ class _SharedFile:
 
     def _run_batch(self) -> None:
         with self._using:
-            self._run_waiting()
+            ran = self._run_waiting()
+        # Handed over once the connection is free, so that the callers' next calls find it so.
+        _deliver_everywhere(ran)
         if self._commits >= CHECKPOINT_EVERY_COMMITS:
             self._checkpoint()
 
-    def _run_waiting(self) -> None:
+    def _run_waiting(self) -> list[_Call]:
         # With `_using` held, on the thread: the calls made so far, each waiting for the lock as
-        # long as it takes.
+        # long as it takes. Returns them, their outcomes set, for the caller to deliver.
         batch = self._take_batch()
         if not batch:
-            return
+            return batch
         self._set_busy_timeout(BUSY_TIMEOUT_MS)
         writes: list[_Call] = []
         for call in batch:
@@ -315,18 +319,24 @@ class _SharedFile:
             assert self._conn is not None
             _write_together(self._conn, writes)
             self._commits += 1
-        _deliver_everywhere(batch)
+        return batch
 
     def _checkpoint(self) -> None:
-        # On the thread, from a connection of its own and without `_using`: it syncs the database
-        # file, which nobody waits for. PASSIVE copies what no reader still needs, blocks nobody,
-        # and goes on while the connection commits to the WAL.
+        # On the thread, from a connection of its own and without `_using`. PASSIVE copies the
+        # WAL's pages into the database file and syncs it while the connection goes on committing
+        # to the WAL, blocking nobody. It never catches up with a writer that does not pause, and
+        # a WAL starts again from its beginning only once it has been copied whole: RESTART then
+        # copies the few pages committed meanwhile, holding writers off for that moment only (a
+        # write on the loop that meets it goes to the thread, behind it), so the WAL stays the
+        # size of CHECKPOINT_EVERY_COMMITS commits.
         self._commits = 0
         with contextlib.suppress(sqlite3.Error):  # the next one copies what this one could not
             if self._checkpointer is None:
                 self._checkpointer = sqlite3.connect(self.path, isolation_level=None,
                                                      check_same_thread=False)
+                self._checkpointer.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
             self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self._checkpointer.execute("PRAGMA wal_checkpoint(RESTART)")
 
     # ------------------------------------------------------------------ on the event loop
 
