@@ -6,7 +6,7 @@ is also the plain-Python statement of what lua/record.lua does for the Redis sto
 
 Per-user state is kept packed: one `bytes` value per user (`pack_user`), its item ids as 32-bit
 codes of an index the store shares across users (`ItemCodes`). A user holding a 64-dimension
-profile and 7 recent items takes about 0.8 KB that way, against 3.6 KB as a `UserRecord` of Python
+profile and 7 recent items takes about 0.5 KB that way, against 3.6 KB as a `UserRecord` of Python
 floats and small objects; and since neither `bytes` nor a dict of strings to `bytes` is a
 container the garbage collector tracks, a million users add nothing to the walk of a full
 collection. A batch unpacks each of its users into a `UserRecord`, applies the events and packs it
@@ -214,13 +214,13 @@ _HEADER = struct.Struct("<dIIII")
 
 
 def pack_user(record: UserRecord, codes: ItemCodes) -> bytes:
-    """A user's record as one `bytes`: the header, then arrays of float64 profile components,
-    recent items (codes, times, weights), purchases (codes, times) and buy-again counts (codes,
-    log2 counts); every float kept exactly."""
+    """A user's record as one `bytes`: the header, then arrays of float32 profile components
+    (rounded to nearest, as the Redis store keeps them), recent items (codes, times, weights),
+    purchases (codes, times) and buy-again counts (codes, log2 counts), these kept exactly."""
     recent, purchased, repeat = record.recent, record.purchased, record.repeat
     parts = [
         _HEADER.pack(record.profile_at_s, len(record.profile), len(recent), len(purchased), len(repeat)),
-        array("d", record.profile).tobytes(),
+        array("f", record.profile).tobytes(),
         array("i", [codes.code(entry.item_id) for entry in recent]).tobytes(),
         array("d", [entry.at_s for entry in recent]).tobytes(),
         array("d", [entry.weight for entry in recent]).tobytes(),
@@ -238,11 +238,11 @@ def unpack_user(blob: bytes, codes: ItemCodes) -> UserRecord:
     view = memoryview(blob)
     offset = _HEADER.size
 
-    def floats(count: int) -> array[float]:
+    def floats(count: int, typecode: str = "d") -> array[float]:
         nonlocal offset
-        values = array("d")
-        values.frombytes(view[offset:offset + 8 * count])
-        offset += 8 * count
+        values: array[float] = array(typecode)  # "d" or "f"
+        values.frombytes(view[offset:offset + values.itemsize * count])
+        offset += values.itemsize * count
         return values
 
     def ints(count: int) -> array[int]:
@@ -252,7 +252,7 @@ def unpack_user(blob: bytes, codes: ItemCodes) -> UserRecord:
         offset += values.itemsize * count
         return values
 
-    profile = floats(dimension).tolist()
+    profile = floats(dimension, "f").tolist()
     recent_codes, recent_at, recent_weight = ints(n_recent), floats(n_recent), floats(n_recent)
     bought_codes, bought_at = ints(n_purchased), floats(n_purchased)
     again_codes, again_value = ints(n_repeat), floats(n_repeat)
