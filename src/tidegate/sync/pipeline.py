@@ -32,6 +32,7 @@ from tidegate.config import PipelineSettings, default_consumer_name
 from tidegate.errors import TidegateError
 from tidegate.sync.contracts import (
     ApplyOutcome,
+    ApplyResult,
     Bus,
     ChangeSource,
     EntityCache,
@@ -200,12 +201,12 @@ class Pipeline:
         if changes:
             await self.bus.publish(changes)
             now = time.time()
+            commit_to_bus = self.metrics.commit_to_bus_of
             for transaction in batch:
                 if transaction.snapshot_mark is not None:
                     continue
                 for change in transaction.changes:
-                    self.metrics.commit_to_bus.labels(change.entity_type).observe(
-                        max(0.0, now - change.commit_time.timestamp()))
+                    commit_to_bus(change.entity_type).observe(max(0.0, now - change.commit_time.timestamp()))
         if not all(transaction.changes for transaction in batch):
             await self._confirm()  # a heartbeat or an empty commit: nothing to wait for
 
@@ -227,23 +228,34 @@ class Pipeline:
             for sink in self.sinks:
                 await sink.apply(results)
             await subscription.ack(deliveries)
-            now = time.time()
-            for result in results:
-                change = result.change
-                self._filler.applied(change)
-                streamed = self._tracker.applied(change)
-                self.metrics.events.labels(change.entity_type, change.op.value).inc()
-                if result.outcome is ApplyOutcome.STALE:
-                    self.metrics.stale.labels(change.entity_type).inc()
-                if streamed:
-                    age = max(0.0, now - change.commit_time.timestamp())
-                    self.metrics.commit_to_applied.labels(change.entity_type).observe(age)
-                    self.metrics.lag_seconds.set(age)
+            self._account(results)
             self.applied_changes += len(results)
             self.metrics.pending.set(self._tracker.pending_changes)
             async with self._room:
                 self._room.notify_all()
             await self._confirm()
+
+    def _account(self, results: Sequence[ApplyResult]) -> None:
+        """Tell the filler and the tracker what was applied, and count it."""
+        now = time.time()
+        metrics = self.metrics
+        counts: dict[tuple[str, str], int] = {}
+        age: float | None = None
+        for result in results:
+            change = result.change
+            self._filler.applied(change)
+            streamed = self._tracker.applied(change)
+            key = (change.entity_type, change.op.value)
+            counts[key] = counts.get(key, 0) + 1
+            if result.outcome is ApplyOutcome.STALE:
+                metrics.stale_of(change.entity_type).inc()
+            if streamed:
+                age = max(0.0, now - change.commit_time.timestamp())
+                metrics.commit_to_applied_of(change.entity_type).observe(age)
+        for key, count in counts.items():
+            metrics.events_of(*key).inc(count)
+        if age is not None:
+            metrics.lag_seconds.set(age)
 
     async def _confirm(self) -> None:
         confirmable = self._tracker.take_confirmable()
