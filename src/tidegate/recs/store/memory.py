@@ -18,9 +18,10 @@ from __future__ import annotations
 import heapq
 import struct
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import NamedTuple
 
 from tidegate.recs.model import Item
 from tidegate.recs.score import decay_factor, log_add, log_weight
@@ -45,11 +46,12 @@ class BoundedScores:
 
     Scores only ever increase (log-adds of positive weights), so a min-heap with lazy deletion
     finds the weakest entry in O(log n): an entry whose score is no longer current is stale and
-    skipped."""
+    skipped. The heap is built the first time the set outgrows its bound: a set that never does
+    (most neighbour lists of a large catalogue) pays nothing for it."""
 
     def __init__(self) -> None:
         self.scores: dict[str, float] = {}
-        self._heap: list[tuple[float, str]] = []
+        self._heap: list[tuple[float, str]] | None = None  # None: not kept yet
         self._ranked: list[tuple[str, float]] | None = None
         self._head: list[tuple[str, float]] = []  # a prefix of the ranking, when _ranked is None
 
@@ -57,22 +59,35 @@ class BoundedScores:
         return len(self.scores)
 
     def add(self, member: str, log_value: float) -> None:
-        current = self.scores.get(member)
-        score = log_value if current is None else log_add(current, log_value)
-        self.scores[member] = score
-        heapq.heappush(self._heap, (score, member))
+        self.add_all(((member, log_value),))
+
+    def add_all(self, adds: Iterable[tuple[str, float]]) -> None:
+        """`add` each (member, log value), in order."""
+        scores, heap = self.scores, self._heap
+        for member, log_value in adds:
+            current = scores.get(member)
+            score = log_value if current is None else log_add(current, log_value)
+            scores[member] = score
+            if heap is not None:
+                heapq.heappush(heap, (score, member))
         self._changed()
-        if len(self._heap) > 2 * len(self.scores) + 64:
-            self._heap = [(s, m) for m, s in self.scores.items()]
-            heapq.heapify(self._heap)
+        if heap is not None and len(heap) > 2 * len(scores) + 64:
+            self._heap = None  # rebuilt from the scores when next needed
 
     def trim(self, max_size: int) -> None:
         """Drop the weakest entries past `max_size` (ties: the smallest id first, as Redis does)."""
-        while len(self.scores) > max_size:
-            score, member = heapq.heappop(self._heap)
-            if self.scores.get(member) == score:
-                del self.scores[member]
-                self._changed()
+        scores = self.scores
+        if len(scores) <= max_size:
+            return
+        heap = self._heap
+        if heap is None:
+            heap = self._heap = [(s, m) for m, s in scores.items()]
+            heapq.heapify(heap)
+        while len(scores) > max_size:
+            score, member = heapq.heappop(heap)
+            if scores.get(member) == score:
+                del scores[member]
+        self._changed()
 
     def remove(self, member: str) -> None:
         if self.scores.pop(member, None) is not None:
@@ -100,13 +115,21 @@ class BoundedScores:
         return self._head[start:end]
 
 
+class _Entry(NamedTuple):
+    """A recent item inside a `UserRecord` (a tuple: cheaper to make than a `RecentItem`)."""
+
+    item_id: str
+    at_s: float
+    weight: float
+
+
 @dataclass(slots=True)
 class UserRecord:
     """One user's state and the rules that update it (see `tidegate.recs.store.base`)."""
 
     profile: list[float] = field(default_factory=list)
     profile_at_s: float = 0.0
-    recent: list[RecentItem] = field(default_factory=list)  # newest first
+    recent: list[_Entry] = field(default_factory=list)  # newest first
     purchased: dict[str, float] = field(default_factory=dict)
     repeat: dict[str, float] = field(default_factory=dict)  # item id -> log2 decayed purchase count
 
@@ -178,11 +201,12 @@ class UserRecord:
         position = 0
         while position < len(self.recent) and self.recent[position].at_s > at_s:
             position += 1
-        self.recent.insert(position, RecentItem(event.item_id, at_s, weight))
+        self.recent.insert(position, _Entry(event.item_id, at_s, weight))
 
     def state(self) -> UserState:
         return UserState(
-            tuple(self.profile), self.profile_at_s, tuple(self.recent), dict(self.purchased),
+            tuple(self.profile), self.profile_at_s, tuple(RecentItem(*entry) for entry in self.recent),
+            dict(self.purchased),
             dict(self.repeat),
         )
 
@@ -260,10 +284,9 @@ def unpack_user(blob: bytes, codes: ItemCodes) -> UserRecord:
     return UserRecord(
         profile,
         profile_at_s,
-        [RecentItem(item_id(int(c)), float(at), float(w))
-         for c, at, w in zip(recent_codes, recent_at, recent_weight, strict=True)],
-        {item_id(int(c)): float(at) for c, at in zip(bought_codes, bought_at, strict=True)},
-        {item_id(int(c)): float(v) for c, v in zip(again_codes, again_value, strict=True)},
+        [_Entry(item_id(c), at, w) for c, at, w in zip(recent_codes, recent_at, recent_weight, strict=True)],
+        {item_id(c): at for c, at in zip(bought_codes, bought_at, strict=True)},
+        {item_id(c): v for c, v in zip(again_codes, again_value, strict=True)},
     )
 
 
@@ -356,9 +379,10 @@ class MemoryRecsStore(RecsStore):
 
     async def _add_neighbours(self, updates: Mapping[str, Mapping[str, float]], max_neighbours: int) -> None:
         for item_id, adds in updates.items():
-            scores = self._neighbour_lists.setdefault(item_id, BoundedScores())
-            for other, log_value in adds.items():
-                scores.add(other, log_value)
+            scores = self._neighbour_lists.get(item_id)
+            if scores is None:
+                scores = self._neighbour_lists[item_id] = BoundedScores()
+            scores.add_all(adds.items())
             scores.trim(max_neighbours)
 
     async def _neighbours(self, item_ids: Sequence[str], limit: int) -> dict[str, list[tuple[str, float]]]:
@@ -373,9 +397,10 @@ class MemoryRecsStore(RecsStore):
 
     async def _add_trending(self, updates: Mapping[str | None, Mapping[str, float]], max_size: int) -> None:
         for scope, adds in updates.items():
-            scores = self._trending_lists.setdefault(scope, BoundedScores())
-            for item_id, log_value in adds.items():
-                scores.add(item_id, log_value)
+            scores = self._trending_lists.get(scope)
+            if scores is None:
+                scores = self._trending_lists[scope] = BoundedScores()
+            scores.add_all(adds.items())
             scores.trim(max_size)
 
     async def _trending_top(self, scope: str | None, start: int, count: int) -> list[tuple[str, float]]:
