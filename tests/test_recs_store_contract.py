@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,7 +28,15 @@ from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.recs import Item, RecsStore, recs_store_for
 from tidegate.recs.score import log_add, log_weight
 from tidegate.recs.store.base import RecentItem, UserEvent, UserParams
-from tidegate.recs.store.memory import MemoryRecsStore
+from tidegate.recs.store.memory import (
+    BoundedScores,
+    ItemCodes,
+    MemoryRecsStore,
+    UserRecord,
+    _Entry,
+    pack_user,
+    unpack_user,
+)
 
 BACKENDS = ["memory", *REDIS_BACKENDS]
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -435,6 +444,40 @@ def test_store_urls_and_prefixes_are_checked() -> None:
         recs_store_for("postgres://user:pw@host/db")
     with pytest.raises(ConfigError, match="prefix"):
         recs_store_for("redis://127.0.0.1:1/0", prefix="a{b}")
+
+
+# ---------------------------------------------------------------------- memory only
+
+
+def test_memory_packed_users_keep_every_value_and_round_the_profile_to_float32() -> None:
+    codes = ItemCodes()
+    record = UserRecord(
+        profile=[0.1, -2.5, 1e-30, 3.0], profile_at_s=T0 + 0.123456,
+        recent=[_Entry("b", T0 + 60.5, 3.0), _Entry("a", T0, 0.25)],
+        purchased={"a": T0 + 1e-6, "c": T0 - 7.0}, repeat={"a": 123.456789, "c": -1.5},
+    )
+    unpacked = unpack_user(pack_user(record, codes), codes)
+    assert unpacked.profile == [float(np.float32(x)) for x in record.profile]
+    assert (unpacked.profile_at_s, unpacked.recent) == (record.profile_at_s, record.recent)
+    assert (unpacked.purchased, unpacked.repeat) == (record.purchased, record.repeat)
+    assert len(codes) == 3  # ids are shared across users as codes
+    assert unpack_user(pack_user(UserRecord(), codes), codes) == UserRecord()
+
+
+def test_a_bounded_list_drops_the_weakest_before_and_after_it_keeps_a_heap() -> None:
+    # Given additions in chunks, each chunk followed by a trim (the first trims build the heap)
+    scores, reference = BoundedScores(), dict[str, float]()
+    for chunk in range(12):
+        adds = [(f"m{(chunk * 5 + k) % 9}", float((chunk + k) % 4)) for k in range(5)]
+        scores.add_all(adds)
+        for member, value in adds:
+            reference[member] = value if member not in reference else log_add(reference[member], value)
+        scores.trim(4)
+        # Then the same members are kept as by sorting (weakest first, ties: the smallest id)
+        weakest_first = sorted(reference.items(), key=lambda kv: (kv[1], kv[0]))
+        for member, _ in weakest_first[:max(0, len(reference) - 4)]:
+            del reference[member]
+        assert scores.scores == reference
 
 
 # ---------------------------------------------------------------------- Redis only
