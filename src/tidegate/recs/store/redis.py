@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tidegate._redis import RedisClient, driver_errors, lua_source
+from tidegate._redis import RedisClient, driver_errors, is_cluster_url, lua_source
 from tidegate._urls import redact_url
 from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
 from tidegate.recs.model import Item
@@ -59,6 +59,7 @@ __all__ = ["RedisRecsStore"]
 
 _SCRIPTS = ("item_put", "item_delete", "items_since", "record", "log_add", "note")
 SCRIPT_CHUNK = 5000  # additions per log_add call
+NEIGHBOUR_LISTS_PER_CALL = 200  # co-occurrence lists updated by one log_add call (one server)
 NO_BOUND = 2**53  # a bound no list reaches
 T = TypeVar("T")
 
@@ -75,6 +76,7 @@ class RedisRecsStore(RecsStore):
                 f"a recommendation store prefix must be non-empty and without braces, not {prefix!r}"
             )
         self.url = url
+        self._cluster = is_cluster_url(url)
         self.prefix = prefix
         self._max_connections = max_connections
         items = f"{{{prefix}:recs:items}}"
@@ -230,13 +232,20 @@ class RedisRecsStore(RecsStore):
     # ------------------------------------------------------------------ co-occurrence
 
     async def _add_neighbours(self, updates: Mapping[str, Mapping[str, float]], max_neighbours: int) -> None:
+        # One script call per NEIGHBOUR_LISTS_PER_CALL lists on one server: redis-py's cost per
+        # reply, not the server's, was most of a batch's time. A cluster's lists live in other
+        # slots, so there each list is a call of its own (in one pipeline per node).
+        per_call = 1 if self._cluster else NEIGHBOUR_LISTS_PER_CALL
+        items = list(updates.items())
         calls = []
-        for item_id, adds in updates.items():
+        for start in range(0, len(items), per_call):
+            chunk = items[start:start + per_call]
             flat: list[Any] = []
-            for other, value in adds.items():
-                flat += [1, other, value]
-            args = [max_neighbours, msgpack.packb(flat)]
-            calls.append(self._script_command("log_add", [self._neighbours_key(item_id)], args))
+            for index, (_, adds) in enumerate(chunk, start=1):
+                for other, value in adds.items():
+                    flat += [index, other, value]
+            keys = [self._neighbours_key(item_id) for item_id, _ in chunk]
+            calls.append(self._script_command("log_add", keys, [max_neighbours, msgpack.packb(flat)]))
         await self._pipelined(calls)
 
     async def _neighbours(self, item_ids: Sequence[str], limit: int) -> dict[str, list[tuple[str, float]]]:
