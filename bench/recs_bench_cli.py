@@ -33,6 +33,7 @@ from bench.recs_bench_serve import measure as measure_serve
 from bench.report import load_average, source_revision
 from bench.servers import private_redis
 from bench.sync_servers import postgres, postgres_version, postmaster_pid
+from tidegate._eventloop import server_gc
 
 PARTS = ("fresh", "serve", "memory")
 STORES = ("memory", "redis")
@@ -180,7 +181,9 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
-        report = asyncio.run(run(args, folder))
+        # The collector as a tidegate process sets it (`tidegate up`, `tidegate sync`).
+        with server_gc():
+            report = asyncio.run(run(args, folder))
     except BenchmarkError as exc:
         console.print(f"[red]benchmark failed:[/red] {exc}\nlogs: {folder}")
         return 1

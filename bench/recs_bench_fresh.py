@@ -39,7 +39,7 @@ from bench.sync_servers import WRITER_OPTIONS, PostgresServer
 from bench.sync_writer import WriterResult
 from tidegate.app.recs import open_recommendations
 from tidegate.app.sync import open_sync
-from tidegate.config import SyncConfig, TidegateConfig
+from tidegate.config import PipelineSettings, SyncConfig, TidegateConfig
 
 SHOP_DDL = """
 CREATE TABLE products (
@@ -88,7 +88,7 @@ class FreshPlan:
     probe_rate_per_s: float
     probe_users: int
     poll_s: float
-    gc_freeze: bool = False  # gc.freeze() after the snapshot and warm-up
+    gc_freeze: bool = False  # the pipeline's freeze_loaded once the snapshot is applied (tidegate's default)
 
 
 @dataclass(slots=True)
@@ -180,7 +180,7 @@ async def measure(store: str, plan: FreshPlan, server: PostgresServer, redis_url
             source_url=f"postgresql://postgres@127.0.0.1:{server.port}/{name}", bus_url="memory://",
             cache_url="memory://" if store == "memory" else str(redis_url),
             slot=f"recs_{suffix}", publication=f"recs_{suffix}", prefix=f"benchrecs{suffix}",
-            heartbeat_s=None))
+            heartbeat_s=None, pipeline=PipelineSettings(freeze_loaded=plan.gc_freeze)))
         # The cluster's default is synchronous_commit=off, where a commit reaches the WAL sender
         # only at the WAL writer's next flush (up to 200 ms later): writers turn it on, as
         # bench/sync.py's do (see WRITER_OPTIONS).
@@ -219,17 +219,9 @@ async def _run(store: str, plan: FreshPlan, shop: Shop, config: TidegateConfig, 
             async with Prober(recs.sink.recommender, recorder, dsn, shop.popular(500), users=plan.probe_users,
                               rate_per_s=plan.probe_rate_per_s, poll_s=plan.poll_s) as prober:
                 await prober.prepare(CATCH_UP_TIMEOUT_S)
-                if plan.gc_freeze:
-                    # Everything loaded so far (the snapshot's rows in the cache, the recommender's
-                    # state) leaves the collector's view: full collections then walk only what
-                    # is new.
-                    gc.collect()
-                    gc.freeze()
                 await _measured(result, plan, recorder, prober, dsn, writer_log, pids, failed, progress)
             result.histogram = _histogram(recs.sink.monitor.freshness())
         finally:
-            if plan.gc_freeze:
-                gc.unfreeze()
             stop.set()
             await asyncio.wait({task}, timeout=30)
             if not task.done():

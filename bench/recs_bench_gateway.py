@@ -11,8 +11,8 @@ the synthetic shop (`bench.recs_bench_data`), timed in process, then served by t
 3. HTTP: the gateway app (`tidegate.gateway.app.create_app`, SQLite queue and tenants in a
    temporary folder, this recommender) served by uvicorn on a free loopback port; one JSON line
    `{"event": "ready", "url": ..., "key": ..., "personal": [...], "cold": [...]}` gives the parent
-   the address, an ordinary tenant's key and the same users to ask for. It serves until its
-   stdin closes.
+   the address, an admin tenant's key (the shop's backend, reading the database's users) and
+   the same users to ask for. It serves until its stdin closes.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ class _Server(uvicorn.Server):
 async def _serve(recommender: Recommender, folder: Path, users: dict[str, list[str]]) -> None:
     config = TidegateConfig(queue_url=f"sqlite:///{folder / 'queue.db'}", sync=SyncConfig())
     async with open_gateway_state(config, recommender=recommender) as state:
-        await state.tenants.put_tenant(Tenant(name="shop"))
+        # An admin tenant reads the database's users (an ordinary tenant's are its own, prefixed).
+        await state.tenants.put_tenant(Tenant(name="shop", admin=True))
         _, key = await state.tenants.create_key("shop")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

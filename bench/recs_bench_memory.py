@@ -178,13 +178,15 @@ async def measure(shop: Shop, users: int, full_users: int, redis_url: str | None
                   progress: Progress) -> list[MemoryRow]:
     """Every population on every store asked for."""
     rows = []
-    for population in populations(shop, users, full_users):
+    for number, population in enumerate(populations(shop, users, full_users)):
         for store in stores:
             progress(f"memory, {store}: {population.users:,} {population.name} users "
                      f"({sum(population.counts):,} interactions)")
             if store == "memory":
                 rows.append(await measure_memory(population))
             elif redis_url is not None:
-                prefix = f"benchmem{population.name}{time.time_ns()}"
+                # As long as the default prefix ("tidegate"): key names are part of each user's
+                # bytes, and this redis-server is the benchmark's own.
+                prefix = f"tidegat{number}"
                 rows.append(await measure_redis(population, redis_url, prefix))
     return rows

@@ -3,8 +3,11 @@
 
 For each store the child seeds the shop and times `recommend()` in process; then this process
 asks the gateway for the same users, one request at a time over one kept-alive connection
-(aiohttp), `GET /v1/recommendations/{user}?n=10` with an ordinary tenant's key. Every answer
-must be 200 with the user's id; the HTTP time is from sending the request to the whole body read.
+(aiohttp), `GET /v1/recommendations/{user}?n=10` with the key of an admin tenant (the shop's own
+backend: an admin tenant reads the database's users, which the change flow feeds; an ordinary
+tenant's users are its own, prefixed with its name). Every answer must be 200 with the user's id,
+a cold start exactly for the users never seen; the HTTP time is from sending the request to the
+whole body read.
 """
 
 from __future__ import annotations
@@ -115,16 +118,22 @@ async def _http(result: ServeResult, ready: dict[str, Any]) -> None:
             started = time.perf_counter()
             for user in ready[kind]:
                 before = time.perf_counter()
-                await _get(session, user)
+                cold = await _get(session, user)
                 samples.append(time.perf_counter() - before)
+                if cold != (kind == "cold"):
+                    raise BenchmarkError(f"GET /v1/recommendations/{user} answered cold_start={cold} for a "
+                                         f"user {'never seen' if kind == 'cold' else 'with a history'}")
             result.http_rate[kind] = len(samples) / (time.perf_counter() - started)
             result.http[kind] = quantiles(samples)
 
 
-async def _get(session: aiohttp.ClientSession, user: str) -> None:
+async def _get(session: aiohttp.ClientSession, user: str) -> bool:
+    """Ask for the user's recommendations; whether the answer is a cold start."""
     async with session.get(f"/v1/recommendations/{user}", params={"n": "10"}) as response:
         body = await response.read()
         if response.status != 200:
             raise BenchmarkError(f"GET /v1/recommendations/{user} answered {response.status}: {body[:300]!r}")
-    if json.loads(body).get("user_id") != user:
+    answer = json.loads(body)
+    if answer.get("user_id") != user:
         raise BenchmarkError(f"GET /v1/recommendations/{user} answered for another user: {body[:300]!r}")
+    return bool(answer.get("cold_start"))

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgpack
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,7 +28,15 @@ from tidegate.errors import CacheUnavailable, ConfigError
 from tidegate.recs import Item, RecsStore, recs_store_for
 from tidegate.recs.score import log_add, log_weight
 from tidegate.recs.store.base import RecentItem, UserEvent, UserParams
-from tidegate.recs.store.memory import MemoryRecsStore
+from tidegate.recs.store.memory import (
+    BoundedScores,
+    ItemCodes,
+    MemoryRecsStore,
+    UserRecord,
+    _Entry,
+    pack_user,
+    unpack_user,
+)
 
 BACKENDS = ["memory", *REDIS_BACKENDS]
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -341,7 +351,8 @@ async def test_user_updates_match_a_recomputation_from_the_events(
     profile, profile_at, recent, purchased, expected_pairs, repeat = reference_user(events, PARAMS)
 
     assert state is not None
-    assert state.profile == pytest.approx(profile, rel=1e-9, abs=1e-12)
+    # kept in float32: one rounding per batch (a relative error of 6e-8 each)
+    assert state.profile == pytest.approx(profile, rel=1e-6, abs=1e-6)
     if profile:
         assert state.profile_at_s == profile_at
     assert [(e.item_id, e.at_s, e.weight) for e in state.recent] == recent
@@ -435,6 +446,40 @@ def test_store_urls_and_prefixes_are_checked() -> None:
         recs_store_for("redis://127.0.0.1:1/0", prefix="a{b}")
 
 
+# ---------------------------------------------------------------------- memory only
+
+
+def test_memory_packed_users_keep_every_value_and_round_the_profile_to_float32() -> None:
+    codes = ItemCodes()
+    record = UserRecord(
+        profile=[0.1, -2.5, 1e-30, 3.0], profile_at_s=T0 + 0.123456,
+        recent=[_Entry("b", T0 + 60.5, 3.0), _Entry("a", T0, 0.25)],
+        purchased={"a": T0 + 1e-6, "c": T0 - 7.0}, repeat={"a": 123.456789, "c": -1.5},
+    )
+    unpacked = unpack_user(pack_user(record, codes), codes)
+    assert unpacked.profile == [float(np.float32(x)) for x in record.profile]
+    assert (unpacked.profile_at_s, unpacked.recent) == (record.profile_at_s, record.recent)
+    assert (unpacked.purchased, unpacked.repeat) == (record.purchased, record.repeat)
+    assert len(codes) == 3  # ids are shared across users as codes
+    assert unpack_user(pack_user(UserRecord(), codes), codes) == UserRecord()
+
+
+def test_a_bounded_list_drops_the_weakest_before_and_after_it_keeps_a_heap() -> None:
+    # Given additions in chunks, each chunk followed by a trim (the first trims build the heap)
+    scores, reference = BoundedScores(), dict[str, float]()
+    for chunk in range(12):
+        adds = [(f"m{(chunk * 5 + k) % 9}", float((chunk + k) % 4)) for k in range(5)]
+        scores.add_all(adds)
+        for member, value in adds:
+            reference[member] = value if member not in reference else log_add(reference[member], value)
+        scores.trim(4)
+        # Then the same members are kept as by sorting (weakest first, ties: the smallest id)
+        weakest_first = sorted(reference.items(), key=lambda kv: (kv[1], kv[0]))
+        for member, _ in weakest_first[:max(0, len(reference) - 4)]:
+            del reference[member]
+        assert scores.scores == reference
+
+
 # ---------------------------------------------------------------------- Redis only
 
 
@@ -480,6 +525,33 @@ async def test_redis_keys_carry_a_hash_tag_per_unit(redis_stores: Stores) -> Non
         f"{{{p}:recs:trending}}:all", f"{{{p}:recs:trending}}:category:shoes",
         f"{{{p}:recs}}:meta",
     ])
+
+
+async def test_redis_reads_a_user_of_the_earlier_layout_and_replaces_it_on_the_next_write(
+    redis_stores: Stores,
+) -> None:
+    # Given a user written in the earlier layout: a hash of msgpack profile and recent items
+    store = await redis_stores.open()
+    key = f"{{{redis_stores.prefix}:recs:user:u}}:state"
+    client = redis_client(redis_stores.url)
+    try:
+        await client.hset(key, mapping={"p": msgpack.packb([T0, 1.0, 0.0, 0.0, 0.0]),
+                                        "r": msgpack.packb(["a", T0, 1.0])})
+        # Then it reads as it was written
+        held = await store.user_state("u")
+        assert held is not None
+        assert held.profile == (1.0, 0.0, 0.0, 0.0) and held.profile_at_s == T0
+        assert held.recent == (RecentItem("a", T0, 1.0),)
+        # When the user interacts again, the state is the same as if it had been the new layout
+        outcome, = await store.record_users([("u", [event("b", T0 + 60)])], PARAMS)
+        assert outcome.new_user is False and [(a, b) for a, b, _ in outcome.pairs] == [("b", "a")]
+        assert await client.type(key) == b"string"
+    finally:
+        await client.aclose()
+    state = await store.user_state("u")
+    assert state is not None
+    assert [entry.item_id for entry in state.recent] == ["b", "a"]
+    assert state.profile_at_s == T0 + 60
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import sqlite3
 import uuid
 from pathlib import Path
@@ -23,6 +24,7 @@ from sync_support import (
     running,
     wait_until_equal,
 )
+from tidegate._eventloop import freeze_loaded, server_gc
 from tidegate.app.sync import open_sync
 from tidegate.config import RefreshRule, SyncConfig, TidegateConfig
 from tidegate.demo.shop import SHOP_TABLES, ShopLoad, create_shop
@@ -31,7 +33,7 @@ from tidegate.queue import Queue
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import entity_id_of
 from tidegate.sync.contracts import EntityCache
-from tidegate.sync.pipeline import PipelineSettings
+from tidegate.sync.pipeline import Pipeline, PipelineSettings
 from tidegate.sync.values import normalise_timestamp
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,6 +93,37 @@ async def test_the_shop_reaches_the_cache_and_the_outbox_is_emptied_behind_it(
     samples = {s.name: s.value for m in pipeline.metrics.registry.collect() for s in m.samples
                if s.labels.get("entity_type") == "interactions"}
     assert samples["tidegate_sync_commit_to_applied_seconds_count"] > 0
+
+
+async def test_on_loaded_is_called_once_after_the_snapshot_and_the_stream_caught_up(
+    tmp_path: Path,
+) -> None:
+    # Given a shop whose snapshot the change flow takes, with a hook that notes what was applied
+    shop = tmp_path / "shop.db"
+    create_shop(shop, products=60, users=20, interactions=100)
+    sync = SyncConfig(source_url=f"sqlite:///{shop}", prefix=f"t{uuid.uuid4().hex[:8]}")
+    seen: list[int] = []
+    async with open_sync(_config(sync)) as opened:
+        pipeline = Pipeline(opened.source, opened.bus, opened.cache, opened.entity_types,
+                            settings=opened.settings, on_loaded=lambda: seen.append(pipeline.applied_changes))
+        async with running(pipeline):
+            await _shop_matches(shop, pipeline.cache)
+            # When the stream brings commits, several batches of them
+            await ShopLoad(shop).run(rate_per_s=200, duration_s=1.0)
+            await _shop_matches(shop, pipeline.cache)
+    # Then the hook ran once, with the whole snapshot applied
+    assert len(seen) == 1
+    assert seen[0] >= 60 + 20 + 100
+
+
+def test_freeze_loaded_freezes_only_inside_a_tidegate_process() -> None:
+    assert freeze_loaded() is False
+    with server_gc():
+        before = gc.get_freeze_count()
+        kept = [[index] for index in range(1000)]  # containers alive after server_gc began
+        assert freeze_loaded() is True
+        assert gc.get_freeze_count() >= before + len(kept)
+    assert gc.get_freeze_count() == 0
 
 
 async def test_a_restart_resumes_from_the_cache_and_replays_enqueue_no_second_refresh_job(

@@ -337,6 +337,9 @@ class PipelineSettings(Section):
     drain_timeout_s: float = Field(10.0, ge=0)
     # How often the source's status (slot, lag) feeds the metrics.
     status_interval_s: float = Field(5.0, gt=0)
+    # Once the snapshot is applied and the stream caught up, freeze the loaded heap out of the
+    # garbage collector's reach (tidegate._eventloop.freeze_loaded; only in tidegate's processes).
+    freeze_loaded: bool = True
 
 
 class VerifySettings(Section):

@@ -30,10 +30,14 @@ class Catalog:
 
     def __init__(self, dimension: int) -> None:
         self.dimension = dimension
+        # Bumped by every change of the rows (the store's version does not see local puts):
+        # what was computed over the rows at one count holds while it is the same.
+        self.changes = 0
         self._clear()
 
     def _clear(self) -> None:
         self.version = 0
+        self.changes += 1
         self.items: list[Item | None] = []
         self.rows: dict[str, int] = {}
         self.matrix: npt.NDArray[np.float32] = np.zeros((0, self.dimension), dtype=np.float32)
@@ -81,6 +85,7 @@ class Catalog:
                 f"but this recommender's dimension is {self.dimension}: use the same settings everywhere "
                 "or another store prefix"
             )
+        self.changes += 1
         row = self.rows.get(item.item_id)
         if row is None:
             row = self._free.pop() if self._free else self._grow()
@@ -99,6 +104,7 @@ class Catalog:
         row = self.rows.pop(item_id, None)
         if row is None:
             return
+        self.changes += 1
         self._uncategorise(row)
         self.items[row] = None
         self.matrix[row] = 0.0

@@ -81,6 +81,17 @@ class _Scored:
     scope: str | None = None  # the trending scope it was found in (cold start)
 
 
+@dataclass(frozen=True, slots=True)
+class _RowsPass:
+    """One query's passes over the catalogue rows, valid while `Catalog.changes` is `changes`:
+    which rows pass its filters, and each row's cosine similarity with the user's profile (None:
+    no profile). Computed once, used for the nearest items and for the scores."""
+
+    changes: int
+    mask: Rows
+    similarities: npt.NDArray[np.float32] | None
+
+
 class Recommender:
     """Incremental recommendations over a `RecsStore`; several instances on one Redis store serve
     the same answers. `clock` gives the reading time of every decayed signal (tests inject it)."""
@@ -218,13 +229,16 @@ class Recommender:
                 self._neighbour_lists(anchors), self._trending_entries(None, query, excluded, pool)
             )
             candidates = {item_id for neighbours in lists.values() for item_id, _ in neighbours}
-            candidates |= set(trending) | self._nearest(query, state, excluded, pool)
+            rows_pass = self._rows_pass(query, state, excluded)
+            candidates |= set(trending) | self._nearest(rows_pass, pool)
             if not query.exclude_purchased:
                 candidates |= set(state.repeat)
             missing = sorted(candidates - set(trending))
             values = await self.store.trending_scores(None, missing)
             trending.update({item_id: v for item_id, v in zip(missing, values, strict=True) if v is not None})
-            ranked = self._rank_personalised(query, state, excluded, anchors, lists, trending, candidates)
+            if rows_pass.changes != self._catalog.changes:  # the catalogue moved while awaiting
+                rows_pass = self._rows_pass(query, state, excluded)
+            ranked = self._rank_personalised(query, state, rows_pass, anchors, lists, trending, candidates)
         chosen = self._diversified(ranked, query.n, query.diversity)
         items = tuple(self._recommendation(scored, query, state) for scored in chosen)
         return RecResult(query.user_id, items, cold, now)
@@ -306,12 +320,16 @@ class Recommender:
             start += page
         return entries
 
-    def _nearest(self, query: RecQuery, state: UserState, excluded: set[str], want: int) -> set[str]:
+    def _rows_pass(self, query: RecQuery, state: UserState, excluded: set[str]) -> _RowsPass:
+        """The eligibility mask and profile similarities over the catalogue as it is now."""
+        return _RowsPass(self._catalog.changes, self._eligible(query, excluded),
+                         self._profile_similarities(state))
+
+    def _nearest(self, rows_pass: _RowsPass, want: int) -> set[str]:
         """Ids of the eligible items nearest the user's profile."""
-        similarities = self._profile_similarities(state)
-        if similarities is None:
+        if rows_pass.similarities is None:
             return set()
-        rows = _top_rows(np.where(self._eligible(query, excluded), similarities, -np.inf), want)
+        rows = _top_rows(np.where(rows_pass.mask, rows_pass.similarities, -np.inf), want)
         return {item_id for row in rows if (item_id := self._id(row)) is not None}
 
     def _co_occurrence(
@@ -333,11 +351,10 @@ class Recommender:
         return {row: (sums[row] / largest, max(terms[row])[1]) for row in terms}
 
     def _rank_personalised(
-        self, query: RecQuery, state: UserState, excluded: set[str], anchors: Mapping[str, float],
+        self, query: RecQuery, state: UserState, rows_pass: _RowsPass, anchors: Mapping[str, float],
         lists: Mapping[str, Sequence[tuple[str, float]]], trending: Mapping[str, float], candidates: set[str],
     ) -> list[_Scored]:
-        mask = self._eligible(query, excluded)
-        similarities = self._profile_similarities(state)
+        mask, similarities = rows_pass.mask, rows_pass.similarities
         co = self._co_occurrence(anchors, lists, mask)
         rows = self._catalog.rows
         top = max((value for item_id, value in trending.items() if item_id in rows), default=None)

@@ -13,6 +13,8 @@ from collections import Counter as CountOf
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from tidegate.sync.metrics import Children
+
 __all__ = ["ActivityTracker", "Quantiles", "RecsMonitor", "histogram_quantiles"]
 
 # The promise is tens of milliseconds: fine buckets there, coarse ones for trouble.
@@ -111,6 +113,9 @@ class RecsMonitor:
             ["reason"], registry=r,
         )
         self.activity = ActivityTracker(tracked_users)
+        # Children bound once, for the per-change path.
+        self.commit_to_updated_of = Children(self.commit_to_updated)
+        self.changes_of = Children(self.changes)
 
     def freshness(self) -> Quantiles:
         """Commit → recommendation updated: p50/p99 and how many changes were measured."""

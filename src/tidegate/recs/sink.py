@@ -320,7 +320,7 @@ class RecsSink:
     def _interaction(self, change: Change) -> Interaction | None:
         if change.op is not Op.INSERT:
             # An interaction is an event: later edits or deletes of its row do not undo it.
-            self.monitor.changes.labels(change.entity_type, "ignored").inc()
+            self.monitor.changes_of(change.entity_type, "ignored").inc()
             return None
         try:
             return interaction_from_row(change.after or {}, change.commit_time, self.mapping)
@@ -344,20 +344,21 @@ class RecsSink:
                     kept.append((change, interaction))
             batch = kept
         now = time.time()
+        activity = self.monitor.activity
         for change, interaction in batch:
-            self.monitor.activity.add(interaction.user_id)
+            activity.add(interaction.user_id)
             self._measured(change, now)
         self.monitor.interactions.labels("change_flow").inc(len(batch))
 
     def _measured(self, change: Change, now: float | None = None) -> None:
         self.applied += 1
-        self.monitor.changes.labels(change.entity_type, "applied").inc()
+        self.monitor.changes_of(change.entity_type, "applied").inc()
         if _streamed(change):
             age_s = max(0.0, (now if now is not None else time.time()) - change.commit_time.timestamp())
-            self.monitor.commit_to_updated.labels(change.entity_type).observe(age_s)
+            self.monitor.commit_to_updated_of(change.entity_type).observe(age_s)
 
     def _malformed(self, change: Change, reason: str) -> None:
         self.malformed += 1
-        self.monitor.changes.labels(change.entity_type, "malformed").inc()
+        self.monitor.changes_of(change.entity_type, "malformed").inc()
         log.warning("%s %s (version %s) skipped by the recommender: %s", change.entity_type,
                     change.entity_id, change.version, reason)

@@ -10,6 +10,10 @@ Two tasks share one tracker:
   acks the batch, and confirms to the source every position whose transaction and all before it
   are applied.
 
+Once the snapshot is behind it (the source has sent a transaction of its stream) and every change
+published has been applied, the pipeline calls `on_loaded` once; by default, in a tidegate process,
+that freezes the loaded heap out of the garbage collector's reach (`tidegate._eventloop`).
+
 So a crash anywhere loses nothing: unconfirmed positions are replayed by the source, unacked
 deliveries stay on the bus, and replays are harmless because the cache ignores versions it has.
 Other processes (a recommender in each gateway) may consume the same bus with their own groups.
@@ -21,12 +25,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from tidegate._eventloop import freeze_loaded
 from tidegate.config import PipelineSettings, default_consumer_name
 from tidegate.errors import TidegateError
 from tidegate.sync.contracts import (
     ApplyOutcome,
+    ApplyResult,
     Bus,
     ChangeSource,
     EntityCache,
@@ -57,7 +63,7 @@ class Pipeline:
 
     def __init__(self, source: ChangeSource, bus: Bus, cache: EntityCache, entity_types: Sequence[str], *,
                  sinks: Sequence[Sink] = (), settings: PipelineSettings | None = None,
-                 metrics: SyncMetrics | None = None) -> None:
+                 metrics: SyncMetrics | None = None, on_loaded: Callable[[], object] | None = None) -> None:
         self.source = source
         self.bus = bus
         self.cache = cache
@@ -73,6 +79,10 @@ class Pipeline:
         self._unpublished = 0  # changes read from the source, not yet published
         self.applied_changes = 0  # applied by the cache and every sink, stale ones included
         self.last_confirmed: int | None = None
+        if on_loaded is None and self.settings.freeze_loaded:
+            on_loaded = freeze_loaded
+        self._on_loaded = on_loaded
+        self._streaming = False  # a transaction of the source's stream (not its snapshot) was published
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Run until `stop` is set (then drain what is in flight) or a part fails (raised)."""
@@ -185,17 +195,18 @@ class Pipeline:
             self._tracker.add(transaction)
             self._unpublished -= len(transaction.changes)
             self._count_backfill(transaction)
+            self._streaming = self._streaming or transaction.snapshot_mark is None
         self.metrics.pending.set(self._tracker.pending_changes)
         changes = [change for transaction in batch for change in transaction.changes]
         if changes:
             await self.bus.publish(changes)
             now = time.time()
+            commit_to_bus = self.metrics.commit_to_bus_of
             for transaction in batch:
                 if transaction.snapshot_mark is not None:
                     continue
                 for change in transaction.changes:
-                    self.metrics.commit_to_bus.labels(change.entity_type).observe(
-                        max(0.0, now - change.commit_time.timestamp()))
+                    commit_to_bus(change.entity_type).observe(max(0.0, now - change.commit_time.timestamp()))
         if not all(transaction.changes for transaction in batch):
             await self._confirm()  # a heartbeat or an empty commit: nothing to wait for
 
@@ -217,23 +228,34 @@ class Pipeline:
             for sink in self.sinks:
                 await sink.apply(results)
             await subscription.ack(deliveries)
-            now = time.time()
-            for result in results:
-                change = result.change
-                self._filler.applied(change)
-                streamed = self._tracker.applied(change)
-                self.metrics.events.labels(change.entity_type, change.op.value).inc()
-                if result.outcome is ApplyOutcome.STALE:
-                    self.metrics.stale.labels(change.entity_type).inc()
-                if streamed:
-                    age = max(0.0, now - change.commit_time.timestamp())
-                    self.metrics.commit_to_applied.labels(change.entity_type).observe(age)
-                    self.metrics.lag_seconds.set(age)
+            self._account(results)
             self.applied_changes += len(results)
             self.metrics.pending.set(self._tracker.pending_changes)
             async with self._room:
                 self._room.notify_all()
             await self._confirm()
+
+    def _account(self, results: Sequence[ApplyResult]) -> None:
+        """Tell the filler and the tracker what was applied, and count it."""
+        now = time.time()
+        metrics = self.metrics
+        counts: dict[tuple[str, str], int] = {}
+        age: float | None = None
+        for result in results:
+            change = result.change
+            self._filler.applied(change)
+            streamed = self._tracker.applied(change)
+            key = (change.entity_type, change.op.value)
+            counts[key] = counts.get(key, 0) + 1
+            if result.outcome is ApplyOutcome.STALE:
+                metrics.stale_of(change.entity_type).inc()
+            if streamed:
+                age = max(0.0, now - change.commit_time.timestamp())
+                metrics.commit_to_applied_of(change.entity_type).observe(age)
+        for key, count in counts.items():
+            metrics.events_of(*key).inc(count)
+        if age is not None:
+            metrics.lag_seconds.set(age)
 
     async def _confirm(self) -> None:
         confirmable = self._tracker.take_confirmable()
@@ -243,3 +265,6 @@ class Pipeline:
             await self.source.confirm(confirmable.position)
             self.last_confirmed = confirmable.position
             self.metrics.confirmed_position.set(confirmable.position)
+        if self._on_loaded is not None and self._streaming and self._tracker.pending_changes == 0:
+            on_loaded, self._on_loaded = self._on_loaded, None
+            on_loaded()

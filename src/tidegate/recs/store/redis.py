@@ -6,8 +6,9 @@ Redis Cluster slot:
 
 - `{<prefix>:recs:items}:data|log|version`: the catalogue (item id → msgpack item), its change
   log (item id → version of its last change) and version counter;
-- `{<prefix>:recs:user:<user id>}:state|bought|again`: a user's profile and recent items (a
-  hash), purchased items (a sorted set by time, bounded) and their buy-again counts (a sorted set
+- `{<prefix>:recs:user:<user id>}:state|bought|again`: a user's profile (float32 components) and
+  recent items (one packed string, see lua/record.lua), purchased items (a sorted set by time,
+  bounded) and their buy-again counts (a sorted set
   by log2 decayed count, bounded);
 - `{<prefix>:recs:item:<item id>}:neighbours`: an item's co-occurrence list (sorted by log weight,
   bounded);
@@ -25,12 +26,13 @@ little-endian float32 bytes; its description is not kept (it only served to hash
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
-from tidegate._redis import RedisClient, driver_errors, lua_source
+from tidegate._redis import RedisClient, driver_errors, is_cluster_url, lua_source
 from tidegate._urls import redact_url
 from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
 from tidegate.recs.model import Item
@@ -47,7 +49,7 @@ from tidegate.recs.store.base import (
 
 try:
     import msgpack
-    import redis  # noqa: F401
+    import redis
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependency(
         "the Redis recommendation store needs redis-py and msgpack: pip install 'tidegate[redis]'"
@@ -57,6 +59,7 @@ __all__ = ["RedisRecsStore"]
 
 _SCRIPTS = ("item_put", "item_delete", "items_since", "record", "log_add", "note")
 SCRIPT_CHUNK = 5000  # additions per log_add call
+NEIGHBOUR_LISTS_PER_CALL = 200  # co-occurrence lists updated by one log_add call (one server)
 NO_BOUND = 2**53  # a bound no list reaches
 T = TypeVar("T")
 
@@ -73,6 +76,7 @@ class RedisRecsStore(RecsStore):
                 f"a recommendation store prefix must be non-empty and without braces, not {prefix!r}"
             )
         self.url = url
+        self._cluster = is_cluster_url(url)
         self.prefix = prefix
         self._max_connections = max_connections
         items = f"{{{prefix}:recs:items}}"
@@ -170,15 +174,15 @@ class RedisRecsStore(RecsStore):
         packed: dict[tuple[float, ...], bytes] = {}
         calls = []
         for user_id, events in batch:
-            args: list[Any] = list(head)
+            flat: list[Any] = []
             for event in events:
                 vector = b""
                 if event.vector is not None:
                     vector = packed.get(event.vector) or packed.setdefault(
-                        event.vector, msgpack.packb(list(event.vector))
+                        event.vector, np.asarray(event.vector, dtype="<f4").tobytes()
                     )
-                purchase = b"1" if event.purchase else b"0"
-                args += [event.item_id, event.at_s, event.weight, purchase, vector]
+                flat += [event.item_id, float(event.at_s), float(event.weight), event.purchase, vector]
+            args = [*head, msgpack.packb(flat, use_bin_type=False)]  # Lua's cmsgpack reads no bin type
             calls.append(self._script_command("record", self._user_keys(user_id), args))
         replies = await self._pipelined(calls)
         outcomes = []
@@ -193,34 +197,55 @@ class RedisRecsStore(RecsStore):
     async def _user_state(self, user_id: str) -> UserState | None:
         state_key, bought_key, again_key = self._user_keys(user_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hmget(state_key, "p", "r")
+            pipe.get(state_key)
             pipe.zrange(bought_key, 0, -1, withscores=True)
             pipe.zrange(again_key, 0, -1, withscores=True)
-            (profile_blob, recent_blob), bought, again = await self._guard(pipe.execute())
-        if recent_blob is None:
+            packed, bought, again = await self._guard(pipe.execute(raise_on_error=False))
+        if isinstance(packed, Exception):  # the earlier layout (lua/record.lua), or a failure
+            profile, flat = await self._earlier_state(state_key, packed)
+        elif packed is None:
             return None
-        profile = msgpack.unpackb(profile_blob) if profile_blob else []
-        flat = msgpack.unpackb(recent_blob)
+        else:
+            profile, flat = _unpack_state(packed)
+        if flat is None:
+            return None
         recent = tuple(
             RecentItem(_text(flat[i]), float(flat[i + 1]), float(flat[i + 2])) for i in range(0, len(flat), 3)
         )
         return UserState(
-            profile=tuple(float(x) for x in profile[1:]),
-            profile_at_s=float(profile[0]) if profile else 0.0,
+            profile=tuple(profile[1:]),
+            profile_at_s=profile[0] if profile else 0.0,
             recent=recent,
             purchased={member.decode(): float(at_s) for member, at_s in bought},
             repeat={member.decode(): float(value) for member, value in again},
         )
 
+    async def _earlier_state(self, state_key: str, error: Exception) -> tuple[list[float], list[Any] | None]:
+        """A user's profile and recent items from a hash of the earlier layout ("p", "r"), which
+        lua/record.lua replaces on the user's next interaction."""
+        if not isinstance(error, redis.ResponseError) or "WRONGTYPE" not in str(error):
+            raise CacheUnavailable(f"recommendation store at {redact_url(self.url)}: {error}") from error
+        profile_blob, recent_blob = await self._guard(self._redis.hmget(state_key, "p", "r"))
+        profile = [float(x) for x in msgpack.unpackb(profile_blob)] if profile_blob else []
+        return profile, None if recent_blob is None else msgpack.unpackb(recent_blob)
+
     # ------------------------------------------------------------------ co-occurrence
 
     async def _add_neighbours(self, updates: Mapping[str, Mapping[str, float]], max_neighbours: int) -> None:
+        # One script call per NEIGHBOUR_LISTS_PER_CALL lists on one server: redis-py's cost per
+        # reply, not the server's, was most of a batch's time. A cluster's lists live in other
+        # slots, so there each list is a call of its own (in one pipeline per node).
+        per_call = 1 if self._cluster else NEIGHBOUR_LISTS_PER_CALL
+        items = list(updates.items())
         calls = []
-        for item_id, adds in updates.items():
-            args: list[Any] = [max_neighbours]
-            for other, value in adds.items():
-                args += [1, other, repr(value)]
-            calls.append(self._script_command("log_add", [self._neighbours_key(item_id)], args))
+        for start in range(0, len(items), per_call):
+            chunk = items[start:start + per_call]
+            flat: list[Any] = []
+            for index, (_, adds) in enumerate(chunk, start=1):
+                for other, value in adds.items():
+                    flat += [index, other, value]
+            keys = [self._neighbours_key(item_id) for item_id, _ in chunk]
+            calls.append(self._script_command("log_add", keys, [max_neighbours, msgpack.packb(flat)]))
         await self._pipelined(calls)
 
     async def _neighbours(self, item_ids: Sequence[str], limit: int) -> dict[str, list[tuple[str, float]]]:
@@ -241,13 +266,14 @@ class RedisRecsStore(RecsStore):
         triples: list[Any] = []
         for index, adds in enumerate(updates.values(), start=1):
             for item_id, value in adds.items():
-                triples += [index, item_id, repr(value)]
+                triples += [index, item_id, value]
         # A large batch goes in several calls, so no single script holds the server for long;
         # only the last trims, so the outcome is the same as one call.
         step = 3 * SCRIPT_CHUNK
         chunks = [triples[start:start + step] for start in range(0, len(triples), step)]
         await self._pipelined([
-            self._script_command("log_add", keys, [max_size if number == len(chunks) else NO_BOUND, *chunk])
+            self._script_command("log_add", keys, [max_size if number == len(chunks) else NO_BOUND,
+                                                   msgpack.packb(chunk)])
             for number, chunk in enumerate(chunks, start=1)
         ])
 
@@ -277,6 +303,19 @@ class RedisRecsStore(RecsStore):
             int(items), int(users or 0),
             None if updated is None else float(updated), None if newest is None else float(newest),
         )
+
+
+_STATE_HEAD = struct.Struct("<dI")
+
+
+def _unpack_state(packed: bytes) -> tuple[list[float], list[Any]]:
+    """The profile ([time, component, ...], [] when none) and the flat recent list of a user's
+    packed state (see lua/record.lua)."""
+    at_s, size = _STATE_HEAD.unpack_from(packed)
+    end = _STATE_HEAD.size + 4 * size
+    components = np.frombuffer(packed, dtype="<f4", count=size, offset=_STATE_HEAD.size)
+    profile = [at_s, *components.tolist()] if size else []
+    return profile, msgpack.unpackb(packed[end:])
 
 
 def _text(value: str | bytes) -> str:
