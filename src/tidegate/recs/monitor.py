@@ -13,7 +13,7 @@ from collections import Counter as CountOf
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from tidegate.sync.metrics import Children
+from tidegate._labels import Labelled
 
 __all__ = ["ActivityTracker", "Quantiles", "RecsMonitor", "histogram_quantiles"]
 
@@ -114,8 +114,8 @@ class RecsMonitor:
         )
         self.activity = ActivityTracker(tracked_users)
         # Children bound once, for the per-change path.
-        self.commit_to_updated_of = Children(self.commit_to_updated)
-        self.changes_of = Children(self.changes)
+        self.commit_to_updated_of = Labelled(self.commit_to_updated).labels
+        self.changes_of = Labelled(self.changes).labels
 
     def freshness(self) -> Quantiles:
         """Commit → recommendation updated: p50/p99 and how many changes were measured."""

@@ -3,31 +3,11 @@ lag, events by table and operation, and what the pipeline had to skip or fill in
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
 
-__all__ = ["Children", "SyncMetrics"]
+from tidegate._labels import Labelled
 
-M = TypeVar("M", bound=MetricWrapperBase)
-
-
-class Children(Generic[M]):
-    """A labelled metric's children, each looked up once: `children("products").inc()`.
-    prometheus-client's `labels()` validates the values and takes a lock on every call, which
-    per change on the change flow's path cost more than the counting itself. (A child removed
-    from its metric would stay bound here; the metrics these serve are never pruned.)"""
-
-    def __init__(self, metric: M) -> None:
-        self.metric = metric
-        self._bound: dict[tuple[str, ...], M] = {}
-
-    def __call__(self, *values: str) -> M:
-        child = self._bound.get(values)
-        if child is None:
-            child = self._bound[values] = self.metric.labels(*values)
-        return child
+__all__ = ["SyncMetrics"]
 
 # Freshness is promised in tens of milliseconds: fine buckets there, coarse ones for trouble.
 _FRESHNESS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25,
@@ -99,7 +79,7 @@ class SyncMetrics:
             "tidegate_sync_pending_changes", "Changes published and not yet applied", registry=r,
         )
         # Children bound once, for the per-change path.
-        self.commit_to_bus_of = Children(self.commit_to_bus)
-        self.commit_to_applied_of = Children(self.commit_to_applied)
-        self.events_of = Children(self.events)
-        self.stale_of = Children(self.stale)
+        self.commit_to_bus_of = Labelled(self.commit_to_bus).labels
+        self.commit_to_applied_of = Labelled(self.commit_to_applied).labels
+        self.events_of = Labelled(self.events).labels
+        self.stale_of = Labelled(self.stale).labels
