@@ -22,7 +22,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -157,3 +157,47 @@ def split(dataset: Dataset, *, history_start: datetime, test_start: datetime, te
 def local_midnight(day: date) -> datetime:
     """The start of a UK calendar day, as an aware datetime."""
     return datetime(day.year, day.month, day.day, tzinfo=RETAIL_ZONE)
+
+
+@dataclass(frozen=True, slots=True)
+class Month:
+    """One test month [start, end) of a multi-month evaluation (UK calendar days)."""
+
+    start: date
+    end: date
+
+    @property
+    def label(self) -> str:
+        return f"{self.start} … {self.end - timedelta(days=1)}"
+
+
+def months_back(day: date, months: int) -> date:
+    """`day` moved back `months` calendar months (the day of the month clipped to the month's end)."""
+    index = day.year * 12 + day.month - 1 - months
+    year, month = divmod(index, 12)
+    month += 1
+    last = (date(year + month // 12, month % 12 + 1, 1) - timedelta(days=1)).day
+    return date(year, month, min(day.day, last))
+
+
+def last_months(last_start: date, last_end: date, count: int, *,
+                skip: Sequence[tuple[date, date]] = (), first_day: date | None = None) -> list[Month]:
+    """The last `count` test months, oldest first: the last is [last_start, last_end); each
+    earlier one starts a calendar month before the next one's start and ends at the earlier of
+    its own end moved back a month and the next one's start. A month overlapping a stretch in
+    `skip` (where settings were chosen) is passed over, and so is one starting before
+    `first_day` (where the data begins): the result then holds fewer months."""
+    if count <= 0:
+        raise BenchmarkError(f"the number of test months must be positive, got {count}")
+    if not last_start < last_end:
+        raise BenchmarkError(f"the last test month needs start < end, got {last_start}, {last_end}")
+    found: list[Month] = []
+    start, end, back = last_start, last_end, 0
+    while len(found) < count:
+        if first_day is not None and start <= first_day:
+            break
+        if not any(start < skip_end and skip_start < end for skip_start, skip_end in skip):
+            found.append(Month(start, end))
+        back += 1
+        start, end = months_back(last_start, back), min(months_back(last_end, back), start)
+    return found[::-1]

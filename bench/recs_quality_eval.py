@@ -22,7 +22,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, datetime
 
 import numpy as np
 
@@ -72,9 +72,11 @@ class Outcome:
     flaws: dict[str, Counter[str]] = field(default_factory=dict)  # method → rule broken → lists
 
 
-def sample_customers(split: Split, size: int | None, seed: int) -> set[str]:
-    """The test customers whose invoices are scored: all, or `size` of them drawn with `seed`."""
-    customers = sorted({inv.customer for inv in split.test})
+def sample_customers(split: Split | Sequence[Invoice], size: int | None, seed: int) -> set[str]:
+    """The test customers whose invoices are scored (those of a split's test period, or of the
+    invoices given): all, or `size` of them drawn with `seed`."""
+    invoices = split.test if isinstance(split, Split) else split
+    customers = sorted({inv.customer for inv in invoices})
     if size is None or size >= len(customers):
         return set(customers)
     return set(random.Random(seed).sample(customers, size))
@@ -83,50 +85,135 @@ def sample_customers(split: Split, size: int | None, seed: int) -> set[str]:
 async def replay(split: Split, methods: Sequence[Method], sample: set[str], *, n: int = 10,
                  progress: Callable[[str], None] = lambda _: None) -> Outcome:
     """Feed the history, then walk the test period: ask every method, score, then feed."""
+    window = Window(split.test_start, split.test_end, sample)
+    return (await replay_windows(split.history, split.test, [window], methods, n=n, progress=progress))[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A scored stretch of the replay, [start, end), and the customers scored in it."""
+
+    start: datetime
+    end: datetime
+    sample: set[str]
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What is counted while one window is scored."""
+
+    scores: dict[tuple[str, str], Scores]
+    customers: dict[str, set[str]]
+    follow_ups: dict[str, list[bool]]
+    flaws: dict[str, Counter[str]]
+    seconds_before: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    cold: int = 0
+    wall_before: float = 0.0
+    wall: float = 0.0
+
+
+async def replay_windows(history: Sequence[Invoice], test: Sequence[Invoice], windows: Sequence[Window],
+                         methods: Sequence[Method], *, n: int = 10,
+                         progress: Callable[[str], None] = lambda _: None) -> list[Outcome]:
+    """Feed the history, then walk `test` in time order: inside a window, ask every method and
+    score before feeding; outside, only feed. So each window is scored with all the purchases
+    before it learnt, exactly as a replay whose test period is that window alone. The clock of
+    the methods is advanced only inside windows (a daily batch refits on the first query of a
+    day: outside a window nobody asks). One Outcome per window, in the order given."""
     started = time.perf_counter()
     bought: dict[str, set[str]] = defaultdict(set)
     last_day: dict[str, date] = {}
-    for number, invoice in enumerate(split.history, 1):
+    for number, invoice in enumerate(history, 1):
         for method in methods:
             await method.feed(invoice)
         bought[invoice.customer].update(invoice.items)
         last_day[invoice.customer] = invoice.local_day
         if number % 2000 == 0:
-            progress(f"history {number:,}/{len(split.history):,} invoices")
-    scores = {(m.name, mode): Scores() for m in methods for mode in MODES}
-    scored_customers: dict[str, set[str]] = {mode: set() for mode in MODES}
-    follow_ups: dict[str, list[bool]] = {mode: [] for mode in MODES}
-    flaws: dict[str, Counter[str]] = {m.name: Counter() for m in methods}
-    cold = 0
-    for number, invoice in enumerate(split.test, 1):
-        for method in methods:
-            await method.advance(invoice.at)
-        earlier = bought.get(invoice.customer)
-        if not earlier:
-            cold += 1
-        elif invoice.customer in sample:
-            same_day = last_day.get(invoice.customer) == invoice.local_day
-            scored_customers[ANY].add(invoice.customer)
-            follow_ups[ANY].append(same_day)
-            if any(code not in earlier for code in invoice.items):
-                scored_customers[NEW].add(invoice.customer)
-                follow_ups[NEW].append(same_day)
+            progress(f"history {number:,}/{len(history):,} invoices")
+    tallies = [_Tally(scores={(m.name, mode): Scores() for m in methods for mode in MODES},
+                      customers={mode: set() for mode in MODES}, follow_ups={mode: [] for mode in MODES},
+                      flaws={m.name: Counter() for m in methods}) for _ in windows]
+    current: int | None = None
+    for number, invoice in enumerate(test, 1):
+        inside = next((i for i, w in enumerate(windows) if w.start <= invoice.at < w.end), None)
+        if inside != current:
+            if current is not None:
+                _close(tallies[current], methods)
+            if inside is not None:
+                tallies[inside].seconds_before = {m.name: m.seconds for m in methods}
+                tallies[inside].wall_before = time.perf_counter()
+            current = inside
+        if inside is not None:
+            tally, window = tallies[inside], windows[inside]
             for method in methods:
-                await _ask(method, invoice, earlier, scores, flaws, n)
+                await method.advance(invoice.at)
+            earlier = bought.get(invoice.customer)
+            if not earlier:
+                tally.cold += 1
+            elif invoice.customer in window.sample:
+                same_day = last_day.get(invoice.customer) == invoice.local_day
+                tally.customers[ANY].add(invoice.customer)
+                tally.follow_ups[ANY].append(same_day)
+                if any(code not in earlier for code in invoice.items):
+                    tally.customers[NEW].add(invoice.customer)
+                    tally.follow_ups[NEW].append(same_day)
+                for method in methods:
+                    await _ask(method, invoice, earlier, tally.scores, tally.flaws, n)
         for method in methods:
             await method.feed(invoice)
         bought[invoice.customer].update(invoice.items)
         last_day[invoice.customer] = invoice.local_day
         if number % 250 == 0:
-            progress(f"test {number:,}/{len(split.test):,} invoices")
-    known = {inv.customer for inv in split.test} & sample
+            progress(f"test {number:,}/{len(test):,} invoices")
+    if current is not None:
+        _close(tallies[current], methods)
+    outcomes = []
+    for tally, window in zip(tallies, windows, strict=True):
+        inside_window = [inv for inv in test if window.start <= inv.at < window.end]
+        customers = {inv.customer for inv in inside_window}
+        outcomes.append(Outcome(
+            methods=[m.name for m in methods], scores=tally.scores,
+            # One window: the whole replay's time, history included (as the table has always said).
+            seconds={m.name: m.seconds if len(windows) == 1 else tally.seconds.get(m.name, 0.0)
+                     for m in methods},
+            evaluated_invoices={mode: len(tally.scores[(methods[0].name, mode)].hits) for mode in MODES},
+            evaluated_customers={mode: len(found) for mode, found in tally.customers.items()},
+            sampled_customers=len(customers & window.sample), test_customers=len(customers),
+            same_day=tally.follow_ups, cold_invoices=tally.cold,
+            replay_seconds=tally.wall if len(windows) > 1 else time.perf_counter() - started,
+            flaws={name: found for name, found in tally.flaws.items() if found}))
+    return outcomes
+
+
+def _close(tally: _Tally, methods: Sequence[Method]) -> None:
+    """A window's stretch of the replay ended: add the time the methods spent in it."""
+    for method in methods:
+        tally.seconds[method.name] = (tally.seconds.get(method.name, 0.0)
+                                      + method.seconds - tally.seconds_before[method.name])
+    tally.wall += time.perf_counter() - tally.wall_before
+
+
+def pooled(outcomes: Sequence[Outcome]) -> Outcome:
+    """The outcomes of several windows as one: every scored invoice of every window, each
+    weighing the same (so the paired differences pool over all of them)."""
+    first = outcomes[0]
+    scores = {key: Scores([v for o in outcomes for v in o.scores[key].hits],
+                          [v for o in outcomes for v in o.scores[key].ndcgs]) for key in first.scores}
+    flaws: dict[str, Counter[str]] = defaultdict(Counter)
+    for outcome in outcomes:
+        for name, found in outcome.flaws.items():
+            flaws[name].update(found)
     return Outcome(
-        methods=[m.name for m in methods], scores=scores, seconds={m.name: m.seconds for m in methods},
-        evaluated_invoices={mode: len(scores[(methods[0].name, mode)].hits) for mode in MODES},
-        evaluated_customers={mode: len(found) for mode, found in scored_customers.items()},
-        sampled_customers=len(known), test_customers=len({inv.customer for inv in split.test}),
-        same_day=follow_ups, cold_invoices=cold, replay_seconds=time.perf_counter() - started,
-        flaws={name: found for name, found in flaws.items() if found})
+        methods=first.methods, scores=scores,
+        seconds={name: sum(o.seconds[name] for o in outcomes) for name in first.methods},
+        evaluated_invoices={mode: sum(o.evaluated_invoices[mode] for o in outcomes) for mode in MODES},
+        evaluated_customers={mode: sum(o.evaluated_customers[mode] for o in outcomes) for mode in MODES},
+        same_day={mode: [v for o in outcomes for v in o.same_day[mode]] for mode in MODES},
+        sampled_customers=sum(o.sampled_customers for o in outcomes),
+        test_customers=sum(o.test_customers for o in outcomes),
+        cold_invoices=sum(o.cold_invoices for o in outcomes),
+        replay_seconds=sum(o.replay_seconds for o in outcomes), flaws=dict(flaws))
 
 
 async def _ask(method: Method, invoice: Invoice, earlier: set[str], scores: dict[tuple[str, str], Scores],
