@@ -3,7 +3,9 @@
     .venv/bin/python bench/recs_quality.py              # the full run: about 7 minutes on 2 cores
     .venv/bin/python bench/recs_quality.py --quick      # shorter history and test, 300 customers: ~75 s
     .venv/bin/python bench/recs_quality.py --markdown   # also print the tables as markdown
-    .venv/bin/python bench/recs_quality.py --months 3   # the last 3 test months, each its own rows
+    .venv/bin/python bench/recs_quality.py --months 3   # the last 3 test months, each with its rows,
+                                                        # the pooled mean and the findings: ~5 minutes
+    .venv/bin/python bench/recs_quality.py --quick --months 2   # two-week months, 300 customers: ~50 s
 
 The purchases replay in time order through every method at once: tidegate's incremental
 Recommender (fed interaction by interaction, as the change flow feeds it), global popularity,
