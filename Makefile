@@ -121,7 +121,7 @@ bench: $(VENV)/.stamp-bench servers peers
 	$(BIN)/python bench/gateway.py
 	$(BIN)/python bench/sync.py
 	$(BIN)/python bench/recs.py
-	$(BIN)/python bench/recs_quality.py
+	$(BIN)/python bench/recs_quality.py --months 3
 
 clean:
 	rm -rf $(VENV) $(PEERS_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist
