@@ -10,6 +10,7 @@ shared state between processes, a server that goes away).
 from __future__ import annotations
 
 import math
+import random
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -33,7 +34,6 @@ from tidegate.recs.store.memory import (
     ItemCodes,
     MemoryRecsStore,
     UserRecord,
-    _Entry,
     pack_user,
     unpack_user,
 )
@@ -453,7 +453,7 @@ def test_memory_packed_users_keep_every_value_and_round_the_profile_to_float32()
     codes = ItemCodes()
     record = UserRecord(
         profile=[0.1, -2.5, 1e-30, 3.0], profile_at_s=T0 + 0.123456,
-        recent=[_Entry("b", T0 + 60.5, 3.0), _Entry("a", T0, 0.25)],
+        recent=[("b", T0 + 60.5, 3.0), ("a", T0, 0.25)],
         purchased={"a": T0 + 1e-6, "c": T0 - 7.0}, repeat={"a": 123.456789, "c": -1.5},
     )
     unpacked = unpack_user(pack_user(record, codes), codes)
@@ -478,6 +478,29 @@ def test_a_bounded_list_drops_the_weakest_before_and_after_it_keeps_a_heap() -> 
         for member, _ in weakest_first[:max(0, len(reference) - 4)]:
             del reference[member]
         assert scores.scores == reference
+
+
+def test_a_bounded_lists_head_follows_additions_trims_and_removals() -> None:
+    # Given a long list read by its head between writes (trending under a stream of interactions)
+    rng = random.Random(7)
+    scores, reference = BoundedScores(), dict[str, float]()
+    for step in range(300):
+        adds = [(f"m{rng.randrange(400)}", rng.choice([0.5, 1.0, float(step % 7)]))
+                for _ in range(rng.randrange(1, 6))]
+        scores.update(adds, 300)
+        for member, value in adds:
+            reference[member] = value if member not in reference else log_add(reference[member], value)
+        weakest_first = sorted(reference.items(), key=lambda kv: (kv[1], kv[0]))
+        for member, _ in weakest_first[:max(0, len(reference) - 300)]:
+            del reference[member]
+        if step % 50 == 49:
+            removed = rng.choice(sorted(reference))
+            scores.remove(removed)
+            del reference[removed]
+        # Then each read of the head is the head of the whole ranking
+        count = rng.choice([5, 10, 20])
+        expected = sorted(reference.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:count]
+        assert scores.top(0, count) == expected
 
 
 # ---------------------------------------------------------------------- Redis only
