@@ -6,7 +6,7 @@ is also the plain-Python statement of what lua/record.lua does for the Redis sto
 
 Per-user state is kept packed: one `bytes` value per user (`pack_user`), its item ids as 32-bit
 codes of an index the store shares across users (`ItemCodes`). A user holding a 64-dimension
-profile and 7 recent items takes about 0.5 KB that way, against 3.6 KB as a `UserRecord` of Python
+profile and 7 recent items takes about 0.4 KB that way, against 3.6 KB as a `UserRecord` of Python
 floats and small objects; and since neither `bytes` nor a dict of strings to `bytes` is a
 container the garbage collector tracks, a million users add nothing to the walk of a full
 collection. A batch unpacks each of its users into a `UserRecord`, applies the events and packs it
@@ -19,11 +19,9 @@ import functools
 import heapq
 import math
 import struct
-from array import array
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import cast
 
 from tidegate.recs.model import Item
 from tidegate.recs.score import decay_factor, log_add, log_weight
@@ -37,6 +35,7 @@ from tidegate.recs.store.base import (
     UserParams,
     UserState,
 )
+from tidegate.recs.store.profile import pack_profile, unpack_profile
 
 __all__ = ["BoundedScores", "ItemCodes", "MemoryRecsStore", "UserRecord", "pack_user", "unpack_user"]
 
@@ -260,8 +259,9 @@ class ItemCodes:
         return self.ids[code]
 
 
-# profile time, then how many profile components, recent items, purchases and buy-again counts
-_HEADER = struct.Struct("<dIIII")
+# profile time, how many profile components and their exponent (tidegate.recs.store.profile), then
+# how many recent items, purchases and buy-again counts
+_HEADER = struct.Struct("<dIiIII")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -273,15 +273,18 @@ def _lists_layout(recent: int, purchased: int, repeat: int) -> struct.Struct:
 
 
 def pack_user(record: UserRecord, codes: ItemCodes) -> bytes:
-    """A user's record as one `bytes`: the header, then arrays of float32 profile components
-    (rounded to nearest, as the Redis store keeps them), recent items (codes, times, weights),
-    purchases (codes, times) and buy-again counts (codes, log2 counts), these kept exactly."""
+    """A user's record as one `bytes`: the header, then the profile in scaled halves (rounded as
+    the Redis store rounds them, see tidegate.recs.store.profile), recent items (codes, times,
+    weights), purchases (codes, times) and buy-again counts (codes, log2 counts), these kept
+    exactly."""
     recent, purchased, repeat = record.recent, record.purchased, record.repeat
     code = codes.code
     ids, times, weights = zip(*recent, strict=True) if recent else ((), (), ())
+    exponent, profile = pack_profile(record.profile)
     return b"".join((
-        _HEADER.pack(record.profile_at_s, len(record.profile), len(recent), len(purchased), len(repeat)),
-        array("f", record.profile).tobytes(),
+        _HEADER.pack(record.profile_at_s, len(record.profile), exponent, len(recent), len(purchased),
+                     len(repeat)),
+        profile,
         _lists_layout(len(recent), len(purchased), len(repeat)).pack(
             *map(code, ids), *times, *weights, *map(code, purchased), *purchased.values(),
             *map(code, repeat), *repeat.values(),
@@ -291,9 +294,9 @@ def pack_user(record: UserRecord, codes: ItemCodes) -> bytes:
 
 def unpack_user(blob: bytes, codes: ItemCodes) -> UserRecord:
     """The record `pack_user` packed."""
-    profile_at_s, dimension, n_recent, n_purchased, n_repeat = _HEADER.unpack_from(blob)
-    start = _HEADER.size + 4 * dimension
-    profile = cast(list[float], memoryview(blob)[_HEADER.size:start].cast("f").tolist())
+    profile_at_s, dimension, exponent, n_recent, n_purchased, n_repeat = _HEADER.unpack_from(blob)
+    profile = unpack_profile(blob, _HEADER.size, dimension, exponent)
+    start = _HEADER.size + 2 * dimension
     values = _lists_layout(n_recent, n_purchased, n_repeat).unpack_from(blob, start)
     ids = codes.ids
     bought = 3 * n_recent

@@ -1,13 +1,18 @@
 -- Apply one user's interactions in order: decayed profile, co-occurrence pairs, recent items,
 -- purchased items and their buy-again counts. The plain-Python statement of the same rules is UserRecord in
 -- store/memory.py; see also tidegate.recs.store.
--- KEYS[1] state   string, packed: the profile's time (float64) and length (uint32), its components
---                 (float32 each), then the recent items, msgpack [id, time, weight, ...], newest
---                 first (one string rather than a hash of two: a key's overhead is a large part of
---                 a user's few hundred bytes). A hash of the earlier layout ("p": msgpack [time,
---                 component, ...], "r": the recent items) is read and replaced.
--- KEYS[2] bought  zset  item id -> time of its last purchase
--- KEYS[3] again   zset  item id -> log2 of its forward-decayed purchase count
+-- KEYS[1] state   string, packed: the profile's time (float64), a layout word (uint32: 2^31 + 2^16 *
+--                 the profile's exponent + its length), its components as halves of the profile
+--                 divided by 2^exponent (uint16 bits each; see tidegate.recs.store.profile), then
+--                 msgpack [recent items [id, time, weight, ...] newest first, purchases [id, time
+--                 of the last purchase, ...], buy-again counts [id, log2 of the forward-decayed
+--                 count, ...]]. One string per user: a key's overhead is a large part of a user's
+--                 few hundred bytes. Earlier layouts are read and replaced: a string whose layout
+--                 word is below 2^31 (float32 components, msgpack recent items only, purchases
+--                 and counts in KEYS[2] and KEYS[3]), and a hash ("p": msgpack [time, component,
+--                 ...], "r": the recent items).
+-- KEYS[2] bought  zset  (earlier layouts) item id -> time of its last purchase; deleted once read
+-- KEYS[3] again   zset  (earlier layouts) item id -> log2 of its forward-decayed purchase count
 -- ARGV[1] profile half-life s, ARGV[2] session window s, ARGV[3] recent items kept, ARGV[4]
 -- purchases kept, ARGV[5] co-occurrence half-life s, ARGV[6] buy-again half-life s, ARGV[7]
 -- buy-again counts kept, ARGV[8] the interactions packed in one msgpack array, five entries each:
@@ -25,35 +30,98 @@ local function decay(elapsed)
   return 2 ^ math.min(MAX_EXPONENT, -elapsed / half_life)
 end
 
-local function floats(blob, count, from)
-  -- struct.unpack returns its values and then the next position; 64 at a time keeps the
-  -- returned values well inside Lua's stack
-  local values, position = {}, from
-  while #values < count do
-    local take = math.min(64, count - #values)
-    local got = {struct.unpack('<' .. string.rep('f', take), blob, position)}
-    position = got[take + 1]
-    for k = 1, take do values[#values + 1] = got[k] end
-  end
-  return values, position
+local LAYOUT = 2 ^ 31  -- the layout word of the current layout starts here
+
+local function round_half_even(v)
+  local floor = math.floor(v)
+  local rest = v - floor
+  if rest > 0.5 or (rest == 0.5 and floor % 2 == 1) then return floor + 1 end
+  return floor
 end
 
+-- The IEEE half nearest x (ties to even), as bits: what Python's struct "e" and numpy give.
+local function half_bits(x)
+  local sign = 0
+  if x < 0 or (x == 0 and 1 / x < 0) then sign, x = 32768, -x end
+  if x ~= x then return 32256 end  -- NaN
+  if x == 0 then return sign end
+  local _, e = math.frexp(x)  -- x = m * 2^e, 0.5 <= m < 1
+  if e <= -14 then return sign + round_half_even(x * 2 ^ 24) end  -- subnormal (or the least normal)
+  local q = round_half_even(x * 2 ^ (11 - e))  -- 1024 .. 2048
+  local biased = e + 14
+  if q == 2048 then q, biased = 1024, biased + 1 end
+  if biased >= 31 then return sign + 31744 end  -- infinity
+  return sign + biased * 1024 + (q - 1024)
+end
+
+local function from_half(bits)
+  local sign = 1
+  if bits >= 32768 then sign, bits = -1, bits - 32768 end
+  local biased, fraction = math.floor(bits / 1024), bits % 1024
+  if biased == 0 then return sign * fraction * 2 ^ -24 end
+  if biased == 31 then return fraction == 0 and sign * math.huge or 0 / 0 end
+  return sign * (1024 + fraction) * 2 ^ (biased - 25)
+end
+
+local function values(blob, count, from, code)
+  -- struct.unpack returns its values and then the next position; 64 at a time keeps the
+  -- returned values well inside Lua's stack
+  local got_values, position = {}, from
+  while #got_values < count do
+    local take = math.min(64, count - #got_values)
+    local got = {struct.unpack('<' .. string.rep(code, take), blob, position)}
+    position = got[take + 1]
+    for k = 1, take do got_values[#got_values + 1] = got[k] end
+  end
+  return got_values, position
+end
+
+local function floats(blob, count, from) return values(blob, count, from, 'f') end
+
 local profile, flat = {}, nil  -- profile: {time, component 1, ...}
+local bought, again = {}, {}  -- item id -> time of its last purchase; item id -> log2 count
+local earlier = false  -- an earlier layout: its sorted sets are read, then deleted
 local packed = redis.pcall('GET', KEYS[1])
-if type(packed) == 'table' and packed.err then  -- the earlier layout: a hash
+if type(packed) == 'table' and packed.err then  -- the earliest layout: a hash
   local held = redis.call('HMGET', KEYS[1], 'p', 'r')
   profile = held[1] and cmsgpack.unpack(held[1]) or {}
   flat = held[2] and cmsgpack.unpack(held[2])
   redis.call('DEL', KEYS[1])
+  earlier = true
 elseif packed then
-  local at, size, position = struct.unpack('<dI4', packed)
+  local at, word, position = struct.unpack('<dI4', packed)
+  local size, exponent = word, 0
+  if word >= LAYOUT then
+    size, exponent = word % 65536, math.floor((word - LAYOUT) / 65536)
+  else
+    earlier = true
+  end
   if size > 0 then
     local components
-    components, position = floats(packed, size, position)
+    if earlier then
+      components, position = floats(packed, size, position)
+    else
+      components, position = values(packed, size, position, 'H')
+      for k = 1, size do components[k] = from_half(components[k]) * 2 ^ exponent end
+    end
     profile[1] = at
     for k = 1, size do profile[k + 1] = components[k] end
   end
-  flat = cmsgpack.unpack(string.sub(packed, position))
+  local rest = cmsgpack.unpack(string.sub(packed, position))
+  if earlier then
+    flat = rest
+  else
+    flat = rest[1]
+    for i = 1, #rest[2], 2 do bought[rest[2][i]] = tonumber(rest[2][i + 1]) end
+    for i = 1, #rest[3], 2 do again[rest[3][i]] = tonumber(rest[3][i + 1]) end
+  end
+end
+if earlier then
+  local held = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  for i = 1, #held, 2 do bought[held[i]] = tonumber(held[i + 1]) end
+  held = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
+  for i = 1, #held, 2 do again[held[i]] = tonumber(held[i + 1]) end
+  redis.call('DEL', KEYS[2], KEYS[3])
 end
 local recent = {}
 if flat then
@@ -109,31 +177,59 @@ for i = 1, #events, 5 do
   end
   touch(item, at, weight)
   if events[i + 3] then
-    local last = redis.call('ZSCORE', KEYS[2], item)
-    if not last or tonumber(last) < at then
-      redis.call('ZADD', KEYS[2], string.format('%.17g', at), item)
-    end
+    if not bought[item] or bought[item] < at then bought[item] = at end
     -- log2(2^a + 2^b), as score.log_add: one purchase of weight 1, forward-decayed
     local value = at / again_half_life
-    local count = redis.call('ZSCORE', KEYS[3], item)
+    local count = again[item]
     if count then
-      local a, b = tonumber(count), value
+      local a, b = count, value
       if a < b then a, b = b, a end
       value = a + math.log(1 + 2 ^ (b - a)) / LN2
     end
-    redis.call('ZADD', KEYS[3], string.format('%.17g', value), item)
+    again[item] = value
   end
 end
 
-local bought = redis.call('ZCARD', KEYS[2])
-if bought > bought_cap then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, bought - bought_cap - 1) end
-local again = redis.call('ZCARD', KEYS[3])
-if again > again_cap then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, again - again_cap - 1) end
--- The profile is kept in float32 (struct rounds each component to nearest), as the memory store does.
-local parts = {struct.pack('<dI4', profile[1] or 0, math.max(#profile - 1, 0))}
-for k = 2, #profile, 64 do
-  parts[#parts + 1] = struct.pack('<' .. string.rep('f', math.min(64, #profile - k + 1)),
-    unpack(profile, k, math.min(k + 63, #profile)))
+-- Keep the `cap` entries of the largest values (ties: the smallest id goes first), as a flat
+-- [id, value, ...] list.
+local function bounded(entries, cap)
+  local list = {}
+  for id, value in pairs(entries) do list[#list + 1] = {id, value} end
+  if #list > cap then
+    table.sort(list, function(x, y)
+      if x[2] ~= y[2] then return x[2] < y[2] end
+      return x[1] < y[1]
+    end)
+    local kept = {}
+    for k = #list - cap + 1, #list do kept[#kept + 1] = list[k] end
+    list = kept
+  end
+  local out_flat = {}
+  for _, entry in ipairs(list) do
+    out_flat[#out_flat + 1] = entry[1]
+    out_flat[#out_flat + 1] = entry[2]
+  end
+  return out_flat
+end
+
+-- The profile is kept in scaled halves, rounded as the memory store rounds them.
+local size = math.max(#profile - 1, 0)
+local largest = 0
+for k = 2, #profile do
+  local magnitude = math.abs(profile[k])
+  if magnitude > largest and magnitude < math.huge then largest = magnitude end
+end
+local exponent = 0
+if largest > 0 then
+  local _, e = math.frexp(largest)
+  exponent = math.max(0, e - 15)
+end
+local parts = {struct.pack('<dI4', profile[1] or 0, LAYOUT + exponent * 65536 + size)}
+local bits = {}
+for k = 2, #profile do bits[#bits + 1] = half_bits(profile[k] * 2 ^ -exponent) end
+for k = 1, #bits, 64 do
+  parts[#parts + 1] = struct.pack('<' .. string.rep('H', math.min(64, #bits - k + 1)),
+    unpack(bits, k, math.min(k + 63, #bits)))
 end
 flat = {}
 for _, entry in ipairs(recent) do
@@ -141,6 +237,6 @@ for _, entry in ipairs(recent) do
   flat[#flat + 1] = entry[2]
   flat[#flat + 1] = entry[3]
 end
-parts[#parts + 1] = cmsgpack.pack(flat)
+parts[#parts + 1] = cmsgpack.pack({flat, bounded(bought, bought_cap), bounded(again, again_cap)})
 redis.call('SET', KEYS[1], table.concat(parts))
 return out
