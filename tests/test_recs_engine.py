@@ -276,7 +276,7 @@ async def test_incremental_state_scores_as_a_recomputation_from_the_events(
                                     exclude_purchased)
 
         # Then each item scores as recomputed, and they are the best of the recomputation (to
-        # the profile's half precision: a cosine similarity to about 1e-3)
+        # the profile's 16-bit fixed point)
         assert not result.cold_start
         for recommendation in result.items:
             score, signals = expected[recommendation.item_id]

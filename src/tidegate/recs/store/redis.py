@@ -6,7 +6,7 @@ Redis Cluster slot:
 
 - `{<prefix>:recs:items}:data|log|version`: the catalogue (item id → msgpack item), its change
   log (item id → version of its last change) and version counter;
-- `{<prefix>:recs:user:<user id>}:state`: a user's profile (scaled half-precision components, see
+- `{<prefix>:recs:user:<user id>}:state`: a user's profile (16-bit fixed point components, see
   tidegate.recs.store.profile), recent items, purchased items and their buy-again counts, one
   packed string (see lua/record.lua); `…:bought|again` are the sorted sets of purchases and
   counts of an earlier layout, read and deleted by the user's next write;
@@ -315,6 +315,7 @@ class RedisRecsStore(RecsStore):
 
 _STATE_HEAD = struct.Struct("<dI")
 LAYOUT = 2**31  # lua/record.lua: a layout word from here on is the current layout's
+EXPONENT_BIAS = 2048  # lua/record.lua keeps the profile's exponent plus this
 
 
 Folded = tuple[dict[str, float], dict[str, float]]  # purchases, buy-again counts
@@ -329,7 +330,7 @@ def _unpack_state(packed: bytes) -> tuple[list[float], list[Any], Folded | None]
         end = _STATE_HEAD.size + 4 * word
         components = np.frombuffer(packed, dtype="<f4", count=word, offset=_STATE_HEAD.size).tolist()
         return [at_s, *components] if word else [], msgpack.unpackb(packed[end:]), None
-    size, exponent = word % 65536, (word - LAYOUT) // 65536
+    size, exponent = word % 65536, (word - LAYOUT) // 65536 - EXPONENT_BIAS
     profile = [at_s, *unpack_profile(packed, _STATE_HEAD.size, size, exponent)] if size else []
     flat, bought, again = msgpack.unpackb(packed[_STATE_HEAD.size + 2 * size:])
     return profile, flat, (_pairs(bought), _pairs(again))

@@ -2,8 +2,8 @@
 -- purchased items and their buy-again counts. The plain-Python statement of the same rules is UserRecord in
 -- store/memory.py; see also tidegate.recs.store.
 -- KEYS[1] state   string, packed: the profile's time (float64), a layout word (uint32: 2^31 + 2^16 *
---                 the profile's exponent + its length), its components as halves of the profile
---                 divided by 2^exponent (uint16 bits each; see tidegate.recs.store.profile), then
+--                 (the profile's exponent + 2048) + its length), its components in fixed point,
+--                 floor(component * 2^(14 - exponent) + 0.5) as int16 each (tidegate.recs.store.profile), then
 --                 msgpack [recent items [id, time, weight, ...] newest first, purchases [id, time
 --                 of the last purchase, ...], buy-again counts [id, log2 of the forward-decayed
 --                 count, ...]]. One string per user: a key's overhead is a large part of a user's
@@ -31,37 +31,8 @@ local function decay(elapsed)
 end
 
 local LAYOUT = 2 ^ 31  -- the layout word of the current layout starts here
-
-local function round_half_even(v)
-  local floor = math.floor(v)
-  local rest = v - floor
-  if rest > 0.5 or (rest == 0.5 and floor % 2 == 1) then return floor + 1 end
-  return floor
-end
-
--- The IEEE half nearest x (ties to even), as bits: what Python's struct "e" and numpy give.
-local function half_bits(x)
-  local sign = 0
-  if x < 0 or (x == 0 and 1 / x < 0) then sign, x = 32768, -x end
-  if x ~= x then return 32256 end  -- NaN
-  if x == 0 then return sign end
-  local _, e = math.frexp(x)  -- x = m * 2^e, 0.5 <= m < 1
-  if e <= -14 then return sign + round_half_even(x * 2 ^ 24) end  -- subnormal (or the least normal)
-  local q = round_half_even(x * 2 ^ (11 - e))  -- 1024 .. 2048
-  local biased = e + 14
-  if q == 2048 then q, biased = 1024, biased + 1 end
-  if biased >= 31 then return sign + 31744 end  -- infinity
-  return sign + biased * 1024 + (q - 1024)
-end
-
-local function from_half(bits)
-  local sign = 1
-  if bits >= 32768 then sign, bits = -1, bits - 32768 end
-  local biased, fraction = math.floor(bits / 1024), bits % 1024
-  if biased == 0 then return sign * fraction * 2 ^ -24 end
-  if biased == 31 then return fraction == 0 and sign * math.huge or 0 / 0 end
-  return sign * (1024 + fraction) * 2 ^ (biased - 25)
-end
+local EXPONENT_BIAS = 2048  -- the profile's exponent is kept as exponent + bias
+local FRACTION_BITS = 14  -- the largest component is below 2^14 once scaled
 
 local function values(blob, count, from, code)
   -- struct.unpack returns its values and then the next position; 64 at a time keeps the
@@ -92,7 +63,7 @@ elseif packed then
   local at, word, position = struct.unpack('<dI4', packed)
   local size, exponent = word, 0
   if word >= LAYOUT then
-    size, exponent = word % 65536, math.floor((word - LAYOUT) / 65536)
+    size, exponent = word % 65536, math.floor((word - LAYOUT) / 65536) - EXPONENT_BIAS
   else
     earlier = true
   end
@@ -101,8 +72,9 @@ elseif packed then
     if earlier then
       components, position = floats(packed, size, position)
     else
-      components, position = values(packed, size, position, 'H')
-      for k = 1, size do components[k] = from_half(components[k]) * 2 ^ exponent end
+      components, position = values(packed, size, position, 'h')
+      local scale = 2 ^ (exponent - FRACTION_BITS)
+      for k = 1, size do components[k] = components[k] * scale end
     end
     profile[1] = at
     for k = 1, size do profile[k + 1] = components[k] end
@@ -212,24 +184,25 @@ local function bounded(entries, cap)
   return out_flat
 end
 
--- The profile is kept in scaled halves, rounded as the memory store rounds them.
+-- The profile is kept in 16-bit fixed point, rounded as the memory store rounds it.
 local size = math.max(#profile - 1, 0)
 local largest = 0
 for k = 2, #profile do
   local magnitude = math.abs(profile[k])
-  if magnitude > largest and magnitude < math.huge then largest = magnitude end
+  if magnitude > largest then largest = magnitude end
 end
 local exponent = 0
 if largest > 0 then
-  local _, e = math.frexp(largest)
-  exponent = math.max(0, e - 15)
+  local _
+  _, exponent = math.frexp(largest)
 end
-local parts = {struct.pack('<dI4', profile[1] or 0, LAYOUT + exponent * 65536 + size)}
-local bits = {}
-for k = 2, #profile do bits[#bits + 1] = half_bits(profile[k] * 2 ^ -exponent) end
-for k = 1, #bits, 64 do
-  parts[#parts + 1] = struct.pack('<' .. string.rep('H', math.min(64, #bits - k + 1)),
-    unpack(bits, k, math.min(k + 63, #bits)))
+local parts = {struct.pack('<dI4', profile[1] or 0, LAYOUT + (exponent + EXPONENT_BIAS) * 65536 + size)}
+local fixed, scale, floor = {}, 2 ^ (FRACTION_BITS - exponent), math.floor
+-- floor(x + 0.5) in doubles, as tidegate.recs.store.profile computes it: the same integers
+for k = 2, #profile do fixed[k - 1] = floor(profile[k] * scale + 0.5) end
+for k = 1, #fixed, 64 do
+  parts[#parts + 1] = struct.pack('<' .. string.rep('h', math.min(64, #fixed - k + 1)),
+    unpack(fixed, k, math.min(k + 63, #fixed)))
 end
 flat = {}
 for _, entry in ipairs(recent) do
