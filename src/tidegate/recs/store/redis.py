@@ -61,6 +61,7 @@ __all__ = ["RedisRecsStore"]
 _SCRIPTS = ("item_put", "item_delete", "items_since", "record", "log_add", "note")
 SCRIPT_CHUNK = 5000  # additions per log_add call
 NEIGHBOUR_LISTS_PER_CALL = 200  # co-occurrence lists updated by one log_add call (one server)
+USERS_PER_CALL = 50  # users recorded by one record call (one server)
 NO_BOUND = 2**53  # a bound no list reaches
 T = TypeVar("T")
 
@@ -173,7 +174,7 @@ class RedisRecsStore(RecsStore):
             repr(params.pair_half_life_s), repr(params.repeat_half_life_s), params.max_repeat,
         ]
         packed: dict[tuple[float, ...], bytes] = {}
-        calls = []
+        users: list[tuple[list[str], bytes]] = []
         for user_id, events in batch:
             flat: list[Any] = []
             for event in events:
@@ -183,16 +184,23 @@ class RedisRecsStore(RecsStore):
                         event.vector, np.asarray(event.vector, dtype="<f4").tobytes()
                     )
                 flat += [event.item_id, float(event.at_s), float(event.weight), event.purchase, vector]
-            args = [*head, msgpack.packb(flat, use_bin_type=False)]  # Lua's cmsgpack reads no bin type
-            calls.append(self._script_command("record", self._user_keys(user_id), args))
-        replies = await self._pipelined(calls)
+            # Lua's cmsgpack reads no bin type
+            users.append((self._user_keys(user_id), msgpack.packb(flat, use_bin_type=False)))
+        # Several users a script call on one server, as for the neighbour lists (see there).
+        per_call = 1 if self._cluster else USERS_PER_CALL
+        calls = []
+        for start in range(0, len(users), per_call):
+            chunk = users[start:start + per_call]
+            keys = [key for user_keys, _ in chunk for key in user_keys]
+            calls.append(self._script_command("record", keys, [*head, *(events for _, events in chunk)]))
         outcomes = []
-        for reply in replies:
-            pairs = tuple(
-                (reply[i].decode(), reply[i + 1].decode(), float(reply[i + 2]))
-                for i in range(1, len(reply), 3)
-            )
-            outcomes.append(UserOutcome(bool(reply[0]), pairs))
+        for replies in await self._pipelined(calls):
+            for reply in replies:
+                pairs = tuple(
+                    (reply[i].decode(), reply[i + 1].decode(), float(reply[i + 2]))
+                    for i in range(1, len(reply), 3)
+                )
+                outcomes.append(UserOutcome(bool(reply[0]), pairs))
         return outcomes
 
     async def _user_state(self, user_id: str) -> UserState | None:
