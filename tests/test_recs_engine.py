@@ -275,14 +275,15 @@ async def test_incremental_state_scores_as_a_recomputation_from_the_events(
         expected = reference_scores(CATALOGUE, events, user, now_s, REFERENCE_SETTINGS, context,
                                     exclude_purchased)
 
-        # Then each item scores as recomputed, and they are the best of the recomputation
+        # Then each item scores as recomputed, and they are the best of the recomputation (to
+        # the profile's 16-bit fixed point)
         assert not result.cold_start
         for recommendation in result.items:
             score, signals = expected[recommendation.item_id]
-            assert recommendation.score == pytest.approx(score, abs=1e-5)
-            assert dict(recommendation.signals) == pytest.approx(signals, abs=1e-5)
+            assert recommendation.score == pytest.approx(score, abs=2e-3)
+            assert dict(recommendation.signals) == pytest.approx(signals, abs=2e-3)
         best = sorted((score for score, _ in expected.values()), reverse=True)[:4]
-        assert [r.score for r in result.items] == pytest.approx(best, abs=1e-5)
+        assert [r.score for r in result.items] == pytest.approx(best, abs=2e-3)
 
 
 # ---------------------------------------------------------------------- decay
@@ -301,7 +302,7 @@ async def test_after_one_half_life_a_signal_weighs_half(engines: Engines, rec: R
         cold = {r.item_id: r.signals for r in (await rec.recommend(RecQuery("nobody", n=10))).items}
 
         # Then the older view weighs half in the profile and in trending, whenever it is read
-        assert signals["like-old"]["profile"] / signals["like-new"]["profile"] == pytest.approx(0.5, rel=1e-5)
+        assert signals["like-old"]["profile"] / signals["like-new"]["profile"] == pytest.approx(0.5, rel=2e-3)
         assert cold["old"]["trending"] == pytest.approx(0.5)
         assert cold["new"]["trending"] == pytest.approx(1.0)
 

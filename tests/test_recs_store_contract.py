@@ -10,6 +10,8 @@ shared state between processes, a server that goes away).
 from __future__ import annotations
 
 import math
+import random
+import struct
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -17,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,7 +34,6 @@ from tidegate.recs.store.memory import (
     ItemCodes,
     MemoryRecsStore,
     UserRecord,
-    _Entry,
     pack_user,
     unpack_user,
 )
@@ -351,8 +351,8 @@ async def test_user_updates_match_a_recomputation_from_the_events(
     profile, profile_at, recent, purchased, expected_pairs, repeat = reference_user(events, PARAMS)
 
     assert state is not None
-    # kept in float32: one rounding per batch (a relative error of 6e-8 each)
-    assert state.profile == pytest.approx(profile, rel=1e-6, abs=1e-6)
+    # kept in fixed point: one rounding per batch (to within 2^-15 of the largest component)
+    assert state.profile == pytest.approx(profile, rel=5e-3, abs=5e-3)
     if profile:
         assert state.profile_at_s == profile_at
     assert [(e.item_id, e.at_s, e.weight) for e in state.recent] == recent
@@ -449,15 +449,16 @@ def test_store_urls_and_prefixes_are_checked() -> None:
 # ---------------------------------------------------------------------- memory only
 
 
-def test_memory_packed_users_keep_every_value_and_round_the_profile_to_float32() -> None:
+def test_memory_packed_users_keep_every_value_and_round_the_profile_to_fixed_point() -> None:
     codes = ItemCodes()
     record = UserRecord(
         profile=[0.1, -2.5, 1e-30, 3.0], profile_at_s=T0 + 0.123456,
-        recent=[_Entry("b", T0 + 60.5, 3.0), _Entry("a", T0, 0.25)],
+        recent=[("b", T0 + 60.5, 3.0), ("a", T0, 0.25)],
         purchased={"a": T0 + 1e-6, "c": T0 - 7.0}, repeat={"a": 123.456789, "c": -1.5},
     )
     unpacked = unpack_user(pack_user(record, codes), codes)
-    assert unpacked.profile == [float(np.float32(x)) for x in record.profile]
+    # the largest component, 3.0, is below 2^2: each is kept in steps of 2^(2 - 14)
+    assert unpacked.profile == [math.floor(x * 2**12 + 0.5) / 2**12 for x in record.profile]
     assert (unpacked.profile_at_s, unpacked.recent) == (record.profile_at_s, record.recent)
     assert (unpacked.purchased, unpacked.repeat) == (record.purchased, record.repeat)
     assert len(codes) == 3  # ids are shared across users as codes
@@ -478,6 +479,29 @@ def test_a_bounded_list_drops_the_weakest_before_and_after_it_keeps_a_heap() -> 
         for member, _ in weakest_first[:max(0, len(reference) - 4)]:
             del reference[member]
         assert scores.scores == reference
+
+
+def test_a_bounded_lists_head_follows_additions_trims_and_removals() -> None:
+    # Given a long list read by its head between writes (trending under a stream of interactions)
+    rng = random.Random(7)
+    scores, reference = BoundedScores(), dict[str, float]()
+    for step in range(300):
+        adds = [(f"m{rng.randrange(400)}", rng.choice([0.5, 1.0, float(step % 7)]))
+                for _ in range(rng.randrange(1, 6))]
+        scores.update(adds, 300)
+        for member, value in adds:
+            reference[member] = value if member not in reference else log_add(reference[member], value)
+        weakest_first = sorted(reference.items(), key=lambda kv: (kv[1], kv[0]))
+        for member, _ in weakest_first[:max(0, len(reference) - 300)]:
+            del reference[member]
+        if step % 50 == 49:
+            removed = rng.choice(sorted(reference))
+            scores.remove(removed)
+            del reference[removed]
+        # Then each read of the head is the head of the whole ranking
+        count = rng.choice([5, 10, 20])
+        expected = sorted(reference.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:count]
+        assert scores.top(0, count) == expected
 
 
 # ---------------------------------------------------------------------- Redis only
@@ -520,7 +544,7 @@ async def test_redis_keys_carry_a_hash_tag_per_unit(redis_stores: Stores) -> Non
     p = redis_stores.prefix
     assert keys == sorted([
         f"{{{p}:recs:items}}:data", f"{{{p}:recs:items}}:log", f"{{{p}:recs:items}}:version",
-        f"{{{p}:recs:user:u1}}:state", f"{{{p}:recs:user:u1}}:bought", f"{{{p}:recs:user:u1}}:again",
+        f"{{{p}:recs:user:u1}}:state",
         f"{{{p}:recs:item:a}}:neighbours",
         f"{{{p}:recs:trending}}:all", f"{{{p}:recs:trending}}:category:shoes",
         f"{{{p}:recs}}:meta",
@@ -552,6 +576,59 @@ async def test_redis_reads_a_user_of_the_earlier_layout_and_replaces_it_on_the_n
     assert state is not None
     assert [entry.item_id for entry in state.recent] == ["b", "a"]
     assert state.profile_at_s == T0 + 60
+
+
+async def test_redis_keeps_the_profile_rounded_as_the_memory_store_does(redis_stores: Stores) -> None:
+    # Given the same events, with profiles of every magnitude
+    rng = random.Random(3)
+    params = UserParams(half_life_s=HOUR, session_window_s=1800.0, recent_items=5, max_purchased=3,
+                        max_repeat=2)
+    batches = []
+    for user in range(40):
+        size = 10.0 ** rng.randrange(-9, 7)
+        events = [UserEvent(f"i{rng.randrange(8)}", T0 + rng.randrange(0, 7200), rng.choice([1.0, 3.0, 0.5]),
+                            rng.random() < 0.4, tuple(size * rng.uniform(-1, 1) for _ in range(8)))
+                  for _ in range(rng.randrange(1, 12))]
+        batches.append((f"u{user}", events))
+    memory, redis_store = await recs_store_for("memory://").open(), await redis_stores.open()
+    try:
+        for user_id, events in batches:
+            for start in range(0, len(events), 3):
+                await memory.record_users([(user_id, events[start:start + 3])], params)
+                await redis_store.record_users([(user_id, events[start:start + 3])], params)
+        # Then both stores hold the same state to the bit
+        for user_id, _ in batches:
+            assert await redis_store.user_state(user_id) == await memory.user_state(user_id)
+    finally:
+        await memory.close()
+
+
+async def test_redis_folds_a_user_of_the_earlier_string_layout_into_one_string(redis_stores: Stores) -> None:
+    # Given a user written by the earlier string layout: float32 profile, recent items, and the
+    # purchases and buy-again counts in sorted sets of their own
+    store = await redis_stores.open()
+    tag = f"{{{redis_stores.prefix}:recs:user:u}}"
+    client = redis_client(redis_stores.url)
+    try:
+        earlier = struct.pack("<dI4f", T0, 4, 0.5, 0.25, 0.0, 0.0) + msgpack.packb(["a", T0, 5.0])
+        await client.set(f"{tag}:state", earlier)
+        await client.zadd(f"{tag}:bought", {"a": T0})
+        await client.zadd(f"{tag}:again", {"a": 7.5})
+        # Then it reads as it was written
+        held = await store.user_state("u")
+        assert held is not None
+        assert (held.profile, held.profile_at_s) == ((0.5, 0.25, 0.0, 0.0), T0)
+        assert held.recent == (RecentItem("a", T0, 5.0),)
+        assert (held.purchased, held.repeat) == ({"a": T0}, {"a": 7.5})
+        # When the user interacts again, everything is one string and the sorted sets are gone
+        await store.record_users([("u", [event("b", T0 + 60, purchase=True)])], PARAMS)
+        assert await client.exists(f"{tag}:bought", f"{tag}:again") == 0
+    finally:
+        await client.aclose()
+    state = await store.user_state("u")
+    assert state is not None
+    assert [entry.item_id for entry in state.recent] == ["b", "a"]
+    assert set(state.purchased) == {"a", "b"} and state.repeat["a"] == 7.5
 
 
 @pytest.fixture

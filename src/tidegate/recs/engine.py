@@ -53,7 +53,7 @@ from tidegate.recs.model import (
     RecsSettings,
 )
 from tidegate.recs.score import Signals, blend, decayed, log_add, log_weight
-from tidegate.recs.store.base import RecsStore, UserEvent, UserParams, UserState
+from tidegate.recs.store.base import RecsStore, UserEvent, UserOutcome, UserParams, UserState
 from tidegate.recs.vectors import item_vector
 from tidegate.sync.values import JsonValue
 
@@ -170,11 +170,16 @@ class Recommender:
         await self._sync()
         by_user: dict[str, list[UserEvent]] = {}
         trending: dict[str | None, dict[str, float]] = {}
+        newest_s = -math.inf
         for interaction in interactions:
             at_s = interaction.at.timestamp()
+            newest_s = max(newest_s, at_s)
             weight = self._weights[interaction.kind.value]
             item = self._catalog.get(interaction.item_id)
-            by_user.setdefault(interaction.user_id, []).append(UserEvent(
+            events = by_user.get(interaction.user_id)
+            if events is None:
+                events = by_user[interaction.user_id] = []
+            events.append(UserEvent(
                 interaction.item_id, at_s, weight, interaction.kind is InteractionKind.PURCHASE,
                 None if item is None else item.vector,
             ))
@@ -183,18 +188,14 @@ class Recommender:
                 for scope in (None, *(item.categories if item is not None else ())):
                     _log_add_into(trending.setdefault(scope, {}), interaction.item_id, value)
         outcomes = await self.store.record_users(list(by_user.items()), self._params)
-        neighbours: dict[str, dict[str, float]] = {}
-        for outcome in outcomes:
-            for item_id, other, value in outcome.pairs:
-                _log_add_into(neighbours.setdefault(item_id, {}), other, value)
-                _log_add_into(neighbours.setdefault(other, {}), item_id, value)
+        neighbours = _pair_sums(outcomes)
         # Independent log-adds: sent together, so a batch costs about two round trips.
         await asyncio.gather(
             self.store.add_neighbours(neighbours, self.settings.max_neighbours),
             self.store.add_trending(trending, self.settings.max_trending),
             self.store.note_update(
                 at_s=self._now().timestamp(),
-                interaction_at_s=max(interaction.at.timestamp() for interaction in interactions),
+                interaction_at_s=newest_s,
                 new_users=sum(outcome.new_user for outcome in outcomes),
             ),
         )
@@ -543,6 +544,25 @@ class Recommender:
 
 
 # ---------------------------------------------------------------------- pure helpers
+
+
+def _pair_sums(outcomes: Iterable[UserOutcome]) -> dict[str, dict[str, float]]:
+    """The batch's co-occurrence pairs in both directions, log-added per item and neighbour (a
+    loop over every pair of a batch: kept free of calls but `log_add` on a repeated pair)."""
+    sums: dict[str, dict[str, float]] = {}
+    for outcome in outcomes:
+        for item_id, other, value in outcome.pairs:
+            adds = sums.get(item_id)
+            if adds is None:
+                adds = sums[item_id] = {}
+            held = adds.get(other)
+            adds[other] = value if held is None else log_add(held, value)
+            adds = sums.get(other)
+            if adds is None:
+                adds = sums[other] = {}
+            held = adds.get(item_id)
+            adds[item_id] = value if held is None else log_add(held, value)
+    return sums
 
 
 def _log_add_into(sums: dict[str, float], key: str, value: float) -> None:

@@ -14,9 +14,9 @@ one Lua script, so concurrent writers never lose an update):
 - `record_users` applies each user's events in the order given. Per event: the profile decays to
   the event's time and adds `weight · vector` (see `tidegate.recs.score`; an event without a
   vector, for an item the catalogue does not know yet, leaves the profile alone); the profile is
-  computed in double precision and kept in single (each component rounded to the nearest float32
-  once the user's events of the batch are applied: half the bytes, and the item vectors it sums
-  are float32 already); each recent
+  computed in double precision and kept in 16-bit fixed point with a power-of-two scale, rounded
+  once the user's events of the batch are applied (`tidegate.recs.store.profile`: a quarter of
+  the bytes of double, each component to within 2^-15 of the largest); each recent
   item `r` other than the event's item, touched within `session_window_s` of it, makes a
   co-occurrence pair of weight `min(weight, r.weight)` at the later of the two times (a log
   weight with the co-occurrence half-life), returned to the caller; then the event's item

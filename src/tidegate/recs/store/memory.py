@@ -6,7 +6,7 @@ is also the plain-Python statement of what lua/record.lua does for the Redis sto
 
 Per-user state is kept packed: one `bytes` value per user (`pack_user`), its item ids as 32-bit
 codes of an index the store shares across users (`ItemCodes`). A user holding a 64-dimension
-profile and 7 recent items takes about 0.5 KB that way, against 3.6 KB as a `UserRecord` of Python
+profile and 7 recent items takes about 0.4 KB that way, against 3.6 KB as a `UserRecord` of Python
 floats and small objects; and since neither `bytes` nor a dict of strings to `bytes` is a
 container the garbage collector tracks, a million users add nothing to the walk of a full
 collection. A batch unpacks each of its users into a `UserRecord`, applies the events and packs it
@@ -15,13 +15,13 @@ again (a few microseconds per user).
 
 from __future__ import annotations
 
+import functools
 import heapq
+import math
 import struct
-from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import NamedTuple
 
 from tidegate.recs.model import Item
 from tidegate.recs.score import decay_factor, log_add, log_weight
@@ -35,10 +35,12 @@ from tidegate.recs.store.base import (
     UserParams,
     UserState,
 )
+from tidegate.recs.store.profile import pack_profile, unpack_profile
 
 __all__ = ["BoundedScores", "ItemCodes", "MemoryRecsStore", "UserRecord", "pack_user", "unpack_user"]
 
 _BY_SCORE_THEN_ID = itemgetter(1, 0)
+_LN2 = math.log(2.0)
 
 
 class BoundedScores:
@@ -54,6 +56,9 @@ class BoundedScores:
         self._heap: list[tuple[float, str]] | None = None  # None: not kept yet
         self._ranked: list[tuple[str, float]] | None = None
         self._head: list[tuple[str, float]] = []  # a prefix of the ranking, when _ranked is None
+        # Members added to since `_head` was taken: the head is brought up to date from them
+        # (scores only grow, so no other member can have entered it).
+        self._touched: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -61,18 +66,30 @@ class BoundedScores:
     def add(self, member: str, log_value: float) -> None:
         self.add_all(((member, log_value),))
 
-    def add_all(self, adds: Iterable[tuple[str, float]]) -> None:
+    def add_all(self, adds: Collection[tuple[str, float]]) -> None:
         """`add` each (member, log value), in order."""
         scores, heap = self.scores, self._heap
+        get = scores.get
         for member, log_value in adds:
-            current = scores.get(member)
-            score = log_value if current is None else log_add(current, log_value)
-            scores[member] = score
+            current = get(member)
+            if current is not None:  # score.log_add, inlined: this runs for every pair of a batch
+                if current < log_value:
+                    current, log_value = log_value, current
+                log_value = current + math.log1p(2.0 ** (log_value - current)) / _LN2
+            scores[member] = log_value
             if heap is not None:
-                heapq.heappush(heap, (score, member))
-        self._changed()
+                heapq.heappush(heap, (log_value, member))
+        self._ranked = None
+        if self._head:
+            self._touched.update(member for member, _ in adds)
         if heap is not None and len(heap) > 2 * len(scores) + 64:
             self._heap = None  # rebuilt from the scores when next needed
+
+    def update(self, adds: Collection[tuple[str, float]], max_size: int) -> None:
+        """`add_all`, then `trim`."""
+        self.add_all(adds)
+        if len(self.scores) > max_size:
+            self.trim(max_size)
 
     def trim(self, max_size: int) -> None:
         """Drop the weakest entries past `max_size` (ties: the smallest id first, as Redis does)."""
@@ -83,11 +100,16 @@ class BoundedScores:
         if heap is None:
             heap = self._heap = [(s, m) for m, s in scores.items()]
             heapq.heapify(heap)
+        head = {member for member, _ in self._head}
+        kept_head = True
         while len(scores) > max_size:
             score, member = heapq.heappop(heap)
             if scores.get(member) == score:
                 del scores[member]
-        self._changed()
+                kept_head = kept_head and member not in head
+        self._ranked = None
+        if not kept_head:
+            self._changed()
 
     def remove(self, member: str) -> None:
         if self.scores.pop(member, None) is not None:
@@ -96,6 +118,7 @@ class BoundedScores:
     def _changed(self) -> None:
         self._ranked = None
         self._head = []
+        self._touched = set()
 
     def ranked(self) -> list[tuple[str, float]]:
         """Strongest first; equal scores in descending id order (as ZREVRANGE)."""
@@ -110,17 +133,17 @@ class BoundedScores:
         end = start + count
         if self._ranked is not None or 4 * end >= len(self.scores):
             return self.ranked()[start:end]
+        scores = self.scores
         if len(self._head) < end:
-            self._head = heapq.nlargest(end, self.scores.items(), key=_BY_SCORE_THEN_ID)
+            self._head = heapq.nlargest(end, scores.items(), key=_BY_SCORE_THEN_ID)
+            self._touched = set()
+        elif self._touched:
+            # Every member outside the old head and untouched since ranks below all of it still.
+            candidates = {member for member, _ in self._head} | self._touched
+            self._head = heapq.nlargest(len(self._head), ((m, scores[m]) for m in candidates if m in scores),
+                                        key=_BY_SCORE_THEN_ID)
+            self._touched = set()
         return self._head[start:end]
-
-
-class _Entry(NamedTuple):
-    """A recent item inside a `UserRecord` (a tuple: cheaper to make than a `RecentItem`)."""
-
-    item_id: str
-    at_s: float
-    weight: float
 
 
 @dataclass(slots=True)
@@ -129,7 +152,7 @@ class UserRecord:
 
     profile: list[float] = field(default_factory=list)
     profile_at_s: float = 0.0
-    recent: list[_Entry] = field(default_factory=list)  # newest first
+    recent: list[tuple[str, float, float]] = field(default_factory=list)  # (id, time, weight), newest first
     purchased: dict[str, float] = field(default_factory=dict)
     repeat: dict[str, float] = field(default_factory=dict)  # item id -> log2 decayed purchase count
 
@@ -137,20 +160,23 @@ class UserRecord:
         """Apply one event; returns the co-occurrence pairs it made."""
         self._add_to_profile(event, params.half_life_s)
         pairs = []
-        for entry in self.recent:
-            if entry.item_id != event.item_id and abs(event.at_s - entry.at_s) <= params.session_window_s:
-                weight = min(event.weight, entry.weight)
-                if weight > 0:
-                    at_s = max(event.at_s, entry.at_s)
-                    pairs.append((event.item_id, entry.item_id,
-                                  log_weight(weight, at_s, params.pair_half_life_s)))
+        item_id, at_s, weight = event.item_id, event.at_s, event.weight
+        window_s, half_life_s = params.session_window_s, params.pair_half_life_s
+        # Recent entries are plain (item id, time, weight) tuples: unpacking them is cheaper than
+        # attribute access, and this loop runs for every recent item of every event.
+        for other, other_at_s, other_weight in self.recent:
+            if other != item_id and abs(at_s - other_at_s) <= window_s:
+                pair_weight = other_weight if other_weight < weight else weight
+                if pair_weight > 0:
+                    pairs.append((item_id, other, log_weight(
+                        pair_weight, other_at_s if other_at_s > at_s else at_s, half_life_s)))
         self._touch(event)
         del self.recent[params.recent_items:]
         if event.purchase:
-            self.purchased[event.item_id] = max(event.at_s, self.purchased.get(event.item_id, event.at_s))
-            value = log_weight(1.0, event.at_s, params.repeat_half_life_s)
-            held = self.repeat.get(event.item_id)
-            self.repeat[event.item_id] = value if held is None else log_add(held, value)
+            self.purchased[item_id] = max(at_s, self.purchased.get(item_id, at_s))
+            value = log_weight(1.0, at_s, params.repeat_half_life_s)
+            held = self.repeat.get(item_id)
+            self.repeat[item_id] = value if held is None else log_add(held, value)
         return pairs
 
     def trim(self, params: UserParams) -> None:
@@ -171,37 +197,37 @@ class UserRecord:
                 del self.purchased[item_id]
 
     def _add_to_profile(self, event: UserEvent, half_life_s: float) -> None:
-        if event.vector is None:
+        vector, weight = event.vector, event.weight
+        if vector is None:
             return
         if not self.profile:
-            self.profile = [event.weight * x for x in event.vector]
+            self.profile = [weight * x for x in vector]
             self.profile_at_s = event.at_s
         elif event.at_s >= self.profile_at_s:
             factor = decay_factor(event.at_s - self.profile_at_s, half_life_s)
-            self.profile = [
-                s * factor + event.weight * x for s, x in zip(self.profile, event.vector, strict=True)
-            ]
+            self.profile = [s * factor + weight * x for s, x in zip(self.profile, vector, strict=True)]
             self.profile_at_s = event.at_s
         else:
-            weight = event.weight * decay_factor(self.profile_at_s - event.at_s, half_life_s)
-            self.profile = [s + weight * x for s, x in zip(self.profile, event.vector, strict=True)]
+            weight *= decay_factor(self.profile_at_s - event.at_s, half_life_s)
+            self.profile = [s + weight * x for s, x in zip(self.profile, vector, strict=True)]
 
     def _touch(self, event: UserEvent) -> None:
         """Make the event's item a recent item. The list stays newest first; among equal times the
         entry updated last comes first."""
-        at_s, weight = event.at_s, event.weight
-        for index, entry in enumerate(self.recent):
-            if entry.item_id == event.item_id:
-                if at_s < entry.at_s:
+        item_id, at_s, weight = event.item_id, event.at_s, event.weight
+        recent = self.recent
+        for index, (other, other_at_s, other_weight) in enumerate(recent):
+            if other == item_id:
+                if at_s < other_at_s:
                     return  # an older event: the entry stays as it is
-                if at_s == entry.at_s:
-                    weight = max(weight, entry.weight)
-                del self.recent[index]
+                if at_s == other_at_s:
+                    weight = max(weight, other_weight)
+                del recent[index]
                 break
         position = 0
-        while position < len(self.recent) and self.recent[position].at_s > at_s:
+        while position < len(recent) and recent[position][1] > at_s:
             position += 1
-        self.recent.insert(position, _Entry(event.item_id, at_s, weight))
+        recent.insert(position, (item_id, at_s, weight))
 
     def state(self) -> UserState:
         return UserState(
@@ -217,76 +243,72 @@ class ItemCodes:
 
     def __init__(self) -> None:
         self._codes: dict[str, int] = {}
-        self._ids: list[str] = []
+        self.ids: list[str] = []  # code -> item id
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self.ids)
 
     def code(self, item_id: str) -> int:
         found = self._codes.get(item_id)
         if found is None:
-            found = self._codes[item_id] = len(self._ids)
-            self._ids.append(item_id)
+            found = self._codes[item_id] = len(self.ids)
+            self.ids.append(item_id)
         return found
 
     def item_id(self, code: int) -> str:
-        return self._ids[code]
+        return self.ids[code]
 
 
-# profile time, then how many profile components, recent items, purchases and buy-again counts
-_HEADER = struct.Struct("<dIIII")
+# profile time, how many profile components and their exponent (tidegate.recs.store.profile), then
+# how many recent items, purchases and buy-again counts
+_HEADER = struct.Struct("<dIiIII")
+
+
+@functools.lru_cache(maxsize=1024)
+def _lists_layout(recent: int, purchased: int, repeat: int) -> struct.Struct:
+    """What follows the profile: recent items (codes, times, weights), purchases (codes, times),
+    buy-again counts (codes, log2 counts). One precompiled struct per shape: a user's lists are
+    packed and unpacked in one call each, which was most of a batch's cost per user."""
+    return struct.Struct(f"<{recent}i{recent}d{recent}d{purchased}i{purchased}d{repeat}i{repeat}d")
 
 
 def pack_user(record: UserRecord, codes: ItemCodes) -> bytes:
-    """A user's record as one `bytes`: the header, then arrays of float32 profile components
-    (rounded to nearest, as the Redis store keeps them), recent items (codes, times, weights),
-    purchases (codes, times) and buy-again counts (codes, log2 counts), these kept exactly."""
+    """A user's record as one `bytes`: the header, then the profile in scaled halves (rounded as
+    the Redis store rounds them, see tidegate.recs.store.profile), recent items (codes, times,
+    weights), purchases (codes, times) and buy-again counts (codes, log2 counts), these kept
+    exactly."""
     recent, purchased, repeat = record.recent, record.purchased, record.repeat
-    parts = [
-        _HEADER.pack(record.profile_at_s, len(record.profile), len(recent), len(purchased), len(repeat)),
-        array("f", record.profile).tobytes(),
-        array("i", [codes.code(entry.item_id) for entry in recent]).tobytes(),
-        array("d", [entry.at_s for entry in recent]).tobytes(),
-        array("d", [entry.weight for entry in recent]).tobytes(),
-        array("i", [codes.code(item_id) for item_id in purchased]).tobytes(),
-        array("d", purchased.values()).tobytes(),
-        array("i", [codes.code(item_id) for item_id in repeat]).tobytes(),
-        array("d", repeat.values()).tobytes(),
-    ]
-    return b"".join(parts)
+    code = codes.code
+    ids, times, weights = zip(*recent, strict=True) if recent else ((), (), ())
+    exponent, profile = pack_profile(record.profile)
+    return b"".join((
+        _HEADER.pack(record.profile_at_s, len(record.profile), exponent, len(recent), len(purchased),
+                     len(repeat)),
+        profile,
+        _lists_layout(len(recent), len(purchased), len(repeat)).pack(
+            *map(code, ids), *times, *weights, *map(code, purchased), *purchased.values(),
+            *map(code, repeat), *repeat.values(),
+        ),
+    ))
 
 
 def unpack_user(blob: bytes, codes: ItemCodes) -> UserRecord:
     """The record `pack_user` packed."""
-    profile_at_s, dimension, n_recent, n_purchased, n_repeat = _HEADER.unpack_from(blob)
-    view = memoryview(blob)
-    offset = _HEADER.size
-
-    def floats(count: int, typecode: str = "d") -> array[float]:
-        nonlocal offset
-        values: array[float] = array(typecode)  # "d" or "f"
-        values.frombytes(view[offset:offset + values.itemsize * count])
-        offset += values.itemsize * count
-        return values
-
-    def ints(count: int) -> array[int]:
-        nonlocal offset
-        values = array("i")
-        values.frombytes(view[offset:offset + values.itemsize * count])
-        offset += values.itemsize * count
-        return values
-
-    profile = floats(dimension, "f").tolist()
-    recent_codes, recent_at, recent_weight = ints(n_recent), floats(n_recent), floats(n_recent)
-    bought_codes, bought_at = ints(n_purchased), floats(n_purchased)
-    again_codes, again_value = ints(n_repeat), floats(n_repeat)
-    item_id = codes.item_id
+    profile_at_s, dimension, exponent, n_recent, n_purchased, n_repeat = _HEADER.unpack_from(blob)
+    profile = unpack_profile(blob, _HEADER.size, dimension, exponent)
+    start = _HEADER.size + 2 * dimension
+    values = _lists_layout(n_recent, n_purchased, n_repeat).unpack_from(blob, start)
+    ids = codes.ids
+    bought = 3 * n_recent
+    again = bought + 2 * n_purchased
     return UserRecord(
         profile,
         profile_at_s,
-        [_Entry(item_id(c), at, w) for c, at, w in zip(recent_codes, recent_at, recent_weight, strict=True)],
-        {item_id(c): at for c, at in zip(bought_codes, bought_at, strict=True)},
-        {item_id(c): v for c, v in zip(again_codes, again_value, strict=True)},
+        list(zip([ids[c] for c in values[:n_recent]], values[n_recent:2 * n_recent],
+                 values[2 * n_recent:bought], strict=True)),
+        dict(zip([ids[c] for c in values[bought:bought + n_purchased]],
+                 values[bought + n_purchased:again], strict=True)),
+        dict(zip([ids[c] for c in values[again:again + n_repeat]], values[again + n_repeat:], strict=True)),
     )
 
 
@@ -382,8 +404,7 @@ class MemoryRecsStore(RecsStore):
             scores = self._neighbour_lists.get(item_id)
             if scores is None:
                 scores = self._neighbour_lists[item_id] = BoundedScores()
-            scores.add_all(adds.items())
-            scores.trim(max_neighbours)
+            scores.update(adds.items(), max_neighbours)
 
     async def _neighbours(self, item_ids: Sequence[str], limit: int) -> dict[str, list[tuple[str, float]]]:
         found = {}
@@ -400,8 +421,7 @@ class MemoryRecsStore(RecsStore):
             scores = self._trending_lists.get(scope)
             if scores is None:
                 scores = self._trending_lists[scope] = BoundedScores()
-            scores.add_all(adds.items())
-            scores.trim(max_size)
+            scores.update(adds.items(), max_size)
 
     async def _trending_top(self, scope: str | None, start: int, count: int) -> list[tuple[str, float]]:
         scores = self._trending_lists.get(scope)

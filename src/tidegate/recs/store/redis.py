@@ -6,10 +6,10 @@ Redis Cluster slot:
 
 - `{<prefix>:recs:items}:data|log|version`: the catalogue (item id → msgpack item), its change
   log (item id → version of its last change) and version counter;
-- `{<prefix>:recs:user:<user id>}:state|bought|again`: a user's profile (float32 components) and
-  recent items (one packed string, see lua/record.lua), purchased items (a sorted set by time,
-  bounded) and their buy-again counts (a sorted set
-  by log2 decayed count, bounded);
+- `{<prefix>:recs:user:<user id>}:state`: a user's profile (16-bit fixed point components, see
+  tidegate.recs.store.profile), recent items, purchased items and their buy-again counts, one
+  packed string (see lua/record.lua); `…:bought|again` are the sorted sets of purchases and
+  counts of an earlier layout, read and deleted by the user's next write;
 - `{<prefix>:recs:item:<item id>}:neighbours`: an item's co-occurrence list (sorted by log weight,
   bounded);
 - `{<prefix>:recs:trending}:all` and `…:category:<name>`: trending lists (sorted by log weight,
@@ -46,6 +46,7 @@ from tidegate.recs.store.base import (
     UserParams,
     UserState,
 )
+from tidegate.recs.store.profile import unpack_profile
 
 try:
     import msgpack
@@ -60,6 +61,7 @@ __all__ = ["RedisRecsStore"]
 _SCRIPTS = ("item_put", "item_delete", "items_since", "record", "log_add", "note")
 SCRIPT_CHUNK = 5000  # additions per log_add call
 NEIGHBOUR_LISTS_PER_CALL = 200  # co-occurrence lists updated by one log_add call (one server)
+USERS_PER_CALL = 50  # users recorded by one record call (one server)
 NO_BOUND = 2**53  # a bound no list reaches
 T = TypeVar("T")
 
@@ -172,7 +174,7 @@ class RedisRecsStore(RecsStore):
             repr(params.pair_half_life_s), repr(params.repeat_half_life_s), params.max_repeat,
         ]
         packed: dict[tuple[float, ...], bytes] = {}
-        calls = []
+        users: list[tuple[list[str], bytes]] = []
         for user_id, events in batch:
             flat: list[Any] = []
             for event in events:
@@ -182,16 +184,23 @@ class RedisRecsStore(RecsStore):
                         event.vector, np.asarray(event.vector, dtype="<f4").tobytes()
                     )
                 flat += [event.item_id, float(event.at_s), float(event.weight), event.purchase, vector]
-            args = [*head, msgpack.packb(flat, use_bin_type=False)]  # Lua's cmsgpack reads no bin type
-            calls.append(self._script_command("record", self._user_keys(user_id), args))
-        replies = await self._pipelined(calls)
+            # Lua's cmsgpack reads no bin type
+            users.append((self._user_keys(user_id), msgpack.packb(flat, use_bin_type=False)))
+        # Several users a script call on one server, as for the neighbour lists (see there).
+        per_call = 1 if self._cluster else USERS_PER_CALL
+        calls = []
+        for start in range(0, len(users), per_call):
+            chunk = users[start:start + per_call]
+            keys = [key for user_keys, _ in chunk for key in user_keys]
+            calls.append(self._script_command("record", keys, [*head, *(events for _, events in chunk)]))
         outcomes = []
-        for reply in replies:
-            pairs = tuple(
-                (reply[i].decode(), reply[i + 1].decode(), float(reply[i + 2]))
-                for i in range(1, len(reply), 3)
-            )
-            outcomes.append(UserOutcome(bool(reply[0]), pairs))
+        for replies in await self._pipelined(calls):
+            for reply in replies:
+                pairs = tuple(
+                    (reply[i].decode(), reply[i + 1].decode(), float(reply[i + 2]))
+                    for i in range(1, len(reply), 3)
+                )
+                outcomes.append(UserOutcome(bool(reply[0]), pairs))
         return outcomes
 
     async def _user_state(self, user_id: str) -> UserState | None:
@@ -201,12 +210,19 @@ class RedisRecsStore(RecsStore):
             pipe.zrange(bought_key, 0, -1, withscores=True)
             pipe.zrange(again_key, 0, -1, withscores=True)
             packed, bought, again = await self._guard(pipe.execute(raise_on_error=False))
-        if isinstance(packed, Exception):  # the earlier layout (lua/record.lua), or a failure
+        purchased: dict[str, float]
+        repeat: dict[str, float]
+        if isinstance(packed, Exception):  # the earliest layout (lua/record.lua), or a failure
             profile, flat = await self._earlier_state(state_key, packed)
+            purchased, repeat = _from_scores(bought), _from_scores(again)
         elif packed is None:
             return None
         else:
-            profile, flat = _unpack_state(packed)
+            profile, flat, folded = _unpack_state(packed)
+            if folded is None:  # an earlier string: purchases and counts in their sorted sets
+                purchased, repeat = _from_scores(bought), _from_scores(again)
+            else:
+                purchased, repeat = folded
         if flat is None:
             return None
         recent = tuple(
@@ -216,8 +232,8 @@ class RedisRecsStore(RecsStore):
             profile=tuple(profile[1:]),
             profile_at_s=profile[0] if profile else 0.0,
             recent=recent,
-            purchased={member.decode(): float(at_s) for member, at_s in bought},
-            repeat={member.decode(): float(value) for member, value in again},
+            purchased=purchased,
+            repeat=repeat,
         )
 
     async def _earlier_state(self, state_key: str, error: Exception) -> tuple[list[float], list[Any] | None]:
@@ -306,16 +322,34 @@ class RedisRecsStore(RecsStore):
 
 
 _STATE_HEAD = struct.Struct("<dI")
+LAYOUT = 2**31  # lua/record.lua: a layout word from here on is the current layout's
+EXPONENT_BIAS = 2048  # lua/record.lua keeps the profile's exponent plus this
 
 
-def _unpack_state(packed: bytes) -> tuple[list[float], list[Any]]:
-    """The profile ([time, component, ...], [] when none) and the flat recent list of a user's
-    packed state (see lua/record.lua)."""
-    at_s, size = _STATE_HEAD.unpack_from(packed)
-    end = _STATE_HEAD.size + 4 * size
-    components = np.frombuffer(packed, dtype="<f4", count=size, offset=_STATE_HEAD.size)
-    profile = [at_s, *components.tolist()] if size else []
-    return profile, msgpack.unpackb(packed[end:])
+Folded = tuple[dict[str, float], dict[str, float]]  # purchases, buy-again counts
+
+
+def _unpack_state(packed: bytes) -> tuple[list[float], list[Any], Folded | None]:
+    """The profile ([time, component, ...], [] when none), the flat recent list and, in the
+    current layout, the purchases and buy-again counts of a user's packed state (see
+    lua/record.lua; None for those in an earlier string, which kept them in sorted sets)."""
+    at_s, word = _STATE_HEAD.unpack_from(packed)
+    if word < LAYOUT:
+        end = _STATE_HEAD.size + 4 * word
+        components = np.frombuffer(packed, dtype="<f4", count=word, offset=_STATE_HEAD.size).tolist()
+        return [at_s, *components] if word else [], msgpack.unpackb(packed[end:]), None
+    size, exponent = word % 65536, (word - LAYOUT) // 65536 - EXPONENT_BIAS
+    profile = [at_s, *unpack_profile(packed, _STATE_HEAD.size, size, exponent)] if size else []
+    flat, bought, again = msgpack.unpackb(packed[_STATE_HEAD.size + 2 * size:])
+    return profile, flat, (_pairs(bought), _pairs(again))
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, float]:
+    return {_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _from_scores(entries: Sequence[tuple[bytes, float]]) -> dict[str, float]:
+    return {member.decode(): float(score) for member, score in entries}
 
 
 def _text(value: str | bytes) -> str:
