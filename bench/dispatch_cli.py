@@ -88,6 +88,8 @@ def parser(description: str | None) -> argparse.ArgumentParser:
                    help="longest drain of the backlog before the rest is cancelled (default 15; --quick 3)")
     p.add_argument("--mix", help=f"priority mix in weights (default {DEFAULT_MIX_TEXT})")
     p.add_argument("--concurrency", type=int, help="calls in flight per worker (default 64)")
+    p.add_argument("--urgent-reserve", type=int,
+                   help="slots per worker kept for HIGH and CRITICAL (default: the worker's, 4 of 64)")
     p.add_argument("--workers", type=int, help="workers on the loop, sharing one limiter (default 1)")
     p.add_argument("--capacity-factor", type=float,
                    help="provider limit ÷ nominal rate: the dispatch capacity (default 1.3)")
@@ -258,7 +260,8 @@ def _setup(scenario: Scenario, options: Options) -> str:
         f"({scenario.capacity_factor:g}x nominal); the simulator enforces {scenario.provider_limit} per "
         f"{RATE_WINDOW_S:g} s sliding window and answers in {scenario.latency_ms:g} ms median / "
         f"{scenario.latency_p99_ms:g} ms p99 (lognormal). {scenario.workers} worker(s) x "
-        f"{scenario.concurrency} calls in flight.\n"
+        f"{scenario.concurrency} calls in flight, {scenario.reserved_slots} of them kept for HIGH and "
+        "CRITICAL.\n"
     )
 
 

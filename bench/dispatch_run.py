@@ -148,6 +148,7 @@ def _worker_settings(scenario: Scenario, index: int, concurrency: int | None = N
     return WorkerSettings(
         worker_id=f"bench-worker-{index}",
         concurrency=concurrency or scenario.concurrency,
+        urgent_reserve=scenario.urgent_reserve,
         lease_s=WORKER_LEASE_S,
         shutdown_grace_s=WORKER_GRACE_S,
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from tidegate.config import ModelConfig, ProviderConfig, RoutingConfig, TidegateConfig
+from tidegate.config import ModelConfig, ProviderConfig, RoutingConfig, TidegateConfig, WorkerSettings
 from tidegate.jobs import Priority
 from tidegate.simulator.settings import ModelBehaviour, SimulatorSettings
 
@@ -84,6 +84,7 @@ class Scenario:
     drain_s: float = 15.0  # at most this long to drain the backlog; the rest is cancelled
     mix: dict[Priority, float] = field(default_factory=lambda: parse_mix(DEFAULT_MIX_TEXT))
     concurrency: int = 64  # per worker
+    urgent_reserve: int | None = None  # of those, kept for HIGH and CRITICAL; None: the worker's default
     workers: int = 1
     capacity_factor: float = 1.3  # the provider's limit as a multiple of the nominal rate
     # The simulated provider enforces its limit this much above what the worker is configured
@@ -99,6 +100,12 @@ class Scenario:
     def nominal_rate_per_s(self) -> float:
         """The nominal arrival rate (10,000/min ≈ 167/s)."""
         return self.rate_per_min / 60.0
+
+    @property
+    def reserved_slots(self) -> int:
+        """Each worker's slots that only HIGH and CRITICAL may take."""
+        settings = WorkerSettings(concurrency=self.concurrency, urgent_reserve=self.urgent_reserve)
+        return settings.reserved_slots()
 
     @property
     def worker_limit(self) -> int:

@@ -21,6 +21,7 @@ from tidegate.config import (
 )
 from tidegate.dispatch.worker import Worker
 from tidegate.errors import ConfigError
+from tidegate.jobs import Priority
 from tidegate.queue import Queue
 
 SECTIONS = """
@@ -142,6 +143,27 @@ def test_flags_given_go_over_the_section_and_flags_left_out_keep_it(sections: Pa
     assert worker.given(concurrency=2, lease_s=None) == worker.model_copy(update={"concurrency": 2})
     with pytest.raises(ConfigError, match="concurrency"):
         worker.given(concurrency=0)
+
+
+def test_the_worker_s_urgent_reserve_is_read_by_level_name_and_must_leave_other_levels_a_slot(
+    config_file: Path,
+) -> None:
+    config_file.write_text('[worker]\nconcurrency = 8\nurgent_reserve = 2\nurgent_level = "critical"\n')
+    worker = TidegateConfig.load().worker
+    assert (worker.reserved_slots(), worker.urgent_level) == (2, Priority.CRITICAL)
+    # A copy made without validation (as `tidegate up` sets its concurrency) is clamped
+    assert worker.model_copy(update={"concurrency": 2}).reserved_slots() == 1
+    with pytest.raises(ConfigError, match="urgent_reserve"):
+        worker.given(concurrency=2)
+    # The default: a sixteenth of the slots, rounded down, at most 4
+    assert [WorkerSettings(concurrency=n).reserved_slots() for n in (8, 16, 64, 256)] == [0, 1, 4, 4]
+
+    config_file.write_text("[worker]\nconcurrency = 4\nurgent_reserve = 4\n")
+    with pytest.raises(ConfigError, match="urgent_reserve"):
+        TidegateConfig.load()
+    config_file.write_text('[worker]\nurgent_level = "urgent"\n')
+    with pytest.raises(ConfigError, match="urgent_level"):
+        TidegateConfig.load()
 
 
 def test_settings_are_frozen_and_refuse_unknown_keywords() -> None:

@@ -323,6 +323,49 @@ async def test_blocking_claim_ignores_work_on_levels_it_does_not_serve(queue: Qu
     assert bulk is not None and bulk.state is JobState.QUEUED
 
 
+async def test_a_blocking_claim_returns_when_its_wake_event_is_set_and_leaves_later_work_queued(
+    queue: Queue,
+) -> None:
+    # Given a claim of the critical level blocked on an empty queue, with a long timeout
+    wake = asyncio.Event()
+    started = time.monotonic()
+    claimer = asyncio.create_task(queue.claim("w", priorities=[Priority.CRITICAL], timeout_s=30, wake=wake))
+    await asyncio.sleep(0.1)
+    assert not claimer.done()
+
+    # When its caller sets the wake event, it returns empty-handed, well before its timeout
+    wake.set()
+    assert await claimer == []
+    assert time.monotonic() - started < 20
+
+    # Then work enqueued afterwards is neither lost nor leased: the next claim takes it
+    job_id = await queue.enqueue({"n": 1}, priority=Priority.CRITICAL)
+    stored = await queue.get(job_id)
+    assert stored is not None and stored.state is JobState.QUEUED
+    assert [job.id for job in await queue.claim("w", priorities=[Priority.CRITICAL])] == [job_id]
+
+
+async def test_a_claim_woken_while_work_arrives_holds_every_job_leased_to_it(queue: Queue) -> None:
+    # A wake and an enqueue at once: whatever the claim took comes back to its caller; the
+    # rest stays queued. No job is left leased to a claim that did not return it.
+    for _ in range(20):
+        wake = asyncio.Event()
+        claimer = asyncio.create_task(queue.claim("w", limit=5, timeout_s=30, wake=wake))
+        await asyncio.sleep(0.01)
+        enqueued = asyncio.create_task(queue.enqueue_many([{"payload": {"n": n}} for n in range(3)]))
+        wake.set()
+        taken, ids = await claimer, await enqueued
+        jobs = [await queue.get(job_id) for job_id in ids]
+        leased = {job.id for job in jobs if job is not None and job.state is JobState.LEASED}
+        assert leased == {job.id for job in taken}
+        queued = [job for job in jobs if job is not None and job.state is JobState.QUEUED]
+        assert len(leased) + len(queued) == 3
+        for job in taken:
+            await queue.complete(job)
+        for job in await queue.claim("w", limit=5):
+            await queue.complete(job)
+
+
 async def test_one_batch_wakes_as_many_blocked_claimers_as_it_has_jobs(queue_factory: Any) -> None:
     consumers = [await queue_factory.open(maintenance_interval_s=None) for _ in range(2)]
     producer = await queue_factory.open(maintenance_interval_s=None)

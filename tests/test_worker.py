@@ -389,3 +389,54 @@ async def test_a_tenant_s_own_daily_budget_from_the_tenant_store_is_enforced(
     assert jobs[0].failure is not None and jobs[0].failure["code"] == "budget_exceeds_limit"
     assert jobs[1].state is JobState.SUCCEEDED
     assert spent["someone-else"] == jobs[1].result["cost_micros"]  # spend is tracked without a budget
+
+
+async def test_slots_kept_for_urgent_levels_start_a_critical_job_while_a_normal_one_waits(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    # Given a worker of 4 slots, 1 kept for HIGH and CRITICAL, its other 3 busy with long bulk calls
+    sim, base_url = simulator
+    sim.configure({"defaults": {"latency_ms": 1500}})
+    bulk = await queue.enqueue_many(
+        {"payload": chat(model="deepseek-v3.2"), "priority": "bulk"} for _ in range(3))
+    settings = WorkerSettings(concurrency=4, urgent_reserve=1, lease_s=5, claim_wait_s=0.2)
+    async with running_worker(queue, sim_config(base_url), settings) as worker:
+        await wait_received(sim, 3)
+        # When a NORMAL job arrives, it stays queued although a slot is free
+        normal = await queue.enqueue(chat(model="deepseek-v3.2"), priority="normal")
+        await asyncio.sleep(0.5)
+        assert (await queue.get(normal)).state is JobState.QUEUED  # type: ignore[union-attr]
+        # Then a CRITICAL job arriving after it takes that slot and is called at once, while
+        # every bulk call still runs: it waited for no slot to free
+        critical = await queue.enqueue(chat(model="claude-sonnet-4.5"), priority="critical")
+        await wait_received(sim, 4)
+        assert sim.stats()["claude-sonnet-4.5"].received == 1
+        assert worker.in_flight == 4
+        stored = [await queue.get(job_id) for job_id in [*bulk, normal]]
+        assert [job.state for job in stored if job is not None] == [JobState.LEASED] * 3 + [JobState.QUEUED]
+        jobs = await wait_final(queue, [*bulk, normal, critical])
+    assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 5
+    # and the NORMAL job ran once a bulk call had ended
+    assert jobs[3].result["queue_wait_ms"] > jobs[4].result["queue_wait_ms"]
+
+
+async def test_lower_levels_leave_the_reserve_free_and_a_freed_slot_wakes_the_worker_for_them(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    # Given NORMAL work only, a worker of 3 slots with 1 kept for urgent levels, and a claim
+    # timeout far longer than the test: while the worker waits for urgent work on its reserve,
+    # only a freed slot can make it claim lower work again
+    sim, base_url = simulator
+    sim.configure({"defaults": {"latency_ms": 150}})
+    ids = await queue.enqueue_many({"payload": chat(model="deepseek-v3.2")} for _ in range(8))
+    settings = WorkerSettings(concurrency=3, urgent_reserve=1, lease_s=5, claim_wait_s=60)
+    most_in_flight = 0
+    async with running_worker(queue, sim_config(base_url), settings) as worker:
+        finals = asyncio.ensure_future(wait_final(queue, ids, timeout_s=15))
+        while not finals.done():
+            most_in_flight = max(most_in_flight, worker.in_flight)
+            await asyncio.sleep(0.005)
+        jobs = await finals
+    # Then every job is served, two at a time: the reserved slot is never lent to them
+    assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 8
+    assert most_in_flight == 2

@@ -114,6 +114,15 @@ class Worker:
         self._adapters: dict[str, ProviderAdapter] = {}  # per provider, over its pooled client
         self._active: dict[str, tuple[asyncio.Task[None], _Call]] = {}
         self._slot_freed = asyncio.Event()
+        served = self.settings.priorities or tuple(int(level) for level in Priority)
+        urgent = tuple(level for level in served if level <= self.settings.urgent_level)
+        # A reserve only means something when the worker serves levels on both sides of it.
+        self._reserve = self.settings.reserved_slots() if urgent and len(urgent) < len(served) else 0
+        self._urgent_levels = urgent
+        # Set when the slots free beyond the reserve are as many as the reserve: lower levels
+        # are topped up that many at a time, not at every freed slot (a claim woken per slot
+        # cost a tenth of the worker's CPU at its ceiling, BENCHMARKS.md).
+        self._room_beyond_reserve = asyncio.Event()
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
         self._grace_s = self.settings.shutdown_grace_s
@@ -145,6 +154,7 @@ class Worker:
             self._grace_s = max(grace_s, 0.0)
         self._stopping.set()
         self._slot_freed.set()  # a loop waiting for a free slot must see the stop too
+        self._room_beyond_reserve.set()  # and one waiting in a claim of the urgent levels only
 
     def force_stop(self) -> None:
         """Stop claiming and release in-flight jobs now, whatever is left of the grace."""
@@ -166,16 +176,22 @@ class Worker:
                     self._slot_freed.clear()
                     await self._slot_freed.wait()
                     continue
+                # With only the reserve free, claim urgent work alone, and stop waiting for it
+                # once slots free for every level (woken, never cancelled: a claim cancelled
+                # while jobs are being leased to it could strand them until their lease ran out).
+                self._room_beyond_reserve.clear()
+                urgent_only = free <= self._reserve
                 try:
                     # Bounded: a claim that outlives its own wait by this much is stuck on a
                     # backend that stopped answering, and would hold a stop forever.
                     async with asyncio.timeout(self.settings.claim_wait_s + CLOSE_BOUND_S):
                         jobs = await self.queue.claim(
                             self.worker_id,
-                            priorities=self.settings.priorities,
-                            limit=free,
+                            priorities=self._urgent_levels if urgent_only else self.settings.priorities,
+                            limit=free if urgent_only else free - self._reserve,
                             lease_s=self.settings.lease_s,
                             timeout_s=self.settings.claim_wait_s,
+                            wake=self._room_beyond_reserve if urgent_only else None,
                         )
                 except (QueueUnavailable, TimeoutError) as exc:
                     # A restarting Redis or a locked disk must not end the worker: wait, retry.
@@ -203,6 +219,8 @@ class Worker:
         def done(_: asyncio.Task[None]) -> None:
             self._active.pop(job.id, None)
             self._slot_freed.set()
+            if self.settings.concurrency - len(self._active) >= 2 * self._reserve:
+                self._room_beyond_reserve.set()
 
         task.add_done_callback(done)
 

@@ -9,7 +9,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -303,11 +303,15 @@ class Queue(Lifecycle):
         limit: int = 1,
         lease_s: float | None = None,
         timeout_s: float = 0.0,
+        wake: asyncio.Event | None = None,
     ) -> list[Job]:
         """Lease up to `limit` jobs, highest priority first, FIFO within a level.
 
         With `timeout_s` > 0 the call blocks until work arrives or the time is up; it is woken
-        by the backend, not by polling. Each job carries a fresh `lease_token`.
+        by the backend, not by polling. Setting `wake` ends the wait early too, with what one
+        more attempt claims (perhaps nothing): the way for a caller to change what it claims
+        without cancelling a claim, which could lose jobs leased to it as it was cancelled.
+        Each job carries a fresh `lease_token`.
         """
         self._check_open()
         if limit < 1:
@@ -321,14 +325,17 @@ class Queue(Lifecycle):
             marker = self._work_marker()
             jobs = await self._claim(worker_id, levels, limit, lease_ms, marker)
             remaining = give_up - time.monotonic()
-            if jobs or remaining <= 0:
+            if jobs or remaining <= 0 or (wake is not None and wake.is_set()):
                 return jobs
+            for_work = self._wait_for_work(levels, remaining, marker)
+            if wake is not None:
+                for_work = _until_set(for_work, wake)
             if not self.hands_off:
-                await self._wait_for_work(levels, remaining, marker)
+                await for_work
                 continue
             # While it waits, work enqueued by this instance may be handed to it directly.
             waiting = WaitingClaim(worker_id, levels, limit, lease_ms)
-            handed = await self._handoffs.wait(waiting, self._wait_for_work(levels, remaining, marker))
+            handed = await self._handoffs.wait(waiting, for_work)
             if handed:
                 return handed
 
@@ -554,6 +561,22 @@ def _payload_of(spec: JobSpec | Mapping[str, Any]) -> JsonObject:
     """The payload of a spec `_prepare` accepted, as the Job built from it holds it."""
     payload = spec.payload if isinstance(spec, JobSpec) else spec["payload"]
     return payload if isinstance(payload, dict) else dict(payload)
+
+
+async def _until_set(waiting: Awaitable[None], event: asyncio.Event) -> None:
+    """`waiting`, cut short (cancelled) once `event` is set. Only a wait for work is cut so: it
+    holds nothing, and the claim after it finds whatever arrived."""
+    work = asyncio.ensure_future(waiting)
+    woken = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait([work, woken], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        woken.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.wait([work])  # ended before the claim after it runs
+    if not work.cancelled():
+        work.result()  # a failing wait fails the claim, as it does without `wake`
 
 
 def _levels(priorities: Iterable[Priority | int | str] | None) -> tuple[int, ...]:
