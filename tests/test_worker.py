@@ -394,12 +394,12 @@ async def test_a_tenant_s_own_daily_budget_from_the_tenant_store_is_enforced(
 async def test_slots_kept_for_urgent_levels_start_a_critical_job_while_a_normal_one_waits(
     queue: Queue, simulator: tuple[Simulator, str]
 ) -> None:
-    # Given a worker of 4 slots, 1 kept for HIGH and CRITICAL, its other 3 busy with long bulk calls
+    # Given a worker of 3 slots and 1 more kept for HIGH and CRITICAL, its 3 busy with long bulk calls
     sim, base_url = simulator
     sim.configure({"defaults": {"latency_ms": 1500}})
     bulk = await queue.enqueue_many(
         {"payload": chat(model="deepseek-v3.2"), "priority": "bulk"} for _ in range(3))
-    settings = WorkerSettings(concurrency=4, urgent_reserve=1, lease_s=5, claim_wait_s=0.2)
+    settings = WorkerSettings(concurrency=3, urgent_reserve=1, lease_s=5, claim_wait_s=0.2)
     async with running_worker(queue, sim_config(base_url), settings) as worker:
         await wait_received(sim, 3)
         # When a NORMAL job arrives, it stays queued although a slot is free
@@ -423,13 +423,13 @@ async def test_slots_kept_for_urgent_levels_start_a_critical_job_while_a_normal_
 async def test_lower_levels_leave_the_reserve_free_and_a_freed_slot_wakes_the_worker_for_them(
     queue: Queue, simulator: tuple[Simulator, str]
 ) -> None:
-    # Given NORMAL work only, a worker of 3 slots with 1 kept for urgent levels, and a claim
+    # Given NORMAL work only, a worker of 2 slots and 1 more kept for urgent levels, and a claim
     # timeout far longer than the test: while the worker waits for urgent work on its reserve,
     # only a freed slot can make it claim lower work again
     sim, base_url = simulator
     sim.configure({"defaults": {"latency_ms": 150}})
     ids = await queue.enqueue_many({"payload": chat(model="deepseek-v3.2")} for _ in range(8))
-    settings = WorkerSettings(concurrency=3, urgent_reserve=1, lease_s=5, claim_wait_s=60)
+    settings = WorkerSettings(concurrency=2, urgent_reserve=1, lease_s=5, claim_wait_s=60)
     most_in_flight = 0
     async with running_worker(queue, sim_config(base_url), settings) as worker:
         finals = asyncio.ensure_future(wait_final(queue, ids, timeout_s=15))

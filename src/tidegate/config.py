@@ -184,15 +184,13 @@ class WorkerSettings(Section):
     shutdown_grace_s: float = Field(30.0, ge=0)
     claim_wait_s: float = Field(1.0, gt=0)  # a blocking claim's timeout; also how fast a stop is noticed
     model_cooldown_s: float = Field(30.0, ge=0)  # how long a model that keeps failing is skipped
-    # Slots that only jobs at `urgent_level` or more urgent may take. Under overload every slot
-    # holds lower work waiting for the model's pacing, and an urgent job that arrives would wait
-    # for one to free (one pacing interval, ~5 ms at 200 req/s, 20 ms at p99): with a few slots
-    # kept back it is claimed at once and paced first. Lower work never takes these slots, which
-    # costs nothing while the provider's rate limit is what bounds throughput, and up to twice
-    # the reserve of the calls in flight when it is not (they are topped up that many at a time;
-    # raise `concurrency` by as much then). None: a sixteenth of `concurrency`, rounded down, at
-    # most 4 (1 of the default 16, 4 of 64 or more: what a burst of urgent arrivals between two
-    # freed slots needs, not a share of a large worker); 0: no reserve.
+    # Slots beyond `concurrency` that only jobs at `urgent_level` or more urgent may take. Under
+    # overload every slot holds lower work waiting for the model's pacing, and an urgent job that
+    # arrives would wait for one to free (one pacing interval, ~5 ms at 200 req/s, 20 ms at p99):
+    # with a few slots of its own it is claimed at once and paced first. Lower work keeps all of
+    # `concurrency` and never takes these (a slot lent to it is held for a whole call). None: a
+    # sixteenth of `concurrency`, rounded down, at most 4 (1 of the default 16, 4 of 64 or more:
+    # what a burst of urgent arrivals between two freed slots needs); 0: no reserve.
     urgent_reserve: int | None = Field(None, ge=0)
     urgent_level: Priority = Priority.HIGH  # the least urgent level that may use the reserve
 
@@ -212,12 +210,12 @@ class WorkerSettings(Section):
     def _reserve_leaves_room(self) -> Self:
         if self.urgent_reserve is not None and self.urgent_reserve >= self.concurrency:
             raise ValueError(f"urgent_reserve ({self.urgent_reserve}) must be below concurrency "
-                             f"({self.concurrency}): the other levels need a slot")
+                             f"({self.concurrency}): a few slots for urgent arrivals, not a second worker")
         return self
 
     def reserved_slots(self) -> int:
-        """The slots kept for urgent levels, always fewer than `concurrency` (a copy made with a
-        lower concurrency and no new validation is clamped here)."""
+        """The slots kept for urgent levels on top of `concurrency`, always fewer than it (a copy
+        made with a lower concurrency and no new validation is clamped here)."""
         wanted = min(self.concurrency // 16, 4) if self.urgent_reserve is None else self.urgent_reserve
         return max(min(wanted, self.concurrency - 1), 0)
 

@@ -171,7 +171,7 @@ class Worker:
         heartbeat = asyncio.create_task(self._renew_leases())
         try:
             while not self._stopping.is_set():
-                free = self.settings.concurrency - len(self._active)
+                free = self.settings.concurrency + self._reserve - len(self._active)
                 if free <= 0:
                     self._slot_freed.clear()
                     await self._slot_freed.wait()
@@ -219,7 +219,7 @@ class Worker:
         def done(_: asyncio.Task[None]) -> None:
             self._active.pop(job.id, None)
             self._slot_freed.set()
-            if self.settings.concurrency - len(self._active) >= 2 * self._reserve:
+            if self.settings.concurrency + self._reserve - len(self._active) >= 2 * self._reserve:
                 self._room_beyond_reserve.set()
 
         task.add_done_callback(done)
