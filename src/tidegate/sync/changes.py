@@ -172,8 +172,22 @@ class Change:
                source_key: Sequence[str] | None = None, documents: bool = False) -> Change:
         """A Change from raw row values (made canonical here); the key is taken from the
         after-image, else the before-image. `documents`: see `entity_id_of`."""
-        after_row = canonical(after) if after is not None else None
-        before_row = canonical(before) if before is not None else None
+        return cls.of_canonical_row(
+            entity_type=entity_type, op=op, key_columns=key_columns, version=version,
+            commit_time=commit_time, after=canonical(after) if after is not None else None,
+            before=canonical(before) if before is not None else None, xid=xid,
+            captured_at=captured_at, unchanged=unchanged, source_key=source_key, documents=documents)
+
+    @classmethod
+    def of_canonical_row(cls, *, entity_type: str, op: Op, key_columns: Sequence[str],
+                         version: Version, commit_time: datetime, after: Row | None = None,
+                         before: Row | None = None, xid: int | None = None,
+                         captured_at: float = 0.0, unchanged: Sequence[str] = (),
+                         source_key: Sequence[str] | None = None,
+                         documents: bool = False) -> Change:
+        """`of_row` for rows whose values are canonical already (a source that decodes straight
+        to canonical values); the rows are taken as they are, not copied."""
+        after_row, before_row = after, before
         source = after_row if after_row is not None else before_row
         if op is Op.TRUNCATE:
             return cls(entity_type, TRUNCATED, op, {}, None, None, commit_time, version, xid,
