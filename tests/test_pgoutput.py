@@ -46,7 +46,8 @@ from tidegate.sync.sources.postgres.pgoutput import (
     parse_lsn,
 )
 from tidegate.sync.sources.postgres.stream import TransactionAssembler
-from tidegate.sync.sources.postgres.types import decode_text
+from tidegate.sync.sources.postgres.types import canonical_decoder_for, decode_text, decoder_for
+from tidegate.sync.values import canonical
 
 COMMIT_TIME = datetime(2026, 11, 29, 10, 13, 54, 191248, tzinfo=UTC)
 
@@ -236,6 +237,26 @@ def test_null_decodes_to_none() -> None:
     assert decode_text(23, None) is None
 
 
+@pytest.mark.parametrize(("oid", "text"), [
+    (21, "-7"), (23, "0"), (20, "-9223372036854775808"), (26, "4294967295"),
+    (1700, "1.10"), (1700, "0.00"), (1700, "-0.5"), (1700, "12"), (1700, "-0"), (1700, "NaN"),
+    (1700, "Infinity"), (1700, "-Infinity"), (1700, "123456789012345678901234567890.000000001"),
+    (1700, "1E+3"), (1700, "007"), (16, "t"), (16, "f"),
+    (1184, "2024-05-06 07:08:09.123456+00"), (1184, "2024-05-06 07:08:09+00"),
+    (1184, "2024-05-06 07:08:09.1+00"), (1184, "0001-01-01 00:00:00+00"),
+    (1184, "2024-05-06 07:08:09.12+05:30"), (1184, "12024-05-06 07:08:09+00"),
+    (1184, "0044-03-15 00:00:00+00 BC"), (1184, "infinity"), (1184, "-infinity"),
+    (1114, "2024-05-06 07:08:09"), (25, "héllo"), (1009, '{a,"b c",NULL}'), (1231, "{1.5,NaN}"),
+    (1185, '{"2024-01-01 00:00:00+00",NULL}'), (3802, '{"a": [1, 2.5]}'), (17, "\\x00ff"),
+    (2950, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"), (1186, "1 day"),
+])
+def test_canonical_decoders_equal_decoding_then_canonicalising(oid: int, text: str) -> None:
+    zone = timezone(timedelta(hours=2))
+    fast = canonical_decoder_for(oid, zone)(text)
+    slow = canonical(decoder_for(oid, zone)(text))
+    assert fast == slow and type(fast) is type(slow)
+
+
 # ---------------------------------------------------------------------- assembler
 
 
@@ -287,6 +308,37 @@ def test_captured_stream_assembles_into_transactions() -> None:
         (Op.TRUNCATE, "items", "*"), (Op.TRUNCATE, "pairs", "*")]
     # Heartbeats: empty transactions whose position can be confirmed.
     assert transactions[4].changes == () and transactions[5].changes == ()
+
+
+def test_payloads_assemble_as_their_decoded_messages() -> None:
+    # The stream reads Begin, Commit and row messages straight off their bytes: the changes
+    # must be those of decoding each message first, to every field.
+    t = "{:016x}0003046651b60790{:08x}"
+    stream = [
+        "42" + t.format(0x100, 1), RELATION_ITEMS, INSERT_FULL, INSERT_NULLS, UPDATE_KEY,
+        DELETE_KEY, f"4300{0x100:016x}{0x130:016x}0003046651b60790",
+        "42" + t.format(0x200, 2), RELATION_PAIRS, UPDATE_FULL, DELETE_FULL, TRUNCATE,
+        f"4300{0x200:016x}{0x230:016x}0003046651b60791", MESSAGE_PLAIN,
+    ]
+    decoded = TransactionAssembler([ITEMS, PAIRS], UTC, clock=lambda: 1.0)
+    raw = TransactionAssembler([ITEMS, PAIRS], UTC, clock=lambda: 1.0)
+    for hex_text in stream:
+        expected = decoded.feed(decode(hex_text))
+        got = raw.feed_payload(bytes.fromhex(hex_text))
+        assert got == expected
+        if got is not None and expected is not None:
+            assert got.commit_time == expected.commit_time
+            assert [c.source_key for c in got.changes] == [c.source_key for c in expected.changes]
+
+
+@pytest.mark.parametrize("payload", [INSERT_FULL[:30], UPDATE_KEY[:-4], DELETE_KEY[:12],
+                                     "49000040015800", "44000040015800"])
+def test_malformed_row_payloads_raise_source_error(payload: str) -> None:
+    assembler = TransactionAssembler([ITEMS], UTC)
+    assembler.feed_payload(bytes.fromhex(RELATION_ITEMS))
+    assembler.feed_payload(bytes.fromhex("42" + "0000000000000100" + "0003046651b60790" + "00000001"))
+    with pytest.raises(SourceError):
+        assembler.feed_payload(bytes.fromhex(payload))
 
 
 def test_unchanged_toast_is_listed_or_filled_from_the_old_row() -> None:

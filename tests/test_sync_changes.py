@@ -150,6 +150,7 @@ def test_unchanged_columns_are_filled_and_the_checksum_then_covers_them() -> Non
 
 @pytest.mark.parametrize(("data", "field"), [
     (b"not json", "not JSON"), (b"[]", "JSON object"), (b'{"entity_type": "t"}', "entity_id"),
+    (b'{"entity_type": "t", "entity_id": "1", "op": "upsert", "key": {}}', "op 'upsert'"),
 ])
 def test_a_malformed_event_is_refused_naming_what_is_wrong(data: bytes, field: str) -> None:
     with pytest.raises(InvalidChange, match=field):

@@ -89,6 +89,11 @@ class BaseEntityCache(Lifecycle):
         for index, change in enumerate(changes):
             _check_change(change)
             by_type.setdefault(change.entity_type, []).append(index)
+        if len(by_type) == 1:  # the common batch, of one table: no regrouping to do
+            (entity_type,) = by_type
+            outcomes = await self._apply(entity_type, list(changes))
+            return [ApplyResult(change, outcome, previous)
+                    for change, (outcome, previous) in zip(changes, outcomes, strict=True)]
         results: dict[int, ApplyResult] = {}
         for entity_type, indexes in by_type.items():
             batch = [changes[index] for index in indexes]

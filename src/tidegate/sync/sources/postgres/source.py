@@ -387,7 +387,7 @@ class PostgresSource(Lifecycle):
 
     async def _stream(self) -> AsyncIterator[Transaction]:
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Transaction | BaseException] = asyncio.Queue()  # bounded by the reader
+        queue: asyncio.Queue[list[Transaction] | BaseException] = asyncio.Queue()  # bounded by the reader
         assert self._checkpoint is not None
         recorded = self._checkpoint.get("shapes") or {}
         assembler = TransactionAssembler(
@@ -411,7 +411,6 @@ class PostgresSource(Lifecycle):
         try:
             while True:
                 item = await queue.get()
-                self._reader.taken()
                 if isinstance(item, BaseException):
                     if isinstance(item, SourceError):
                         raise item
@@ -419,10 +418,12 @@ class PostgresSource(Lifecycle):
                         f"replication from slot {self.settings.slot_name} at {self._where} failed: "
                         f"{type(item).__name__}: {item}".strip()
                     ) from item
-                yield item
-                for request in assembler.take_backfills(item.position):
-                    async for batch in self._backfill(request):
-                        yield batch
+                self._reader.taken(len(item))
+                for transaction in item:
+                    yield transaction
+                    for request in assembler.take_backfills(transaction.position):
+                        async for batch in self._backfill(request):
+                            yield batch
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import uuid
 from collections.abc import Callable
 from datetime import datetime, tzinfo
@@ -29,8 +30,9 @@ from typing import Any
 import orjson
 
 from tidegate.sync.sources.postgres.driver import psycopg2
+from tidegate.sync.values import canonical
 
-__all__ = ["ARRAY_ELEMENTS", "SESSION_OPTIONS", "decode_text", "decoder_for"]
+__all__ = ["ARRAY_ELEMENTS", "SESSION_OPTIONS", "canonical_decoder_for", "decode_text", "decoder_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -211,3 +213,95 @@ def decoder_for(type_oid: int, zone: tzinfo | None = None) -> Decoder:
 def decode_text(type_oid: int, text: str | None, zone: tzinfo | None = None) -> object:
     """The Python value of `text` of type `type_oid` (None for SQL NULL); see `decoder_for`."""
     return None if text is None else decoder_for(type_oid, zone)(text)
+
+
+# ---------------------------------------------------------------------- canonical decoders
+#
+# The replication stream wants each value in its canonical form (`tidegate.sync.values`) at
+# once: decoding to a Python value and canonicalising it after costs two passes and, for the
+# common types, objects that are thrown away (a Decimal to print it again, a datetime to write
+# it back as ISO text). Each fast path below returns exactly `canonical(decoder_for(oid)(text))`
+# for the text PostgreSQL writes under SESSION_OPTIONS, and falls back to that composition for
+# any text it does not recognise, so the two can never disagree.
+
+
+def _composed(decoder: Decoder) -> Decoder:
+    def decode(text: str) -> object:
+        return canonical(decoder(text))
+
+    return decode
+
+
+def _canonical_integer(general: Decoder) -> Decoder:
+    def decode(text: str) -> object:
+        try:
+            return int(text)
+        except ValueError:
+            return general(text)
+
+    return decode
+
+
+# numeric_out's plain decimal: what format(Decimal(text), "f") writes back unchanged.
+_PLAIN_DECIMAL = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?").fullmatch
+# timestamptz_out under TimeZone=UTC and DateStyle ISO, a four-digit year AD.
+_UTC_TIMESTAMP = re.compile(
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2}) ([0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]{1,6})?\+00").fullmatch
+
+
+def _canonical_numeric(general: Decoder) -> Decoder:
+    # NaN and ±Infinity stay text on both paths.
+    def decode(text: str) -> object:
+        return text if _PLAIN_DECIMAL(text) else general(text)
+
+    return decode
+
+
+def _canonical_bool(general: Decoder) -> Decoder:
+    def decode(text: str) -> object:
+        if text == "t":
+            return True
+        if text == "f":
+            return False
+        return general(text)
+
+    return decode
+
+
+def _canonical_timestamptz(general: Decoder) -> Decoder:
+    # Canonical: "YYYY-MM-DDTHH:MM:SS.ffffffZ". Years beyond 9999, BC, infinities and other
+    # offsets take the long way.
+    def decode(text: str) -> object:
+        match = _UTC_TIMESTAMP(text)
+        if match is None:
+            return general(text)
+        day, clock, fraction = match.groups()
+        return f"{day}T{clock}{fraction or '.':0<7}Z"
+
+    return decode
+
+
+_CANONICAL_FAST: dict[int, Callable[[Decoder], Decoder]] = {
+    INT2: _canonical_integer, INT4: _canonical_integer, INT8: _canonical_integer,
+    OID: _canonical_integer, NUMERIC: _canonical_numeric, BOOL: _canonical_bool,
+    TIMESTAMPTZ: _canonical_timestamptz,
+}
+
+
+@cache
+def canonical_decoder_for(type_oid: int, zone: tzinfo | None = None) -> Decoder:
+    """The decoder of one type's text form straight to its canonical value: the same as
+    `canonical(decoder_for(type_oid, zone)(text))`, without the intermediate value for the
+    common types. Text types (and types not known here) return `_text`, the identity, which a
+    caller may recognise to skip the call."""
+    if type_oid not in ARRAY_ELEMENTS and _SCALARS.get(type_oid, _text) is _text:
+        return _text
+    general = decoder_for(type_oid, zone)
+    fast = _CANONICAL_FAST.get(type_oid)
+    composed = _composed(general)
+    return fast(composed) if fast is not None else composed
+
+
+def is_identity(decoder: Decoder) -> bool:
+    """True for the decoder that returns the text as it is (text types, unknown types)."""
+    return decoder is _text
