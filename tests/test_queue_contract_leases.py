@@ -244,6 +244,42 @@ async def test_a_claim_recovers_expired_leases_itself_at_the_jobs_own_priority(q
     assert (await queue.maintain()).recovered == 0  # nothing was left for upkeep
 
 
+# Redis only: a claim there runs its scans as soon as anything indexed comes due. SQLite's claim
+# skips the database after an empty one until work is rung in, or for up to SAFETY_WAKE_S.
+@pytest.mark.redis_only
+async def test_a_claim_recovers_a_lease_that_a_heartbeat_shortened(queue: Queue) -> None:
+    # Given a job leased for a long time, then renewed for a short time, after claims that
+    # found nothing to recover; no upkeep runs
+    job_id = await queue.enqueue({"n": 1})
+    first = await claim_one(queue, job_id, lease_s=30)
+    assert await queue.claim("w2") == []
+    await queue.heartbeat(first, lease_s=0.2)
+    await asyncio.sleep(0.4)
+
+    # When another worker claims, the shortened lease has expired: the claim recovers it
+    second = await claim_one(queue, job_id)
+    assert second.attempts == 2
+    await assert_stale_lease_is_refused(queue, first)
+
+
+@pytest.mark.redis_only
+async def test_a_claim_between_others_promotes_a_retry_as_soon_as_it_is_due(queue: Queue) -> None:
+    # Given a long lease held by one worker, and a job failed with a short retry delay after
+    # claims that found nothing due
+    held_id = await queue.enqueue({"n": 1})
+    await claim_one(queue, held_id, lease_s=30)
+    job_id = await queue.enqueue({"n": 2}, priority=Priority.LOW)
+    job = await claim_one(queue, job_id)
+    assert await queue.claim("w2") == []
+    await queue.fail(job, "try again", retry_in_s=0.2)
+    assert await queue.claim("w2") == []
+    await asyncio.sleep(0.4)
+
+    # When a worker claims, the retry is served without any upkeep pass
+    again = await claim_one(queue, job_id)
+    assert again.attempts == 2
+
+
 async def test_a_claim_ends_an_expired_lease_without_attempts_left_dead(queue: Queue) -> None:
     job_id = await queue.enqueue({"n": 1}, max_attempts=1)
     await claim_one(queue, job_id, lease_s=0.2)

@@ -17,7 +17,7 @@ from tidegate.queue.redis import _SCRIPTS
 from tidegate.queue.settings import QueueSettings
 
 KNOWN = {"jobs", "payloads", "results", "idem", "seq", "deadlines", "aging", "turns", "finished",
-         "dead", "ready", "leased", "signal", "waiting", "delayed"}  # lua/_common.lua's list
+         "dead", "due", "ready", "leased", "signal", "waiting", "delayed"}  # lua/_common.lua's list
 PREFIX = key_prefix("scripts")
 
 

@@ -22,6 +22,9 @@
 --   waiting:0..4 zset  id by the time it became claimable, for the oldest wait per level
 --   delayed:0..4 zset  id by due time (states delayed and failed), under its own priority, so a
 --                      claim promotes due work level by level in priority order
+--   due         string  a time (ms) no later than any score in leased:0..4, delayed:0..4 and
+--                      deadlines: before it, nothing needs recovering, promoting or expiring, so
+--                      a claim skips those scans (see due_at and settle_due); missing = scan now
 -- The queue's settings come before this file as constants (ROUND_ROBIN, AGING_MS, DONE_CHANNEL,
 -- DONE_PUBLISH, MAX_DEPTH), fixed when the queue opens, so no script call carries them in ARGV.
 -- DONE_PUBLISH is SPUBLISH on a Redis Cluster: the channel carries the queue's hash tag, so the
@@ -41,6 +44,41 @@ end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The earliest lease expiry, due time or deadline this script call indexed (nil: none). Every
+-- ZADD to leased:0..4, delayed:0..4 or deadlines passes its score here, and the script ends with
+-- settle_due(K), which lowers the stored `due` to it: so `due` never passes a score in those
+-- indexes, and a claim before it may skip the scans that look for one.
+local DUE = nil
+local function due_at(ms)
+  if DUE == nil or ms < DUE then DUE = ms end
+end
+
+-- Keys: due.
+local function settle_due(K)
+  if DUE == nil then return end
+  local stored = redis.call('GET', K.due)
+  -- Missing already means "scan now": it stays missing.
+  if stored and tonumber(stored) > DUE then redis.call('SET', K.due, string.format('%d', DUE)) end
+end
+
+-- After a full scan: the stored `due` becomes the earliest score left in the indexes (far in the
+-- future when they are empty), or what this call indexed if earlier.
+-- Keys: due, leased and delayed of every priority, deadlines.
+local DUE_NEVER = 2 ^ 52
+local function reset_due(K)
+  local due = DUE_NEVER
+  for priority = 0, 4 do
+    for _, index in ipairs({K.delayed[priority], K.leased[priority]}) do
+      local head = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+      if head[2] and tonumber(head[2]) < due then due = tonumber(head[2]) end
+    end
+  end
+  local head = redis.call('ZRANGE', K.deadlines, 0, 0, 'WITHSCORES')
+  if head[2] and tonumber(head[2]) < due then due = tonumber(head[2]) end
+  if DUE ~= nil and DUE < due then due = DUE end
+  redis.call('SET', K.due, string.format('%d', due))
 end
 
 -- Writes grouped by command and key and sent in large chunks: the hot scripts (enqueue, claim,
@@ -148,7 +186,10 @@ local function make_ready(K, job, now, wake, batch)
   batch:add('ZADD', K.ready[job.level], 0, job.member)
   batch:add('ZADD', K.waiting[job.level], now, job.id)
   if AGING_MS > 0 and job.level > 0 then batch:add('ZADD', K.aging, now + AGING_MS, job.id) end
-  if job.deadline_ms then batch:add('ZADD', K.deadlines, job.deadline_ms, job.id) end
+  if job.deadline_ms then
+    batch:add('ZADD', K.deadlines, job.deadline_ms, job.id)
+    due_at(job.deadline_ms)
+  end
   wake[job.level] = (wake[job.level] or 0) + 1
 end
 
@@ -162,7 +203,11 @@ local function park(K, job, state, due, batch)
   job.lease_expires_ms = nil
   job.member = nil
   batch:add('ZADD', K.delayed[job.priority], due, job.id)
-  if job.deadline_ms then batch:add('ZADD', K.deadlines, job.deadline_ms, job.id) end
+  due_at(due)
+  if job.deadline_ms then
+    batch:add('ZADD', K.deadlines, job.deadline_ms, job.id)
+    due_at(job.deadline_ms)
+  end
 end
 
 -- Take a job out of the indexes its state puts it in. Keys: a queued job's ready and waiting of

@@ -1,7 +1,8 @@
 -- Lease up to `limit` jobs: expired leases are recovered (a bounded batch: recovery must not
 -- wait for a maintenance pass), due delayed jobs promoted and overdue ones expired first, then
--- levels are served in the given order, each by turn and FIFO.
--- KEYS: jobs payloads deadlines aging turns finished dead ready:0..4 leased:0..4 signal:0..4
+-- levels are served in the given order, each by turn and FIFO. Those scans run only once the
+-- stored `due` has come (see lua/_common.lua): before it, none of them would find anything.
+-- KEYS: jobs payloads deadlines aging turns finished dead due ready:0..4 leased:0..4 signal:0..4
 -- waiting:0..4 delayed:0..4
 -- ARGV[1] worker id, ARGV[2] lease ms, ARGV[3] limit, ARGV[4..] levels to serve, ascending.
 -- Returns a flat array: job record, payload, job record, payload, ...; or, when nothing was
@@ -11,15 +12,18 @@ local worker, lease_ms, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local wake = {}
 local RECOVER_PER_CLAIM = 100  -- per priority; maintain takes the rest of a large backlog
-recover_expired(K, now, RECOVER_PER_CLAIM, wake)
-expire_overdue(K, now, 1000)
+local scan = now >= tonumber(redis.call('GET', K.due) or '0')
+if scan then
+  recover_expired(K, now, RECOVER_PER_CLAIM, wake)
+  expire_overdue(K, now, 1000)
+end
 
 local out, claimed = {}, 0
 for i = 4, #ARGV do
   local level = tonumber(ARGV[i])
   -- Due work of this level joins its line before the line is served, so strict priority holds
   -- however many jobs of lower levels came due at once.
-  promote_due(K, level, now, math.max(limit, 1000), wake)
+  if scan then promote_due(K, level, now, math.max(limit, 1000), wake) end
   while claimed < limit do
     local popped = redis.call('ZPOPMIN', K.ready[level], limit - claimed)
     if #popped == 0 then break end
@@ -47,6 +51,7 @@ for i = 4, #ARGV do
           job.worker_id = worker
           job.lease_expires_ms = now + lease_ms
           batch:add('ZADD', K.leased[job.priority], job.lease_expires_ms, id)
+          due_at(job.lease_expires_ms)
           local record = cmsgpack.pack(job)
           batch:add('HSET', K.jobs, id, record)
           out[#out + 1] = record
@@ -65,6 +70,9 @@ for i = 4, #ARGV do
   end
   if claimed >= limit then break end
 end
+-- After a scan the stored due is the earliest score left: what the batches above could not take
+-- (and the levels this claim did not reach) keeps it due, so the next claim scans again.
+if scan then reset_due(K) else settle_due(K) end
 ring(K, wake)
 announce()
 if claimed == 0 then return {now, next_due(K)} end

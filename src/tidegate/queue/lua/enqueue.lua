@@ -1,5 +1,5 @@
 -- Add a batch of jobs atomically: all or none.
--- KEYS: jobs payloads idem seq deadlines aging turns ready:0..4 waiting:0..4 signal:0..4
+-- KEYS: jobs payloads idem seq deadlines aging turns due ready:0..4 waiting:0..4 signal:0..4
 -- delayed:0..4
 -- ARGV[1] JSON array with one array per job: [id, priority, tenant, created_ms, not_before_ms
 -- (0 = now), deadline_ms (0 = none), max_attempts, idempotency_key ('' = none), callback_url
@@ -59,5 +59,6 @@ for n, i in ipairs(fresh) do
   batch:add('HSET', K.jobs, job.id, cmsgpack.pack(job))
 end
 batch:flush()
+settle_due(K)
 ring(K, wake)
 return ids

@@ -1,6 +1,6 @@
 -- Record a failed attempt: the job waits for its retry at its own priority, or is dead when it has
 -- used its attempts.
--- KEYS: jobs deadlines dead leased:0..4 delayed:0..4 signal:0..4
+-- KEYS: jobs deadlines dead due leased:0..4 delayed:0..4 signal:0..4
 -- ARGV[1] job id, ARGV[2] lease token, ARGV[3] error, ARGV[4] retry delay ms (-1: dead now,
 -- whatever attempts are left), ARGV[5] the failure as JSON, kept only if the job dies ('' = none;
 -- stored as a string, never decoded here).
@@ -20,6 +20,7 @@ end
 job.level = job.priority
 park(K, job, 'failed', now + delay)
 save(K, job)
+settle_due(K)
 -- Blocked claimers wake to re-read the next due time.
 ring(K, {[job.level] = 1})
 return 'failed'

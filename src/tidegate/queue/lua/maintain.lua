@@ -1,7 +1,7 @@
 -- One upkeep pass: recover expired leases, promote due jobs, expire overdue ones, age waiting
 -- jobs, drop finished jobs and dead letters past retention. A script runs alone on its server,
 -- so passes from different workers never interleave.
--- KEYS: jobs payloads results idem deadlines aging turns finished dead ready:0..4 leased:0..4
+-- KEYS: jobs payloads results idem deadlines aging turns finished dead due ready:0..4 leased:0..4
 -- signal:0..4 waiting:0..4 delayed:0..4
 -- ARGV[1] finished ttl ms, ARGV[2] dead ttl ms, ARGV[3] batch size per step.
 -- Returns {recovered, dead, expired, promoted, aged, purged}.
@@ -66,6 +66,9 @@ if ROUND_ROBIN then
   end
 end
 
+-- A full pass: the stored due becomes exact again (whatever wrote to the indexes without lowering
+-- it, such as a script of an older version, is found here at the latest).
+reset_due(K)
 ring(K, wake)
 announce()
 return {recovered, dead, expired, promoted, aged, purged}

@@ -1,5 +1,5 @@
 -- Put dead jobs back in the queue at their own priority with fresh attempts.
--- KEYS: jobs deadlines aging turns dead ready:0..4 waiting:0..4 signal:0..4
+-- KEYS: jobs deadlines aging turns dead due ready:0..4 waiting:0..4 signal:0..4
 -- ARGV[1] "all" or "ids"; ARGV[2] batch size for "all"; ARGV[2..] job ids for "ids".
 -- Returns how many jobs were redriven.
 local ids
@@ -22,5 +22,6 @@ for _, id in ipairs(ids) do
     count = count + 1
   end
 end
+settle_due(K)
 ring(K, wake)
 return count

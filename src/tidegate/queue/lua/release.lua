@@ -1,6 +1,6 @@
 -- Give a leased job back untouched, the attempt uncounted: queued again at its own priority, or
 -- parked as a delayed job when a delay is given; a reason, when given, becomes its last error.
--- KEYS: jobs deadlines aging turns ready:0..4 waiting:0..4 delayed:0..4 leased:0..4 signal:0..4
+-- KEYS: jobs deadlines aging turns due ready:0..4 waiting:0..4 delayed:0..4 leased:0..4 signal:0..4
 -- ARGV[1] job id, ARGV[2] lease token, ARGV[3] delay ms (0 = at once), ARGV[4] reason ("" = none).
 -- Returns 1, or the error "LEASE_LOST ..." with nothing changed.
 local job, err = leased_job(K, ARGV[1], ARGV[2])
@@ -18,5 +18,6 @@ else
   make_ready(K, job, now_ms(), wake)
 end
 save(K, job)
+settle_due(K)
 ring(K, wake)
 return 1
