@@ -188,8 +188,7 @@ class Change:
                          documents: bool = False) -> Change:
         """`of_row` for rows whose values are canonical already (a source that decodes straight
         to canonical values); the rows are taken as they are, not copied."""
-        after_row, before_row = after, before
-        source = after_row if after_row is not None else before_row
+        source = after if after is not None else before
         if op is Op.TRUNCATE:
             return cls(entity_type, TRUNCATED, op, {}, None, None, commit_time, version, xid,
                        captured_at=captured_at)
@@ -197,8 +196,8 @@ class Change:
             raise InvalidChange(f"a {op} change of {entity_type} has no row to take its key from")
         key = {c: source.get(c) for c in key_columns}
         return cls(entity_type, entity_id_of(key, key_columns, documents=documents), op, key,
-                   after_row, before_row,
-                   commit_time, version, xid, unchanged=tuple(unchanged), captured_at=captured_at,
+                   after, before, commit_time, version, xid, unchanged=tuple(unchanged),
+                   captured_at=captured_at,
                    source_key=tuple(source_key) if source_key is not None else None)
 
     def to_json(self) -> bytes:
