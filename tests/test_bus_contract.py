@@ -30,7 +30,7 @@ import pytest
 from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange, MissingDependency
 from tidegate.sync.buses.base import BusBase, SubscriptionBase, bus_for
-from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.changes import Change, Op, Version, changes_from_json
 from tidegate.sync.contracts import Delivery, Subscription
 
 BACKENDS = ["memory", *REDIS_BACKENDS, "kafka"]
@@ -216,7 +216,10 @@ async def test_consumers_of_one_group_share_the_work(bus_factory: BusFactory, bu
     async with bus.subscribe("g", "c1", ["product"]) as first, \
             bus.subscribe("g", "c2", ["product"]) as second:
         await settle(bus_factory, [first, second])
-        await bus.publish(published)
+        # (In several publishes: on Redis one publish's changes may share a stream entry, which
+        # goes to one consumer whole.)
+        for start in range(0, len(published), 5):
+            await bus.publish(published[start:start + 5])
         seen: dict[str, list[Change]] = {"c1": [], "c2": []}
         done = asyncio.Event()
 
@@ -292,9 +295,11 @@ async def test_acked_changes_never_come_back_even_after_a_restart(bus: BusBase) 
 
 
 async def test_an_ack_covers_only_the_deliveries_acked(bus_factory: BusFactory, bus: BusBase) -> None:
-    # Given three changes of one entity (one partition on Kafka), the 2nd and 3rd acked, the 1st not
+    # Given three changes of one entity (one partition on Kafka), published one by one (one
+    # stream entry each on Redis), the 2nd and 3rd acked, the 1st not
     published = [change(9, n) for n in range(1, 4)]
-    await bus.publish(published)
+    for one in published:
+        await bus.publish([one])
     async with bus.subscribe("g", "c1", ["product"]) as sub:
         got = await fetch_until(sub, 3, ack=False)
         await sub.ack(got[1:])
@@ -504,18 +509,34 @@ def _private_redis(workdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]
 
 
 @pytest.mark.redis_only
-async def test_redis_streams_stay_within_their_cap(bus_factory: BusFactory) -> None:
-    bus = await bus_factory.open(max_len=50)
+@pytest.mark.parametrize("changes_per_entry", [1, 5, 100])
+async def test_redis_streams_stay_within_their_cap_of_changes(bus_factory: BusFactory,
+                                                              changes_per_entry: int) -> None:
+    bus = await bus_factory.open(max_len=50, changes_per_entry=changes_per_entry)
     for start in range(0, 1000, 100):
         await bus.publish([change(n, 1) for n in range(start, start + 100)])
-    client = redis_client(bus_factory.url)
+    entries = await _stream_entries(bus_factory, "product")
+    held = sum(len(_changes_of(fields)) for _, fields in entries)
+    # Never below the cap (in changes, whatever an entry holds); above it by at most the last
+    # publish (trimmed with the next one) and what trimming whole stream nodes leaves.
+    assert 50 <= held <= 300, (held, len(entries))
+    assert all(len(_changes_of(fields)) <= changes_per_entry for _, fields in entries)
+
+
+async def _stream_entries(factory: BusFactory, entity_type: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    client = redis_client(factory.url)
     try:
-        length = await client.xlen(f"{bus_factory.prefix}:{{product}}:changes")
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(
+            f"{factory.prefix}:{{{entity_type}}}:changes")
     finally:
         await client.aclose()
-    # MAXLEN ~ trims whole stream nodes (100 entries by default): never below the cap, and
-    # never more than a node above it.
-    assert 50 <= length <= 150
+    return entries
+
+
+def _changes_of(fields: dict[bytes, bytes]) -> list[Change]:
+    if b"changes" in fields:
+        return [Change.from_object(event) for event in changes_from_json(fields[b"changes"])]
+    return [Change.from_json(fields[b"change"])]
 
 
 @pytest.mark.redis_only
