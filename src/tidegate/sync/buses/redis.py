@@ -171,8 +171,9 @@ class RedisSubscription(SubscriptionBase):
         # unacked. The entry is XACKed once none is left.
         self._unacked: dict[tuple[str, bytes], set[int]] = {}
         # Changes an entry held in the latest read: reads ask for about `room` changes' worth of
-        # entries, so that entries of many changes do not pile up in the buffer.
-        self._changes_per_entry = 1.0
+        # entries, so that entries of many changes do not pile up in the buffer. Until a read
+        # says otherwise, entries are taken to be as full as this bus writes them.
+        self._changes_per_entry = float(bus.settings.changes_per_entry)
         # The streams by Redis Cluster slot, each group one XREADGROUP (one group off a cluster).
         slots: dict[int, list[str]] = {}
         for key in self._keys:
