@@ -654,6 +654,7 @@ async def test_redis_a_malformed_change_in_an_entry_costs_only_itself(bus_factor
     try:
         await client.xadd(f"{bus_factory.prefix}:{{product}}:changes", {"changes": raw})
         await client.xadd(f"{bus_factory.prefix}:{{product}}:changes", {"changes": b"[not json"})
+        await client.xadd(f"{bus_factory.prefix}:{{product}}:changes", {"changes": good[0].to_json()})
     finally:
         await client.aclose()
     sentinel = change(6, 3)
@@ -661,7 +662,8 @@ async def test_redis_a_malformed_change_in_an_entry_costs_only_itself(bus_factor
     async with bus.subscribe("g", "c1", ["product"]) as sub:
         assert await fetch_through(sub, sentinel) == [*good, sentinel]
         assert await _pending(bus_factory, "product", "g") == 0
-    assert bus.malformed == 2
+    # The bad change in the array, the entry that is not JSON, the one that is not an array
+    assert bus.malformed == 3
 
 
 @pytest.mark.memory_only

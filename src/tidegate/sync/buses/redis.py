@@ -126,7 +126,7 @@ class RedisBus(BusBase):
 
     async def _publish(self, changes: Sequence[Change]) -> None:
         entries = entries_of(changes, self.stream_key, self.settings.changes_per_entry)
-        # Trims the windows asked for on earlier publishes ride along (see redis_entries).
+        # The trims earlier publishes asked for ride along with these entries (see redis_entries).
         trims = [(key, window.min_id) for key, window in self._windows.items() if window.min_id is not None]
 
         async def send() -> list[Any]:
