@@ -67,3 +67,13 @@ def test_the_trim_window_keeps_the_fewest_newest_entries_holding_the_cap() -> No
     assert window.min_id == b"5-0"  # one entry holds the whole cap
     window.trimmed(b"4-0")  # an older trim's answer does not clear a newer request
     assert window.min_id == b"5-0"
+
+
+def test_the_trim_window_stays_small_for_entries_of_one_change_and_keeps_the_cap() -> None:
+    window = TrimWindow(10_000)
+    for n in range(1, 50_001):
+        window.wrote(f"{n}-0".encode(), 1)
+    assert len(window._blocks) <= TrimWindow.BLOCKS + 2  # the rounding of a block's size, and the one filling
+    assert window.min_id is not None
+    kept = 50_000 - int(window.min_id.split(b"-")[0]) + 1  # entries from min_id on, one change each
+    assert 10_000 <= kept <= 10_000 + 10_000 // TrimWindow.BLOCKS

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from tidegate.sync.changes import Change, changes_to_json
@@ -71,24 +72,45 @@ def entries_of(changes: Sequence[Change], stream_key: Callable[[str], str],
     return out
 
 
+@dataclass(slots=True)
+class _Block:
+    """Consecutive entries of one stream: the first one's id, and the changes they hold."""
+
+    first_id: bytes
+    changes: int
+
+
 class TrimWindow:
     """The entries this producer wrote to one stream, as few of the newest as hold `max_changes`
-    changes; `min_id` is where the stream may be trimmed to, once older entries fell out."""
+    changes; `min_id` is where the stream may be trimmed to, once older entries fell out.
+
+    Consecutive entries are kept as blocks of about `max_changes / BLOCKS` changes, each under
+    the id of its first entry, so the window holds a few hundred blocks whatever the entries'
+    size (one change an entry, from lone transactions, would otherwise mean up to `max_changes`
+    ids in memory per stream). Trimming to a block's first id keeps the whole block: the stream
+    holds at least `max_changes` changes and at most a block's worth more, on top of the node
+    Redis's `~` trims by."""
+
+    BLOCKS = 256
 
     def __init__(self, max_changes: int) -> None:
         self.max_changes = max_changes
-        self._entries: deque[tuple[bytes, int]] = deque()
+        self._block_changes = max(1, max_changes // self.BLOCKS)
+        self._blocks: deque[_Block] = deque()
         self._changes = 0
         self.min_id: bytes | None = None  # to trim to on the next publish; None: nothing new
 
     def wrote(self, entry_id: bytes, changes: int) -> None:
         """An entry of `changes` changes was written with this id (ids only grow)."""
-        self._entries.append((entry_id, changes))
+        blocks = self._blocks
+        if blocks and blocks[-1].changes < self._block_changes:
+            blocks[-1].changes += changes
+        else:
+            blocks.append(_Block(entry_id, changes))
         self._changes += changes
-        entries = self._entries
-        while self._changes - entries[0][1] >= self.max_changes:
-            self._changes -= entries.popleft()[1]
-            self.min_id = entries[0][0]
+        while self._changes - blocks[0].changes >= self.max_changes:
+            self._changes -= blocks.popleft().changes
+            self.min_id = blocks[0].first_id
 
     def trimmed(self, min_id: bytes) -> None:
         """The stream was trimmed to `min_id`: nothing to send until the window moves on."""
