@@ -30,7 +30,7 @@ import pytest
 from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange, MissingDependency
 from tidegate.sync.buses.base import BusBase, SubscriptionBase, bus_for
-from tidegate.sync.changes import Change, Op, Version
+from tidegate.sync.changes import Change, Op, Version, changes_from_json
 from tidegate.sync.contracts import Delivery, Subscription
 
 BACKENDS = ["memory", *REDIS_BACKENDS, "kafka"]
@@ -216,7 +216,10 @@ async def test_consumers_of_one_group_share_the_work(bus_factory: BusFactory, bu
     async with bus.subscribe("g", "c1", ["product"]) as first, \
             bus.subscribe("g", "c2", ["product"]) as second:
         await settle(bus_factory, [first, second])
-        await bus.publish(published)
+        # (In several publishes: on Redis one publish's changes may share a stream entry, which
+        # goes to one consumer whole.)
+        for start in range(0, len(published), 5):
+            await bus.publish(published[start:start + 5])
         seen: dict[str, list[Change]] = {"c1": [], "c2": []}
         done = asyncio.Event()
 
@@ -292,9 +295,11 @@ async def test_acked_changes_never_come_back_even_after_a_restart(bus: BusBase) 
 
 
 async def test_an_ack_covers_only_the_deliveries_acked(bus_factory: BusFactory, bus: BusBase) -> None:
-    # Given three changes of one entity (one partition on Kafka), the 2nd and 3rd acked, the 1st not
+    # Given three changes of one entity (one partition on Kafka), published one by one (one
+    # stream entry each on Redis), the 2nd and 3rd acked, the 1st not
     published = [change(9, n) for n in range(1, 4)]
-    await bus.publish(published)
+    for one in published:
+        await bus.publish([one])
     async with bus.subscribe("g", "c1", ["product"]) as sub:
         got = await fetch_until(sub, 3, ack=False)
         await sub.ack(got[1:])
@@ -504,18 +509,34 @@ def _private_redis(workdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]
 
 
 @pytest.mark.redis_only
-async def test_redis_streams_stay_within_their_cap(bus_factory: BusFactory) -> None:
-    bus = await bus_factory.open(max_len=50)
+@pytest.mark.parametrize("changes_per_entry", [1, 5, 100])
+async def test_redis_streams_stay_within_their_cap_of_changes(bus_factory: BusFactory,
+                                                              changes_per_entry: int) -> None:
+    bus = await bus_factory.open(max_len=50, changes_per_entry=changes_per_entry)
     for start in range(0, 1000, 100):
         await bus.publish([change(n, 1) for n in range(start, start + 100)])
-    client = redis_client(bus_factory.url)
+    entries = await _stream_entries(bus_factory, "product")
+    held = sum(len(_changes_of(fields)) for _, fields in entries)
+    # Never below the cap (in changes, whatever an entry holds); above it by at most the last
+    # publish (trimmed with the next one) and what trimming whole stream nodes leaves.
+    assert 50 <= held <= 300, (held, len(entries))
+    assert all(len(_changes_of(fields)) <= changes_per_entry for _, fields in entries)
+
+
+async def _stream_entries(factory: BusFactory, entity_type: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    client = redis_client(factory.url)
     try:
-        length = await client.xlen(f"{bus_factory.prefix}:{{product}}:changes")
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(
+            f"{factory.prefix}:{{{entity_type}}}:changes")
     finally:
         await client.aclose()
-    # MAXLEN ~ trims whole stream nodes (100 entries by default): never below the cap, and
-    # never more than a node above it.
-    assert 50 <= length <= 150
+    return entries
+
+
+def _changes_of(fields: dict[bytes, bytes]) -> list[Change]:
+    if b"changes" in fields:
+        return [Change.from_object(event) for event in changes_from_json(fields[b"changes"])]
+    return [Change.from_json(fields[b"change"])]
 
 
 @pytest.mark.redis_only
@@ -537,6 +558,112 @@ async def test_redis_counts_pending_entries_the_cap_trimmed(bus_factory: BusFact
             delivered += [d.change for d in batch]
         assert bus.lost == 1  # type: ignore[attr-defined]
         assert change(1, 1) not in delivered
+
+
+@pytest.mark.redis_only
+async def test_redis_entries_of_the_one_change_form_read_on_beside_the_new_ones(
+        bus_factory: BusFactory) -> None:
+    # Given a stream written by a version that put one change in each entry, then by this one
+    bus = await bus_factory.open()
+    old = [change(2, n) for n in range(1, 4)]
+    client = redis_client(bus_factory.url)
+    try:
+        for one in old:
+            await client.xadd(f"{bus_factory.prefix}:{{product}}:changes", {"change": one.to_json()})
+    finally:
+        await client.aclose()
+    new = [change(2, n) for n in range(4, 8)]
+    await bus.publish(new)
+    # When a consumer reads it, it gets both forms' changes, in order
+    async with bus.subscribe("g", "c1", ["product"]) as sub:
+        assert await fetch_through(sub, new[-1]) == [*old, *new]
+    # And entries this version writes with changes_per_entry=1 are in the old form
+    one_each = await bus_factory.open(changes_per_entry=1)
+    await one_each.publish([change(2, 8), change(2, 9)])
+    entries = await _stream_entries(bus_factory, "product")
+    assert [list(fields) for _, fields in entries[-2:]] == [[b"change"], [b"change"]]
+    assert bus.malformed == 0
+
+
+@pytest.mark.redis_only
+async def test_redis_an_entry_is_acked_once_every_change_it_carries_is(bus_factory: BusFactory) -> None:
+    # Given one publish of 10 changes of one entity: one stream entry
+    bus = await bus_factory.open()
+    published = [change(8, n) for n in range(1, 11)]
+    await bus.publish(published)
+    assert len(await _stream_entries(bus_factory, "product")) == 1
+    async with bus.subscribe("g", "c1", ["product"]) as sub:
+        # When a consumer takes it 3 changes a fetch, acking all but the last fetch's
+        got: list[Delivery] = []
+        for _ in range(4):
+            batch = await sub.fetch(3, timeout_s=1)
+            assert 0 < len(batch) <= 3
+            got += batch
+        assert [d.change for d in got] == published
+        await sub.ack(got[:9])
+        pending = await _pending(bus_factory, "product", "g")
+    # Then the entry stays pending, and a restarted consumer gets all of it again
+    assert pending == 1
+    async with bus.subscribe("g", "c1", ["product"]) as again:
+        redelivered = await fetch_until(again, 10)
+        assert [d.change for d in redelivered] == published
+        assert await _pending(bus_factory, "product", "g") == 0  # all acked: the entry is done
+    sentinel = change(8, 11)
+    await bus.publish([sentinel])
+    async with bus.subscribe("g", "c1", ["product"]) as last:
+        assert await fetch_through(last, sentinel) == [sentinel]
+
+
+async def _pending(factory: BusFactory, entity_type: str, group: str) -> int:
+    client = redis_client(factory.url)
+    try:
+        summary = await client.xpending(f"{factory.prefix}:{{{entity_type}}}:changes", group)
+    finally:
+        await client.aclose()
+    return int(summary["pending"])
+
+
+@pytest.mark.redis_only
+async def test_redis_a_large_publish_is_split_into_bounded_entries(bus_factory: BusFactory) -> None:
+    # Given a transaction of 250 changes, three of them with a 200 kB column
+    bus = await bus_factory.open()
+    published = [change(n, 1) for n in range(250)]
+    for n in (10, 11, 12):
+        published[n] = Change.of_row(entity_type="product", op=Op.INSERT, key_columns=["id"],
+                                     version=Version(1, n), commit_time=COMMIT,
+                                     after={"id": str(n), "text": "x" * 200_000})
+    await bus.publish(published)
+    # Then no entry holds more than 100 changes nor (past one change) more than 512 kB
+    entries = await _stream_entries(bus_factory, "product")
+    sizes = [len(_changes_of(fields)) for _, fields in entries]
+    assert sum(sizes) == 250 and max(sizes) <= 100
+    assert all(len(fields[b"changes"]) <= 512 * 1024 for _, fields in entries)
+    assert len(entries) >= 4  # the three large changes do not fit in one entry
+    # And a consumer gets them all, in order
+    async with bus.subscribe("g", "c1", ["product"]) as sub:
+        got = await fetch_until(sub, 250, max_count=70)
+    assert [d.change for d in got] == published
+
+
+@pytest.mark.redis_only
+async def test_redis_a_malformed_change_in_an_entry_costs_only_itself(bus_factory: BusFactory) -> None:
+    bus = await bus_factory.open()
+    good = [change(6, 1), change(6, 2)]
+    raw = b"[" + good[0].to_json() + b',{"op": "insert"},' + good[1].to_json() + b"]"
+    client = redis_client(bus_factory.url)
+    try:
+        await client.xadd(f"{bus_factory.prefix}:{{product}}:changes", {"changes": raw})
+        await client.xadd(f"{bus_factory.prefix}:{{product}}:changes", {"changes": b"[not json"})
+        await client.xadd(f"{bus_factory.prefix}:{{product}}:changes", {"changes": good[0].to_json()})
+    finally:
+        await client.aclose()
+    sentinel = change(6, 3)
+    await bus.publish([sentinel])
+    async with bus.subscribe("g", "c1", ["product"]) as sub:
+        assert await fetch_through(sub, sentinel) == [*good, sentinel]
+        assert await _pending(bus_factory, "product", "g") == 0
+    # The bad change in the array, the entry that is not JSON, the one that is not an array
+    assert bus.malformed == 3
 
 
 @pytest.mark.memory_only

@@ -27,7 +27,7 @@ import orjson
 from tidegate.errors import InvalidChange
 from tidegate.sync.values import JsonValue, Row, canonical, canonical_json, checksum
 
-__all__ = ["MAX_ORDINAL", "Change", "Op", "Version", "entity_id_of"]
+__all__ = ["MAX_ORDINAL", "Change", "Op", "Version", "changes_from_json", "changes_to_json", "entity_id_of"]
 
 # The highest ordinal a version carries (Version.key gives it 8 hex digits): a version at it comes
 # after every change of its position, which is what a snapshot or a re-read of a table states.
@@ -219,6 +219,11 @@ class Change:
             raw = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise InvalidChange(f"a change event is not JSON: {exc}") from exc
+        return cls.from_object(raw)
+
+    @classmethod
+    def from_object(cls, raw: object) -> Change:
+        """`from_json` for an event already parsed (one element of `changes_from_json`'s array)."""
         if not isinstance(raw, dict):
             raise InvalidChange("a change event must be a JSON object")
         try:
@@ -236,6 +241,24 @@ class Change:
             if isinstance(exc, InvalidChange):
                 raise
             raise InvalidChange(f"a change event has an invalid field: {exc}") from exc
+
+
+def changes_to_json(encoded: Sequence[bytes]) -> bytes:
+    """Several changes' `to_json` forms as one JSON array, joined as they are (not re-encoded):
+    the form a bus entry that carries several changes holds."""
+    return b"[" + b",".join(encoded) + b"]"
+
+
+def changes_from_json(data: bytes | str) -> list[object]:
+    """The events of a `changes_to_json` array, parsed but not yet checked: each goes through
+    `Change.from_object`, so that one malformed event does not cost its neighbours."""
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidChange(f"a change batch is not JSON: {exc}") from exc
+    if not isinstance(raw, list):
+        raise InvalidChange("a change batch must be a JSON array")
+    return raw
 
 
 @functools.lru_cache(maxsize=1024)

@@ -15,7 +15,8 @@ What every bus promises (one contract suite, tests/test_bus_contract.py, runs on
   cache's compare-and-set on versions makes that harmless.
 - A group created after changes were published starts at the oldest change the bus still holds.
 - An entry that is not a change (written by something else, or corrupted) is logged with its id,
-  acked so it cannot wedge the group, and counted in the bus's `malformed` attribute.
+  acked so it cannot wedge the group, and counted in the bus's `malformed` attribute (per change
+  where an entry carries several: its good changes are still delivered).
 - Errors of the driver surface as BusUnavailable naming the URL (never its password); a missing
   optional dependency as MissingDependency naming the extra to install.
 """
@@ -34,7 +35,7 @@ from tidegate._lifecycle import Lifecycle
 from tidegate._redis import is_redis_url
 from tidegate._urls import redact_url
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange
-from tidegate.sync.changes import Change
+from tidegate.sync.changes import Change, changes_from_json
 from tidegate.sync.contracts import Bus, Delivery
 
 __all__ = ["BusBase", "BusSettings", "SubscriptionBase", "bus_for"]
@@ -54,6 +55,11 @@ class BusSettings(BaseModel):
     prefix: str = Field("tidegate", pattern=r"^[A-Za-z0-9_.-]{1,100}$")
     # Changes kept per entity type (memory, redis); None: the backend's default (see there).
     max_len: int | None = Field(None, gt=0)
+    # Changes one stream entry carries at most (redis): a publish writes each stream's changes
+    # as entries of up to this many, so a batch costs a few XADDs rather than one per change.
+    # 1 writes one change an entry, in the form versions before several-changes entries read
+    # (what a rolling upgrade publishes until every consumer reads both forms).
+    changes_per_entry: int = Field(100, ge=1, le=10_000)
     # A delivery left unacked this long goes to another consumer of the group (memory, redis).
     reclaim_idle_s: float = Field(30.0, gt=0)
     # How often a Redis consumer looks for deliveries to reclaim while it waits for new ones.
@@ -166,6 +172,25 @@ class BusBase(Lifecycle):
             self.malformed += 1
             log.warning("%s: skipping malformed entry %s (acked, not delivered): %s", self, where, exc)
             return None
+
+    def decode_many(self, raw: bytes | str, where: str) -> list[Change]:
+        """The changes an entry of several carries (`changes_from_json`'s array); what is not a
+        change is logged and counted, one by one, and the rest kept."""
+        try:
+            events = changes_from_json(raw)
+        except InvalidChange as exc:
+            self.malformed += 1
+            log.warning("%s: skipping malformed entry %s (acked, not delivered): %s", self, where, exc)
+            return []
+        out: list[Change] = []
+        for index, event in enumerate(events):
+            try:
+                out.append(Change.from_object(event))
+            except InvalidChange as exc:
+                self.malformed += 1
+                log.warning("%s: skipping malformed change %d of entry %s (not delivered): %s",
+                            self, index, where, exc)
+        return out
 
     @abc.abstractmethod
     def subscribe(self, group: str, consumer: str, entity_types: Sequence[str]) -> SubscriptionBase:

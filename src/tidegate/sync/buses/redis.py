@@ -5,20 +5,28 @@
   A read over several streams is one XREADGROUP per slot there (a cluster refuses one command
   over keys of several slots): pipelined when it does not block; when it does, one blocking read
   per slot at once, the first to answer ending the others (see `_read_new`).
-- Publish: `XADD key MAXLEN ~ N * change <Change.to_json()>` for every change, all in one pipeline
-  (one round trip) without MULTI: one transaction's changes may belong to streams on different
-  Cluster shards, and a half-published transaction is harmless (publish did not return, so the
-  source replays the whole transaction and the cache ignores the versions it already has). Each
-  XADD is durable as far as the server's persistence settings make it (AOF with fsync for the
-  strictest promise).
+- Publish: each stream's changes as entries of up to `changes_per_entry` changes (100 by
+  default; the entry layout, both forms readers take, and how it is bounded: `redis_entries`),
+  `XADD key MAXLEN ~ N * changes <JSON array>` for every entry, all in one pipeline (one round
+  trip) without MULTI: one transaction's changes may belong to streams on different Cluster
+  shards, and a half-published transaction is harmless (publish did not return, so the source
+  replays the whole transaction and the cache ignores the versions it already has). Each XADD is
+  durable as far as the server's persistence settings make it (AOF with fsync for the strictest
+  promise). A batch of 500 changes costs five XADDs rather than 500, and the consumer reads,
+  parses and acks entries in the same proportion. Consumers of versions before several-changes
+  entries read them as malformed: a rolling upgrade publishes with `changes_per_entry=1` until
+  every consumer runs this version.
 - Groups: `XGROUP CREATE key group 0 MKSTREAM` when a subscription opens. `0`, not `$`: a group
   created after publishing still gets every change the stream retains, as on every bus.
 - Fetch: after a (re)start a consumer first re-reads its own pending entries (`XREADGROUP … 0`),
   so nothing delivered before a crash is forgotten; then entries another consumer left pending
   for `reclaim_idle_s` (it died or hung) are taken over with `XAUTOCLAIM`, looked for every
   `reclaim_interval_s`; then new entries with `XREADGROUP … BLOCK` (no polling for new entries).
-  `XACK` acks. Closing a subscription marks its unacked entries idle (`XCLAIM … IDLE`), so the
-  next XAUTOCLAIM of another consumer takes them at once instead of after `reclaim_idle_s`.
+  Each change of an entry is its own delivery; the entry is XACKed once every one of them is
+  acked, so a consumer that dies with part of an entry applied has the whole entry redelivered
+  (the cache ignores what it has). Closing a subscription marks its unacked entries idle
+  (`XCLAIM … IDLE`), so the next XAUTOCLAIM of another consumer takes them at once instead of
+  after `reclaim_idle_s`.
 - Order: one consumer per group sees each entity's changes in order; several consumers of one
   group may interleave them (a reclaimed entry arrives after newer ones), which the cache's
   compare-and-set on versions makes harmless.
@@ -34,11 +42,17 @@
   that fetch once with BusUnavailable saying so: what was published before and not acked is gone
   from the bus, and the consumer's owner (the sync pipeline) reopens and replays it from the
   source's confirmed position. Acked changes are applied already and never needed again.
-- Cap: `MAXLEN ~ max_len` (default 1,000,000 per entity type). Redis trims whole stream nodes, so
-  a stream holds at least `max_len` entries and at most a node's worth more
-  (`stream-node-max-entries`, 100 by default). Trimming does not wait for the groups: a group that
-  falls more than `max_len` changes behind loses the oldest; size the cap for the longest outage
-  of a consumer. Pending entries found trimmed away are logged and counted in `lost`.
+- Cap: `max_len` changes (default 1,000,000 per entity type). The producer trims to the oldest
+  entry of the newest `max_len` changes it wrote (`XTRIM MINID ~`, sent with the next publish),
+  and every XADD carries `MAXLEN ~ max_len` entries for what it never wrote (see
+  `redis_entries`). Redis trims whole stream nodes, so a stream holds at least `max_len` changes
+  and at most a node's worth of entries more (`stream-node-max-entries`, 100 by default).
+  Trimming does not wait for the groups: a group that falls more than `max_len` changes behind
+  loses the oldest; size the cap for the longest outage of a consumer. Pending entries found
+  trimmed away are logged and counted in `lost` — entries, not changes: how many changes a
+  trimmed entry held is gone with it (at most `changes_per_entry`). Redis's own figures count
+  entries too (`XINFO GROUPS`' lag and pending); the pipeline's own lag and pending figures count
+  changes.
 """
 
 from __future__ import annotations
@@ -53,6 +67,7 @@ from tidegate._redis import Outage, RedisClient, call_with_reconnect, driver_err
 from tidegate._urls import redact_url
 from tidegate.errors import BusUnavailable, MissingDependency
 from tidegate.sync.buses.base import BusBase, BusSettings, SubscriptionBase, log
+from tidegate.sync.buses.redis_entries import FIELD_MANY, FIELD_ONE, TrimWindow, entries_of
 from tidegate.sync.changes import Change
 from tidegate.sync.contracts import Delivery
 
@@ -65,7 +80,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 __all__ = ["DEFAULT_MAX_LEN", "RedisBus", "RedisSubscription"]
 
 DEFAULT_MAX_LEN = 1_000_000
-FIELD = b"change"
 _START = b"0-0"
 _DRIVER_ERRORS = driver_errors()
 
@@ -76,7 +90,10 @@ class RedisBus(BusBase):
     def __init__(self, url: str, settings: BusSettings | None = None) -> None:
         super().__init__(url, settings or BusSettings())
         self.max_len = self.settings.max_len or DEFAULT_MAX_LEN
-        self.lost = 0  # pending entries trimmed away by the cap before they were acked
+        # Pending entries trimmed away by the cap before they were acked; an entry holds one
+        # change or several, and how many is gone with it.
+        self.lost = 0
+        self._windows: dict[str, TrimWindow] = {}  # per stream: see redis_entries
         self.redis: Any = None
         self.outage = Outage("bus", url)
 
@@ -108,17 +125,32 @@ class RedisBus(BusBase):
         await self.redis.aclose()
 
     async def _publish(self, changes: Sequence[Change]) -> None:
-        async def send() -> None:
+        entries = entries_of(changes, self.stream_key, self.settings.changes_per_entry)
+        # The trims earlier publishes asked for ride along with these entries (see redis_entries).
+        trims = [(key, window.min_id) for key, window in self._windows.items() if window.min_id is not None]
+
+        async def send() -> list[Any]:
             async with self.redis.pipeline(transaction=False) as pipe:
-                for change in changes:
-                    pipe.xadd(self.stream_key(change.entity_type), {FIELD: change.to_json()},
-                              maxlen=self.max_len, approximate=True)
-                await pipe.execute()
+                for key, min_id in trims:
+                    pipe.xtrim(key, minid=min_id, approximate=True)
+                for entry in entries:
+                    pipe.xadd(entry.key, entry.fields, maxlen=self.max_len, approximate=True)
+                replies: list[Any] = await pipe.execute()
+                return replies
 
         try:
-            await self.retrying(send)
+            replies = await self.retrying(send)
         except _DRIVER_ERRORS as exc:
             raise self.unavailable(exc) from exc
+        for key, min_id in trims:
+            self._windows[key].trimmed(min_id)
+        if self.settings.changes_per_entry == 1:
+            return  # one change an entry: MAXLEN counts changes already
+        for entry, entry_id in zip(entries, replies[len(trims):], strict=True):
+            window = self._windows.get(entry.key)
+            if window is None:
+                window = self._windows[entry.key] = TrimWindow(self.max_len)
+            window.wrote(entry_id, entry.changes)
 
 
 class RedisSubscription(SubscriptionBase):
@@ -135,7 +167,13 @@ class RedisSubscription(SubscriptionBase):
         self._reclaim_cursor: dict[str, bytes] = dict.fromkeys(self._keys, _START)
         self._next_reclaim = 0.0  # monotonic time of the next XAUTOCLAIM pass
         self._buffer: deque[Delivery] = deque()  # read beyond max_count, not yet handed out
-        self._unacked: dict[tuple[str, bytes], None] = {}  # handed out or buffered, not acked
+        # Per entry handed out or buffered and not yet acked: the indices of its changes still
+        # unacked. The entry is XACKed once none is left.
+        self._unacked: dict[tuple[str, bytes], set[int]] = {}
+        # Changes an entry held in the latest read: reads ask for about `room` changes' worth of
+        # entries, so that entries of many changes do not pile up in the buffer. Until a read
+        # says otherwise, entries are taken to be as full as this bus writes them.
+        self._changes_per_entry = float(bus.settings.changes_per_entry)
         # The streams by Redis Cluster slot, each group one XREADGROUP (one group off a cluster).
         slots: dict[int, list[str]] = {}
         for key in self._keys:
@@ -243,7 +281,8 @@ class RedisSubscription(SubscriptionBase):
         keys = list(streams)
         if not keys:
             return []
-        reply = await self._read_now(streams, room)
+        count = self._entries_for(room)
+        reply = await self._read_now(streams, count)
         seen = {self._key_of(key) for key, _ in reply}
         for key in keys:
             if key not in seen:
@@ -252,7 +291,7 @@ class RedisSubscription(SubscriptionBase):
         for raw_key, entries in reply:
             key = self._key_of(raw_key)
             # Fewer than asked for: that was the last of this stream's history.
-            self._history[key] = entries[-1][0] if len(entries) >= room else None
+            self._history[key] = entries[-1][0] if len(entries) >= count else None
             # Re-read after a reconnect, the history holds entries handed out and not acked yet.
             fresh = [entry for entry in entries if (key, entry[0]) not in self._unacked]
             out += await self._deliveries(key, fresh)
@@ -269,7 +308,7 @@ class RedisSubscription(SubscriptionBase):
                 break
             cursor, entries, *rest = await self.bus.redis.xautoclaim(
                 key, self.group, self.consumer, idle_ms, start_id=self._reclaim_cursor[key],
-                count=room - len(out))
+                count=self._entries_for(room - len(out)))
             self._reclaim_cursor[key] = cursor
             more = more or cursor != _START
             deleted = rest[0] if rest else []
@@ -278,21 +317,22 @@ class RedisSubscription(SubscriptionBase):
             out += await self._deliveries(key, entries)
         # A scan that stopped early continues on the next fetch; a full one waits its interval.
         self._next_reclaim = now if more else now + self.bus.settings.reclaim_interval_s
-        return out
+        return self._keep(out, room)
 
     async def _read_new(self, room: int, block_s: float) -> list[Delivery]:
         # BLOCK 0 would wait forever: below a millisecond, do not block at all.
         block_ms = int(block_s * 1000)
         streams: dict[str, bytes | str] = dict.fromkeys(self._keys, ">")
+        count = self._entries_for(room)
         if len(set(self._slot_of.values())) == 1:
             reply = await self.bus.redis.xreadgroup(
-                self.group, self.consumer, streams, count=room, block=block_ms if block_ms >= 1 else None)
+                self.group, self.consumer, streams, count=count, block=block_ms if block_ms >= 1 else None)
         else:
             # Streams on several slots: what is there already, in one round trip; only when
             # there is nothing, a wait on every slot at once.
-            reply = await self._read_now(streams, room)
+            reply = await self._read_now(streams, count)
             if not reply and block_ms >= 1:
-                reply = await self._read_first(streams, room, block_ms)
+                reply = await self._read_first(streams, count, block_ms)
         out: list[Delivery] = []
         for raw_key, entries in reply or []:
             out += await self._deliveries(self._key_of(raw_key), entries)
@@ -305,24 +345,25 @@ class RedisSubscription(SubscriptionBase):
             groups.setdefault(self._slot_of[key], {})[key] = cursor
         return list(groups.values())
 
-    async def _read_now(self, streams: dict[str, bytes | str], room: int) -> list[Any]:
+    async def _read_now(self, streams: dict[str, bytes | str], count: int) -> list[Any]:
         """XREADGROUP without blocking over `streams`: one command, or one per slot in a
         pipeline (on a cluster, one round trip per node, all at once)."""
         groups = self._by_slot(streams)
         if len(groups) == 1:
-            return list(await self.bus.redis.xreadgroup(self.group, self.consumer, streams, count=room) or [])
+            reply = await self.bus.redis.xreadgroup(self.group, self.consumer, streams, count=count)
+            return list(reply or [])
         async with self.bus.redis.pipeline(transaction=False) as pipe:
             for group in groups:
-                pipe.xreadgroup(self.group, self.consumer, group, count=room)
+                pipe.xreadgroup(self.group, self.consumer, group, count=count)
             replies = await pipe.execute()
         return [stream for reply in replies for stream in reply or []]
 
-    async def _read_first(self, streams: dict[str, bytes | str], room: int, block_ms: int) -> list[Any]:
+    async def _read_first(self, streams: dict[str, bytes | str], count: int, block_ms: int) -> list[Any]:
         """One XREADGROUP BLOCK per slot at once, each on its own connection; the first answer
         ends the others. A read ended so may have taken entries whose reply it never read: they
         are pending for this consumer, so its own history is read again on the next fetch."""
         reads = {asyncio.ensure_future(self.bus.redis.xreadgroup(
-                     self.group, self.consumer, group, count=room, block=block_ms))
+                     self.group, self.consumer, group, count=count, block=block_ms))
                  for group in self._by_slot(streams)}
         try:
             await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
@@ -342,8 +383,13 @@ class RedisSubscription(SubscriptionBase):
                 reply += outcome
         return reply
 
+    def _entries_for(self, room: int) -> int:
+        """How many entries to read for about `room` changes."""
+        return max(1, int(room / self._changes_per_entry))
+
     def _keep(self, deliveries: list[Delivery], room: int) -> list[Delivery]:
-        """Hand out `room`; COUNT applies per stream, so several streams may return more."""
+        """Hand out `room`; the rest waits in the buffer (COUNT applies per stream, and an entry
+        may hold several changes, so a read may bring more)."""
         self._buffer.extend(deliveries[room:])
         return deliveries[:room]
 
@@ -351,7 +397,8 @@ class RedisSubscription(SubscriptionBase):
         return raw.decode() if isinstance(raw, bytes) else raw
 
     async def _deliveries(self, key: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Delivery]:
-        """Entries as deliveries; trimmed and malformed ones are acked and counted instead."""
+        """Entries as deliveries, one per change; trimmed entries and those with no change are
+        acked and counted instead."""
         out: list[Delivery] = []
         skipped: list[bytes] = []
         for entry_id, fields in entries:
@@ -359,15 +406,25 @@ class RedisSubscription(SubscriptionBase):
                 self._count_lost(key, [entry_id])
                 skipped.append(entry_id)
                 continue
-            change = self.bus.decode(fields.get(FIELD), f"{key} {entry_id.decode()}")
-            if change is None:
+            changes = self._decode(key, entry_id, fields)
+            if not changes:
                 skipped.append(entry_id)
                 continue
-            self._unacked[(key, entry_id)] = None
-            out.append(Delivery(change, (key, entry_id)))
+            self._unacked[(key, entry_id)] = set(range(len(changes)))
+            out += [Delivery(change, (key, entry_id, index)) for index, change in enumerate(changes)]
+        if entries:
+            self._changes_per_entry = max(1.0, len(out) / len(entries))
         if skipped:
             await self.bus.redis.xack(key, self.group, *skipped)
         return out
+
+    def _decode(self, key: str, entry_id: bytes, fields: dict[bytes, bytes]) -> list[Change]:
+        """The changes of an entry in either form (see redis_entries)."""
+        many = fields.get(FIELD_MANY)
+        if many is not None:
+            return self.bus.decode_many(many, f"{key} {entry_id.decode()}")
+        change = self.bus.decode(fields.get(FIELD_ONE), f"{key} {entry_id.decode()}")
+        return [] if change is None else [change]
 
     def _count_lost(self, key: str, entry_ids: Sequence[bytes]) -> None:
         self.bus.lost += len(entry_ids)
@@ -378,10 +435,27 @@ class RedisSubscription(SubscriptionBase):
     # -- acking -----------------------------------------------------------------------------
 
     async def _ack(self, deliveries: Sequence[Delivery]) -> None:
-        by_key: dict[str, list[bytes]] = {}
+        acked: dict[tuple[str, bytes], set[int]] = {}
         for delivery in deliveries:
-            key, entry_id = delivery.handle
-            by_key.setdefault(key, []).append(entry_id)
+            key, entry_id, index = delivery.handle
+            acked.setdefault((key, entry_id), set()).add(index)
+        # An entry is done once every change it carries is acked; until then it stays pending,
+        # so a consumer that dies with part of it applied has all of it redelivered.
+        by_key: dict[str, list[bytes]] = {}
+        for entry, indices in acked.items():
+            left = self._unacked.get(entry)
+            if left is None or left <= indices:
+                by_key.setdefault(entry[0], []).append(entry[1])
+        if by_key:
+            await self._xack(by_key)
+        for entry, indices in acked.items():
+            left = self._unacked.get(entry)
+            if left is not None:
+                left -= indices
+                if not left:
+                    del self._unacked[entry]
+
+    async def _xack(self, by_key: dict[str, list[bytes]]) -> None:
         async def send() -> None:
             async with self.bus.redis.pipeline(transaction=False) as pipe:
                 for key, ids in by_key.items():
@@ -392,5 +466,3 @@ class RedisSubscription(SubscriptionBase):
             await self.bus.retrying(send)
         except _DRIVER_ERRORS as exc:
             raise self.bus.unavailable(exc) from exc
-        for delivery in deliveries:
-            self._unacked.pop(delivery.handle, None)
