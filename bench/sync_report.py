@@ -205,12 +205,11 @@ def gc_lines(results: Sequence[SystemResult]) -> list[str]:
     generation, and how many objects it followed at the phase's end."""
     lines = []
     for result in results:
-        parts = []
-        for phase, window in (("phase 1", result.steady), ("drain", result.drain)):
-            if window and "gc_s" in window:
-                pairs = enumerate(zip(window["gc_runs"], window["gc_s"], strict=True))
-                runs = ", ".join(f"{n:,} of gen {gen} in {seconds:.2f} s" for gen, (n, seconds) in pairs)
-                parts.append(f"{phase}: {runs}, {window['gc_tracked']:,} objects tracked at the end")
+        parts = [f"{phase}: {'/'.join(f'{n:,}' for n in window['gc_runs'])} collections of gen 0/1/2 "
+                 f"in {'/'.join(f'{seconds:.2f}' for seconds in window['gc_s'])} s, "
+                 f"{window['gc_tracked']:,} objects tracked at the end"
+                 for phase, window in (("phase 1", result.steady), ("drain", result.drain))
+                 if window and "gc_s" in window]
         if parts:
             lines.append(f"{system_name(result)} — the pipeline's garbage collections, " + "; ".join(parts))
     return lines
