@@ -142,6 +142,9 @@ def parse_args(argv: Sequence[str] | None, description: str | None) -> argparse.
                         help="how long phase 2 waits for the drain before reporting it unfinished")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="run each pipeline process under cProfile, stats in DIR (slows it down)")
+    parser.add_argument("--plain-loop", action="store_true",
+                        help="run the pipeline on asyncio's own loop with Python's default garbage "
+                             "collector (not as `tidegate sync` runs: uvloop, tidegate's collector settings)")
     parser.add_argument("--logs", type=Path, metavar="DIR", help="keep the processes' logs here")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--markdown", type=Path, help="also write the report as markdown to this file")
@@ -160,7 +163,8 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     """Run the benchmark; 0 when every system was measured."""
     args = parse_args(argv, description)
     plan = Plan(rate_per_s=args.rate, duration_s=args.duration_s, backlog=args.backlog,
-                drain_timeout_s=args.drain_timeout_s, profile_dir=args.profile)
+                drain_timeout_s=args.drain_timeout_s, profile_dir=args.profile,
+                plain_loop=args.plain_loop)
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     folder = args.logs or Path(tempfile.mkdtemp(prefix="tidegate-bench-sync-"))

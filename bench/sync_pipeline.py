@@ -2,7 +2,11 @@
 
 The child (`python -m bench.sync_pipeline …`) opens the change flow as `tidegate sync` does
 (`tidegate.app.sync.open_sync`: PostgreSQL source, the given bus and cache) with one more sink,
-the recorder, and runs it until told to stop. It is driven over its stdin and stdout with JSON
+the recorder, and runs it until told to stop, on the loop `tidegate sync` runs on
+(`tidegate._eventloop.run`: uvloop, the collector set for a server, the loaded snapshot frozen
+out of its reach); `--plain-loop` runs it on asyncio's own loop with Python's default collector
+instead, as this benchmark did before. The recorder also times the collector's runs per
+generation. It is driven over its stdin and stdout with JSON
 lines: the parent sends commands, the child answers each one and, every 0.1 s, reports its
 progress (`{"event": "progress", "snapshot": n, "streamed": m}`).
 
@@ -23,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import json
 import logging
 import resource
@@ -63,6 +68,20 @@ class Recorder:
     publishes: int = 0  # bus publish calls (Kafka: one record batch per partition each touches)
     target: int | None = None  # changes in the window after which `reached` is set
     reached: float | None = None
+    gc_s: list[float] = field(default_factory=lambda: [0.0] * 3)  # collector time per generation
+    gc_runs: list[int] = field(default_factory=lambda: [0] * 3)  # its collections per generation
+    _gc_started: float = 0.0
+
+    def watch_gc(self) -> None:
+        """Time the garbage collector's runs (its callbacks fire at the start and end of each)."""
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_s[info["generation"]] += time.perf_counter() - self._gc_started
+            self.gc_runs[info["generation"]] += 1
 
     async def apply(self, results: Sequence[Any]) -> None:
         """Record the batch (the Sink contract)."""
@@ -93,6 +112,7 @@ class Recorder:
         self.fetches_s, self.empty_fetches, self.fetched, self.acks_s = [], 0, 0, []
         self.publishes = 0
         self.target, self.reached = target, None
+        self.gc_s, self.gc_runs = [0.0] * 3, [0] * 3
 
     def report(self) -> dict[str, Any]:
         """The window's figures (latencies in ms, times as wall clock)."""
@@ -116,7 +136,8 @@ class Recorder:
             "per_fetch": self.fetched / len(self.fetches_s) if self.fetches_s else None,
             "ack_p50_ms": percentile(self.acks_s, 0.50) if self.acks_s else None,
             "ack_p99_ms": percentile(self.acks_s, 0.99) if self.acks_s else None,
-            "cpu_s": _cpu_s(),
+            "cpu_s": _cpu_s(), "gc_s": list(self.gc_s), "gc_runs": list(self.gc_runs),
+            "gc_tracked": len(gc.get_objects()),  # objects the collector follows, at the report
         }
 
     def _peak_per_s(self) -> float | None:
@@ -307,6 +328,7 @@ async def serve(args: argparse.Namespace) -> None:
                       tables=(args.table,), slot=args.slot, publication=args.publication,
                       prefix=args.prefix, heartbeat_s=None, batch_size=args.batch_size)
     recorder = Recorder()
+    recorder.watch_gc()
     stop = asyncio.Event()
     async with open_sync(TidegateConfig.load(sync=sync), sinks=[recorder]) as pipeline:
         source = GatedSource(pipeline.source)
@@ -332,15 +354,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--table", default="products")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--profile", type=Path, help="run under cProfile and write its stats here")
+    parser.add_argument("--plain-loop", action="store_true",
+                        help="asyncio's own loop and Python's default collector, not tidegate's")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # As `tidegate sync` runs: uvloop, and the collector set for a server, the loaded snapshot
+    # frozen out of its reach (`tidegate._eventloop`).
+    from tidegate._eventloop import run
+
+    run_loop: Callable[[Any], Any] = asyncio.run if args.plain_loop else run
     if args.profile is None:
-        asyncio.run(serve(args))
+        run_loop(serve(args))
         return 0
     profiler = cProfile.Profile()
     try:
-        profiler.runcall(asyncio.run, serve(args))
+        profiler.runcall(run_loop, serve(args))
     finally:
         profiler.dump_stats(args.profile)
     return 0

@@ -200,6 +200,21 @@ def bus_lines(results: Sequence[SystemResult]) -> list[str]:
     return lines
 
 
+def gc_lines(results: Sequence[SystemResult]) -> list[str]:
+    """The pipeline's cyclic garbage collector in each phase: its collections and their time per
+    generation, and how many objects it followed at the phase's end."""
+    lines = []
+    for result in results:
+        parts = [f"{phase}: {'/'.join(f'{n:,}' for n in window['gc_runs'])} collections of gen 0/1/2 "
+                 f"in {'/'.join(f'{seconds:.2f}' for seconds in window['gc_s'])} s, "
+                 f"{window['gc_tracked']:,} objects tracked at the end"
+                 for phase, window in (("phase 1", result.steady), ("drain", result.drain))
+                 if window and "gc_s" in window]
+        if parts:
+            lines.append(f"{system_name(result)} — the pipeline's garbage collections, " + "; ".join(parts))
+    return lines
+
+
 def writer_line(results: Sequence[SystemResult]) -> str:
     """How closely the writer kept its schedule in phase 1."""
     parts = []
@@ -240,7 +255,8 @@ def print_report(report: Report, console: Console) -> None:
                          freshness_rows(report.results)))
     console.print(_table("Throughput: draining a backlog, next to pg_recvlogical on the same backlog",
                          THROUGHPUT_HEADERS, throughput_rows(report.results)))
-    for line in (writer_line(report.results), *cpu_lines(report.results), *bus_lines(report.results)):
+    for line in (writer_line(report.results), *cpu_lines(report.results), *bus_lines(report.results),
+                 *gc_lines(report.results)):
         if line:
             console.print(f"- {line}")
     for item in report.not_run:
@@ -260,7 +276,7 @@ def markdown(report: Report) -> str:
              "**Throughput: draining a backlog, next to pg_recvlogical on the same backlog**", "",
              markdown_table(THROUGHPUT_HEADERS, throughput_rows(report.results)), ""]
     parts += [f"- {line}" for line in (writer_line(report.results), *cpu_lines(report.results),
-                                       *bus_lines(report.results)) if line]
+                                       *bus_lines(report.results), *gc_lines(report.results)) if line]
     parts += [f"- {item.key} not run: {item.reason}" for item in report.not_run]
     parts += ["", "Verdicts:", "", *(f"- {line}" for line in verdicts(report.results, rate))]
     return "\n".join(parts) + "\n"

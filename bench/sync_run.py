@@ -82,6 +82,7 @@ class Plan:
     backlog: int
     drain_timeout_s: float
     profile_dir: Path | None = None  # pipeline processes run under cProfile, stats written here
+    plain_loop: bool = False  # pipeline processes on asyncio's loop and default collector
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,13 +150,15 @@ def _cache_url(spec: SystemSpec, urls: Urls) -> str:
 
 @contextlib.asynccontextmanager
 async def _pipeline(spec: SystemSpec, urls: Urls, database: Database, folder: Path,
-                    profile: Path | None) -> AsyncIterator[PipelineProcess]:
+                    profile: Path | None, plain_loop: bool) -> AsyncIterator[PipelineProcess]:
     argv = ["--source-url", database.url, "--dsn", database.dsn, "--bus-url", _bus_url(spec, urls),
             "--cache-url", _cache_url(spec, urls), "--slot", database.slot,
             "--publication", database.publication, "--prefix", f"bench{database.suffix}",
             "--table", TABLE]
     if profile is not None:
         argv += ["--profile", str(profile)]
+    if plain_loop:
+        argv += ["--plain-loop"]
     log_path = folder / f"pipeline-{spec.bus}-{spec.cache}.log"
     async with PipelineProcess.running(argv, log_path, REPO_ROOT) as pipeline:
         if not await pipeline.wait_until(lambda: pipeline.snapshot >= SEED_ROWS,
@@ -183,7 +186,7 @@ async def measure(spec: SystemSpec, plan: Plan, server: PostgresServer, urls: Ur
     writer_log = folder / f"writer-{spec.bus}-{spec.cache}.log"
     profile = plan.profile_dir / f"pipeline-{spec.bus}-{spec.cache}.prof" if plan.profile_dir else None
     try:
-        async with _pipeline(spec, urls, database, folder, profile) as pipeline:
+        async with _pipeline(spec, urls, database, folder, profile, plan.plain_loop) as pipeline:
             progress(f"{spec.key}: snapshot of {SEED_ROWS:,} rows applied; warm-up")
             base = (await pipeline.request("window"))["base"]
             warm = await run_writer(database.writer_dsn, writer_log, rate_per_s=plan.rate_per_s,
