@@ -51,7 +51,8 @@ async def measure(args: argparse.Namespace, url: str, redis_pid: int | None) -> 
     async with store:
         recommender = Recommender(store)
         now = datetime.now(UTC)
-        await seed(recommender, shop.products, shop.history(args.history, rng, end=now - timedelta(minutes=5)))
+        history = shop.history(args.history, rng, end=now - timedelta(minutes=5))
+        await seed(recommender, shop.products, history)
         step = timedelta(seconds=1 / RATE_PER_S)
         start = now - timedelta(seconds=args.interactions / RATE_PER_S)
         measured = [Interaction(f"user-{user}", shop.products[item].item_id, kind, start + n * step)
@@ -79,8 +80,8 @@ async def measure(args: argparse.Namespace, url: str, redis_pid: int | None) -> 
                     for name, (calls, usec) in after.items()}
             for name, (calls, usec) in sorted(used.items(), key=lambda kv: -kv[1][1])[:10]:
                 if calls:
-                    print(f"  {name:18s} {usec / count:7.1f} µs/interaction  {calls / count:6.2f} calls/interaction "
-                          f"{usec / calls:8.1f} µs/call")
+                    print(f"  {name:18s} {usec / count:7.1f} µs/interaction  "
+                          f"{calls / count:6.2f} calls/interaction {usec / calls:8.1f} µs/call")
 
 
 async def _slowlog(url: str, *, on: bool) -> dict[str, tuple[int, float]]:
@@ -114,7 +115,8 @@ async def _slowlog(url: str, *, on: bool) -> dict[str, tuple[int, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", choices=("redis", "memory"), default="redis")
     parser.add_argument("--batch", type=int, default=20, help="interactions per record() call")
     parser.add_argument("--interactions", type=int, default=30_000, help="measured interactions")

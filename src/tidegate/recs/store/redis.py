@@ -288,11 +288,14 @@ class RedisRecsStore(RecsStore):
         step = 3 * SCRIPT_CHUNK
         chunks = [triples[start:start + step] for start in range(0, len(triples), step)]
         last = len(chunks)
-        await self._pipelined([
-            self._script_command("log_add", keys, [max_size, msgpack.packb(chunk), "all"] if number == last > 1
-                                 else [max_size if number == last else NO_BOUND, msgpack.packb(chunk)])
-            for number, chunk in enumerate(chunks, start=1)
-        ])
+
+        def args(number: int, chunk: list[Any]) -> list[Any]:
+            if number < last:
+                return [NO_BOUND, msgpack.packb(chunk)]
+            return [max_size, msgpack.packb(chunk), *(["all"] if last > 1 else [])]
+
+        await self._pipelined([self._script_command("log_add", keys, args(number, chunk))
+                               for number, chunk in enumerate(chunks, start=1)])
 
     async def _trending_top(self, scope: str | None, start: int, count: int) -> list[tuple[str, float]]:
         reply = await self._guard(
