@@ -105,6 +105,20 @@ class FreshResult:
     cpu: dict[str, float] = field(default_factory=dict)
     gc: dict[str, float] = field(default_factory=dict)  # full collections while writing (GcPauses)
     gc_frozen: bool = False
+    window_s: float = 0.0  # from the first write to the last interaction applied (the CPU's window)
+    # redis-server's INFO commandstats over the same window: command -> (calls, µs of server time)
+    commands: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def cpu_by_process_us(self) -> dict[str, float]:
+        """µs of CPU per interaction written, per process: this one (change flow, recommender,
+        prober), the writer, PostgreSQL, redis-server and the rest of the machine."""
+        if self.writer is None or not self.sink_s:
+            return {}
+        count = len(self.sink_s)
+        used = {"process": self.cpu.get("bench", 0.0) - self.writer.cpu_s, "writer": self.writer.cpu_s,
+                "postgres": self.cpu.get("postgres", 0.0), "redis-server": self.cpu.get("redis-server", 0.0),
+                "other": self.cpu.get("other", 0.0)}
+        return {name: seconds / count * 1e6 for name, seconds in used.items()}
 
     @property
     def cpu_per_interaction_us(self) -> float | None:
@@ -185,14 +199,16 @@ async def measure(store: str, plan: FreshPlan, server: PostgresServer, redis_url
         # only at the WAL writer's next flush (up to 200 ms later): writers turn it on, as
         # bench/sync.py's do (see WRITER_OPTIONS).
         dsn = server.dsn(name, options=WRITER_OPTIONS)
-        return await _run(store, plan, shop, config, dsn, pids, folder, progress)
+        result = FreshResult(store, gc_frozen=plan.gc_freeze)
+        stats = CommandStats(redis_url if store == "redis" else None)
+        return await _run(result, plan, shop, config, dsn, pids, stats, folder, progress)
     finally:
         await asyncio.to_thread(server.drop_database, name)
 
 
-async def _run(store: str, plan: FreshPlan, shop: Shop, config: TidegateConfig, dsn: str,
-               pids: dict[str, int], folder: Path, progress: Progress) -> FreshResult:
-    result = FreshResult(store, gc_frozen=plan.gc_freeze)
+async def _run(result: FreshResult, plan: FreshPlan, shop: Shop, config: TidegateConfig, dsn: str,
+               pids: dict[str, int], stats: CommandStats, folder: Path, progress: Progress) -> FreshResult:
+    store = result.store
     recorder = Recorder()
     stop = asyncio.Event()
     async with contextlib.AsyncExitStack() as stack:
@@ -219,7 +235,8 @@ async def _run(store: str, plan: FreshPlan, shop: Shop, config: TidegateConfig, 
             async with Prober(recs.sink.recommender, recorder, dsn, shop.popular(500), users=plan.probe_users,
                               rate_per_s=plan.probe_rate_per_s, poll_s=plan.poll_s) as prober:
                 await prober.prepare(CATCH_UP_TIMEOUT_S)
-                await _measured(result, plan, recorder, prober, dsn, writer_log, pids, failed, progress)
+                await _measured(result, plan, recorder, prober, dsn, writer_log, pids, stats, failed,
+                                progress)
             result.histogram = _histogram(recs.sink.monitor.freshness())
         finally:
             stop.set()
@@ -231,8 +248,8 @@ async def _run(store: str, plan: FreshPlan, shop: Shop, config: TidegateConfig, 
 
 
 async def _measured(result: FreshResult, plan: FreshPlan, recorder: Recorder, prober: Prober, dsn: str,
-                    writer_log: Path, pids: dict[str, int], failed: Callable[[], BaseException | None],
-                    progress: Progress) -> None:
+                    writer_log: Path, pids: dict[str, int], stats: CommandStats,
+                    failed: Callable[[], BaseException | None], progress: Progress) -> None:
     progress(f"{result.store}: {plan.rate_per_s:,.0f} interactions/s for {plan.duration_s:.0f} s, "
              f"{plan.probe_rate_per_s:g} probes/s")
     recorder.new_window()
@@ -241,6 +258,8 @@ async def _measured(result: FreshResult, plan: FreshPlan, recorder: Recorder, pr
     probing = asyncio.create_task(prober.run(done_probing))
     watch = CpuWatch(trees=pids)
     watch.start()
+    await stats.start()
+    started = time.monotonic()
     pauses = GcPauses()
     try:
         writer = await run_writer(dsn, writer_log, products=plan.products, users=plan.users,
@@ -255,10 +274,47 @@ async def _measured(result: FreshResult, plan: FreshPlan, recorder: Recorder, pr
     await _wait_until(lambda: recorder.streamed - base >= written, "every interaction is applied",
                       CATCH_UP_TIMEOUT_S, failed)
     result.cpu = watch.stop()
+    result.window_s = time.monotonic() - started
+    result.commands = await stats.stop()
     result.writer = writer
     result.sink_s = list(recorder.latencies_s)
     result.probes = prober.report
     result.caught_up_s = max(recorder.last_applied_s - writer.ended, 0.0)
+
+
+class CommandStats:
+    """redis-server's INFO commandstats between `start()` and `stop()` (nothing without a URL):
+    which commands and scripts the server spent its time on."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self._before: dict[str, tuple[int, float]] = {}
+
+    async def _read(self) -> dict[str, tuple[int, float]]:
+        if self.url is None:
+            return {}
+        import redis.asyncio as aioredis
+
+        client = aioredis.from_url(self.url)
+        try:
+            info = await client.info("commandstats")
+        finally:
+            await client.aclose()
+        return {name.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
+                for name, v in info.items()}
+
+    async def start(self) -> None:
+        """Take the first reading."""
+        self._before = await self._read()
+
+    async def stop(self) -> dict[str, tuple[int, float]]:
+        """Calls and µs of server time per command since `start()`, the costliest first."""
+        after = await self._read()
+        used = {}
+        for name, (calls, usec) in after.items():
+            calls_before, usec_before = self._before.get(name, (0, 0.0))
+            used[name] = (calls - calls_before, usec - usec_before)
+        return dict(sorted(((n, v) for n, v in used.items() if v[0]), key=lambda kv: -kv[1][1]))
 
 
 class GcPauses:

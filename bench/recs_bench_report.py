@@ -108,6 +108,25 @@ def serve_rows(results: Sequence[ServeResult]) -> tuple[list[str], list[list[str
     return head, rows
 
 
+def cpu_rows(results: Sequence[FreshResult]) -> tuple[list[str], list[list[str]]]:
+    """Where the CPU went while writing and catching up: µs per interaction per process, and
+    redis-server's costliest commands (server time per interaction, and per call)."""
+    head = ["state", "window s", "process", "writer", "postgres", "redis-server", "other",
+            "redis-server's costliest commands: µs/interaction (µs/call)"]
+    rows = []
+    for r in results:
+        used = r.cpu_by_process_us()
+        if not used:
+            continue
+        count = len(r.sink_s)
+        commands = ", ".join(f"{name} {usec / count:.1f} ({usec / calls:,.0f})"
+                             for name, (calls, usec) in list(r.commands.items())[:6])
+        processes = ("process", "writer", "postgres", "redis-server", "other")
+        rows.append([_state(r), f"{r.window_s:.1f}", *(f"{used[name]:,.0f}" for name in processes),
+                     commands or "—"])
+    return head, rows
+
+
 def memory_rows(rows_in: Sequence[MemoryRow]) -> tuple[list[str], list[list[str]]]:
     """Per-user state, measured and extrapolated."""
     head = ["state", "users", "measured", "interactions", "recent items/user", "purchases/user", "bytes/user",
@@ -135,6 +154,7 @@ def verdicts(report: Report) -> list[str]:
 
 
 TABLES = (("Freshness at the write rate", "fresh", fresh_rows), ("Freshness by probe", "fresh", probe_rows),
+          ("CPU per interaction, µs (writing and catching up)", "fresh", cpu_rows),
           ("Serving, n=10", "serve", serve_rows), ("Per-user state", "memory", memory_rows))
 
 

@@ -383,6 +383,23 @@ async def test_neighbour_weights_log_add_and_the_list_keeps_the_strongest(store:
     assert await store.neighbours(["nobody"], 10) == {}
 
 
+async def test_one_call_log_adds_several_members_of_several_lists(store: RecsStore) -> None:
+    first = {"a": {"x": 0.1, "y": 1 / 3, "z": 2.5}, "b": {"x": 7.25, "w": -1.5}}
+    second = {"a": {"y": 0.2, "z": 2.5, "v": 0.3, "u": 1e-9}, "b": {"w": 40.0}, "c": {"x": 0.7}}
+    await store.add_neighbours(first, 4)
+    await store.add_neighbours(second, 4)  # a: five members past a bound of four, in one call
+
+    lists = await store.neighbours(["a", "b", "c"], 10)
+    expected = {"a": [("z", log_add(2.5, 2.5)), ("y", log_add(1 / 3, 0.2)), ("v", 0.3), ("x", 0.1)],
+                "b": [("w", log_add(-1.5, 40.0)), ("x", 7.25)], "c": [("x", 0.7)]}
+    assert {key: [member for member, _ in ranked] for key, ranked in lists.items()} == {
+        key: [member for member, _ in ranked] for key, ranked in expected.items()}
+    # Added values are kept as they were sent; a log-add within an ulp (Lua has no log1p).
+    for key, ranked in expected.items():
+        assert [value for _, value in lists[key]] == pytest.approx([value for _, value in ranked], rel=1e-15)
+    assert lists["a"][2:] == [("v", 0.3), ("x", 0.1)] and lists["c"] == [("x", 0.7)]
+
+
 async def test_bound_ties_drop_the_smallest_id_first(store: RecsStore) -> None:
     await store.add_trending({None: {"b": 1.0, "a": 1.0, "c": 1.0}}, 2)
 

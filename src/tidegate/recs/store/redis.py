@@ -284,14 +284,18 @@ class RedisRecsStore(RecsStore):
             for item_id, value in adds.items():
                 triples += [index, item_id, value]
         # A large batch goes in several calls, so no single script holds the server for long;
-        # only the last trims, so the outcome is the same as one call.
+        # only the last trims, every list, so the outcome is the same as one call.
         step = 3 * SCRIPT_CHUNK
         chunks = [triples[start:start + step] for start in range(0, len(triples), step)]
-        await self._pipelined([
-            self._script_command("log_add", keys, [max_size if number == len(chunks) else NO_BOUND,
-                                                   msgpack.packb(chunk)])
-            for number, chunk in enumerate(chunks, start=1)
-        ])
+        last = len(chunks)
+
+        def args(number: int, chunk: list[Any]) -> list[Any]:
+            if number < last:
+                return [NO_BOUND, msgpack.packb(chunk)]
+            return [max_size, msgpack.packb(chunk), *(["all"] if last > 1 else [])]
+
+        await self._pipelined([self._script_command("log_add", keys, args(number, chunk))
+                               for number, chunk in enumerate(chunks, start=1)])
 
     async def _trending_top(self, scope: str | None, start: int, count: int) -> list[tuple[str, float]]:
         reply = await self._guard(

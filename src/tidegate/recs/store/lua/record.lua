@@ -39,17 +39,36 @@ local LAYOUT = 2 ^ 31  -- the layout word of the current layout starts here
 local EXPONENT_BIAS = 2048  -- the profile's exponent is kept as exponent + bias
 local FRACTION_BITS = 14  -- the largest component is below 2^14 once scaled
 
+local formats = {}  -- code .. count -> the struct format of count values of that code
+
+local function format_of(code, count)
+  local format = formats[code .. count]
+  if not format then
+    format = '<' .. string.rep(code, count)
+    formats[code .. count] = format
+  end
+  return format
+end
+
 local function values(blob, count, from, code)
   -- struct.unpack returns its values and then the next position; 64 at a time keeps the
-  -- returned values well inside Lua's stack
-  local got_values, position = {}, from
-  while #got_values < count do
-    local take = math.min(64, count - #got_values)
-    local got = {struct.unpack('<' .. string.rep(code, take), blob, position)}
+  -- returned values well inside Lua's stack. The usual single step (a vector, a profile) is
+  -- returned as unpacked, without a copy.
+  local got_values, position = nil, from
+  local done = 0
+  while done < count do
+    local take = math.min(64, count - done)
+    local got = {struct.unpack(format_of(code, take), blob, position)}
     position = got[take + 1]
-    for k = 1, take do got_values[#got_values + 1] = got[k] end
+    got[take + 1] = nil
+    if got_values == nil then
+      got_values = got
+    else
+      for k = 1, take do got_values[done + k] = got[k] end
+    end
+    done = done + take
   end
-  return got_values, position
+  return got_values or {}, position
 end
 
 local function floats(blob, count, from) return values(blob, count, from, 'f') end
@@ -75,16 +94,16 @@ local function record_user(state_key, bought_key, again_key, events_blob)
       earlier = true
     end
     if size > 0 then
-      local components
+      local components, scale
       if earlier then
         components, position = floats(packed, size, position)
+        scale = 1
       else
         components, position = values(packed, size, position, 'h')
-        local scale = 2 ^ (exponent - FRACTION_BITS)
-        for k = 1, size do components[k] = components[k] * scale end
+        scale = 2 ^ (exponent - FRACTION_BITS)
       end
       profile[1] = at
-      for k = 1, size do profile[k + 1] = components[k] end
+      for k = 1, size do profile[k + 1] = components[k] * scale end
     end
     local rest = cmsgpack.unpack(string.sub(packed, position))
     if earlier then
@@ -208,8 +227,8 @@ local function record_user(state_key, bought_key, again_key, events_blob)
   -- floor(x + 0.5) in doubles, as tidegate.recs.store.profile computes it: the same integers
   for k = 2, #profile do fixed[k - 1] = floor(profile[k] * scale + 0.5) end
   for k = 1, #fixed, 64 do
-    parts[#parts + 1] = struct.pack('<' .. string.rep('h', math.min(64, #fixed - k + 1)),
-      unpack(fixed, k, math.min(k + 63, #fixed)))
+    local take = math.min(64, #fixed - k + 1)
+    parts[#parts + 1] = struct.pack(format_of('h', take), unpack(fixed, k, k + take - 1))
   end
   flat = {}
   for _, entry in ipairs(recent) do
