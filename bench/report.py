@@ -73,10 +73,16 @@ def machine_facts(redis_version: str, load_before: str, other_cpu: str) -> dict[
 
 
 def source_revision() -> str:
-    """The commit measured, and whether src/ had uncommitted changes (figures move with them)."""
+    """The commit measured, and whether src/ had uncommitted changes (figures move with them).
+    It is the tree the `tidegate` package is imported from, which is not this benchmark's when
+    PYTHONPATH points at another checkout (a paired run against other code)."""
+    import tidegate
+
+    tree = Path(tidegate.__file__).resolve().parent.parent.parent
+
     def git(*args: str) -> str:
         done = subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+            ["git", *args], cwd=tree, capture_output=True, text=True, check=False
         )
         return done.stdout.strip()
 
