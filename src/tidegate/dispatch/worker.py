@@ -166,12 +166,16 @@ class Worker:
         """Jobs this worker holds now."""
         return len(self._active)
 
+    def _free_slots(self) -> int:
+        """Slots free now: `concurrency` and the urgent reserve on top of it, less those held."""
+        return self.settings.concurrency + self._reserve - len(self._active)
+
     async def run(self) -> None:
         """Claim and process until a stop is requested, then drain gracefully."""
         heartbeat = asyncio.create_task(self._renew_leases())
         try:
             while not self._stopping.is_set():
-                free = self.settings.concurrency + self._reserve - len(self._active)
+                free = self._free_slots()
                 if free <= 0:
                     self._slot_freed.clear()
                     await self._slot_freed.wait()
@@ -219,7 +223,7 @@ class Worker:
         def done(_: asyncio.Task[None]) -> None:
             self._active.pop(job.id, None)
             self._slot_freed.set()
-            if self.settings.concurrency + self._reserve - len(self._active) >= 2 * self._reserve:
+            if self._free_slots() >= 2 * self._reserve:
                 self._room_beyond_reserve.set()
 
         task.add_done_callback(done)

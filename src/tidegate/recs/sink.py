@@ -367,11 +367,11 @@ class RecsSink:
                 observe(max(0.0, age_s))
         self.monitor.interactions.labels("change_flow").inc(len(batch))
 
-    def _measured(self, change: Change, now: float | None = None) -> None:
+    def _measured(self, change: Change) -> None:
         self.applied += 1
         self.monitor.changes_of(change.entity_type, "applied").inc()
         if _streamed(change):
-            age_s = max(0.0, (now if now is not None else time.time()) - change.commit_time.timestamp())
+            age_s = max(0.0, time.time() - change.commit_time.timestamp())
             self.monitor.commit_to_updated_of(change.entity_type).observe(age_s)
 
     def _malformed(self, change: Change, reason: str) -> None:

@@ -255,9 +255,6 @@ class ItemCodes:
             self.ids.append(item_id)
         return found
 
-    def item_id(self, code: int) -> str:
-        return self.ids[code]
-
 
 # profile time, how many profile components and their exponent (tidegate.recs.store.profile), then
 # how many recent items, purchases and buy-again counts
@@ -273,8 +270,8 @@ def _lists_layout(recent: int, purchased: int, repeat: int) -> struct.Struct:
 
 
 def pack_user(record: UserRecord, codes: ItemCodes) -> bytes:
-    """A user's record as one `bytes`: the header, then the profile in scaled halves (rounded as
-    the Redis store rounds them, see tidegate.recs.store.profile), recent items (codes, times,
+    """A user's record as one `bytes`: the header, then the profile in 16-bit fixed point (rounded
+    as the Redis store rounds it, see tidegate.recs.store.profile), recent items (codes, times,
     weights), purchases (codes, times) and buy-again counts (codes, log2 counts), these kept
     exactly."""
     recent, purchased, repeat = record.recent, record.purchased, record.repeat

@@ -169,8 +169,10 @@ class TransactionAssembler:
         if tag == 0x43 and len(payload) == 1 + COMMIT_FIELDS.size:  # 'C'
             _, _, end_lsn, micros = COMMIT_FIELDS.unpack_from(payload, 1)
             open_ = self._open
-            same = open_ is not None and open_.micros == micros
-            return self._commit(end_lsn, open_.commit_time if same and open_ else pg_timestamp(micros))
+            # Commit repeats Begin's time: the datetime made for Begin serves again.
+            if open_ is not None and open_.micros == micros:
+                return self._commit(end_lsn, open_.commit_time)
+            return self._commit(end_lsn, pg_timestamp(micros))
         return self.feed(decode_message(payload))
 
     # ------------------------------------------------------------------ messages
