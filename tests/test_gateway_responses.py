@@ -20,6 +20,7 @@ from conftest import BACKENDS, QueueFactory
 from gateway_support import Gateway, open_gateway
 from support.redis_keys import delete_keys, redis_url_of
 from tidegate.jobs import JobState, Priority
+from tidegate.simulator.server import InjectedFault
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -252,6 +253,31 @@ async def test_a_streamed_tool_call_has_its_argument_events(acme: AsyncOpenAI) -
     stored = await until_finished(acme, completed.response.id)
     assert [(item.type, getattr(item, "call_id", None)) for item in stored.output] == [
         ("function_call", call.call_id)]
+
+
+async def test_a_stream_cut_off_by_the_provider_ends_with_response_failed(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    gw.sim.inject("gpt-4.1", InjectedFault("reset"))  # strikes half way through the stream
+    stream = await acme.responses.create(model="gpt-4.1", input="Say hello", stream=True)
+    events = [event async for event in stream]
+
+    kinds = [event.type for event in events]
+    assert "response.output_text.delta" in kinds  # the client had the first half
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.status == "failed"
+    assert failed.response.error is not None and failed.response.error.message
+    stored = await until_finished(acme, failed.response.id)
+    assert stored.status == "failed" and stored.error is not None
+
+
+async def test_a_stream_refused_before_its_first_event_is_an_http_error(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    gw.sim.inject("gpt-4.1", InjectedFault("status", status=422, message="unsupported parameter"))
+
+    with pytest.raises(openai.UnprocessableEntityError, match="unsupported parameter"):
+        await acme.responses.create(model="gpt-4.1", input="Say hello", stream=True)
 
 
 async def test_a_background_response_is_queued_then_retrieved(acme: AsyncOpenAI) -> None:
