@@ -14,16 +14,22 @@ import orjson
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
-from openai.types.responses import FunctionToolParam, Response
+from openai.types.responses import FunctionToolParam, Response, ResponseItem, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from conftest import BACKENDS, QueueFactory
 from gateway_support import Gateway, open_gateway
 from support.redis_keys import delete_keys, redis_url_of
+from tidegate.ai import AIResult
+from tidegate.gateway.dialects import RESPONSES
+from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+STREAM_EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
+ITEM: TypeAdapter[ResponseItem] = TypeAdapter(ResponseItem)
 WEATHER: FunctionToolParam = {
     "type": "function", "name": "get_weather", "description": "The weather in a city.", "strict": True,
     "parameters": {"type": "object", "properties": {"city": {"type": "string"},
@@ -85,6 +91,7 @@ async def test_a_text_input_is_answered_by_a_job_at_the_callers_priority(
                                                         extra_headers={"X-Priority": "high"})
     response = raw.parse()
 
+    Response.model_validate_json(raw.content)  # every field the SDK's model requires, strictly
     assert response.object == "response" and response.status == "completed"
     assert response.output_text and response.model == "gpt-4.1"
     assert response.output[0].type == "message"
@@ -158,6 +165,7 @@ async def test_a_function_tool_is_called_and_its_output_answered_in_a_continued_
     # Given a tool the model calls
     first = await acme.responses.create(model="gpt-4.1", input="Weather in Paris?", tools=[WEATHER])
 
+    Response.model_validate(first.to_dict())  # strictly, as the SDK's model requires
     [call] = first.output
     assert call.type == "function_call" and call.name == "get_weather"
     assert orjson.loads(call.arguments) == {"city": "tidegate", "unit": "c"}
@@ -241,6 +249,8 @@ async def test_a_streamed_tool_call_has_its_argument_events(acme: AsyncOpenAI) -
     stream = await acme.responses.create(model="gpt-4.1", input="Weather?", tools=[WEATHER], stream=True)
     events = [event async for event in stream]
 
+    for event in events:
+        STREAM_EVENT.validate_python(event.to_dict())  # every field the SDK's models require, strictly
     kinds = [event.type for event in events]
     assert "response.function_call_arguments.delta" in kinds
     done = next(event for event in events if event.type == "response.function_call_arguments.done")
@@ -262,6 +272,8 @@ async def test_a_stream_cut_off_by_the_provider_ends_with_response_failed(
     stream = await acme.responses.create(model="gpt-4.1", input="Say hello", stream=True)
     events = [event async for event in stream]
 
+    for event in events:
+        STREAM_EVENT.validate_python(event.to_dict())
     kinds = [event.type for event in events]
     assert "response.output_text.delta" in kinds  # the client had the first half
     failed = events[-1]
@@ -327,6 +339,8 @@ async def test_input_items_are_listed_newest_first_with_paging(acme: AsyncOpenAI
         {"role": "user", "content": [{"type": "input_text", "text": "three"}]}])
 
     newest = await acme.responses.input_items.list(response.id)
+    for item in newest.data:
+        ITEM.validate_python(item.to_dict())  # strictly, as the SDK's models require
     page = await acme.responses.input_items.list(response.id, order="asc", limit=2)
 
     assert [item.model_dump()["content"][0]["text"] for item in newest.data] == ["three", "two", "one"]
@@ -415,3 +429,29 @@ async def test_an_agent_of_the_openai_agents_sdk_runs_a_function_tool_through_th
     assert [item.type for item in result.new_items] == ["tool_call_item", "tool_call_output_item",
                                                         "message_output_item"]
     assert await enqueued(gw) == before + 2  # one job per model turn
+
+
+async def test_a_stored_answer_streams_as_the_same_typed_events() -> None:
+    # A worker without a relay stores the whole answer; the gateway streams it as parts.
+    request = RESPONSES.translate(ResponseCreateRequest(input="Weather?", stream=True))
+    call = RESPONSES.call("job1", request, created_at=1_700_000_000)
+    completion = {"object": "chat.completion", "model": "gpt-4.1", "choices": [{
+        "index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": "Let me look.",
+            "tool_calls": [{"id": "call_1", "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}
+    renderer = call.stream(request)
+
+    parts = renderer.whole_answer(AIResult(completion, model="gpt-4.1"), "job1")
+    frames = [renderer.frame(part) for part in parts]
+    body = b"".join(frame for frame in frames if frame is not None) + renderer.end_frame()
+
+    events = [STREAM_EVENT.validate_python(orjson.loads(line.removeprefix(b"data: ")))
+              for line in body.split(b"\n") if line.startswith(b"data: ")]
+    final = events[-1]
+    assert final.type == "response.completed"
+    assert final.response.id == "resp_job1" and final.response.output_text == "Let me look."
+    assert [item.type for item in final.response.output] == ["message", "function_call"]
+    assert final.response.usage is not None and final.response.usage.total_tokens == 13
+    assert [event.sequence_number for event in events] == list(range(len(events)))

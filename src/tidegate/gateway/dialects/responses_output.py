@@ -133,7 +133,9 @@ def response_usage(usage: object) -> dict[str, Any] | None:
     reasoning = completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else None
     return {"input_tokens": counts["prompt_tokens"], "output_tokens": counts["completion_tokens"],
             "total_tokens": counts["total_tokens"] or counts["prompt_tokens"] + counts["completion_tokens"],
-            "input_tokens_details": {"cached_tokens": cached if isinstance(cached, int) else 0},
+            # OpenAI's cache writes are not counted by chat upstreams: none are known.
+            "input_tokens_details": {"cached_tokens": cached if isinstance(cached, int) else 0,
+                                     "cache_write_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": reasoning if isinstance(reasoning, int) else 0}}
 
 
@@ -186,13 +188,23 @@ def listed_items(job_id: str, origin: Origin) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
-            content = item.get("content")
-            part = "output_text" if role == "assistant" else "input_text"
-            parts = [{"type": part, "text": content}] if isinstance(content, str) else content
-            listed.append({"id": item.get("id") or f"msg_{job_id}_{index}", "type": "message",
-                           "role": role, "status": "completed", "content": parts})
+            content = item.get("content") or []
+            text_type = "output_text" if role == "assistant" else "input_text"
+            parts = [{"type": text_type, "text": content}] if isinstance(content, str) else content
+            listed.append({"id": item.get("id") or f"msg_{job_id}_{index}", "type": "message", "role": role,
+                           "status": "completed", "content": [_listed_part(part) for part in parts]})
         else:
             prefix = "fc" if kind == "function_call" else "fco"
             identifier = item.get("id") or f"{prefix}_{job_id}_{index}"
             listed.append({"status": "completed", **item, "id": identifier})
     return listed
+
+
+def _listed_part(part: dict[str, Any]) -> dict[str, Any]:
+    """A content part as a listed item shows it: with the fields the API always gives."""
+    if part["type"] == "output_text":
+        return {"type": "output_text", "text": part["text"], "annotations": part.get("annotations") or []}
+    if part["type"] == "input_image":
+        return {"type": "input_image", "image_url": part.get("image_url"),
+                "detail": part.get("detail") or "auto"}
+    return part
