@@ -8,11 +8,14 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from fastapi import FastAPI
 
 from tidegate.ai import (
+    AIRequest,
     AIResult,
     Finish,
+    Origin,
     StreamError,
     StreamPart,
     TextDelta,
@@ -22,6 +25,7 @@ from tidegate.ai import (
     Usage,
     UsageReport,
 )
+from tidegate.errors import InvalidJob
 from tidegate.gateway.dialects import OpenAIDialect
 from tidegate.gateway.errors import ApiError, install_error_handlers
 
@@ -125,3 +129,20 @@ async def test_a_route_of_a_dialect_answers_its_errors_in_the_dialect_shape() ->
     assert refusal.json() == {"type": "error", "error": {"type": "permission_error", "message": "no"}}
     assert invalid.status_code == 400 and invalid.json()["type"] == "error"
     assert unrouted.status_code == 404 and unrouted.json()["error"]["code"] == "unknown_url"  # no dialect
+
+
+def test_a_requests_origin_crosses_the_payload_and_a_malformed_one_is_refused() -> None:
+    request = AIRequest(kind="chat", body={"messages": [{"role": "user", "content": "Hi"}]},
+                        origin=Origin("responses", {"input": "Hi", "store": True}))
+
+    payload = orjson.loads(orjson.dumps(request.to_payload()))
+
+    assert payload["origin"] == {"api": "responses", "body": {"input": "Hi", "store": True}}
+    assert AIRequest.from_payload(payload) == request
+    assert "origin" not in AIRequest(kind="chat", body={"messages": []}).to_payload()
+    for origin in ({"api": "anthropic", "body": {}}, {"api": "responses", "body": []}, {"api": "responses"},
+                   "responses"):
+        with pytest.raises(InvalidJob):
+            AIRequest.from_payload({**payload, "origin": origin})
+    with pytest.raises(InvalidJob, match="unknown AI job field"):
+        AIRequest.from_payload({**payload, "trace": {}})

@@ -701,6 +701,47 @@ async def test_cancel_of_an_unknown_job_returns_false(queue: Queue) -> None:
     assert await queue.cancel("no-such-job") is False
 
 
+# ---------------------------------------------------------------------- forget
+
+
+async def test_forget_deletes_a_finished_job_and_frees_its_idempotency_key(queue: Queue) -> None:
+    job_id = await queue.enqueue({"n": 1}, idempotency_key="k-1")
+    job = await claim_one(queue, job_id)
+    await queue.complete(job, {"answer": 42})
+
+    assert await queue.forget(job_id) is True
+
+    assert await queue.get(job_id) is None
+    assert await queue.idempotent_ids(["k-1"]) == {}
+    assert await queue.enqueue({"n": 2}, idempotency_key="k-1") != job_id
+    assert await queue.forget(job_id) is False
+
+
+async def test_forget_deletes_cancelled_and_dead_jobs(queue: Queue) -> None:
+    cancelled = await queue.enqueue({"n": 1})
+    await queue.cancel(cancelled)
+    dead = await make_dead(queue)
+
+    assert await queue.forget(cancelled) is True
+    assert await queue.forget(dead) is True
+
+    assert await queue.get(cancelled) is None and await queue.get(dead) is None
+    assert (await queue.stats()).dead == 0
+
+
+async def test_forget_leaves_a_job_that_has_not_finished(queue: Queue) -> None:
+    leased = await claim_one(queue, await queue.enqueue({"n": 1}))
+    waiting = await queue.enqueue({"n": 2})
+
+    assert await queue.forget(waiting) is False
+    assert await queue.forget(leased.id) is False
+    assert await queue.forget("no-such-job") is False
+
+    assert (await stored(queue, waiting)).state is JobState.QUEUED
+    await queue.complete(leased, {"ok": True})
+    assert (await stored(queue, leased.id)).state is JobState.SUCCEEDED
+
+
 async def test_release_with_a_delay_parks_the_job_without_counting_the_attempt(queue: Queue) -> None:
     job_id = await queue.enqueue({"n": 1}, priority="low")
     [job] = await queue.claim("w")

@@ -133,6 +133,42 @@ async def test_a_stream_is_openai_chunks_then_usage_then_done(api: Api) -> None:
     assert chunks[-1]["usage"]["completion_tokens"] == len(words.split()) <= 4
 
 
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"sku": {"type": "integer"},
+                                     "size": {"type": "string", "enum": ["s", "m"]},
+                                     "gift": {"type": ["boolean", "null"]}}}}}
+
+
+async def test_a_request_with_tools_calls_one_until_a_tool_has_answered(api: Api) -> None:
+    status, _, called = await api.chat(tools=[TOOL])
+    assert status == 200
+    choice = called["choices"][0]
+    [call] = choice["message"]["tool_calls"]
+    assert (choice["finish_reason"], choice["message"]["content"]) == ("tool_calls", None)
+    assert call["function"]["name"] == "lookup" and call["id"].startswith("call_")
+    assert orjson.loads(call["function"]["arguments"]) == {"sku": 1, "size": "s", "gift": True}
+
+    answered = [*MESSAGES, choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "7"}]
+    status, _, after = await api.chat(tools=[TOOL], messages=answered)
+    assert status == 200 and after["choices"][0]["message"]["content"]
+    status, _, unused = await api.chat(tools=[TOOL], tool_choice="none")
+    assert unused["choices"][0]["message"]["content"]
+    status, _, refused = await api.chat(tools=[{"type": "web_search"}])
+    assert status == 400 and refused["error"]["param"] == "tools"
+
+
+async def test_a_streamed_tool_call_sends_its_name_then_its_arguments_in_pieces(api: Api) -> None:
+    body = {"model": CHAT_MODEL, "messages": MESSAGES, "tools": [TOOL], "stream": True}
+    async with api.session.post(api.base_url + "/chat/completions", json=body) as response:
+        events = (await response.read()).decode().split("\n\n")
+
+    chunks = [orjson.loads(event.removeprefix("data: ")) for event in events[:-2]]
+    calls = [call for chunk in chunks for call in chunk["choices"][0]["delta"].get("tool_calls", ())]
+    assert calls[0]["function"] == {"name": "lookup", "arguments": ""} and calls[0]["id"]
+    assert orjson.loads("".join(call["function"]["arguments"] for call in calls))["sku"] == 1
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
 async def test_without_include_usage_a_stream_sends_no_usage_chunk(api: Api) -> None:
     body = {"model": CHAT_MODEL, "messages": MESSAGES, "max_tokens": 3, "stream": True}
     async with api.session.post(api.base_url + "/chat/completions", json=body) as response:

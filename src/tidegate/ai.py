@@ -5,7 +5,9 @@ A job payload:
 
     {"kind": "chat" | "embeddings",
      "body": {...},                      # the OpenAI-compatible request body, as the client sent it
-     "allowed_models": ["gpt-4.1", ...]} # optional: the tenant's entitlement, set by the gateway
+     "allowed_models": ["gpt-4.1", ...], # optional: the tenant's entitlement, set by the gateway
+     "origin": {"api": "responses",      # optional: the request in another API's shape that the
+                "body": {...}}}          # body was translated from, so that API can render the job
 
 A job result (what `GET /v1/jobs/{id}` shows as `result`):
 
@@ -45,6 +47,7 @@ __all__ = [
     "AIResult",
     "Finish",
     "Kind",
+    "Origin",
     "StreamError",
     "StreamEvent",
     "StreamPart",
@@ -68,6 +71,9 @@ class AIRequest:
     kind: Kind
     body: dict[str, Any]
     allowed_models: frozenset[str] | None = None
+    # The request as another API shaped it (OpenAI's Responses), when `body` is its translation:
+    # the job is that API's object too, rendered from it. Workers never read it.
+    origin: Origin | None = None
 
     @property
     def requested_model(self) -> str | None:
@@ -85,12 +91,14 @@ class AIRequest:
         payload: dict[str, Any] = {"kind": self.kind, "body": self.body}
         if self.allowed_models is not None:
             payload["allowed_models"] = sorted(self.allowed_models)
+        if self.origin is not None:
+            payload["origin"] = {"api": self.origin.api, "body": self.origin.body}
         return payload
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> AIRequest:
         """Parse a job payload; anything malformed is an InvalidJob naming the field."""
-        unknown = set(payload) - {"kind", "body", "allowed_models"}
+        unknown = set(payload) - {"kind", "body", "allowed_models", "origin"}
         if unknown:
             raise InvalidJob(f"unknown AI job field(s): {', '.join(sorted(unknown))}")
         kind = payload.get("kind")
@@ -108,7 +116,29 @@ class AIRequest:
             isinstance(allowed, list) and all(isinstance(name, str) for name in allowed)
         ):
             raise InvalidJob("allowed_models must be a list of model names")
-        return cls(kind=kind, body=body, allowed_models=None if allowed is None else frozenset(allowed))
+        return cls(kind=kind, body=body, allowed_models=None if allowed is None else frozenset(allowed),
+                   origin=Origin.from_payload(payload.get("origin")))
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The request a job's body was translated from: the API that took it and its body there."""
+
+    api: Literal["responses"]
+    body: dict[str, Any]
+
+    @classmethod
+    def from_payload(cls, origin: object) -> Origin | None:
+        """A payload's `origin` (None when it has none); anything malformed is an InvalidJob."""
+        if origin is None:
+            return None
+        if not isinstance(origin, dict) or set(origin) != {"api", "body"}:
+            raise InvalidJob("origin must be an object with 'api' and 'body'")
+        if origin["api"] != "responses":
+            raise InvalidJob(f"origin api must be 'responses', got {origin['api']!r}")
+        if not isinstance(origin["body"], dict):
+            raise InvalidJob("origin body must be a JSON object")
+        return cls("responses", origin["body"])
 
 
 # ---------------------------------------------------------------------------- results

@@ -209,7 +209,7 @@ def draft_job(
                            f"{state.settings.max_messages}", code="too_many_messages", param="messages")
     _check_model(state, tenant, kind, body.get("model"))
     allowed = None if tenant.allowed_models is None else frozenset(tenant.allowed_models)
-    checked = AIRequest(kind=kind, body=body, allowed_models=allowed)
+    checked = AIRequest(kind=kind, body=body, allowed_models=allowed, origin=request.origin)
     try:
         AIRequest.from_payload(checked.to_payload())  # the worker's own check, before queueing
     except InvalidJob as exc:
@@ -261,15 +261,16 @@ async def submit(
     priority_header: str | None,
     timeout_header: str | None,
     idempotency_key: str | None,
+    waits: bool = True,
 ) -> Submitted:
-    """Check and enqueue the job of a call that waits for its answer (its priority from
-    X-Priority, then the body's `priority`). Every check comes before the enqueue: a refused
-    call leaves nothing queued."""
+    """Check and enqueue the job of a call (its priority from X-Priority, then the body's
+    `priority`); `waits=False` for a call answered at once, whose job runs in the background.
+    Every check comes before the enqueue: a refused call leaves nothing queued."""
     timeout_s = wait_timeout_s(timeout_header, state)
     chosen = resolve_priority(tenant, header_priority(priority_header), request.body.get("priority"))
-    draft = draft_job(state, tenant, request, priority=chosen,
+    draft = draft_job(state, tenant, request, priority=chosen, keep_stream=waits,
                       idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
-    [job_id] = await enqueue(state, tenant, [draft], will_wait=True)
+    [job_id] = await enqueue(state, tenant, [draft], will_wait=waits)
     return Submitted(job_id, chosen, draft.request, timeout_s)
 
 

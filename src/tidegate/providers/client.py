@@ -23,7 +23,7 @@ from pydantic import SecretStr
 from yarl import URL
 
 from tidegate._lifecycle import Lifecycle
-from tidegate.ai import NO_USAGE, Finish, StreamPart, Usage, UsageReport
+from tidegate.ai import NO_USAGE, Finish, StreamPart, ToolCall, ToolCallDelta, Usage, UsageReport
 from tidegate.config import ProviderConfig
 from tidegate.errors import ClientClosed, ConfigError, ProviderErrorBody, UpstreamError, UpstreamErrorKind
 from tidegate.providers.ratelimit import RateLimitInfo, parse_retry_after
@@ -104,6 +104,7 @@ class StreamSummary:
     chunks: int
     text: str
     finish_reason: str | None
+    tool_calls: tuple[ToolCall, ...] = ()  # the first choice's, put together from their pieces
 
 
 # ---------------------------------------------------------------------------- client
@@ -350,6 +351,17 @@ class _StreamProgress:
     usage: Usage = NO_USAGE
     finish_reason: str | None = None
     text: list[str] = field(default_factory=list)
+    # A tool call's pieces by its index: id and name (they come first), then its arguments.
+    calls: dict[int, tuple[str, str, list[str]]] = field(default_factory=dict)
+
+    def add_call(self, delta: ToolCallDelta) -> None:
+        call_id, name, arguments = self.calls.get(delta.index, ("", "", []))
+        arguments.append(delta.arguments)
+        self.calls[delta.index] = (delta.id or call_id, delta.name or name, arguments)
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(ToolCall(call_id, name, "".join(arguments))
+                     for _, (call_id, name, arguments) in sorted(self.calls.items()))
 
 
 class UpstreamStream:
@@ -452,6 +464,7 @@ class UpstreamStream:
             latency_ms=(time.perf_counter() - progress.started) * 1000.0, ttft_ms=progress.ttft_ms,
             usage=progress.usage, rate_limit=RateLimitInfo.from_headers(response.headers),
             chunks=progress.chunks, text="".join(progress.text), finish_reason=progress.finish_reason,
+            tool_calls=progress.tool_calls(),
         )
 
     def _chunk(self, data: bytes, progress: _StreamProgress, headers: Mapping[str, str]) -> StreamChunk:
@@ -480,6 +493,8 @@ class UpstreamStream:
                 progress.usage = event.usage
             elif isinstance(event, Finish):
                 progress.finish_reason = event.reason
+            elif isinstance(event, ToolCallDelta):
+                progress.add_call(event)
         return chunk
 
 

@@ -424,6 +424,13 @@ class Queue(Lifecycle):
         self._check_open()
         return await self._cancel(job_id)
 
+    async def forget(self, job_id: str) -> bool:
+        """Delete a finished job now, with its payload, result and idempotency key, as retention
+        would later. True if it was deleted; False when it is unknown or has not finished (cancel
+        it first)."""
+        self._check_open()
+        return await self._forget(job_id)
+
     async def wait(self, job_id: str, timeout_s: float) -> Job:
         """Wait until the job is final (or the timeout passes) and return it as it is then.
         The backend wakes the waiter on each finish; nothing polls in a tight loop."""
@@ -526,6 +533,9 @@ class Queue(Lifecycle):
 
     @abc.abstractmethod
     async def _cancel(self, job_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def _forget(self, job_id: str) -> bool: ...
 
     @abc.abstractmethod
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:

@@ -70,7 +70,7 @@ SAFETY_WAKE_S = 5.0  # longest a blocked claimer waits without re-checking
 UPKEEP_BATCH = 1_000  # jobs one maintenance step touches, so a script never blocks Redis long
 REDRIVE_BATCH = 10_000
 _SCRIPTS = (
-    "enqueue", "claim", "heartbeat", "complete", "fail", "release", "cancel",
+    "enqueue", "claim", "heartbeat", "complete", "fail", "release", "cancel", "forget",
     "redrive", "purge_dead", "maintain", "read", "stats",
 )
 _READ_ONLY_SCRIPTS = frozenset({"read", "stats"})  # safe to send twice
@@ -303,6 +303,9 @@ class RedisQueue(Queue):
 
     async def _cancel(self, job_id: str) -> bool:
         return bool(await self._call("cancel", job_id))
+
+    async def _forget(self, job_id: str) -> bool:
+        return bool(await self._call("forget", job_id))
 
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
         self._listen_for_done()

@@ -500,6 +500,15 @@ class SqliteQueue(Queue):
             self._bell.ring(DONE)
         return cancelled
 
+    async def _forget(self, job_id: str) -> bool:
+        marks = ",".join("?" * len(_ACTIVE))
+
+        def body(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(f"DELETE FROM jobs WHERE id = ? AND state NOT IN ({marks})",
+                                     (job_id, *_ACTIVE)).rowcount)
+
+        return await self._write(body)
+
     def _finished(self, jobs: Sequence[Job]) -> None:
         """Jobs this instance just brought to a final state: their waiters here get them as they
         are (no read-back), and every other instance is rung."""

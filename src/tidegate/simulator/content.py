@@ -16,6 +16,7 @@ __all__ = [
     "estimate_text_tokens",
     "generate_words",
     "sample_lognormal",
+    "tool_arguments",
 ]
 
 CHARS_PER_TOKEN: Final = 4
@@ -52,6 +53,26 @@ def estimate_prompt_tokens(messages: Sequence[dict[str, Any]]) -> int:
                 text = part.get("text") if isinstance(part, dict) else None
                 tokens += estimate_text_tokens(text) if isinstance(text, str) else TOKENS_PER_IMAGE
     return tokens
+
+
+# A value of each JSON Schema type, for the arguments of a simulated tool call.
+_SAMPLE_VALUES: Final[dict[str, Any]] = {"string": "tidegate", "integer": 1, "number": 1.5, "boolean": True,
+                                         "array": [], "object": {}, "null": None}
+
+
+def tool_arguments(parameters: object) -> dict[str, Any]:
+    """Arguments that fit a function's parameter schema: each property with a value of its type
+    (the first of an enum), so that a caller's tool code can run on them."""
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    arguments: dict[str, Any] = {}
+    for name, schema in (properties or {}).items():
+        if not isinstance(schema, dict):
+            continue
+        enum = schema.get("enum")
+        kind = schema.get("type")
+        kind = next((k for k in kind if k != "null"), "null") if isinstance(kind, list) else kind
+        arguments[name] = enum[0] if isinstance(enum, list) and enum else _SAMPLE_VALUES.get(str(kind))
+    return arguments
 
 
 def generate_words(rng: random.Random, count: int) -> list[str]:

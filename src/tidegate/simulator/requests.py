@@ -12,12 +12,13 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from tidegate.simulator.content import estimate_prompt_tokens, estimate_text_tokens
+from tidegate.simulator.content import estimate_prompt_tokens, estimate_text_tokens, tool_arguments
 
 __all__ = [
     "ChatRequest",
     "EmbeddingsRequest",
     "InvalidRequest",
+    "ToolCallPlan",
     "error_body",
     "parse_chat",
     "parse_embeddings",
@@ -59,6 +60,17 @@ class ChatRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    tool_call: ToolCallPlan | None = None  # the function the answer calls, if it calls one
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallPlan:
+    """The simulated answer calls a tool: which function, with which arguments (JSON text).
+    A request with function tools gets one, unless tool_choice is "none" or the last message
+    is a tool's result (then the tool has answered, and so does the model, in text)."""
+
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +211,33 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     _check_range(body, "temperature", 0.0, 2.0)
     _check_range(body, "top_p", 0.0, 1.0)
     include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
-    return ChatRequest(model, estimate_prompt_tokens(messages), max_tokens, stream, include_usage)
+    return ChatRequest(model, estimate_prompt_tokens(messages), max_tokens, stream, include_usage,
+                       _tool_call(body, messages))
+
+
+def _is_function_tool(tool: object) -> bool:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    return (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(function, dict)
+            and isinstance(function.get("name"), str))
+
+
+def _tool_call(body: dict[str, Any], messages: list[dict[str, Any]]) -> ToolCallPlan | None:
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(map(_is_function_tool, tools)):
+        raise InvalidRequest("Invalid 'tools': each tool must be {type: function, function: {name, ...}}.",
+                             param="tools", code="invalid_value")
+    choice = body.get("tool_choice")
+    if not tools or choice == "none" or messages[-1].get("role") == "tool":
+        return None
+    functions = {tool["function"]["name"]: tool["function"] for tool in tools}
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if named is not None and named not in functions:
+        raise InvalidRequest(f"Invalid 'tool_choice': no function named {named!r} in 'tools'.",
+                             param="tool_choice", code="invalid_value")
+    function = functions[named] if named is not None else next(iter(functions.values()))
+    return ToolCallPlan(function["name"], orjson.dumps(tool_arguments(function.get("parameters"))).decode())
 
 
 def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:

@@ -38,12 +38,18 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from tidegate.errors import ConfigError
-from tidegate.simulator.content import embedding_vector, generate_words, sample_lognormal
+from tidegate.simulator.content import (
+    embedding_vector,
+    estimate_text_tokens,
+    generate_words,
+    sample_lognormal,
+)
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
 from tidegate.simulator.requests import (
     ChatRequest,
     EmbeddingsRequest,
     InvalidRequest,
+    ToolCallPlan,
     error_body,
     parse_chat,
     parse_embeddings,
@@ -314,6 +320,9 @@ class Simulator:
         stats = self._model_stats(served.name)
         completion, finish = (_completion_tokens(rng, served.behaviour, parsed.max_tokens)
                               if isinstance(parsed, ChatRequest) else (0, "stop"))
+        if isinstance(parsed, ChatRequest) and parsed.tool_call is not None:
+            call = parsed.tool_call
+            completion, finish = estimate_text_tokens(call.name + call.arguments), "tool_calls"
         admission, headers = self._admit(served, parsed.prompt_tokens + completion)
         if not admission.accepted:
             stats.by_status[429] += 1
@@ -328,7 +337,8 @@ class Simulator:
             return await self._stream(request, served, parsed, _Plan(completion, finish, headers, fault))
         await _sleep_ms(sample_lognormal(rng, served.behaviour.latency_ms, served.behaviour.latency_p99_ms))
         if isinstance(parsed, ChatRequest):
-            body = _completion_body(rng, served.name, parsed.prompt_tokens, completion, finish)
+            body = _completion_body(rng, served.name, parsed.prompt_tokens, completion, finish,
+                                    parsed.tool_call)
             stats.completion_tokens += completion
         else:
             body = _embeddings_body(served, parsed)
@@ -390,6 +400,9 @@ class Simulator:
         # A fault in a stream strikes half way: the client has already seen chunks by then.
         cut = len(words) // 2 if fault is not None else -1
         try:
+            if chat.tool_call is not None:
+                await self._stream_tool_call(response, chunk, chat, completion, ttft_ms)
+                return response
             await response.write(chunk.event({"role": "assistant", "content": ""}))
             await _sleep_ms(ttft_ms)
             for i, word in enumerate(words):
@@ -412,6 +425,30 @@ class Simulator:
         stats.prompt_tokens += chat.prompt_tokens
         stats.completion_tokens += completion
         return response
+
+    async def _stream_tool_call(self, response: web.StreamResponse, chunk: _ChunkWriter, chat: ChatRequest,
+                                completion: int, ttft_ms: float) -> None:
+        """A streamed tool call as OpenAI sends one: its id and name first, its arguments in
+        pieces, then the finish `tool_calls`."""
+        assert chat.tool_call is not None
+        rng = self._rng(chat.model)
+        arguments = chat.tool_call.arguments
+        half = len(arguments) // 2
+        await response.write(chunk.event({"role": "assistant", "content": None}))
+        await _sleep_ms(ttft_ms)
+        start = {"index": 0, **_tool_call_json(rng, chat.tool_call, "")}
+        await response.write(chunk.event({"tool_calls": [start]}))
+        for piece in (arguments[:half], arguments[half:]):
+            delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+            await response.write(chunk.event(delta))
+        await response.write(chunk.event({}, finish_reason="tool_calls"))
+        if chat.include_usage:
+            await response.write(chunk.usage(chat.prompt_tokens, completion))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        stats = self._model_stats(chat.model)
+        stats.prompt_tokens += chat.prompt_tokens
+        stats.completion_tokens += completion
 
     # -- /_sim/ control endpoints
 
@@ -489,15 +526,22 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 
 def _completion_body(rng: random.Random, model: str, prompt: int, completion: int,
-                     finish: str) -> dict[str, Any]:
+                     finish: str, tool_call: ToolCallPlan | None = None) -> dict[str, Any]:
     identifier = _completion_id(rng)
-    content = " ".join(generate_words(rng, completion))
+    message: dict[str, Any] = {"role": "assistant", "content": " ".join(generate_words(rng, completion))}
+    if tool_call is not None:
+        message = {"role": "assistant", "content": None, "tool_calls": [_tool_call_json(rng, tool_call)]}
     return {
         "id": identifier, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+        "choices": [{"index": 0, "message": message,
                      "logprobs": None, "finish_reason": finish}],
         "usage": _usage(prompt, completion),
     }
+
+
+def _tool_call_json(rng: random.Random, call: ToolCallPlan, arguments: str | None = None) -> dict[str, Any]:
+    return {"id": f"call_{rng.getrandbits(64):016x}", "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments if arguments is None else arguments}}
 
 
 def _check_dimensions(embed: EmbeddingsRequest, served: ServedModel) -> None:

@@ -26,17 +26,31 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from fastapi import APIRouter
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from tidegate.ai import AIRequest, AIResult, Kind, StreamPart
 from tidegate.gateway.errors import ApiError
 
-__all__ = ["Dialect", "StreamRenderer"]
+__all__ = ["Dialect", "StreamRenderer", "validated"]
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def validated(model: type[_Body], body: Mapping[str, Any], where: str) -> _Body:
+    """A raw body checked against a route's model: a body that does not validate is a 400
+    naming each bad field from `where` (for `Dialect.parse`)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join([where, *map(str, error['loc'])])}: {error['msg']}" for error in exc.errors()[:10]
+        )
+        raise ApiError(400, f"invalid request: {problems}", code="invalid_request", param=where) from None
 
 
 class StreamRenderer(abc.ABC):

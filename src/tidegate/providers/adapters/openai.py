@@ -32,14 +32,15 @@ class OpenAIAdapter(ProviderAdapter):
                 await on_part(chunk.part)
         summary = stream.summary
         assert summary is not None  # set once [DONE] was read, and the loop ends only then
+        message: dict[str, Any] = {"role": "assistant", "content": summary.text}
+        if summary.tool_calls:
+            message["tool_calls"] = [{"id": call.id, "type": "function",
+                                      "function": {"name": call.name, "arguments": call.arguments}}
+                                     for call in summary.tool_calls]
         document = {
             "object": "chat.completion",
             "model": model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": summary.text},
-                "finish_reason": summary.finish_reason,
-            }],
+            "choices": [{"index": 0, "message": message, "finish_reason": summary.finish_reason}],
             "usage": summary.usage.to_json(),
         }
         return Answer(document, summary.usage, summary.latency_ms, summary.rate_limit, summary.ttft_ms)

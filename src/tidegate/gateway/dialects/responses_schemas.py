@@ -1,0 +1,102 @@
+"""The request and response bodies of OpenAI's Responses API, for validation and for the OpenAPI
+document.
+
+The request model names every field the gateway translates or may leave out without changing the
+answer. Any other field is kept aside (`extra="allow"`) only to be refused by name: a chat-only
+upstream cannot honour it, and dropping it silently would answer another question than the one
+asked. Input items and tools are objects here; their shapes are checked item by item by the
+translation (tidegate.gateway.dialects.responses), whose errors name the item.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tidegate.gateway.limits import MAX_OUTPUT_TOKENS
+from tidegate.gateway.schemas import PriorityValue
+
+__all__ = [
+    "MAX_METADATA_KEYS",
+    "ResponseCreateRequest",
+    "ResponseDeleted",
+    "ResponseItemList",
+    "ResponseObject",
+]
+
+MAX_METADATA_KEYS = 16  # as OpenAI allows
+
+
+class ResponseCreateRequest(BaseModel):
+    """A Responses API request. `model` may be "auto" (or left out) to let tidegate route by
+    priority, size and budget; `priority` is tidegate's, as on chat completions."""
+
+    model_config = ConfigDict(
+        extra="allow", strict=True,
+        json_schema_extra={"examples": [{
+            "model": "auto", "instructions": "Answer in one line.",
+            "input": "Summarise this ticket.", "priority": "high",
+        }]},
+    )
+
+    model: str = Field("auto", min_length=1)
+    input: str | list[dict[str, Any]] = Field(description=(
+        "Text, or items: messages (roles user, system, developer, assistant; input_text, "
+        "output_text and input_image parts), function_call and function_call_output."))
+    instructions: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1)
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    tools: list[dict[str, Any]] | None = Field(None, description="Function tools only.")
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = Field(None, description="`format`: text, json_object or json_schema.")
+    reasoning: dict[str, Any] | None = Field(None, description="`effort` only.")
+    metadata: dict[str, str] | None = Field(None, max_length=MAX_METADATA_KEYS)
+    store: bool | None = Field(None, description=(
+        "false: the response cannot be retrieved or continued afterwards."))
+    background: bool | None = Field(None, description="Answer at once with status `queued`; poll it.")
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    include: list[str] | None = Field(None, max_length=0, description="Nothing extra can be included.")
+    truncation: Literal["disabled"] | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    priority: PriorityValue | None = None
+
+
+class ResponseObject(BaseModel):
+    """A response: the job that answers it, in the Responses API's shape."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(examples=["resp_0123456789abcdef"])
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, Any] | None = None
+
+
+class ResponseDeleted(BaseModel):
+    """What DELETE did."""
+
+    id: str
+    object: Literal["response.deleted"] = "response.deleted"
+    deleted: bool = True
+
+
+class ResponseItemList(BaseModel):
+    """A page of a response's input items."""
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False

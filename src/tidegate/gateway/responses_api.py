@@ -1,0 +1,206 @@
+"""OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id},
+POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items.
+
+An OpenAI SDK pointed at `http://host:port/v1` works unchanged: `client.responses.create(...)`,
+`.stream(...)`, `.retrieve`, `.cancel`, `.delete`, `.input_items.list`. A response is a job of the
+queue (`resp_<job id>`), at the caller's priority like every call: its store, its tenant
+isolation (another tenant's response answers 404, like an unknown id), its retention and its
+background run are the queue's. The Responses dialect (tidegate.gateway.dialects.responses)
+translates the request into the job's chat body and renders the job as a response.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import Query
+from fastapi.responses import JSONResponse, Response
+
+from tidegate.ai import Origin, result_of
+from tidegate.coord.tenants import Tenant
+from tidegate.errors import InvalidJob
+from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
+from tidegate.gateway.dialects import RESPONSES
+from tidegate.gateway.dialects.responses_output import (
+    assistant_message,
+    job_id_of,
+    listed_items,
+    render,
+    response_id,
+)
+from tidegate.gateway.dialects.responses_schemas import (
+    ResponseCreateRequest,
+    ResponseDeleted,
+    ResponseItemList,
+    ResponseObject,
+)
+from tidegate.gateway.errors import ApiError, error_responses
+from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
+from tidegate.gateway.outcomes import result_headers, succeeded
+from tidegate.gateway.state import GatewayState
+from tidegate.gateway.streaming import stream_job
+from tidegate.jobs import Job, JobState
+
+__all__ = ["router"]
+
+MAX_ITEMS_PAGE = 100  # input items in one page, as OpenAI allows
+
+router = RESPONSES.router(prefix="/v1/responses", tags=["Responses"], responses=error_responses(401, 503))
+
+_NOT_FOUND: dict[int | str, str] = {404: "No such response for this tenant (or it was created with "
+                                         "store: false, or deleted, or its retention ran out)."}
+_SSE_EVENT = {
+    "type": "object",
+    "description": "One server-sent event: `event` names its type (response.created, "
+                   "response.output_text.delta, … response.completed) and `data` is the event as JSON, "
+                   "with its `sequence_number`.",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+    "required": ["data"],
+}
+
+
+@router.post(
+    "",
+    response_model=ResponseObject,
+    summary="Create a response",
+    responses={**error_responses(400, 403, 413, 429, described={
+        404: "Unknown model, or `previous_response_id` names no response of this tenant.",
+        409: "The job was cancelled while the call waited, or the Idempotency-Key was first used for "
+             "another request.",
+        "4XX": "The provider refused the request with another client error: its status and message.",
+        502: "The provider failed after every attempt.",
+        504: "No result in time: `error.job_id` names the job, which goes on; retrieve "
+             "resp_<job id>.",
+    }), 200: {
+        "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+        "description": "The response; with `background: true` at once, status `queued`; with "
+                       "`stream: true`, its events as server-sent events.",
+    }},
+)
+async def create_response(
+    body: ResponseCreateRequest,
+    state: StateDep,
+    tenant: MeteredTenantDep,
+    x_priority: PriorityHeader = None,
+    x_tidegate_timeout: TimeoutHeader = None,
+    idempotency_key: IdempotencyHeader = None,
+) -> Response:
+    """Queue the response's job at the caller's priority and answer with the response."""
+    started = time.perf_counter()
+    if body.background and (body.stream or body.store is False):
+        which = "stream" if body.stream else "store"
+        raise ApiError(400, f"background responses cannot be combined with {which}: "
+                       f"{'poll the response instead' if body.stream else 'a background response is stored'}",
+                       code="unsupported_parameter", param=which)
+    history = [] if body.previous_response_id is None else await _conversation(
+        state, tenant, body.previous_response_id)
+    submitted = await submit(state, tenant, RESPONSES.translate(body, history), priority_header=x_priority,
+                             timeout_header=x_tidegate_timeout, idempotency_key=idempotency_key,
+                             waits=not body.background)
+    if body.background:
+        job, origin = await _lookup(state, tenant, response_id(submitted.job_id))
+        return JSONResponse(render(job, origin), headers={"X-Tidegate-Job-Id": job.id})
+    if body.stream:
+        call = RESPONSES.call(submitted.job_id, submitted.request)
+        return await stream_job(state, call, submitted, started=started)
+    job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
+    call = RESPONSES.call(job.id, submitted.request, int(job.created_at.timestamp()))
+    return call.answer(result, result_headers(job, result))
+
+
+async def _lookup(state: GatewayState, tenant: Tenant, response_id: str,
+                  param: str | None = None) -> tuple[Job, Origin]:
+    """A stored response of this tenant's and the request it was made from; 404 otherwise, the
+    same for another tenant's as for an unknown id (`param`: the field that named it)."""
+    job_id = job_id_of(response_id)
+    job = None if job_id is None else await state.queue.get(job_id)
+    origin = None if job is None else _origin(job)
+    if job is None or origin is None or job.tenant != tenant.name or origin.body.get("store") is False:
+        what = "Previous response" if param else "Response"
+        raise ApiError(404, f"{what} with id {response_id!r} not found.", code="response_not_found",
+                       param=param)
+    return job, origin
+
+
+def _origin(job: Job) -> Origin | None:
+    """The Responses request of a job made from one (None for any other job)."""
+    try:
+        return Origin.from_payload(job.payload.get("origin"))
+    except InvalidJob:
+        return None
+
+
+async def _conversation(state: GatewayState, tenant: Tenant, response_id: str) -> list[dict[str, Any]]:
+    """The chat messages a continued response brings: its input (its instructions left out, as
+    the API does not carry them over) and its answer."""
+    job, origin = await _lookup(state, tenant, response_id, param="previous_response_id")
+    result = result_of(job)
+    if job.state is not JobState.SUCCEEDED or result is None:
+        raise ApiError(400, f"previous response {response_id!r} has no answer to continue from (it is "
+                       f"{render(job, origin)['status']})", code="previous_response_unavailable",
+                       param="previous_response_id")
+    messages = list(job.payload["body"]["messages"])
+    if origin.body.get("instructions") is not None:
+        messages = messages[1:]
+    return [*messages, assistant_message(result.response)]
+
+
+@router.get("/{response_id}", response_model=ResponseObject, summary="Retrieve a response",
+            responses=error_responses(described=_NOT_FOUND))
+async def retrieve_response(response_id: str, state: StateDep, tenant: TenantDep) -> JSONResponse:
+    """The response as its job stands: queued, in progress, or finished with its output."""
+    job, origin = await _lookup(state, tenant, response_id)
+    return JSONResponse(render(job, origin))
+
+
+@router.delete("/{response_id}", response_model=ResponseDeleted, summary="Delete a response",
+               responses=error_responses(described=_NOT_FOUND))
+async def delete_response(response_id: str, state: StateDep, tenant: TenantDep) -> ResponseDeleted:
+    """Delete the response (its job, cancelled first if it has not finished)."""
+    job, _ = await _lookup(state, tenant, response_id)
+    if not job.is_final:
+        await state.queue.cancel(job.id)
+    if not await state.queue.forget(job.id):
+        raise ApiError(404, f"Response with id {response_id!r} not found.", code="response_not_found")
+    return ResponseDeleted(id=response_id)
+
+
+@router.post("/{response_id}/cancel", response_model=ResponseObject, summary="Cancel a response",
+             responses=error_responses(described={
+                 **_NOT_FOUND, 400: "Only a response created with `background: true` can be cancelled."}))
+async def cancel_response(response_id: str, state: StateDep, tenant: TenantDep) -> JSONResponse:
+    """Cancel a background response that has not finished; a finished one is answered as it is."""
+    job, origin = await _lookup(state, tenant, response_id)
+    if not origin.body.get("background"):
+        raise ApiError(400, "only a response created with background: true can be cancelled",
+                       code="not_background", param="response_id")
+    if not job.is_final and await state.queue.cancel(job.id):
+        job, origin = await _lookup(state, tenant, response_id)
+    return JSONResponse(render(job, origin))
+
+
+@router.get("/{response_id}/input_items", response_model=ResponseItemList, summary="List input items",
+            responses=error_responses(400, described=_NOT_FOUND))
+async def list_input_items(
+    response_id: str,
+    state: StateDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_ITEMS_PAGE, description="Items in one page.")] = 20,
+    order: Annotated[Literal["asc", "desc"], Query(description="desc: the last input item first.")] = "desc",
+    after: Annotated[str | None, Query(description="The id of the item the page starts after.")] = None,
+) -> ResponseItemList:
+    """The response's own input, as items with ids."""
+    job, origin = await _lookup(state, tenant, response_id)
+    items = listed_items(job.id, origin)
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise ApiError(400, f"no input item {after!r} in this response", code="invalid_value",
+                           param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return ResponseItemList(data=page, first_id=page[0]["id"] if page else None,
+                            last_id=page[-1]["id"] if page else None, has_more=len(items) > limit)
