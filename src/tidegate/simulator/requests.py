@@ -12,12 +12,13 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from tidegate.simulator.content import estimate_prompt_tokens, estimate_text_tokens
+from tidegate.simulator.content import estimate_prompt_tokens, estimate_text_tokens, tool_arguments
 
 __all__ = [
     "ChatRequest",
     "EmbeddingsRequest",
     "InvalidRequest",
+    "ToolCallPlan",
     "error_body",
     "parse_chat",
     "parse_embeddings",
@@ -26,6 +27,7 @@ __all__ = [
 
 ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_EMBEDDING_INPUTS: Final = 2048
+MAX_STOP_SEQUENCES: Final = 4
 
 
 class InvalidRequest(Exception):
@@ -51,6 +53,14 @@ def error_body(message: str, *, type_: str, param: str | None = None, code: str 
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallPlan:
+    """The function a simulated answer calls, and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A valid chat completion request, reduced to what the simulator uses."""
 
@@ -59,6 +69,8 @@ class ChatRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    stop: tuple[str, ...] = ()
+    tool_call: ToolCallPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +211,63 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     _check_range(body, "temperature", 0.0, 2.0)
     _check_range(body, "top_p", 0.0, 1.0)
     include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
-    return ChatRequest(model, estimate_prompt_tokens(messages), max_tokens, stream, include_usage)
+    prompt_tokens = estimate_prompt_tokens(messages)
+    tools = _check_tools(body.get("tools"))
+    if tools:
+        prompt_tokens += estimate_text_tokens(orjson.dumps(body["tools"]).decode())
+    return ChatRequest(model, prompt_tokens, max_tokens, stream, include_usage, _check_stop(body.get("stop")),
+                       _tool_call(tools, body.get("tool_choice"), messages))
+
+
+def _check_stop(stop: object) -> tuple[str, ...]:
+    """`stop`: a string or up to 4 of them, as OpenAI allows."""
+    if stop is None:
+        return ()
+    sequences = [stop] if isinstance(stop, str) else stop
+    if (not isinstance(sequences, list) or len(sequences) > MAX_STOP_SEQUENCES
+            or not all(isinstance(item, str) and item for item in sequences)):
+        raise InvalidRequest(f"Invalid 'stop': expected a string or an array of at most {MAX_STOP_SEQUENCES} "
+                             "non-empty strings.", param="stop", code="invalid_value")
+    return tuple(sequences)
+
+
+def _check_tools(tools: object) -> list[dict[str, Any]]:
+    """`tools`: function tools, each with a name (and optionally a JSON Schema of its parameters)."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise InvalidRequest(f"Invalid type for 'tools': expected an array, but got {_json_type(tools)}.",
+                             param="tools", code="invalid_type")
+    functions: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequest(f"Invalid 'tools[{i}]': expected a function tool with a name.",
+                                 param=f"tools[{i}]", code="invalid_value")
+        functions.append(function)
+    return functions
+
+
+def _tool_call(tools: list[dict[str, Any]], choice: object,
+               messages: list[dict[str, Any]]) -> ToolCallPlan | None:
+    """Which function the simulated model calls, deterministically: the one `tool_choice` names;
+    else, unless the choice is "none", the first tool, when the conversation does not end with a
+    tool's result (a model that got its result answers in text, unless a call is required)."""
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        named = (choice.get("function") or {}).get("name")
+        chosen = next((tool for tool in tools if tool["name"] == named), None)
+        if chosen is None:
+            raise InvalidRequest(f"Invalid 'tool_choice': no tool named {named!r}.", param="tool_choice",
+                                 code="invalid_value")
+    elif choice == "required" or messages[-1].get("role") != "tool":
+        chosen = tools[0]
+    else:
+        return None
+    parameters = chosen.get("parameters")
+    return ToolCallPlan(chosen["name"], orjson.dumps(
+        tool_arguments(parameters if isinstance(parameters, dict) else {})).decode())
 
 
 def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:

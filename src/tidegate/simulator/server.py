@@ -1,7 +1,9 @@
 """A simulated OpenAI-compatible provider (aiohttp.web) for the demo, the tests and the benchmarks.
 
 It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams) and `/v1/embeddings` for
-the price table's models, validates requests like a real provider, answers with realistic usage,
+the price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
+choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
+see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
 enforces its own per-model RPM/TPM over a sliding window (429 with Retry-After and x-ratelimit-*
 headers), and injects faults (500, 503, timeouts, connection resets, malformed bodies) at
 configured rates or on demand. A seeded simulator given the same requests answers the same way.
@@ -38,12 +40,19 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from tidegate.errors import ConfigError
-from tidegate.simulator.content import embedding_vector, generate_words, sample_lognormal
+from tidegate.simulator.content import (
+    embedding_vector,
+    estimate_text_tokens,
+    generate_words,
+    sample_lognormal,
+    stop_at,
+)
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
 from tidegate.simulator.requests import (
     ChatRequest,
     EmbeddingsRequest,
     InvalidRequest,
+    ToolCallPlan,
     error_body,
     parse_chat,
     parse_embeddings,
@@ -328,8 +337,8 @@ class Simulator:
             return await self._stream(request, served, parsed, _Plan(completion, finish, headers, fault))
         await _sleep_ms(sample_lognormal(rng, served.behaviour.latency_ms, served.behaviour.latency_p99_ms))
         if isinstance(parsed, ChatRequest):
-            body = _completion_body(rng, served.name, parsed.prompt_tokens, completion, finish)
-            stats.completion_tokens += completion
+            body = _completion_body(rng, served.name, parsed, completion, finish)
+            stats.completion_tokens += body["usage"]["completion_tokens"]
         else:
             body = _embeddings_body(served, parsed)
         stats.prompt_tokens += parsed.prompt_tokens
@@ -379,20 +388,21 @@ class Simulator:
         rng = self._rng(served.name)
         behaviour = served.behaviour
         stats = self._model_stats(served.name)
-        words = generate_words(rng, completion)
+        reply = _Reply.draw(rng, chat, completion, finish)
         ttft_ms = behaviour.ttft_ms if behaviour.ttft_ms is not None else sample_lognormal(
             rng, behaviour.latency_ms, behaviour.latency_p99_ms)
         chunk = _ChunkWriter(_completion_id(rng), served.name)
+        deltas = reply.deltas(rng)
         response = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
         stats.by_status[200] += 1
         # A fault in a stream strikes half way: the client has already seen chunks by then.
-        cut = len(words) // 2 if fault is not None else -1
+        cut = len(deltas) // 2 if fault is not None else -1
         try:
             await response.write(chunk.event({"role": "assistant", "content": ""}))
             await _sleep_ms(ttft_ms)
-            for i, word in enumerate(words):
+            for i, delta in enumerate(deltas):
                 if i == cut:
                     if fault is not None and fault.fault == "reset":
                         return _abort(request, response)
@@ -401,16 +411,16 @@ class Simulator:
                     return response
                 if i:
                     await _sleep_ms(behaviour.inter_token_ms)
-                await response.write(chunk.event({"content": word if i == 0 else " " + word}))
-            await response.write(chunk.event({}, finish_reason=finish))
+                await response.write(chunk.event(delta))
+            await response.write(chunk.event({}, finish_reason=reply.finish, stop_reason=reply.stop))
             if chat.include_usage:
-                await response.write(chunk.usage(chat.prompt_tokens, completion))
+                await response.write(chunk.usage(chat.prompt_tokens, reply.tokens))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:  # the client left mid-stream, as clients may
             return response
         stats.prompt_tokens += chat.prompt_tokens
-        stats.completion_tokens += completion
+        stats.completion_tokens += reply.tokens
         return response
 
     # -- /_sim/ control endpoints
@@ -488,15 +498,62 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _completion_body(rng: random.Random, model: str, prompt: int, completion: int,
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """What a chat answer says: words (cut at a stop sequence met, named in `stop`), or a call of
+    the function the request's tools lead to; with its finish reason and completion tokens."""
+
+    words: list[str]
+    finish: str
+    tokens: int
+    stop: str | None = None
+    call: ToolCallPlan | None = None
+
+    @classmethod
+    def draw(cls, rng: random.Random, chat: ChatRequest, completion: int, finish: str) -> _Reply:
+        if chat.tool_call is not None:
+            return cls([], "tool_calls", estimate_text_tokens(chat.tool_call.arguments), call=chat.tool_call)
+        words, stop = stop_at(generate_words(rng, completion), chat.stop)
+        if stop is None:
+            return cls(words, finish, completion)
+        return cls(words, "stop", len(words), stop)
+
+    def message(self, rng: random.Random) -> dict[str, Any]:
+        """The answer's message, whole."""
+        if self.call is None:
+            return {"role": "assistant", "content": " ".join(self.words)}
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": _call_id(rng), "type": "function",
+             "function": {"name": self.call.name, "arguments": self.call.arguments}}]}
+
+    def deltas(self, rng: random.Random) -> list[dict[str, Any]]:
+        """The answer as the deltas of a stream: a word each, or the call's name then its
+        arguments in two pieces."""
+        if self.call is None:
+            return [{"content": word if i == 0 else " " + word} for i, word in enumerate(self.words)]
+        arguments, half = self.call.arguments, len(self.call.arguments) // 2
+        head = {"index": 0, "id": _call_id(rng), "type": "function",
+                "function": {"name": self.call.name, "arguments": ""}}
+        return [{"tool_calls": [head]},
+                *({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                  for piece in (arguments[:half], arguments[half:]) if piece)]
+
+
+def _call_id(rng: random.Random) -> str:
+    return f"call_{rng.getrandbits(96):024x}"
+
+
+def _completion_body(rng: random.Random, model: str, chat: ChatRequest, completion: int,
                      finish: str) -> dict[str, Any]:
     identifier = _completion_id(rng)
-    content = " ".join(generate_words(rng, completion))
+    reply = _Reply.draw(rng, chat, completion, finish)
+    choice: dict[str, Any] = {"index": 0, "message": reply.message(rng), "logprobs": None,
+                              "finish_reason": reply.finish}
+    if reply.stop is not None:
+        choice["stop_reason"] = reply.stop  # the sequence met, named as vLLM names it
     return {
         "id": identifier, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "logprobs": None, "finish_reason": finish}],
-        "usage": _usage(prompt, completion),
+        "choices": [choice], "usage": _usage(chat.prompt_tokens, reply.tokens),
     }
 
 
@@ -527,8 +584,12 @@ class _ChunkWriter:
         self._head = {"id": identifier, "object": "chat.completion.chunk", "created": int(time.time()),
                       "model": model}
 
-    def event(self, delta: dict[str, Any], *, finish_reason: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def event(self, delta: dict[str, Any], *, finish_reason: str | None = None,
+              stop_reason: str | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": finish_reason}
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason
         return b"data: " + orjson.dumps({**self._head, "choices": [choice]}) + b"\n\n"
 
     def usage(self, prompt: int, completion: int) -> bytes:

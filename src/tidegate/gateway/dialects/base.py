@@ -26,17 +26,19 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from fastapi import APIRouter
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from tidegate.ai import AIRequest, AIResult, Kind, StreamPart
 from tidegate.gateway.errors import ApiError
 
 __all__ = ["Dialect", "StreamRenderer"]
+
+_Body = TypeVar("_Body", bound=BaseModel)
 
 
 class StreamRenderer(abc.ABC):
@@ -89,6 +91,18 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def error_body(self, error: ApiError) -> dict[str, Any]:
         """The body of an error answer."""
+
+    @staticmethod
+    def validated(model: type[_Body], body: Mapping[str, Any], where: str) -> _Body:
+        """`body` read as `model`, as a route would read it; 400 naming each bad field under
+        `where` (for `parse`)."""
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join([where, *map(str, error['loc'])])}: {error['msg']}" for error in exc.errors()[:10]
+            )
+            raise ApiError(400, f"invalid request: {problems}", code="invalid_request", param=where) from None
 
     def router(self, **options: Any) -> APIRouter:
         """An APIRouter (FastAPI's `options`) whose routes answer errors in this dialect's shape."""

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import orjson
 from fastapi.responses import Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from tidegate.ai import AIRequest, AIResult, Kind, StreamError, StreamPart
 from tidegate.gateway.dialects.base import Dialect, StreamRenderer
@@ -40,14 +40,7 @@ class OpenAIDialect(Dialect):
 
     def parse(self, kind: Kind, body: Mapping[str, Any], where: str) -> AIRequest:
         """A body that came inside a job, checked as the OpenAI endpoint would check it."""
-        try:
-            model = _BODY_MODELS[kind].model_validate(body)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join([where, *map(str, error['loc'])])}: {error['msg']}" for error in exc.errors()[:10]
-            )
-            raise ApiError(400, f"invalid request: {problems}", code="invalid_request", param=where) from None
-        return self.request(kind, model)
+        return self.request(kind, self.validated(_BODY_MODELS[kind], body, where))
 
     def answer(self, result: AIResult, headers: Mapping[str, str]) -> Response:
         """The provider's document, unchanged."""
