@@ -1,7 +1,8 @@
 """A simulated OpenAI-compatible provider (aiohttp.web) for the demo, the tests and the benchmarks.
 
-It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams) and `/v1/embeddings` for
-the price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
+It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings` and
+Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py) for the
+price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
 choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
 see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
 enforces its own per-model RPM/TPM over a sliding window (429 with Retry-After and x-ratelimit-*
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hmac
 import ipaddress
 import math
@@ -48,6 +50,7 @@ from tidegate.simulator.content import (
     stop_at,
 )
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
+from tidegate.simulator.messages import MessageEvents, anthropic_error_body, message_body, parse_messages
 from tidegate.simulator.requests import (
     ChatRequest,
     EmbeddingsRequest,
@@ -80,6 +83,7 @@ MAX_BODY_BYTES: Final = 32 * 1024 * 1024  # long-context prompts are large
 JSON: Final = "application/json"
 
 _R = TypeVar("_R", ChatRequest, EmbeddingsRequest)
+Wire = Literal["openai", "anthropic"]
 _UNLIMITED: Final = Admission(True, None, None, None, 0.0, 0.0)
 
 
@@ -186,6 +190,7 @@ class Simulator:
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/messages", self._messages)
         if control:
             app.router.add_get("/_sim/stats", self._get_stats)
             app.router.add_get("/_sim/settings", self._get_settings)
@@ -276,8 +281,10 @@ class Simulator:
         key = self._settings.require_api_key
         if key is None:
             return True
-        expected = f"Bearer {key.get_secret_value()}".encode()
-        return hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected)
+        # OpenAI's clients send the key as a Bearer token, Anthropic's as x-api-key.
+        secret = key.get_secret_value().encode()
+        bearer = hmac.compare_digest(request.headers.get("Authorization", "").encode(), b"Bearer " + secret)
+        return bearer or hmac.compare_digest(request.headers.get("x-api-key", "").encode(), secret)
 
     async def _list_models(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request):
@@ -290,6 +297,14 @@ class Simulator:
             chat, served = await self._accept(request, "chat", parse_chat)
         except InvalidRequest as exc:
             return _error_response(exc)
+        return await self._answer(request, served, chat)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        try:
+            chat, served = await self._accept(request, "chat", parse_messages)
+        except InvalidRequest as exc:
+            return web.Response(status=exc.status, body=anthropic_error_body(exc.status, exc.message),
+                                content_type=JSON)
         return await self._answer(request, served, chat)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -323,22 +338,23 @@ class Simulator:
         stats = self._model_stats(served.name)
         completion, finish = (_completion_tokens(rng, served.behaviour, parsed.max_tokens)
                               if isinstance(parsed, ChatRequest) else (0, "stop"))
+        wire = parsed.wire if isinstance(parsed, ChatRequest) else "openai"
         admission, headers = self._admit(served, parsed.prompt_tokens + completion)
         if not admission.accepted:
             stats.by_status[429] += 1
-            return self._rate_limited(served, admission, headers)
+            return self._rate_limited(served, admission, headers, wire)
         fault = self._next_fault(served, rng)
         if fault is not None:
             stats.faults[fault.fault] += 1
         streaming = isinstance(parsed, ChatRequest) and parsed.stream
         if fault is not None and not (streaming and fault.fault in ("reset", "malformed")):
-            return await self._fault(request, stats, fault, headers)
+            return await self._fault(request, stats, fault, headers, wire)
         if isinstance(parsed, ChatRequest) and parsed.stream:
             return await self._stream(request, served, parsed, _Plan(completion, finish, headers, fault))
         await _sleep_ms(sample_lognormal(rng, served.behaviour.latency_ms, served.behaviour.latency_p99_ms))
         if isinstance(parsed, ChatRequest):
-            body = _completion_body(rng, served.name, parsed, completion, finish)
-            stats.completion_tokens += body["usage"]["completion_tokens"]
+            body, tokens = _completion_body(rng, served.name, parsed, completion, finish)
+            stats.completion_tokens += tokens
         else:
             body = _embeddings_body(served, parsed)
         stats.prompt_tokens += parsed.prompt_tokens
@@ -346,7 +362,7 @@ class Simulator:
         return _json(200, body, headers)
 
     def _rate_limited(self, served: ServedModel, admission: Admission,
-                      headers: dict[str, str]) -> web.StreamResponse:
+                      headers: dict[str, str], wire: Wire) -> web.StreamResponse:
         wait_s = admission.retry_after_s or 0.0
         if self._settings.retry_after_format == "http-date":
             # An HTTP-date has whole seconds: name the first whole second after the wait.
@@ -357,12 +373,14 @@ class Simulator:
         what = "requests" if admission.remaining_requests == 0 else "tokens"
         message = (f"Rate limit reached for {served.name} on {what} per window of "
                    f"{self._settings.window_s:g}s. Please try again in {_go_duration(wait_s)}.")
-        return web.Response(status=429, body=error_body(message, type_=what, code="rate_limit_exceeded"),
-                            content_type=JSON, headers=headers)
+        body = (anthropic_error_body(429, message) if wire == "anthropic"
+                else error_body(message, type_=what, code="rate_limit_exceeded"))
+        return web.Response(status=429, body=body, content_type=JSON, headers=headers)
 
     async def _fault(self, request: web.Request, stats: ModelStats, fault: InjectedFault,
-                     headers: dict[str, str]) -> web.StreamResponse:
+                     headers: dict[str, str], wire: Wire) -> web.StreamResponse:
         """A fault answered before any byte of a normal response."""
+        _error = functools.partial(_error_of, wire)
         if fault.fault == "timeout":
             await asyncio.sleep(self._settings.hang_s)  # the client should have given up by now
             return _record(stats, _error(504, "The simulated request timed out.", "server_error", headers))
@@ -391,31 +409,28 @@ class Simulator:
         reply = _Reply.draw(rng, chat, completion, finish)
         ttft_ms = behaviour.ttft_ms if behaviour.ttft_ms is not None else sample_lognormal(
             rng, behaviour.latency_ms, behaviour.latency_p99_ms)
-        chunk = _ChunkWriter(_completion_id(rng), served.name)
-        deltas = reply.deltas(rng)
+        frames = (_message_frames if chat.wire == "anthropic" else _chunk_frames)(
+            rng, served.name, chat, reply)
         response = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
         stats.by_status[200] += 1
         # A fault in a stream strikes half way: the client has already seen chunks by then.
-        cut = len(deltas) // 2 if fault is not None else -1
+        cut = len(frames.pieces) // 2 if fault is not None else -1
         try:
-            await response.write(chunk.event({"role": "assistant", "content": ""}))
+            await response.write(frames.head)
             await _sleep_ms(ttft_ms)
-            for i, delta in enumerate(deltas):
+            for i, piece in enumerate(frames.pieces):
                 if i == cut:
                     if fault is not None and fault.fault == "reset":
                         return _abort(request, response)
-                    await response.write(b'data: {"id": "chatcmpl-broken", "choi\n\n')
+                    await response.write(frames.broken)
                     await response.write_eof()
                     return response
                 if i:
                     await _sleep_ms(behaviour.inter_token_ms)
-                await response.write(chunk.event(delta))
-            await response.write(chunk.event({}, finish_reason=reply.finish, stop_reason=reply.stop))
-            if chat.include_usage:
-                await response.write(chunk.usage(chat.prompt_tokens, reply.tokens))
-            await response.write(b"data: [DONE]\n\n")
+                await response.write(piece)
+            await response.write(frames.tail)
             await response.write_eof()
         except ConnectionResetError:  # the client left mid-stream, as clients may
             return response
@@ -544,17 +559,84 @@ def _call_id(rng: random.Random) -> str:
 
 
 def _completion_body(rng: random.Random, model: str, chat: ChatRequest, completion: int,
-                     finish: str) -> dict[str, Any]:
+                     finish: str) -> tuple[dict[str, Any], int]:
+    """The whole answer in the request's wire format, and its completion tokens."""
     identifier = _completion_id(rng)
     reply = _Reply.draw(rng, chat, completion, finish)
-    choice: dict[str, Any] = {"index": 0, "message": reply.message(rng), "logprobs": None,
+    message = reply.message(rng)
+    if chat.wire == "anthropic":
+        return message_body(_message_id(identifier), model, _blocks(message), reply.finish, reply.stop,
+                            (chat.prompt_tokens, reply.tokens)), reply.tokens
+    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
                               "finish_reason": reply.finish}
     if reply.stop is not None:
         choice["stop_reason"] = reply.stop  # the sequence met, named as vLLM names it
     return {
         "id": identifier, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [choice], "usage": _usage(chat.prompt_tokens, reply.tokens),
-    }
+    }, reply.tokens
+
+
+def _message_id(completion_id: str) -> str:
+    return "msg_" + completion_id.removeprefix("chatcmpl-")
+
+
+def _tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat message's content as a Message's content blocks."""
+    text = message["content"]
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        blocks.append({"type": "tool_use", "id": _tool_use_id(call["id"]),
+                       "name": function["name"], "input": orjson.loads(function["arguments"])})
+    return blocks
+
+
+@dataclass(frozen=True, slots=True)
+class _Frames:
+    """A streamed answer's bytes: what opens it, one piece per token (the pacing's unit), what
+    closes it, and the torn frame a fault half way sends instead of the rest."""
+
+    head: bytes
+    pieces: list[bytes]
+    tail: bytes
+    broken: bytes
+
+
+def _chunk_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
+    """OpenAI's chat.completion.chunk events, then `[DONE]`."""
+    chunk = _ChunkWriter(_completion_id(rng), model)
+    tail = chunk.event({}, finish_reason=reply.finish, stop_reason=reply.stop)
+    if chat.include_usage:
+        tail += chunk.usage(chat.prompt_tokens, reply.tokens)
+    return _Frames(chunk.event({"role": "assistant", "content": ""}),
+                   [chunk.event(delta) for delta in reply.deltas(rng)], tail + b"data: [DONE]\n\n",
+                   b'data: {"id": "chatcmpl-broken", "choi\n\n')
+
+
+def _message_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
+    """Anthropic's events: message_start, one content block (text, or the tool call), message_delta
+    and message_stop."""
+    events = MessageEvents(_message_id(_completion_id(rng)), model, chat.prompt_tokens)
+    pieces: list[bytes] = []
+    for delta in reply.deltas(rng):
+        if "content" in delta:
+            text = events.text(delta["content"])
+            pieces.append(events.block_start({"type": "text", "text": ""}) + text if not pieces else text)
+            continue
+        [call] = delta["tool_calls"]
+        if "id" in call:
+            pieces.append(events.block_start({"type": "tool_use", "id": _tool_use_id(call["id"]),
+                                              "name": call["function"]["name"], "input": {}}))
+        else:
+            pieces.append(events.json(call["function"]["arguments"]))
+    tail = events.end(reply.finish, reply.stop, reply.tokens, opened=bool(pieces))
+    torn = b'event: content_block_delta\ndata: {"type": "content_blo\n\n'
+    return _Frames(events.start(), pieces, tail, torn)
 
 
 def _check_dimensions(embed: EmbeddingsRequest, served: ServedModel) -> None:
@@ -628,9 +710,10 @@ def _json(status: int, body: Any, headers: Mapping[str, str] | None = None) -> w
     return web.Response(status=status, body=orjson.dumps(body), content_type=JSON, headers=headers)
 
 
-def _error(status: int, message: str, type_: str, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=error_body(message, type_=type_), content_type=JSON,
-                        headers=headers)
+def _error_of(wire: Wire, status: int, message: str, type_: str,
+              headers: Mapping[str, str] | None = None) -> web.Response:
+    body = anthropic_error_body(status, message) if wire == "anthropic" else error_body(message, type_=type_)
+    return web.Response(status=status, body=body, content_type=JSON, headers=headers)
 
 
 def _error_response(exc: InvalidRequest) -> web.Response:
