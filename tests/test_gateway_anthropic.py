@@ -12,11 +12,13 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 from anthropic.types import Message, MessageParam, ToolParam
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from conftest import QueueFactory
+from dispatch_support import PROVIDER
 from gateway_support import Gateway, open_gateway
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
@@ -48,9 +50,10 @@ def gw(served: tuple[Gateway, BlockingPortal]) -> Gateway:
 
 
 def client(gw: Gateway, tenant: str = "acme") -> anthropic.Anthropic:
-    """The SDK pointed at the gateway (its key sent as x-api-key); no retries, so a test sees each
-    answer as it is."""
-    return anthropic.Anthropic(base_url=gw.url, api_key=gw.keys[tenant], max_retries=0)
+    """The SDK pointed at the gateway, its key sent as x-api-key (recent SDKs send an `api_key` as
+    a Bearer token); no retries, so a test sees each answer as it is."""
+    return anthropic.Anthropic(base_url=gw.url, api_key=None, default_headers={"x-api-key": gw.keys[tenant]},
+                               max_retries=0)
 
 
 @pytest.fixture
@@ -258,3 +261,68 @@ async def test_a_stream_is_served_from_the_whole_answer_when_the_worker_cannot_r
     assert called.stop_reason == "tool_use"
     assert [(block.type, getattr(block, "input", None)) for block in called.content] == [
         ("tool_use", {"city": "tide", "unit": "c"})]
+
+
+# ---------------------------------------------------------------------- an Anthropic upstream
+
+UPSTREAM_KEY_ENV = "TIDEGATE_TEST_ANTHROPIC_UPSTREAM_KEY"
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, BlockingPortal]]:
+    """A gateway whose provider is the simulator's Anthropic Messages endpoint (`api =
+    "anthropic"`). The simulator requires a key, which tidegate's Anthropic adapter sends as
+    x-api-key, and which only the simulator's Messages endpoint reads from there: a call answered
+    proves it went there."""
+    factory = QueueFactory("sqlite", f"sqlite:///{tmp_path_factory.mktemp('native') / 'queue.db'}")
+    with pytest.MonkeyPatch.context() as patch, start_blocking_portal() as portal:
+        patch.setenv(UPSTREAM_KEY_ENV, "sk-upstream-1")
+        try:
+            with portal.wrap_async_context_manager(open_gateway(
+                    factory, provider_update={"api": "anthropic", "api_key_env": UPSTREAM_KEY_ENV})) as gw:
+                portal.call(gw.sim.configure, {"require_api_key": "sk-upstream-1"})
+                yield gw, portal
+        finally:
+            portal.call(factory.aclose)
+
+
+def test_chat_completions_are_served_by_an_anthropic_upstream(native: tuple[Gateway, BlockingPortal]) -> None:
+    gw, portal = native
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.keys["acme"], max_retries=0) as sdk:
+        raw = sdk.chat.completions.with_raw_response.create(
+            model="claude-sonnet-4.5", max_tokens=30, stop=["e"],
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}])
+        completion = raw.parse()
+        chunks = list(sdk.chat.completions.create(model="auto", max_tokens=10, messages=[
+            {"role": "user", "content": "Say hello"}], stream=True, stream_options={"include_usage": True}))
+
+    [choice] = completion.choices
+    assert choice.finish_reason == "stop" and "e" not in (choice.message.content or "")
+    assert completion.usage is not None and completion.usage.prompt_tokens > 0
+    job = portal.call(gw.queue.get, raw.headers["X-Tidegate-Job-Id"])
+    assert job is not None and job.result["provider"] == PROVIDER
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_messages_are_served_by_an_anthropic_upstream(native: tuple[Gateway, BlockingPortal]) -> None:
+    gw, _ = native
+    with client(gw) as sdk:
+        message = sdk.messages.create(model="auto", max_tokens=200, messages=HELLO, stop_sequences=["e"])
+        with sdk.messages.stream(model="auto", max_tokens=16, messages=HELLO) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        asked: list[MessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
+        called = sdk.messages.create(model="auto", max_tokens=64, messages=asked, tools=[WEATHER])
+        [call] = called.content
+        assert call.type == "tool_use"
+        answered = sdk.messages.create(model="auto", max_tokens=64, tools=[WEATHER], messages=[
+            *asked, {"role": "assistant", "content": called.content},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": call.id, "content": "18 C"}]}])
+
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "e")
+    assert text and final.content[0].type == "text" and final.content[0].text == text
+    assert final.usage.input_tokens > 0 and final.usage.output_tokens > 0
+    assert called.stop_reason == "tool_use" and call.input == {"city": "tide", "unit": "c"}
+    assert answered.stop_reason != "tool_use" and answered.content[0].type == "text"

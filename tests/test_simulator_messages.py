@@ -120,3 +120,12 @@ async def test_a_fault_half_way_through_a_stream_cuts_it(simulator: Simulator,
 
     assert received  # the first half came before the torn event
     assert simulator.stats()[MODEL].faults["malformed"] == 1
+
+
+async def test_the_key_is_read_from_x_api_key_or_a_bearer_token(sdk: anthropic.AsyncAnthropic) -> None:
+    async with (anthropic.AsyncAnthropic(base_url=sdk.base_url, auth_token="sk-sim-1",
+                                         max_retries=0) as bearer,
+                anthropic.AsyncAnthropic(base_url=sdk.base_url, api_key=None, max_retries=0,
+                                         default_headers={"x-api-key": "sk-sim-1"}) as by_header):
+        for client in (bearer, by_header):
+            assert (await client.messages.create(model=MODEL, max_tokens=5, messages=HELLO)).content

@@ -3,7 +3,8 @@ Message it answers and the events of its stream, in Anthropic's shapes.
 
 A Messages request is read into the same `ChatRequest` a chat completion is (with `wire` set to
 "anthropic"), so both endpoints share the simulator's pacing, limits, faults and generated
-content; only what goes on the wire differs. Errors are Anthropic-shaped:
+content; only what goes on the wire differs. The key may come as `x-api-key` (the chat
+endpoint takes only a Bearer token). Errors are Anthropic-shaped:
 `{"type": "error", "error": {"type", "message"}}`.
 """
 

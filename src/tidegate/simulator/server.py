@@ -281,10 +281,13 @@ class Simulator:
         key = self._settings.require_api_key
         if key is None:
             return True
-        # OpenAI's clients send the key as a Bearer token, Anthropic's as x-api-key.
+        # As the real APIs: OpenAI's takes the key as a Bearer token only, Anthropic's as x-api-key
+        # too (its SDKs send either).
         secret = key.get_secret_value().encode()
         bearer = hmac.compare_digest(request.headers.get("Authorization", "").encode(), b"Bearer " + secret)
-        return bearer or hmac.compare_digest(request.headers.get("x-api-key", "").encode(), secret)
+        if bearer or request.path != "/v1/messages":
+            return bearer
+        return hmac.compare_digest(request.headers.get("x-api-key", "").encode(), secret)
 
     async def _list_models(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request):
