@@ -314,6 +314,8 @@ def test_messages_are_served_by_an_anthropic_upstream(native: tuple[Gateway, Blo
             final = stream.get_final_message()
         asked: list[MessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
         called = sdk.messages.create(model="auto", max_tokens=64, messages=asked, tools=[WEATHER])
+        with sdk.messages.stream(model="auto", max_tokens=64, messages=asked, tools=[WEATHER]) as stream:
+            streamed_call = stream.get_final_message()
         [call] = called.content
         assert call.type == "tool_use"
         answered = sdk.messages.create(model="auto", max_tokens=64, tools=[WEATHER], messages=[
@@ -324,5 +326,8 @@ def test_messages_are_served_by_an_anthropic_upstream(native: tuple[Gateway, Blo
     assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "e")
     assert text and final.content[0].type == "text" and final.content[0].text == text
     assert final.usage.input_tokens > 0 and final.usage.output_tokens > 0
-    assert called.stop_reason == "tool_use" and call.input == {"city": "tide", "unit": "c"}
+    assert called.stop_reason == streamed_call.stop_reason == "tool_use"
+    assert call.input == {"city": "tide", "unit": "c"}
+    assert [(block.type, getattr(block, "input", None)) for block in streamed_call.content] == [
+        ("tool_use", {"city": "tide", "unit": "c"})]
     assert answered.stop_reason != "tool_use" and answered.content[0].type == "text"
