@@ -125,11 +125,13 @@ async def open_gateway(
     settings: GatewaySettings | None = None,
     queue_settings: dict[str, Any] | None = None,
     config_update: dict[str, Any] | None = None,
+    provider_update: dict[str, Any] | None = None,
 ) -> AsyncIterator[Gateway]:
     """A gateway on the factory's queue, with the simulator and (unless `worker=False`) a worker
     that shares the queue, as separate processes would: its own Queue object, and its own relay
     on Redis (the in-process relay is shared on SQLite, where both run in one process). With
-    `worker_streams=False` the worker has no relay, as a worker in another process on SQLite."""
+    `worker_streams=False` the worker has no relay, as a worker in another process on SQLite.
+    `provider_update` changes the simulator's provider config (its `api`, say)."""
     url = queue_url_of(factory)
     # Fast retries and upkeep, so dead letters and retries happen within a test.
     fast = {"maintenance_interval_s": 0.2, "retry_base_s": 0.02, "retry_max_s": 0.05}
@@ -138,6 +140,9 @@ async def open_gateway(
     async with contextlib.AsyncExitStack() as stack:
         base_url = await stack.enter_async_context(sim.running())
         config: TidegateConfig = sim_config(base_url, queue_url=url)
+        if provider_update:
+            config = config.model_copy(update={"providers": tuple(
+                provider.model_copy(update=provider_update) for provider in config.providers)})
         if config_update:
             config = config.model_copy(update=config_update)
         relay = relay_for(url)

@@ -168,7 +168,7 @@ async def test_a_function_tool_is_called_and_its_output_answered_in_a_continued_
     Response.model_validate(first.to_dict())  # strictly, as the SDK's model requires
     [call] = first.output
     assert call.type == "function_call" and call.name == "get_weather"
-    assert orjson.loads(call.arguments) == {"city": "tidegate", "unit": "c"}
+    assert orjson.loads(call.arguments) == {"city": "tide", "unit": "c"}
     assert call.call_id and not first.output_text
     assert first.tools[0].type == "function" and first.tools[0].name == "get_weather"
     # When its output is sent back, continuing the response
@@ -254,7 +254,7 @@ async def test_a_streamed_tool_call_has_its_argument_events(acme: AsyncOpenAI) -
     kinds = [event.type for event in events]
     assert "response.function_call_arguments.delta" in kinds
     done = next(event for event in events if event.type == "response.function_call_arguments.done")
-    assert orjson.loads(done.arguments) == {"city": "tidegate", "unit": "c"}
+    assert orjson.loads(done.arguments) == {"city": "tide", "unit": "c"}
     completed = events[-1]
     assert completed.type == "response.completed"
     [call] = completed.response.output
@@ -424,7 +424,7 @@ async def test_an_agent_of_the_openai_agents_sdk_runs_a_function_tool_through_th
 
     result = await agents.Runner.run(agent, "What is the weather in Paris?")
 
-    assert asked == ["tidegate"]  # the simulated model's argument for a string
+    assert asked == ["tide"]  # the simulated model's argument for a string
     assert isinstance(result.final_output, str) and result.final_output
     assert [item.type for item in result.new_items] == ["tool_call_item", "tool_call_output_item",
                                                         "message_output_item"]

@@ -9,8 +9,8 @@ that gets no result in time answers its documented 504. Generation is seeded and
 with no example database, so CI sends the same requests every run.
 
 The document itself is checked too: no operation documents FastAPI's 422 (the gateway answers 400),
-every error is OpenAI-shaped, and each request header's schema accepts exactly the values the
-gateway accepts.
+every error is OpenAI-shaped (Anthropic-shaped on the Anthropic Messages routes), and each request
+header's schema accepts exactly the values the gateway accepts.
 """
 
 from __future__ import annotations
@@ -192,6 +192,9 @@ def test_an_idempotency_key_repeated_on_the_other_endpoint_is_a_conflict(gateway
 # ---------------------------------------------------------------------- the document itself
 
 ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorResponse"}
+# The routes of another dialect answer in its shape; a 431 comes from the HTTP server, before any
+# route is known, and is OpenAI's on every route.
+DIALECT_ERROR_SCHEMAS = {"Anthropic Messages": {"$ref": "#/components/schemas/AnthropicError"}}
 OPERATIONS = [
     pytest.param(path, method, operation, id=f"{method.upper()} {path}")
     for path, item in DOCUMENT["paths"].items()
@@ -200,7 +203,7 @@ OPERATIONS = [
 
 
 @pytest.mark.parametrize(("path", "method", "operation"), OPERATIONS)
-def test_no_operation_documents_422_and_every_error_is_openai_shaped(
+def test_no_operation_documents_422_and_every_error_is_in_its_dialects_shape(
     path: str, method: str, operation: dict[str, Any]
 ) -> None:
     responses = operation["responses"]
@@ -210,8 +213,10 @@ def test_no_operation_documents_422_and_every_error_is_openai_shaped(
         return  # probes and scrapers get plain answers
     errors = {status: response for status, response in responses.items() if status[0] in "45"}
     assert {"401", "503"} <= set(errors)
+    [tag] = operation["tags"]
     for status, response in errors.items():
-        assert response["content"]["application/json"]["schema"] == ERROR_SCHEMA, status
+        shape = ERROR_SCHEMA if status == "431" else DIALECT_ERROR_SCHEMAS.get(tag, ERROR_SCHEMA)
+        assert response["content"]["application/json"]["schema"] == shape, status
     # What reads a body or headers can refuse them, with a 400 (not FastAPI's 422)
     if "requestBody" in operation or any(p["in"] == "header" for p in operation.get("parameters", ())):
         assert "400" in errors

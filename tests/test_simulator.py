@@ -154,7 +154,7 @@ async def test_a_request_with_tools_calls_one_until_a_tool_has_answered(api: Api
     status, _, unused = await api.chat(tools=[TOOL], tool_choice="none")
     assert unused["choices"][0]["message"]["content"]
     status, _, refused = await api.chat(tools=[{"type": "web_search"}])
-    assert status == 400 and refused["error"]["param"] == "tools"
+    assert status == 400 and refused["error"]["param"] == "tools[0]"
 
 
 async def test_a_streamed_tool_call_sends_its_name_then_its_arguments_in_pieces(api: Api) -> None:

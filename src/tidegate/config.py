@@ -64,12 +64,14 @@ class ModelConfig(BaseModel):
 
 
 class ProviderConfig(BaseModel):
-    """An OpenAI-compatible upstream."""
+    """An upstream: OpenAI-compatible (`api = "openai"`, the default) or Anthropic's Messages API
+    (`api = "anthropic"`, its base_url e.g. https://api.anthropic.com/v1)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     base_url: str = Field(min_length=1)  # e.g. https://api.openai.com/v1
+    api: Literal["openai", "anthropic"] = "openai"  # the adapter that calls it (providers.adapters)
     api_key_env: str | None = None  # the environment variable holding the key
     timeout_s: float = Field(60.0, gt=0)
     models: tuple[ModelConfig, ...] = ()

@@ -134,7 +134,7 @@ class Worker:
         for provider in self.config.providers:
             client = UpstreamClient(provider)
             await client.open()
-            self._adapters[provider.name] = adapter_for(client)
+            self._adapters[provider.name] = adapter_for(client, provider.api)
             close_bounded(self._stack, client.close, f"the upstream pool of {provider.name}")
         if self._owns_limiter:
             close_bounded(self._stack, self._limiter.close, "the worker's rate limiter")

@@ -19,7 +19,16 @@ from typing import Any
 from fastapi import FastAPI
 
 from tidegate import __version__
-from tidegate.gateway import admin_api, dashboard, jobs_api, openai_api, ops, recs_api, responses_api
+from tidegate.gateway import (
+    admin_api,
+    anthropic_api,
+    dashboard,
+    jobs_api,
+    openai_api,
+    ops,
+    recs_api,
+    responses_api,
+)
 from tidegate.gateway.errors import install_error_handlers
 from tidegate.gateway.fast_path import FastPath
 from tidegate.gateway.middleware import BodyLimit, RequestMetrics
@@ -38,19 +47,23 @@ An OpenAI-compatible gateway in front of a durable priority queue.
   never 422, and a job that died answers the status its worker recorded.
 * **Responses**: OpenAI's Responses API (`client.responses.*`), each response a job of the queue:
   create (waiting, streamed or in the background), retrieve, cancel, delete, input items.
+* **Anthropic Messages**: point an Anthropic SDK at the gateway (`/v1/messages`): each message
+  is queued the same way and answered as a Message, errors in Anthropic's shape.
 * **Jobs**: enqueue work (one job or a batch) and fetch, long-poll or cancel it later.
 * **Recommendations**: a user's recommendations (one or a batch of users), computed
   incrementally from the change flow; direct ingestion of interactions; the model's freshness.
 * **Admin**: queue statistics, dead letters, tenants and API keys (admin tenants only).
   A live page of them is at `/dashboard`.
 
-Authenticate with `Authorization: Bearer <api key>`. A gateway bound to loopback with no tenant
-or key configured serves requests without a key (embedded mode).
+Authenticate with `Authorization: Bearer <api key>` (or `x-api-key: <api key>`, as Anthropic's
+SDKs send it). A gateway bound to loopback with no tenant or key configured serves requests
+without a key (embedded mode).
 """
 
 _TAGS = [
     {"name": "OpenAI-compatible", "description": "Chat completions, embeddings and models."},
     {"name": "Responses", "description": "OpenAI's Responses API: each response is a queued job."},
+    {"name": "Anthropic Messages", "description": "Anthropic's Messages API over the same queue."},
     {"name": "Jobs", "description": "Asynchronous jobs: enqueue, poll, cancel."},
     {"name": "Recommendations", "description": "Real-time recommendations, interactions and freshness."},
     {"name": "Admin", "description": "Statistics, dead letters, tenants and keys (admin only)."},
@@ -74,7 +87,8 @@ def create_app(state: GatewayState) -> FastAPI:
     app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
-    for module in (openai_api, responses_api, jobs_api, recs_api, admin_api, ops, dashboard):
+    for module in (openai_api, responses_api, anthropic_api, jobs_api, recs_api, admin_api, ops,
+                   dashboard):
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413; the fast path runs
     # inside the body limit, on the body it lets through.

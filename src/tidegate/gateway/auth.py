@@ -1,7 +1,8 @@
 """Who is calling: API keys, the built-in local tenant of embedded mode, admin rights and the
 per-tenant request rate.
 
-Keys come as `Authorization: Bearer <key>` and are checked by the TenantStore. Embedded mode:
+Keys come as `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>` (Anthropic's),
+on any route, and are checked by the TenantStore. Embedded mode:
 while the gateway is bound to loopback, `allow_unauthenticated_local` is on and the store holds
 no tenant and no key, every request is served as LOCAL_TENANT (max priority CRITICAL, no limits,
 admin) whatever key it carries, so an SDK that insists on some api_key works out of the box. Once
@@ -46,10 +47,13 @@ async def gateway_state(request: Request) -> GatewayState:
 StateDep = Annotated[GatewayState, Depends(gateway_state)]
 
 
-def _bearer(request: Request) -> str | None:
+def _api_key(request: Request) -> str | None:
+    """The key the request carries: its Bearer token, else its x-api-key. A malformed
+    Authorization header is refused even when an x-api-key comes with it."""
     header = request.headers.get("authorization")
     if header is None:
-        return None
+        key = request.headers.get("x-api-key", "").strip()
+        return key or None
     scheme, _, token = header.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "malformed Authorization header: use 'Authorization: Bearer <api key>'",
@@ -62,10 +66,10 @@ async def current_tenant(request: Request, state: StateDep) -> Tenant:
     docstring). 401 without a valid key otherwise."""
     if await state.serves_without_keys():
         return LOCAL_TENANT
-    token = _bearer(request)
+    token = _api_key(request)
     if token is None:
-        raise ApiError(401, "an API key is required: send 'Authorization: Bearer <api key>'",
-                       code="missing_api_key")
+        raise ApiError(401, "an API key is required: send 'Authorization: Bearer <api key>' or "
+                       "'x-api-key: <api key>'", code="missing_api_key")
     tenant = await state.tenants.authenticate(token)
     if tenant is None:
         raise ApiError(401, "invalid API key", code="invalid_api_key")

@@ -324,14 +324,16 @@ _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying ag
 
 
 def error_responses(
-    *statuses: int | str, described: Mapping[int | str, str] | None = None
+    *statuses: int | str, described: Mapping[int | str, str] | None = None,
+    model: type[BaseModel] = ErrorResponse,
 ) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI `responses` of these error statuses, each answering an ErrorResponse, with the
-    route's own description where `described` gives one (a status only described is included)."""
+    """The OpenAPI `responses` of these error statuses, each answering a `model` (a dialect's
+    error shape; OpenAI's ErrorResponse unless said), with the route's own description where
+    `described` gives one (a status only described is included)."""
     own = dict(described or {})
     responses: dict[int | str, dict[str, Any]] = {}
     for status in dict.fromkeys([*statuses, *own]):
-        response: dict[str, Any] = {"model": ErrorResponse,
+        response: dict[str, Any] = {"model": model,
                                     "description": own.get(status) or ERROR_DESCRIPTIONS[status]}
         if status == 429:
             response["headers"] = _RETRY_AFTER

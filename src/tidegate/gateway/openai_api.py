@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from tidegate.ai import AIRequest
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
-from tidegate.gateway.dialects import OPENAI
+from tidegate.gateway.dialects import OPENAI, Dialect
 from tidegate.gateway.dialects.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -32,11 +32,11 @@ from tidegate.gateway.schemas import ModelList, ModelView
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.streaming import stream_job
 
-__all__ = ["router", "serve"]
+__all__ = ["RESULT_HEADERS", "WAIT_ERROR_DESCRIPTIONS", "router", "serve"]
 
 # A synchronous call answers how its job ended: refused at the door, or dead (the failure its
 # worker recorded: the provider's own 4xx, a routing or budget refusal, 502), cancelled or late.
-_WAIT_ERRORS = error_responses(400, 403, 413, 429, described={
+WAIT_ERROR_DESCRIPTIONS: dict[int | str, str] = {
     404: "Unknown model, or the provider answered 404 for it.",
     409: "The job was cancelled while the call waited, or the Idempotency-Key was first used for "
          "another request (the other endpoint, another body).",
@@ -44,8 +44,9 @@ _WAIT_ERRORS = error_responses(400, 403, 413, 429, described={
            "and its own message, type and code, relayed.",
     502: "The provider failed after every attempt, or refused tidegate's own credentials.",
     504: "No result in time: `error.job_id` names the job, which goes on; poll GET /v1/jobs/{id}.",
-})
-_RESULT_HEADERS = {
+}
+_WAIT_ERRORS = error_responses(400, 403, 413, 429, described=WAIT_ERROR_DESCRIPTIONS)
+RESULT_HEADERS = {
     name: {"description": text, "schema": {"type": "string"}}
     for name, text in (("X-Tidegate-Job-Id", "The job that served the call."),
                        ("X-Tidegate-Model", "The model that answered."),
@@ -71,7 +72,7 @@ router = OPENAI.router(prefix="/v1", tags=["OpenAI-compatible"], responses=error
     response_model=ChatCompletion,
     summary="Create a chat completion",
     responses={**_WAIT_ERRORS, 200: {
-        "headers": _RESULT_HEADERS,
+        "headers": RESULT_HEADERS,
         "content": {"text/event-stream": {
             "schema": _SSE_EVENT,
             "example": 'data: {"object": "chat.completion.chunk", "choices": [...]}\n\ndata: [DONE]\n\n',
@@ -99,7 +100,7 @@ async def chat_completions(
     response_model=Embeddings,
     summary="Create embeddings",
     responses={**_WAIT_ERRORS,
-               200: {"headers": _RESULT_HEADERS, "description": "The provider's embeddings."}},
+               200: {"headers": RESULT_HEADERS, "description": "The provider's embeddings."}},
 )
 async def embeddings(
     body: EmbeddingsRequest,
@@ -125,15 +126,17 @@ async def serve(
     priority: str | None,
     timeout_header: str | None,
     idempotency_key: str | None,
+    dialect: Dialect = OPENAI,
 ) -> Response:
-    """Queue the call's job and answer with its result (or relay its stream): what both routes
-    do once FastAPI, or the gateway's fast path (tidegate.gateway.fast_path), has read the request."""
+    """Queue the call's job and answer with its result (or relay its stream) in `dialect`'s
+    shape: what every AI route does once FastAPI, or the gateway's fast path
+    (tidegate.gateway.fast_path), has read the request."""
     submitted = await submit(state, tenant, request, priority_header=priority, timeout_header=timeout_header,
                              idempotency_key=idempotency_key)
     if submitted.request.kind == "chat" and submitted.request.stream:
-        return await stream_job(state, OPENAI, submitted, started=started)
+        return await stream_job(state, dialect, submitted, started=started)
     job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
-    return OPENAI.answer(result, result_headers(job, result))
+    return dialect.answer(result, result_headers(job, result))
 
 
 def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:

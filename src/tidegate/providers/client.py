@@ -1,4 +1,10 @@
-"""The HTTP client of one OpenAI-compatible provider: the hot path of every dispatched job.
+"""The HTTP client of one provider: the hot path of every dispatched job.
+
+It speaks OpenAI's chat completions and embeddings itself; for another API (Anthropic's
+Messages) a provider adapter names the path with `post` and `stream` and reads the answer,
+turning each streamed event into the chat chunks of the job's form with a `StreamDecoder`.
+The key goes as `Authorization: Bearer` or, to an Anthropic upstream, as `x-api-key` with the
+`anthropic-version` header.
 
 One `UpstreamClient` holds one pooled aiohttp session (keep-alive, bounded pool) for the life of
 a worker; opening a session per call would pay a TCP (and TLS) handshake on every request.
@@ -12,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Self
@@ -33,6 +39,7 @@ __all__ = [
     "ClientClosed",
     "RateLimitInfo",
     "StreamChunk",
+    "StreamDecoder",
     "StreamSummary",
     "UpstreamClient",
     "UpstreamError",
@@ -51,6 +58,17 @@ MESSAGE_LIMIT: Final = 500  # characters of the provider's error message kept in
 # let the dispatcher retry, rather than hold a slot for the provider's whole (long) timeout.
 CONNECT_TIMEOUT_CAP_S: Final = 10.0
 _DONE: Final = b"[DONE]"
+ANTHROPIC_VERSION: Final = "2023-06-01"  # the Messages API version tidegate's Anthropic adapter speaks
+
+StreamDecoder = Callable[[bytes], tuple[list[bytes], bool]]
+"""Reads one server-sent event's data: the chat.completion.chunk documents (JSON) it amounts to,
+and whether it ends the stream."""
+
+
+def _openai_decoder(data: bytes) -> tuple[list[bytes], bool]:
+    """OpenAI's events already are chunks; `[DONE]` ends the stream."""
+    return ([], True) if data == _DONE else ([data], False)
+
 # What sending or reading can raise when the network or the provider fails (not our bugs).
 _TRANSPORT_ERRORS: Final = (TimeoutError, aiohttp.ClientError)
 _EXCERPT_BYTES: Final = 4096  # of an error body read for its message; error pages can be huge
@@ -161,7 +179,11 @@ class UpstreamClient(Lifecycle):
                               f"{self.provider.api_key_env} holding its API key is not set")
         headers = {"Content-Type": "application/json", "Accept": "application/json",
                    "User-Agent": "tidegate"}
-        if key is not None:
+        if self.provider.api == "anthropic":
+            headers["anthropic-version"] = ANTHROPIC_VERSION
+            if key is not None:
+                headers["x-api-key"] = key.get_secret_value()
+        elif key is not None:
             headers["Authorization"] = f"Bearer {key.get_secret_value()}"
         self._key = key
         connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections,
@@ -207,6 +229,19 @@ class UpstreamClient(Lifecycle):
         options = dict(stream_options) if isinstance(stream_options, dict) else {}
         options["include_usage"] = True
         return UpstreamStream(self, {**body, "stream": True, "stream_options": options})
+
+    async def post(self, path: str, body: dict[str, Any], *, expect: str) -> UpstreamResponse:
+        """POST `path` (under the base URL) for a JSON answer holding a non-empty `expect` list.
+        Raises UpstreamError on any failure."""
+        return await self._call(self._url(path), path, body, expect=expect)
+
+    def stream(self, path: str, body: dict[str, Any], decode: StreamDecoder) -> UpstreamStream:
+        """POST `path` for server-sent events, each read by `decode` into chat chunks (see
+        chat_stream, which is this for OpenAI's events)."""
+        return UpstreamStream(self, body, path=path, decode=decode)
+
+    def _url(self, path: str) -> URL:
+        return URL(self.provider.base_url.rstrip("/") + path)
 
     async def _call(self, url: URL, path: str, body: dict[str, Any], *, expect: str) -> UpstreamResponse:
         session = self._require_session()
@@ -369,12 +404,16 @@ class UpstreamStream:
 
     Raises UpstreamError like the other calls, before the first chunk (an HTTP error status) or
     during the stream (a cut connection, an `error` event, a line that is not JSON, an end
-    without `[DONE]`). `summary` is None until `[DONE]` was read, then a StreamSummary.
+    without `[DONE]`, or without what `decode` takes for the end). `summary` is None until then,
+    then a StreamSummary.
     """
 
-    def __init__(self, client: UpstreamClient, body: dict[str, Any]) -> None:
+    def __init__(self, client: UpstreamClient, body: dict[str, Any], *, path: str = CHAT_PATH,
+                 decode: StreamDecoder = _openai_decoder) -> None:
         self._client = client
         self._body = body
+        self._path = path
+        self._decode = decode
         self._response: aiohttp.ClientResponse | None = None
         self._chunks: AsyncGenerator[StreamChunk, None] | None = None
         self._closed = False
@@ -426,17 +465,17 @@ class UpstreamStream:
         session = client._require_session()
         progress = _StreamProgress(started=time.perf_counter())
         try:
-            response = await session.post(client._chat_url, data=orjson.dumps(self._body),
+            response = await session.post(client._url(self._path), data=orjson.dumps(self._body),
                                           timeout=client._stream_timeout, allow_redirects=False)
         except _TRANSPORT_ERRORS as exc:
-            raise client._transport_error(CHAT_PATH, exc) from exc
+            raise client._transport_error(self._path, exc) from exc
         self._response = response
         if response.status != 200:
             try:
                 raw = await response.content.read(_EXCERPT_BYTES)
             except _TRANSPORT_ERRORS:  # the status alone says enough
                 raw = b""
-            raise client._status_error(CHAT_PATH, response.status, response.headers, raw)
+            raise client._status_error(self._path, response.status, response.headers, raw)
         return self._read(response, progress)
 
     async def _read(self, response: aiohttp.ClientResponse,
@@ -445,18 +484,18 @@ class UpstreamStream:
         done = False
         try:
             async for data in _sse_data(response.content):
-                if data == _DONE:
-                    done = True
+                chunks, done = self._decode(data)
+                for chunk in chunks:
+                    yield self._chunk(chunk, progress, response.headers)
+                if done:
                     break
-                chunk = self._chunk(data, progress, response.headers)
-                yield chunk
             if done:
                 # Reading to the end lets the connection go back to the pool instead of closing.
                 await response.content.read()
         except _TRANSPORT_ERRORS as exc:
-            raise client._transport_error(CHAT_PATH, exc) from exc
+            raise client._transport_error(self._path, exc) from exc
         if not done:
-            raise client._error(f"{client.provider.name}: POST {CHAT_PATH} stream ended before [DONE]",
+            raise client._error(f"{client.provider.name}: POST {self._path} stream ended before its end",
                                 kind="malformed", status=response.status,
                                 rate_limit=RateLimitInfo.from_headers(response.headers))
         self.summary = StreamSummary(
@@ -474,11 +513,11 @@ class UpstreamStream:
         except orjson.JSONDecodeError:
             parsed = None
         if not isinstance(parsed, dict):
-            raise client._error(f"{client.provider.name}: POST {CHAT_PATH} streamed an event that is not "
+            raise client._error(f"{client.provider.name}: POST {self._path} streamed an event that is not "
                                 f"a JSON object ({len(data)} bytes)", kind="malformed", status=200,
                                 rate_limit=RateLimitInfo.from_headers(headers))
         if "error" in parsed:  # a provider failing after it already answered 200
-            raise client._error(f"{client.provider.name}: POST {CHAT_PATH} stream failed: "
+            raise client._error(f"{client.provider.name}: POST {self._path} stream failed: "
                                 f"{_provider_message(data)}", kind="server", status=200,
                                 rate_limit=RateLimitInfo.from_headers(headers))
         chunk = StreamChunk(data, parsed, StreamPart.of(data, parsed))

@@ -16,6 +16,7 @@ __all__ = [
     "estimate_text_tokens",
     "generate_words",
     "sample_lognormal",
+    "stop_at",
     "tool_arguments",
 ]
 
@@ -55,29 +56,48 @@ def estimate_prompt_tokens(messages: Sequence[dict[str, Any]]) -> int:
     return tokens
 
 
-# A value of each JSON Schema type, for the arguments of a simulated tool call.
-_SAMPLE_VALUES: Final[dict[str, Any]] = {"string": "tidegate", "integer": 1, "number": 1.5, "boolean": True,
-                                         "array": [], "object": {}, "null": None}
-
-
-def tool_arguments(parameters: object) -> dict[str, Any]:
-    """Arguments that fit a function's parameter schema: each property with a value of its type
-    (the first of an enum), so that a caller's tool code can run on them."""
-    properties = parameters.get("properties") if isinstance(parameters, dict) else None
-    arguments: dict[str, Any] = {}
-    for name, schema in (properties or {}).items():
-        if not isinstance(schema, dict):
-            continue
-        enum = schema.get("enum")
-        kind = schema.get("type")
-        kind = next((k for k in kind if k != "null"), "null") if isinstance(kind, list) else kind
-        arguments[name] = enum[0] if isinstance(enum, list) and enum else _SAMPLE_VALUES.get(str(kind))
-    return arguments
-
-
 def generate_words(rng: random.Random, count: int) -> list[str]:
     """`count` words of the vocabulary, one token each."""
     return rng.choices(VOCABULARY, k=count)
+
+
+def stop_at(words: list[str], stops: Sequence[str]) -> tuple[list[str], str | None]:
+    """The words of an answer (joined by spaces) up to the first stop sequence met, and that
+    sequence (None when none is met). A sequence may end mid-word, as a real one may."""
+    text = " ".join(words)
+    found = [(text.find(stop), stop) for stop in stops if stop in text]
+    if not found:
+        return words, None
+    position, stop = min(found)
+    kept = text[:position].rstrip(" ")
+    return (kept.split(" ") if kept else []), stop
+
+
+def tool_arguments(parameters: object) -> dict[str, Any]:
+    """Arguments for a function whose parameters are this JSON Schema: each property (the required
+    ones, or all when none is) gets its enum's first value, else a fixed value of its type."""
+    if not isinstance(parameters, dict):
+        return {}
+    properties = parameters.get("properties")
+    if not isinstance(properties, dict):
+        return {}
+    required = parameters.get("required")
+    names = [name for name in required if name in properties] if isinstance(required, list) and required \
+        else list(properties)
+    return {name: _example(properties[name]) for name in names}
+
+
+def _example(schema: object) -> Any:
+    if not isinstance(schema, dict):
+        return "tide"
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    kind = schema.get("type")
+    if isinstance(kind, list):  # ["string", "null"]: a value of the first type that is not null
+        kind = next((k for k in kind if k != "null"), "null")
+    return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {},
+            "null": None}.get(kind if isinstance(kind, str) else "string", "tide")
 
 
 def sample_lognormal(rng: random.Random, median: float, p99: float | None) -> float:

@@ -19,14 +19,19 @@ __all__ = [
     "EmbeddingsRequest",
     "InvalidRequest",
     "ToolCallPlan",
+    "check_messages",
     "error_body",
+    "json_type",
+    "optional_positive_int",
     "parse_chat",
     "parse_embeddings",
     "parse_json_object",
+    "plan_tool_call",
 ]
 
 ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_EMBEDDING_INPUTS: Final = 2048
+MAX_STOP_SEQUENCES: Final = 4
 
 
 class InvalidRequest(Exception):
@@ -52,6 +57,14 @@ def error_body(message: str, *, type_: str, param: str | None = None, code: str 
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallPlan:
+    """The function a simulated answer calls, and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A valid chat completion request, reduced to what the simulator uses."""
 
@@ -60,17 +73,9 @@ class ChatRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
-    tool_call: ToolCallPlan | None = None  # the function the answer calls, if it calls one
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallPlan:
-    """The simulated answer calls a tool: which function, with which arguments (JSON text).
-    A request with function tools gets one, unless tool_choice is "none" or the last message
-    is a tool's result (then the tool has answered, and so does the model, in text)."""
-
-    name: str
-    arguments: str
+    stop: tuple[str, ...] = ()
+    tool_call: ToolCallPlan | None = None
+    wire: Literal["openai", "anthropic"] = "openai"  # the API it came by, and is answered in
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +117,12 @@ def _model(body: dict[str, Any]) -> str:
     if model is None:
         raise InvalidRequest("you must provide a model parameter", param="model")
     if not isinstance(model, str) or not model:
-        raise InvalidRequest(f"Invalid type for 'model': expected a string, but got {_json_type(model)}.",
+        raise InvalidRequest(f"Invalid type for 'model': expected a string, but got {json_type(model)}.",
                              param="model", code="invalid_type")
     return model
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -129,12 +134,12 @@ def _json_type(value: object) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-def _optional_positive_int(body: dict[str, Any], name: str) -> int | None:
+def optional_positive_int(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if not _is_int(value):
-        raise InvalidRequest(f"Invalid type for '{name}': expected an integer, but got {_json_type(value)}.",
+        raise InvalidRequest(f"Invalid type for '{name}': expected an integer, but got {json_type(value)}.",
                              param=name, code="invalid_type")
     if value < 1:
         raise InvalidRequest(f"Invalid '{name}': integer below minimum value. Expected a value >= 1, "
@@ -147,20 +152,22 @@ def _check_range(body: dict[str, Any], name: str, low: float, high: float) -> No
     if value is None:
         return
     if not _is_number(value):
-        raise InvalidRequest(f"Invalid type for '{name}': expected a number, but got {_json_type(value)}.",
+        raise InvalidRequest(f"Invalid type for '{name}': expected a number, but got {json_type(value)}.",
                              param=name, code="invalid_type")
     if not low <= value <= high:
         raise InvalidRequest(f"Invalid '{name}': expected a value between {low:g} and {high:g}, "
                              f"but got {value} instead.", param=name, code="invalid_value")
 
 
-def _check_messages(messages: object) -> list[dict[str, Any]]:
+def check_messages(messages: object, roles: frozenset[str] = ROLES) -> list[dict[str, Any]]:
+    """The messages of a conversation: a non-empty array of objects, each of one of `roles`, its
+    content text or an array of typed parts."""
     if messages is None:
         raise InvalidRequest("Missing required parameter: 'messages'.", param="messages",
                              code="missing_required_parameter")
     if not isinstance(messages, list):
         raise InvalidRequest(f"Invalid type for 'messages': expected an array, but got "
-                             f"{_json_type(messages)}.", param="messages", code="invalid_type")
+                             f"{json_type(messages)}.", param="messages", code="invalid_type")
     if not messages:
         raise InvalidRequest("Invalid 'messages': empty array. Expected an array with minimum length 1, "
                              "but got an empty array instead.", param="messages", code="empty_array")
@@ -168,16 +175,16 @@ def _check_messages(messages: object) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise InvalidRequest(f"Invalid type for '{where}': expected an object, but got "
-                                 f"{_json_type(message)}.", param=where, code="invalid_type")
+                                 f"{json_type(message)}.", param=where, code="invalid_type")
         role = message.get("role")
-        if role not in ROLES:
+        if role not in roles:
             raise InvalidRequest(f"Invalid value for '{where}.role': {role!r} is not one of "
-                                 f"{sorted(ROLES)}.", param=f"{where}.role", code="invalid_value")
+                                 f"{sorted(roles)}.", param=f"{where}.role", code="invalid_value")
         content = message.get("content")
         allowed = isinstance(content, str | list) or (content is None and role == "assistant")
         if not allowed:
             raise InvalidRequest(f"Invalid type for '{where}.content': expected a string or an array, "
-                                 f"but got {_json_type(content)}.", param=f"{where}.content",
+                                 f"but got {json_type(content)}.", param=f"{where}.content",
                                  code="invalid_type")
         if isinstance(content, list) and not all(isinstance(p, dict) and "type" in p for p in content):
             raise InvalidRequest(f"Invalid '{where}.content': each part must be an object with a 'type'.",
@@ -188,14 +195,14 @@ def _check_messages(messages: object) -> list[dict[str, Any]]:
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     """Validate a chat completion request body."""
     model = _model(body)
-    messages = _check_messages(body.get("messages"))
-    max_tokens = _optional_positive_int(body, "max_completion_tokens") or _optional_positive_int(
+    messages = check_messages(body.get("messages"))
+    max_tokens = optional_positive_int(body, "max_completion_tokens") or optional_positive_int(
         body, "max_tokens")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise InvalidRequest(f"Invalid type for 'stream': expected a boolean, but got {_json_type(stream)}.",
+        raise InvalidRequest(f"Invalid type for 'stream': expected a boolean, but got {json_type(stream)}.",
                              param="stream", code="invalid_type")
     options = body.get("stream_options")
     if options is not None:
@@ -204,40 +211,70 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
                                  param="stream_options", code="invalid_value")
         if not isinstance(options, dict):
             raise InvalidRequest("Invalid type for 'stream_options': expected an object, but got "
-                                 f"{_json_type(options)}.", param="stream_options", code="invalid_type")
+                                 f"{json_type(options)}.", param="stream_options", code="invalid_type")
     n = body.get("n")
     if n is not None and n != 1:
         raise InvalidRequest("The simulator supports only n=1.", param="n", code="invalid_value")
     _check_range(body, "temperature", 0.0, 2.0)
     _check_range(body, "top_p", 0.0, 1.0)
     include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
-    return ChatRequest(model, estimate_prompt_tokens(messages), max_tokens, stream, include_usage,
-                       _tool_call(body, messages))
+    prompt_tokens = estimate_prompt_tokens(messages)
+    tools = _check_tools(body.get("tools"))
+    if tools:
+        prompt_tokens += estimate_text_tokens(orjson.dumps(body["tools"]).decode())
+    return ChatRequest(model, prompt_tokens, max_tokens, stream, include_usage, _check_stop(body.get("stop")),
+                       plan_tool_call(tools, body.get("tool_choice"), messages))
 
 
-def _is_function_tool(tool: object) -> bool:
-    function = tool.get("function") if isinstance(tool, dict) else None
-    return (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(function, dict)
-            and isinstance(function.get("name"), str))
+def _check_stop(stop: object) -> tuple[str, ...]:
+    """`stop`: a string or up to 4 of them, as OpenAI allows."""
+    if stop is None:
+        return ()
+    sequences = [stop] if isinstance(stop, str) else stop
+    if (not isinstance(sequences, list) or len(sequences) > MAX_STOP_SEQUENCES
+            or not all(isinstance(item, str) and item for item in sequences)):
+        raise InvalidRequest(f"Invalid 'stop': expected a string or an array of at most {MAX_STOP_SEQUENCES} "
+                             "non-empty strings.", param="stop", code="invalid_value")
+    return tuple(sequences)
 
 
-def _tool_call(body: dict[str, Any], messages: list[dict[str, Any]]) -> ToolCallPlan | None:
-    tools = body.get("tools")
+def _check_tools(tools: object) -> list[dict[str, Any]]:
+    """`tools`: function tools, each with a name (and optionally a JSON Schema of its parameters)."""
     if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise InvalidRequest(f"Invalid type for 'tools': expected an array, but got {json_type(tools)}.",
+                             param="tools", code="invalid_type")
+    functions: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequest(f"Invalid 'tools[{i}]': expected a function tool with a name.",
+                                 param=f"tools[{i}]", code="invalid_value")
+        functions.append(function)
+    return functions
+
+
+def plan_tool_call(tools: list[dict[str, Any]], choice: object,
+               messages: list[dict[str, Any]]) -> ToolCallPlan | None:
+    """Which function the simulated model calls, deterministically: the one `tool_choice` names;
+    else, unless the choice is "none", the first tool, when the conversation does not end with a
+    tool's result (a model that got its result answers in text, unless a call is required)."""
+    if not tools or choice == "none":
         return None
-    if not isinstance(tools, list) or not all(map(_is_function_tool, tools)):
-        raise InvalidRequest("Invalid 'tools': each tool must be {type: function, function: {name, ...}}.",
-                             param="tools", code="invalid_value")
-    choice = body.get("tool_choice")
-    if not tools or choice == "none" or messages[-1].get("role") == "tool":
+    if isinstance(choice, dict):
+        named = (choice.get("function") or {}).get("name")
+        chosen = next((tool for tool in tools if tool["name"] == named), None)
+        if chosen is None:
+            raise InvalidRequest(f"Invalid 'tool_choice': no tool named {named!r}.", param="tool_choice",
+                                 code="invalid_value")
+    elif choice == "required" or messages[-1].get("role") != "tool":
+        chosen = tools[0]
+    else:
         return None
-    functions = {tool["function"]["name"]: tool["function"] for tool in tools}
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    if named is not None and named not in functions:
-        raise InvalidRequest(f"Invalid 'tool_choice': no function named {named!r} in 'tools'.",
-                             param="tool_choice", code="invalid_value")
-    function = functions[named] if named is not None else next(iter(functions.values()))
-    return ToolCallPlan(function["name"], orjson.dumps(tool_arguments(function.get("parameters"))).decode())
+    parameters = chosen.get("parameters")
+    return ToolCallPlan(chosen["name"], orjson.dumps(
+        tool_arguments(parameters if isinstance(parameters, dict) else {})).decode())
 
 
 def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
@@ -270,5 +307,5 @@ def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
     if encoding not in ("float", "base64"):
         raise InvalidRequest(f"Invalid value for 'encoding_format': {encoding!r} is not 'float' or 'base64'.",
                              param="encoding_format", code="invalid_value")
-    dimensions = _optional_positive_int(body, "dimensions")
+    dimensions = optional_positive_int(body, "dimensions")
     return EmbeddingsRequest(model, tuple(keys), tokens, dimensions, encoding)

@@ -1,7 +1,10 @@
 """A simulated OpenAI-compatible provider (aiohttp.web) for the demo, the tests and the benchmarks.
 
-It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams) and `/v1/embeddings` for
-the price table's models, validates requests like a real provider, answers with realistic usage,
+It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings` and
+Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py) for the
+price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
+choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
+see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
 enforces its own per-model RPM/TPM over a sliding window (429 with Retry-After and x-ratelimit-*
 headers), and injects faults (500, 503, timeouts, connection resets, malformed bodies) at
 configured rates or on demand. A seeded simulator given the same requests answers the same way.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hmac
 import ipaddress
 import math
@@ -43,8 +47,10 @@ from tidegate.simulator.content import (
     estimate_text_tokens,
     generate_words,
     sample_lognormal,
+    stop_at,
 )
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
+from tidegate.simulator.messages import MessageEvents, anthropic_error_body, message_body, parse_messages
 from tidegate.simulator.requests import (
     ChatRequest,
     EmbeddingsRequest,
@@ -77,6 +83,7 @@ MAX_BODY_BYTES: Final = 32 * 1024 * 1024  # long-context prompts are large
 JSON: Final = "application/json"
 
 _R = TypeVar("_R", ChatRequest, EmbeddingsRequest)
+Wire = Literal["openai", "anthropic"]
 _UNLIMITED: Final = Admission(True, None, None, None, 0.0, 0.0)
 
 
@@ -183,6 +190,7 @@ class Simulator:
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/messages", self._messages)
         if control:
             app.router.add_get("/_sim/stats", self._get_stats)
             app.router.add_get("/_sim/settings", self._get_settings)
@@ -273,8 +281,13 @@ class Simulator:
         key = self._settings.require_api_key
         if key is None:
             return True
-        expected = f"Bearer {key.get_secret_value()}".encode()
-        return hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected)
+        # As the real APIs: OpenAI's takes the key as a Bearer token only, Anthropic's as x-api-key
+        # too (its SDKs send either).
+        secret = key.get_secret_value().encode()
+        bearer = hmac.compare_digest(request.headers.get("Authorization", "").encode(), b"Bearer " + secret)
+        if bearer or request.path != "/v1/messages":
+            return bearer
+        return hmac.compare_digest(request.headers.get("x-api-key", "").encode(), secret)
 
     async def _list_models(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request):
@@ -287,6 +300,14 @@ class Simulator:
             chat, served = await self._accept(request, "chat", parse_chat)
         except InvalidRequest as exc:
             return _error_response(exc)
+        return await self._answer(request, served, chat)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        try:
+            chat, served = await self._accept(request, "chat", parse_messages)
+        except InvalidRequest as exc:
+            return web.Response(status=exc.status, body=anthropic_error_body(exc.status, exc.message),
+                                content_type=JSON)
         return await self._answer(request, served, chat)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -320,26 +341,23 @@ class Simulator:
         stats = self._model_stats(served.name)
         completion, finish = (_completion_tokens(rng, served.behaviour, parsed.max_tokens)
                               if isinstance(parsed, ChatRequest) else (0, "stop"))
-        if isinstance(parsed, ChatRequest) and parsed.tool_call is not None:
-            call = parsed.tool_call
-            completion, finish = estimate_text_tokens(call.name + call.arguments), "tool_calls"
+        wire = parsed.wire if isinstance(parsed, ChatRequest) else "openai"
         admission, headers = self._admit(served, parsed.prompt_tokens + completion)
         if not admission.accepted:
             stats.by_status[429] += 1
-            return self._rate_limited(served, admission, headers)
+            return self._rate_limited(served, admission, headers, wire)
         fault = self._next_fault(served, rng)
         if fault is not None:
             stats.faults[fault.fault] += 1
         streaming = isinstance(parsed, ChatRequest) and parsed.stream
         if fault is not None and not (streaming and fault.fault in ("reset", "malformed")):
-            return await self._fault(request, stats, fault, headers)
+            return await self._fault(request, stats, fault, headers, wire)
         if isinstance(parsed, ChatRequest) and parsed.stream:
             return await self._stream(request, served, parsed, _Plan(completion, finish, headers, fault))
         await _sleep_ms(sample_lognormal(rng, served.behaviour.latency_ms, served.behaviour.latency_p99_ms))
         if isinstance(parsed, ChatRequest):
-            body = _completion_body(rng, served.name, parsed.prompt_tokens, completion, finish,
-                                    parsed.tool_call)
-            stats.completion_tokens += completion
+            body, tokens = _completion_body(rng, served.name, parsed, completion, finish)
+            stats.completion_tokens += tokens
         else:
             body = _embeddings_body(served, parsed)
         stats.prompt_tokens += parsed.prompt_tokens
@@ -347,7 +365,7 @@ class Simulator:
         return _json(200, body, headers)
 
     def _rate_limited(self, served: ServedModel, admission: Admission,
-                      headers: dict[str, str]) -> web.StreamResponse:
+                      headers: dict[str, str], wire: Wire) -> web.StreamResponse:
         wait_s = admission.retry_after_s or 0.0
         if self._settings.retry_after_format == "http-date":
             # An HTTP-date has whole seconds: name the first whole second after the wait.
@@ -358,12 +376,14 @@ class Simulator:
         what = "requests" if admission.remaining_requests == 0 else "tokens"
         message = (f"Rate limit reached for {served.name} on {what} per window of "
                    f"{self._settings.window_s:g}s. Please try again in {_go_duration(wait_s)}.")
-        return web.Response(status=429, body=error_body(message, type_=what, code="rate_limit_exceeded"),
-                            content_type=JSON, headers=headers)
+        body = (anthropic_error_body(429, message) if wire == "anthropic"
+                else error_body(message, type_=what, code="rate_limit_exceeded"))
+        return web.Response(status=429, body=body, content_type=JSON, headers=headers)
 
     async def _fault(self, request: web.Request, stats: ModelStats, fault: InjectedFault,
-                     headers: dict[str, str]) -> web.StreamResponse:
+                     headers: dict[str, str], wire: Wire) -> web.StreamResponse:
         """A fault answered before any byte of a normal response."""
+        _error = functools.partial(_error_of, wire)
         if fault.fault == "timeout":
             await asyncio.sleep(self._settings.hang_s)  # the client should have given up by now
             return _record(stats, _error(504, "The simulated request timed out.", "server_error", headers))
@@ -389,66 +409,37 @@ class Simulator:
         rng = self._rng(served.name)
         behaviour = served.behaviour
         stats = self._model_stats(served.name)
-        words = generate_words(rng, completion)
+        reply = _Reply.draw(rng, chat, completion, finish)
         ttft_ms = behaviour.ttft_ms if behaviour.ttft_ms is not None else sample_lognormal(
             rng, behaviour.latency_ms, behaviour.latency_p99_ms)
-        chunk = _ChunkWriter(_completion_id(rng), served.name)
+        frames = (_message_frames if chat.wire == "anthropic" else _chunk_frames)(
+            rng, served.name, chat, reply)
         response = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
         stats.by_status[200] += 1
         # A fault in a stream strikes half way: the client has already seen chunks by then.
-        cut = len(words) // 2 if fault is not None else -1
+        cut = len(frames.pieces) // 2 if fault is not None else -1
         try:
-            if chat.tool_call is not None:
-                await self._stream_tool_call(response, chunk, chat, completion, ttft_ms)
-                return response
-            await response.write(chunk.event({"role": "assistant", "content": ""}))
+            await response.write(frames.head)
             await _sleep_ms(ttft_ms)
-            for i, word in enumerate(words):
+            for i, piece in enumerate(frames.pieces):
                 if i == cut:
                     if fault is not None and fault.fault == "reset":
                         return _abort(request, response)
-                    await response.write(b'data: {"id": "chatcmpl-broken", "choi\n\n')
+                    await response.write(frames.broken)
                     await response.write_eof()
                     return response
                 if i:
                     await _sleep_ms(behaviour.inter_token_ms)
-                await response.write(chunk.event({"content": word if i == 0 else " " + word}))
-            await response.write(chunk.event({}, finish_reason=finish))
-            if chat.include_usage:
-                await response.write(chunk.usage(chat.prompt_tokens, completion))
-            await response.write(b"data: [DONE]\n\n")
+                await response.write(piece)
+            await response.write(frames.tail)
             await response.write_eof()
         except ConnectionResetError:  # the client left mid-stream, as clients may
             return response
         stats.prompt_tokens += chat.prompt_tokens
-        stats.completion_tokens += completion
+        stats.completion_tokens += reply.tokens
         return response
-
-    async def _stream_tool_call(self, response: web.StreamResponse, chunk: _ChunkWriter, chat: ChatRequest,
-                                completion: int, ttft_ms: float) -> None:
-        """A streamed tool call as OpenAI sends one: its id and name first, its arguments in
-        pieces, then the finish `tool_calls`."""
-        assert chat.tool_call is not None
-        rng = self._rng(chat.model)
-        arguments = chat.tool_call.arguments
-        half = len(arguments) // 2
-        await response.write(chunk.event({"role": "assistant", "content": None}))
-        await _sleep_ms(ttft_ms)
-        start = {"index": 0, **_tool_call_json(rng, chat.tool_call, "")}
-        await response.write(chunk.event({"tool_calls": [start]}))
-        for piece in (arguments[:half], arguments[half:]):
-            delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
-            await response.write(chunk.event(delta))
-        await response.write(chunk.event({}, finish_reason="tool_calls"))
-        if chat.include_usage:
-            await response.write(chunk.usage(chat.prompt_tokens, completion))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        stats = self._model_stats(chat.model)
-        stats.prompt_tokens += chat.prompt_tokens
-        stats.completion_tokens += completion
 
     # -- /_sim/ control endpoints
 
@@ -525,23 +516,130 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _completion_body(rng: random.Random, model: str, prompt: int, completion: int,
-                     finish: str, tool_call: ToolCallPlan | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """What a chat answer says: words (cut at a stop sequence met, named in `stop`), or a call of
+    the function the request's tools lead to; with its finish reason and completion tokens."""
+
+    words: list[str]
+    finish: str
+    tokens: int
+    stop: str | None = None
+    call: ToolCallPlan | None = None
+
+    @classmethod
+    def draw(cls, rng: random.Random, chat: ChatRequest, completion: int, finish: str) -> _Reply:
+        if chat.tool_call is not None:
+            return cls([], "tool_calls", estimate_text_tokens(chat.tool_call.arguments), call=chat.tool_call)
+        words, stop = stop_at(generate_words(rng, completion), chat.stop)
+        if stop is None:
+            return cls(words, finish, completion)
+        return cls(words, "stop", len(words), stop)
+
+    def message(self, rng: random.Random) -> dict[str, Any]:
+        """The answer's message, whole."""
+        if self.call is None:
+            return {"role": "assistant", "content": " ".join(self.words)}
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": _call_id(rng), "type": "function",
+             "function": {"name": self.call.name, "arguments": self.call.arguments}}]}
+
+    def deltas(self, rng: random.Random) -> list[dict[str, Any]]:
+        """The answer as the deltas of a stream: a word each, or the call's name then its
+        arguments in two pieces."""
+        if self.call is None:
+            return [{"content": word if i == 0 else " " + word} for i, word in enumerate(self.words)]
+        arguments, half = self.call.arguments, len(self.call.arguments) // 2
+        head = {"index": 0, "id": _call_id(rng), "type": "function",
+                "function": {"name": self.call.name, "arguments": ""}}
+        return [{"tool_calls": [head]},
+                *({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                  for piece in (arguments[:half], arguments[half:]) if piece)]
+
+
+def _call_id(rng: random.Random) -> str:
+    return f"call_{rng.getrandbits(96):024x}"
+
+
+def _completion_body(rng: random.Random, model: str, chat: ChatRequest, completion: int,
+                     finish: str) -> tuple[dict[str, Any], int]:
+    """The whole answer in the request's wire format, and its completion tokens."""
     identifier = _completion_id(rng)
-    message: dict[str, Any] = {"role": "assistant", "content": " ".join(generate_words(rng, completion))}
-    if tool_call is not None:
-        message = {"role": "assistant", "content": None, "tool_calls": [_tool_call_json(rng, tool_call)]}
+    reply = _Reply.draw(rng, chat, completion, finish)
+    message = reply.message(rng)
+    if chat.wire == "anthropic":
+        return message_body(_message_id(identifier), model, _blocks(message), reply.finish, reply.stop,
+                            (chat.prompt_tokens, reply.tokens)), reply.tokens
+    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                              "finish_reason": reply.finish}
+    if reply.stop is not None:
+        choice["stop_reason"] = reply.stop  # the sequence met, named as vLLM names it
     return {
         "id": identifier, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message,
-                     "logprobs": None, "finish_reason": finish}],
-        "usage": _usage(prompt, completion),
-    }
+        "choices": [choice], "usage": _usage(chat.prompt_tokens, reply.tokens),
+    }, reply.tokens
 
 
-def _tool_call_json(rng: random.Random, call: ToolCallPlan, arguments: str | None = None) -> dict[str, Any]:
-    return {"id": f"call_{rng.getrandbits(64):016x}", "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments if arguments is None else arguments}}
+def _message_id(completion_id: str) -> str:
+    return "msg_" + completion_id.removeprefix("chatcmpl-")
+
+
+def _tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat message's content as a Message's content blocks."""
+    text = message["content"]
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        blocks.append({"type": "tool_use", "id": _tool_use_id(call["id"]),
+                       "name": function["name"], "input": orjson.loads(function["arguments"])})
+    return blocks
+
+
+@dataclass(frozen=True, slots=True)
+class _Frames:
+    """A streamed answer's bytes: what opens it, one piece per token (the pacing's unit), what
+    closes it, and the torn frame a fault half way sends instead of the rest."""
+
+    head: bytes
+    pieces: list[bytes]
+    tail: bytes
+    broken: bytes
+
+
+def _chunk_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
+    """OpenAI's chat.completion.chunk events, then `[DONE]`."""
+    chunk = _ChunkWriter(_completion_id(rng), model)
+    tail = chunk.event({}, finish_reason=reply.finish, stop_reason=reply.stop)
+    if chat.include_usage:
+        tail += chunk.usage(chat.prompt_tokens, reply.tokens)
+    return _Frames(chunk.event({"role": "assistant", "content": ""}),
+                   [chunk.event(delta) for delta in reply.deltas(rng)], tail + b"data: [DONE]\n\n",
+                   b'data: {"id": "chatcmpl-broken", "choi\n\n')
+
+
+def _message_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
+    """Anthropic's events: message_start, one content block (text, or the tool call), message_delta
+    and message_stop."""
+    events = MessageEvents(_message_id(_completion_id(rng)), model, chat.prompt_tokens)
+    pieces: list[bytes] = []
+    for delta in reply.deltas(rng):
+        if "content" in delta:
+            text = events.text(delta["content"])
+            pieces.append(events.block_start({"type": "text", "text": ""}) + text if not pieces else text)
+            continue
+        [call] = delta["tool_calls"]
+        if "id" in call:
+            pieces.append(events.block_start({"type": "tool_use", "id": _tool_use_id(call["id"]),
+                                              "name": call["function"]["name"], "input": {}}))
+        else:
+            pieces.append(events.json(call["function"]["arguments"]))
+    tail = events.end(reply.finish, reply.stop, reply.tokens, opened=bool(pieces))
+    torn = b'event: content_block_delta\ndata: {"type": "content_blo\n\n'
+    return _Frames(events.start(), pieces, tail, torn)
 
 
 def _check_dimensions(embed: EmbeddingsRequest, served: ServedModel) -> None:
@@ -571,8 +669,12 @@ class _ChunkWriter:
         self._head = {"id": identifier, "object": "chat.completion.chunk", "created": int(time.time()),
                       "model": model}
 
-    def event(self, delta: dict[str, Any], *, finish_reason: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def event(self, delta: dict[str, Any], *, finish_reason: str | None = None,
+              stop_reason: str | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": finish_reason}
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason
         return b"data: " + orjson.dumps({**self._head, "choices": [choice]}) + b"\n\n"
 
     def usage(self, prompt: int, completion: int) -> bytes:
@@ -611,9 +713,10 @@ def _json(status: int, body: Any, headers: Mapping[str, str] | None = None) -> w
     return web.Response(status=status, body=orjson.dumps(body), content_type=JSON, headers=headers)
 
 
-def _error(status: int, message: str, type_: str, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=error_body(message, type_=type_), content_type=JSON,
-                        headers=headers)
+def _error_of(wire: Wire, status: int, message: str, type_: str,
+              headers: Mapping[str, str] | None = None) -> web.Response:
+    body = anthropic_error_body(status, message) if wire == "anthropic" else error_body(message, type_=type_)
+    return web.Response(status=status, body=body, content_type=JSON, headers=headers)
 
 
 def _error_response(exc: InvalidRequest) -> web.Response:

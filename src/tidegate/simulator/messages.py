@@ -1,0 +1,139 @@
+"""The simulated provider's Anthropic Messages API (`POST /v1/messages`): request validation, the
+Message it answers and the events of its stream, in Anthropic's shapes.
+
+A Messages request is read into the same `ChatRequest` a chat completion is (with `wire` set to
+"anthropic"), so both endpoints share the simulator's pacing, limits, faults and generated
+content; only what goes on the wire differs. The key may come as `x-api-key` (the chat
+endpoint takes only a Bearer token). Errors are Anthropic-shaped:
+`{"type": "error", "error": {"type", "message"}}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import orjson
+
+from tidegate.simulator.content import estimate_prompt_tokens, estimate_text_tokens
+from tidegate.simulator.requests import (
+    ChatRequest,
+    InvalidRequest,
+    check_messages,
+    json_type,
+    optional_positive_int,
+    plan_tool_call,
+)
+
+__all__ = ["MessageEvents", "anthropic_error_body", "message_body", "parse_messages"]
+
+ROLES: Final = frozenset({"user", "assistant"})
+# The Anthropic error type of each status the simulator answers with.
+_ERROR_TYPES: Final[Mapping[int, str]] = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    503: "overloaded_error", 529: "overloaded_error",
+}
+_STOP_REASONS: Final[Mapping[str, str]] = {"stop": "end_turn", "length": "max_tokens",
+                                           "tool_calls": "tool_use"}
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    """An Anthropic-shaped error body for `status`."""
+    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+
+
+def parse_messages(body: dict[str, Any]) -> ChatRequest:
+    """Validate a Messages request body (model, max_tokens, messages, system, stop_sequences,
+    stream, tools, tool_choice) into the simulator's ChatRequest."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: Field required" if model is None else "model: Input should be a string",
+                             param="model")
+    max_tokens = optional_positive_int(body, "max_tokens")
+    if max_tokens is None:
+        raise InvalidRequest("max_tokens: Field required", param="max_tokens")
+    messages = check_messages(body.get("messages"), ROLES)
+    system = body.get("system")
+    chat = ([{"role": "system", "content": system}] if isinstance(system, str | list) else []) + messages
+    stop = body.get("stop_sequences") or []
+    if not isinstance(stop, list) or not all(isinstance(item, str) and item for item in stop):
+        raise InvalidRequest("stop_sequences: expected an array of non-empty strings", param="stop_sequences")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest(f"stream: expected a boolean, got {json_type(stream)}", param="stream")
+    tools = body.get("tools") or []
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) and isinstance(tool.get("name"), str)
+                                              for tool in tools):
+        raise InvalidRequest("tools: expected an array of tools, each with a name", param="tools")
+    functions = [{"name": tool["name"], "parameters": tool.get("input_schema")} for tool in tools]
+    last = messages[-1].get("content")
+    answered = isinstance(last, list) and any(block.get("type") == "tool_result" for block in last)
+    plan = plan_tool_call(functions, _tool_choice(body.get("tool_choice")),
+                          [{"role": "tool" if answered else "user"}])
+    prompt = estimate_prompt_tokens(chat)
+    if tools:
+        prompt += estimate_text_tokens(orjson.dumps(tools).decode())
+    return ChatRequest(model, prompt, max_tokens, stream, True, tuple(stop), plan, wire="anthropic")
+
+
+def _tool_choice(choice: object) -> object:
+    """Anthropic's tool_choice as the chat completion's."""
+    if not isinstance(choice, dict):
+        return None
+    kind = choice.get("type")
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return {"any": "required", "none": "none"}.get(kind if isinstance(kind, str) else "")
+
+
+def message_body(identifier: str, model: str, content: list[dict[str, Any]], finish: str,
+                 stop: str | None, usage: tuple[int, int]) -> dict[str, Any]:
+    """A whole Message."""
+    reason = "stop_sequence" if stop is not None else _STOP_REASONS.get(finish, "end_turn")
+    return {"id": identifier, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": reason, "stop_sequence": stop,
+            "usage": {"input_tokens": usage[0], "output_tokens": usage[1]}}
+
+
+class MessageEvents:
+    """Encodes the server-sent events of one streamed Message."""
+
+    def __init__(self, identifier: str, model: str, input_tokens: int) -> None:
+        self._identifier = identifier
+        self._model = model
+        self._input_tokens = input_tokens
+
+    @staticmethod
+    def event(name: str, data: Mapping[str, Any]) -> bytes:
+        """One event."""
+        return b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **data}) + b"\n\n"
+
+    def start(self) -> bytes:
+        """`message_start`, its content empty and its input tokens known."""
+        message = message_body(self._identifier, self._model, [], "", None, (self._input_tokens, 1))
+        message["stop_reason"] = None
+        return self.event("message_start", {"message": message})
+
+    def block_start(self, block: dict[str, Any]) -> bytes:
+        """`content_block_start` of the one block the simulator answers with."""
+        return self.event("content_block_start", {"index": 0, "content_block": block})
+
+    def text(self, text: str) -> bytes:
+        """A `text_delta`."""
+        return self.event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})
+
+    def json(self, piece: str) -> bytes:
+        """An `input_json_delta` of a tool call's input."""
+        return self.event("content_block_delta", {"index": 0, "delta": {"type": "input_json_delta",
+                                                                        "partial_json": piece}})
+
+    def end(self, finish: str, stop: str | None, output_tokens: int, *, opened: bool) -> bytes:
+        """`content_block_stop` (when a block was opened), `message_delta` and `message_stop`."""
+        reason = "stop_sequence" if stop is not None else _STOP_REASONS.get(finish, "end_turn")
+        return ((self.event("content_block_stop", {"index": 0}) if opened else b"")
+                + self.event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": stop},
+                                               "usage": {"input_tokens": self._input_tokens,
+                                                         "output_tokens": output_tokens}})
+                + self.event("message_stop", {}))
