@@ -105,6 +105,20 @@ async def test_a_text_input_is_answered_by_a_job_at_the_callers_priority(
     assert job.payload["body"]["messages"] == [{"role": "user", "content": "Say hello"}]
 
 
+async def test_an_idempotency_key_repeats_the_first_response(gw: Gateway, acme: AsyncOpenAI) -> None:
+    key = {"Idempotency-Key": f"resp-{uuid.uuid4().hex}"}
+    first = await acme.responses.create(model="gpt-4.1", input="Say hello", extra_headers=key)
+    calls = gw.sim.stats()["gpt-4.1"].received
+
+    again = await acme.responses.create(model="gpt-4.1", input="Say hello", extra_headers=key)
+
+    assert (again.id, again.output_text) == (first.id, first.output_text)
+    assert gw.sim.stats()["gpt-4.1"].received == calls  # the provider was not called again
+    with pytest.raises(openai.ConflictError) as reused:
+        await acme.responses.create(model="gpt-4.1", input="Something else", extra_headers=key)
+    assert reused.value.code == "idempotency_key_reused"
+
+
 async def test_instructions_items_and_settings_reach_the_upstream_and_are_echoed(
     gw: Gateway, acme: AsyncOpenAI
 ) -> None:
