@@ -398,6 +398,8 @@ async def test_a_response_not_stored_cannot_be_retrieved_or_continued(acme: Asyn
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      "unsupported_content", "input[0].content[0].type"),
     ({"input": "Hi", "tool_choice": {"type": "file_search"}}, "unsupported_tool_choice", "tool_choice"),
+    ({"input": "Hi", "background": True, "stream": True}, "unsupported_parameter", "stream"),
+    ({"input": "Hi", "background": True, "store": False}, "unsupported_parameter", "store"),
     ({"input": "Hi", "previous_response_id": "resp_unknown"}, "response_not_found", "previous_response_id"),
     ({"input": 7}, "invalid_request", "input.str"),  # the first form the union tried
 ])
