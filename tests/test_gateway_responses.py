@@ -347,6 +347,19 @@ async def test_a_deleted_response_is_gone(gw: Gateway, acme: AsyncOpenAI) -> Non
         await acme.responses.delete(response.id)
 
 
+async def test_a_response_still_running_is_cancelled_when_deleted(gw: Gateway, acme: AsyncOpenAI) -> None:
+    gw.sim.configure({"defaults": {"latency_ms": 5000}})
+    try:
+        started = await acme.responses.create(model="gpt-4.1", input="Say hello", background=True)
+        await acme.responses.delete(started.id)
+    finally:
+        gw.sim.configure({"defaults": {"latency_ms": 0}})
+
+    assert await gw.queue.get(job_id(started)) is None
+    with pytest.raises(openai.NotFoundError):
+        await acme.responses.retrieve(started.id)
+
+
 async def test_input_items_are_listed_newest_first_with_paging(acme: AsyncOpenAI) -> None:
     response = await acme.responses.create(model="gpt-4.1", input=[
         {"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
