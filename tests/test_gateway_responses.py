@@ -105,6 +105,20 @@ async def test_a_text_input_is_answered_by_a_job_at_the_callers_priority(
     assert job.payload["body"]["messages"] == [{"role": "user", "content": "Say hello"}]
 
 
+async def test_an_idempotency_key_repeats_the_first_response(gw: Gateway, acme: AsyncOpenAI) -> None:
+    key = {"Idempotency-Key": f"resp-{uuid.uuid4().hex}"}
+    first = await acme.responses.create(model="gpt-4.1", input="Say hello", extra_headers=key)
+    calls = gw.sim.stats()["gpt-4.1"].received
+
+    again = await acme.responses.create(model="gpt-4.1", input="Say hello", extra_headers=key)
+
+    assert (again.id, again.output_text) == (first.id, first.output_text)
+    assert gw.sim.stats()["gpt-4.1"].received == calls  # the provider was not called again
+    with pytest.raises(openai.ConflictError) as reused:
+        await acme.responses.create(model="gpt-4.1", input="Something else", extra_headers=key)
+    assert reused.value.code == "idempotency_key_reused"
+
+
 async def test_instructions_items_and_settings_reach_the_upstream_and_are_echoed(
     gw: Gateway, acme: AsyncOpenAI
 ) -> None:
@@ -333,6 +347,19 @@ async def test_a_deleted_response_is_gone(gw: Gateway, acme: AsyncOpenAI) -> Non
         await acme.responses.delete(response.id)
 
 
+async def test_a_response_still_running_is_cancelled_when_deleted(gw: Gateway, acme: AsyncOpenAI) -> None:
+    gw.sim.configure({"defaults": {"latency_ms": 5000}})
+    try:
+        started = await acme.responses.create(model="gpt-4.1", input="Say hello", background=True)
+        await acme.responses.delete(started.id)
+    finally:
+        gw.sim.configure({"defaults": {"latency_ms": 0}})
+
+    assert await gw.queue.get(job_id(started)) is None
+    with pytest.raises(openai.NotFoundError):
+        await acme.responses.retrieve(started.id)
+
+
 async def test_input_items_are_listed_newest_first_with_paging(acme: AsyncOpenAI) -> None:
     response = await acme.responses.create(model="gpt-4.1", input=[
         {"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
@@ -384,6 +411,8 @@ async def test_a_response_not_stored_cannot_be_retrieved_or_continued(acme: Asyn
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      "unsupported_content", "input[0].content[0].type"),
     ({"input": "Hi", "tool_choice": {"type": "file_search"}}, "unsupported_tool_choice", "tool_choice"),
+    ({"input": "Hi", "background": True, "stream": True}, "unsupported_parameter", "stream"),
+    ({"input": "Hi", "background": True, "store": False}, "unsupported_parameter", "store"),
     ({"input": "Hi", "previous_response_id": "resp_unknown"}, "response_not_found", "previous_response_id"),
     ({"input": 7}, "invalid_request", "input.str"),  # the first form the union tried
 ])

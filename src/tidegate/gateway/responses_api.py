@@ -88,11 +88,12 @@ async def create_response(
 ) -> Response:
     """Queue the response's job at the caller's priority and answer with the response."""
     started = time.perf_counter()
-    if body.background and (body.stream or body.store is False):
-        which = "stream" if body.stream else "store"
-        raise ApiError(400, f"background responses cannot be combined with {which}: "
-                       f"{'poll the response instead' if body.stream else 'a background response is stored'}",
-                       code="unsupported_parameter", param=which)
+    if body.background and body.stream:
+        raise ApiError(400, "a background response is not streamed: retrieve it instead",
+                       code="unsupported_parameter", param="stream")
+    if body.background and body.store is False:
+        raise ApiError(400, "a background response is stored: it cannot have store false",
+                       code="unsupported_parameter", param="store")
     history = [] if body.previous_response_id is None else await _conversation(
         state, tenant, body.previous_response_id)
     submitted = await submit(state, tenant, RESPONSES.translate(body, history), priority_header=x_priority,
