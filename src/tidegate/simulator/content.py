@@ -82,8 +82,8 @@ def tool_arguments(parameters: object) -> dict[str, Any]:
     if not isinstance(properties, dict):
         return {}
     required = parameters.get("required")
-    names = [name for name in required if name in properties] if isinstance(required, list) and required \
-        else list(properties)
+    names = [name for name in required if isinstance(name, str) and name in properties] \
+        if isinstance(required, list) and required else list(properties)
     return {name: _example(properties[name]) for name in names}
 
 

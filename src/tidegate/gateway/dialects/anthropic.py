@@ -98,7 +98,7 @@ class AnthropicDialect(Dialect):
         """`{"type": "error", "error": {"type", "message", "code"}}` (and `job_id` when a job is
         concerned)."""
         inner: dict[str, Any] = {"type": _error_type(error.status), "message": error.message,
-                                 "code": error.code or _default_code(error.status)}
+                                 "code": error.code or f"http_{error.status}"}
         if error.job_id is not None:
             inner["job_id"] = error.job_id
         return {"type": "error", "error": inner}
@@ -111,10 +111,6 @@ def _error_type(status: int) -> str:
     if status in _ERROR_TYPES:
         return _ERROR_TYPES[status]
     return "api_error" if status >= 500 else "invalid_request_error"
-
-
-def _default_code(status: int) -> str:
-    return f"http_{status}"
 
 
 # ---------------------------------------------------------------------------- requests
