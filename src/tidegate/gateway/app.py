@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from tidegate import __version__
-from tidegate.gateway import admin_api, dashboard, jobs_api, openai_api, ops, recs_api
+from tidegate.gateway import admin_api, batches_api, dashboard, files_api, jobs_api, openai_api, ops, recs_api
 from tidegate.gateway.errors import install_error_handlers
 from tidegate.gateway.fast_path import FastPath
 from tidegate.gateway.middleware import BodyLimit, RequestMetrics
@@ -36,6 +36,8 @@ An OpenAI-compatible gateway in front of a durable priority queue.
   answered with the provider's response plus `X-Tidegate-*` headers, or with an OpenAI-shaped
   error (`{"error": {"message", "type", "param", "code"}}`) saying why not: invalid requests answer 400,
   never 422, and a job that died answers the status its worker recorded.
+* **Files and Batches**: OpenAI's Files and Batch APIs; every line of a batch is a job at the
+  batch's priority (bulk by default), so interactive calls overtake it.
 * **Jobs**: enqueue work (one job or a batch) and fetch, long-poll or cancel it later.
 * **Recommendations**: a user's recommendations (one or a batch of users), computed
   incrementally from the change flow; direct ingestion of interactions; the model's freshness.
@@ -48,6 +50,8 @@ or key configured serves requests without a key (embedded mode).
 
 _TAGS = [
     {"name": "OpenAI-compatible", "description": "Chat completions, embeddings and models."},
+    {"name": "Files", "description": "Uploaded files: batch input, and the output batches write."},
+    {"name": "Batches", "description": "OpenAI's Batch API: a file of requests, each a job at bulk."},
     {"name": "Jobs", "description": "Asynchronous jobs: enqueue, poll, cancel."},
     {"name": "Recommendations", "description": "Real-time recommendations, interactions and freshness."},
     {"name": "Admin", "description": "Statistics, dead letters, tenants and keys (admin only)."},
@@ -71,11 +75,13 @@ def create_app(state: GatewayState) -> FastAPI:
     app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
-    for module in (openai_api, jobs_api, recs_api, admin_api, ops, dashboard):
+    for module in (openai_api, files_api, batches_api, jobs_api, recs_api, admin_api, ops, dashboard):
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413; the fast path runs
     # inside the body limit, on the body it lets through.
     app.add_middleware(FastPath, gateway=app)
-    app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes)
+    # An upload's body holds a whole file: its own limit, the file's plus the multipart envelope.
+    uploads = {files_api.UPLOADS_PATH: state.settings.max_file_bytes + files_api.MULTIPART_ENVELOPE_BYTES}
+    app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes, paths=uploads)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
     return app
