@@ -75,7 +75,7 @@ async def test_a_batch_is_inserted_once_and_its_lines_kept_in_order(
     assert await other.insert_batch(a_batch("batch_1").update(endpoint="/v1/embeddings")) is False
     lines = [BatchLine(custom_id="b", job_id="j1"),
              BatchLine(custom_id=None, error=LineError(code="invalid_json", message="line 2: bad", line=2)),
-             BatchLine(custom_id="a", job_id="j3")]
+             BatchLine(custom_id="a", job_id="j3", ended="succeeded")]
     await one.put_lines("batch_1", lines)
 
     assert await other.get_batch("batch_1") == a_batch("batch_1")

@@ -26,6 +26,7 @@ from gateway_support import Gateway, open_gateway
 from support.redis_keys import delete_keys
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.jobs import JobState, Priority
+from tidegate.simulator.server import InjectedFault
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -236,6 +237,26 @@ async def test_malformed_lines_go_to_the_error_file_while_the_rest_succeed(gw: G
             ("good-1", "duplicate_custom_id"), ("unknown-model", "model_not_found")]
         assert all(line["response"] is None for line in errors)
         assert all(line["error"]["message"].startswith("line ") for line in errors)
+
+
+async def test_a_request_the_provider_refuses_is_dead_lettered_into_the_error_file(gw: Gateway) -> None:
+    async with gw.openai("acme") as client:
+        # Given a provider that refuses the next request for one model with a 400
+        gw.sim.inject("claude-sonnet-4.5", InjectedFault("status", status=400, message="bad input", times=1))
+        file_id = await upload(client, [chat_line("refused", model="claude-sonnet-4.5"), chat_line("fine")])
+
+        batch = await ended(client, (await client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")).id)
+
+        # Then the batch completes; the refused line keeps the provider's status and error
+        assert batch.status == "completed" and counts(batch) == (2, 1, 1)
+        assert [line["custom_id"] for line in await lines_of(client, batch.output_file_id)] == ["fine"]
+        [refused] = await lines_of(client, batch.error_file_id)
+        assert refused["custom_id"] == "refused" and refused["error"] is None
+        assert refused["response"]["status_code"] == 400
+        assert "bad input" in refused["response"]["body"]["error"]["message"]
+        job = await gw.queue.get(refused["response"]["request_id"])
+        assert job is not None and job.state is JobState.DEAD  # in the dead-letter queue like any job
 
 
 async def test_a_batch_of_only_bad_lines_fails_with_its_errors(gw: Gateway) -> None:

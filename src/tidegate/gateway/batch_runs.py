@@ -10,8 +10,9 @@ of its jobs is final. Nothing runs in the background, so nothing is lost when a 
 any replica can finish what another began: the output files get ids derived from the batch's id
 and identical contents wherever they are written, and each change of status is a compare-and-set
 (`BatchStore.swap_batch`), so two replicas finalizing at once agree. Reading a batch's jobs costs
-one read per line, so it is done at most once per `batch_progress_s` (a gateway setting) per
-batch; between two readings the stored counts answer.
+one read per job, so a check reads at most READS_PER_CHECK jobs not yet seen ended, the lines
+remember the jobs seen ended, and a batch is checked at most once per `batch_progress_s` (a
+gateway setting); between two checks the stored counts answer.
 """
 
 from __future__ import annotations
@@ -38,11 +39,16 @@ __all__ = ["ACTIVE", "CHUNK_JOBS", "cancel_batch", "create_batch", "followed"]
 
 log = logging.getLogger("tidegate.gateway.batches")
 
-CHUNK_JOBS: Final = 500  # jobs per enqueue: each chunk one atomic write, none holding the queue long
+CHUNK_JOBS: Final = 200  # jobs per enqueue: each chunk one atomic write, none holding the loop long
 READ_CONCURRENCY: Final = 64  # job reads in flight while a batch's progress is read
+# Jobs read at most per progress check: a check costs a bounded time whatever the batch's size.
+READS_PER_CHECK: Final = 2_000
 ACTIVE: Final = frozenset({"in_progress", "cancelling", "finalizing"})
 _FINAL_BATCH: Final = frozenset({"completed", "failed", "expired", "cancelled"})
 _NOT_STARTED: Final = frozenset({JobState.QUEUED, JobState.DELAYED, JobState.FAILED})
+_ANSWERED: Final = frozenset({JobState.SUCCEEDED.value, JobState.DEAD.value})
+# A batch left `finalizing` this long is finalized again by whoever asks: its finalizer stopped.
+FINALIZE_TAKEOVER_S: Final = 120
 
 T = TypeVar("T")
 
@@ -90,7 +96,7 @@ async def create_batch(state: GatewayState, tenant: Tenant, body: BatchRequest, 
     if count > limit:
         raise ApiError(400, f"the file has {count} lines, over the limit of {limit} per batch",
                        code="too_many_lines", param="input_file_id")
-    parsed = parse_lines(state, tenant, content, endpoint=body.endpoint, priority=priority)
+    parsed = await parse_lines(state, tenant, content, endpoint=body.endpoint, priority=priority)
     if not parsed:
         raise ApiError(400, f"file {file.id!r} holds no request", code="empty_file", param="input_file_id")
     created = int(time.time())
@@ -140,7 +146,7 @@ async def _enqueue_lines(state: GatewayState, tenant: Tenant, record: BatchRecor
             drafts = [dataclasses.replace(draft, timeout_s=left_s,
                                           idempotency_key=_job_key(tenant, record.id, custom_id))
                       for custom_id, draft in chunk]
-            ids = await enqueue(state, tenant, drafts)
+            ids = await enqueue(state, tenant, drafts, derived_keys=True)
             job_ids.update({custom_id: job_id for (custom_id, _), job_id in zip(chunk, ids, strict=True)})
     except BaseException:
         await _bounded(state.queue.cancel, job_ids.values())
@@ -173,21 +179,49 @@ async def followed(state: GatewayState, batch: BatchRecord, *, force: bool = Fal
     `force`), finalized when every job is final."""
     if batch.status not in ACTIVE:
         return batch
+    if batch.status == "finalizing" and time.time() - (batch.finalizing_at or 0) < FINALIZE_TAKEOVER_S:
+        return batch  # another call is writing its files
     every_ms = state.settings.batch_progress_s * 1000
     if not force and batch.status != "finalizing" and now_ms() - batch.checked_ms < every_ms:
         return batch
-    lines = await state.batches.get_lines(batch.id)
-    jobs = await _jobs_of(state, lines)
-    done = [job for job in jobs.values() if job is None or job.state in FINAL_STATES]
-    succeeded = sum(1 for job in done if job is not None and job.state is JobState.SUCCEEDED)
-    counts = RequestCounts(total=len(lines), completed=succeeded,
-                           failed=len(done) - succeeded + sum(1 for line in lines if line.job_id is None))
-    if len(done) < len(jobs):
+    lines = await _seen_ended(state, batch, await state.batches.get_lines(batch.id))
+    counts = _counts(lines)
+    if any(_running(line) for line in lines):
         updated = batch.update(request_counts=counts, checked_ms=now_ms())
         if await state.batches.swap_batch(updated, batch.status):
             return updated
         return await _stored(state, batch)
-    return await _finalize(state, batch, lines, jobs, counts)
+    # Every job is final: the succeeded and dead ones are read once more, for their answers.
+    answered = [line for line in lines if line.ended in _ANSWERED]
+    return await _finalize(state, batch, lines, await _jobs_of(state, answered), counts)
+
+
+def _running(line: BatchLine) -> bool:
+    return line.job_id is not None and line.ended is None
+
+
+async def _seen_ended(state: GatewayState, batch: BatchRecord, lines: list[BatchLine]) -> list[BatchLine]:
+    """The lines with the final state of up to READS_PER_CHECK more of their jobs, oldest first
+    (the queue serves one level first in, first out, so those are the likeliest to have ended);
+    stored when any has ended, so no check reads a finished job again. Two replicas storing at
+    once may lose each other's news: the next check reads it again."""
+    unknown = [index for index, line in enumerate(lines) if _running(line)][:READS_PER_CHECK]
+    jobs = await _bounded(state.queue.get, [lines[index].job_id or "" for index in unknown])
+    seen = False
+    for index, job in zip(unknown, jobs, strict=True):
+        if job is None or job.state in FINAL_STATES:
+            ended = "gone" if job is None else job.state.value
+            lines[index] = lines[index].model_copy(update={"ended": ended})
+            seen = True
+    if seen:
+        await state.batches.put_lines(batch.id, lines)
+    return lines
+
+
+def _counts(lines: list[BatchLine]) -> RequestCounts:
+    completed = sum(1 for line in lines if line.ended == JobState.SUCCEEDED.value)
+    ended = sum(1 for line in lines if line.ended is not None or line.job_id is None)
+    return RequestCounts(total=len(lines), completed=completed, failed=ended - completed)
 
 
 async def _stored(state: GatewayState, batch: BatchRecord) -> BatchRecord:
@@ -211,7 +245,7 @@ async def _finalize(state: GatewayState, batch: BatchRecord, lines: list[BatchLi
     error_id = await _write(state, batch, f"file-{suffix}-errors", "batch_output_errors.jsonl", errors)
     if batch.cancelling_at is not None:
         ended = batch.update(status="cancelled", cancelled_at=now)
-    elif any(job is not None and job.state is JobState.EXPIRED for job in jobs.values()):
+    elif any(line.ended == JobState.EXPIRED.value for line in lines):
         ended = batch.update(status="expired", expired_at=now)
     else:
         ended = batch.update(status="completed", completed_at=now)
@@ -243,7 +277,7 @@ async def cancel_batch(state: GatewayState, batch: BatchRecord) -> BatchRecord:
         if not await state.batches.swap_batch(cancelling, "in_progress"):
             return await cancel_batch(state, await _stored(state, batch))
         batch = cancelling
-    lines = await state.batches.get_lines(batch.id)
+    lines = [line for line in await state.batches.get_lines(batch.id) if _running(line)]
     jobs = await _jobs_of(state, lines)
     # A job claimed between this read and its cancel is cancelled while it runs (its answer is
     # then discarded): the window is one round trip, and the line says it was cancelled.

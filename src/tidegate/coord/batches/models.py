@@ -48,6 +48,7 @@ class BatchLine(BaseModel):
     custom_id: str | None
     job_id: str | None = None
     error: LineError | None = None
+    ended: str | None = None  # the job's final state once seen ("gone": past the queue's retention)
 
 
 class RequestCounts(BaseModel):
