@@ -8,6 +8,9 @@ from typing import Annotated, Literal, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from tidegate.coord.batches import BatchFields, BatchRecord, LineError, RequestCounts, StoredFile
+from tidegate.coord.tenants import Tenant
+from tidegate.gateway.auth import is_admin
+from tidegate.gateway.errors import ApiError
 from tidegate.gateway.schemas import PriorityValue
 from tidegate.jobs import Priority
 
@@ -22,6 +25,7 @@ __all__ = [
     "batch_view",
     "file_view",
     "page_of",
+    "visible_to",
 ]
 
 MAX_METADATA_KEYS = 16  # as OpenAI's metadata: 16 pairs, keys of 64 characters, values of 512
@@ -129,6 +133,23 @@ def batch_view(batch: BatchRecord) -> BatchView:
 class _Identified(Protocol):
     @property
     def id(self) -> str: ...
+
+
+class _Owned(Protocol):
+    @property
+    def tenant(self) -> str: ...
+
+
+Owned = TypeVar("Owned", bound=_Owned)
+
+
+def visible_to(tenant: Tenant, record: Owned | None, what: str, record_id: str) -> Owned:
+    """The record if this tenant may see it (its own, or any for an admin); 404 otherwise, the
+    same as for an unknown id, so ids cannot be probed."""
+    if record is None or (record.tenant != tenant.name and not is_admin(tenant)):
+        raise ApiError(404, f"no {what} with id {record_id!r}", code=f"{what}_not_found",
+                       param=f"{what}_id")
+    return record
 
 
 Item = TypeVar("Item", bound=_Identified)

@@ -17,8 +17,8 @@ from tidegate.coord.batches import BatchRecord
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
 from tidegate.gateway.batch_runs import cancel_batch, create_batch, followed
-from tidegate.gateway.batch_schemas import BatchList, BatchRequest, BatchView, batch_view, page_of
-from tidegate.gateway.errors import ApiError, error_responses
+from tidegate.gateway.batch_schemas import BatchList, BatchRequest, BatchView, batch_view, page_of, visible_to
+from tidegate.gateway.errors import error_responses
 from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader
 from tidegate.gateway.state import GatewayState
 
@@ -33,10 +33,7 @@ _NOT_FOUND: dict[int | str, str] = {404: "No such batch for this tenant."}
 
 async def visible_batch(state: GatewayState, tenant: Tenant, batch_id: str) -> BatchRecord:
     """The batch if this tenant may see it; 404 otherwise, the same as for an unknown id."""
-    batch = await state.batches.get_batch(batch_id)
-    if batch is None or (batch.tenant != tenant.name and not is_admin(tenant)):
-        raise ApiError(404, f"no batch with id {batch_id!r}", code="batch_not_found", param="batch_id")
-    return batch
+    return visible_to(tenant, await state.batches.get_batch(batch_id), "batch", batch_id)
 
 
 @router.post("", response_model=BatchView, summary="Create a batch",

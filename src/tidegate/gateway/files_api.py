@@ -19,8 +19,8 @@ from fastapi.responses import Response
 
 from tidegate.coord.batches import StoredFile
 from tidegate.coord.tenants import Tenant
-from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
-from tidegate.gateway.batch_schemas import FileDeleted, FileList, FileView, file_view, page_of
+from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
+from tidegate.gateway.batch_schemas import FileDeleted, FileList, FileView, file_view, page_of, visible_to
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.state import GatewayState
 
@@ -44,10 +44,7 @@ def new_file_id() -> str:
 
 async def visible_file(state: GatewayState, tenant: Tenant, file_id: str) -> StoredFile:
     """The file if this tenant may see it; 404 otherwise, the same as for an unknown id."""
-    file = await state.batches.get_file(file_id)
-    if file is None or (file.tenant != tenant.name and not is_admin(tenant)):
-        raise ApiError(404, f"no file with id {file_id!r}", code="file_not_found", param="file_id")
-    return file
+    return visible_to(tenant, await state.batches.get_file(file_id), "file", file_id)
 
 
 @router.post("", response_model=FileView, summary="Upload a file",
