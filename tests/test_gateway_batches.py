@@ -353,6 +353,35 @@ async def test_a_repeated_create_with_an_idempotency_key_returns_the_first_batch
         assert len(await lines_of(client, batch.output_file_id)) == 2
 
 
+async def test_a_create_that_stopped_is_resumed_by_its_repeat_without_doubling_a_job(gw: Gateway) -> None:
+    async with gw.openai("acme") as client:
+        file_id = await upload(client, [chat_line("a"), chat_line("b")])
+        key = {"Idempotency-Key": f"resume-{uuid.uuid4().hex}"}
+        first = await ended(client, (await client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+            extra_headers=key)).id)
+        jobs = sorted(line["response"]["request_id"] for line in await lines_of(client, first.output_file_id))
+        # Given its gateway stopped after writing the jobs, before storing the lines: the batch
+        # is left validating, for longer than a create takes
+        stored = await gw.state.batches.get_batch(first.id)
+        assert stored is not None
+        left = stored.update(status="validating", created_at=stored.created_at - 3600, completed_at=None,
+                             finalizing_at=None, in_progress_at=None, output_file_id=None)
+        assert await gw.state.batches.swap_batch(left, "completed")
+        await gw.state.batches.put_lines(first.id, [])
+
+        # When the client repeats the create
+        again = await client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                            completion_window="24h", extra_headers=key)
+
+        # Then the batch is resumed with the jobs it had, none enqueued twice
+        assert again.id == first.id and again.status != "validating"
+        resumed = await ended(client, again.id)
+        assert resumed.status == "completed" and resumed.created_at == left.created_at
+        output = await lines_of(client, resumed.output_file_id)
+        assert sorted(line["response"]["request_id"] for line in output) == jobs
+
+
 async def test_cancel_stops_the_lines_not_started_and_keeps_the_finished(gw: Gateway) -> None:
     async with gw.openai("acme") as client:
         with slow(gw, SLOW_MODEL, 300):

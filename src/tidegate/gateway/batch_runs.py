@@ -47,6 +47,9 @@ ACTIVE: Final = frozenset({"in_progress", "cancelling", "finalizing"})
 _FINAL_BATCH: Final = frozenset({"completed", "failed", "expired", "cancelled"})
 _NOT_STARTED: Final = frozenset({JobState.QUEUED, JobState.DELAYED, JobState.FAILED})
 _ANSWERED: Final = frozenset({JobState.SUCCEEDED.value, JobState.DEAD.value})
+# A batch left `validating` this long was left by a create that stopped: the same create
+# (its Idempotency-Key) resumes it.
+VALIDATING_STALE_S: Final = 300
 # A batch left `finalizing` this long is finalized again by whoever asks: its finalizer stopped.
 FINALIZE_TAKEOVER_S: Final = 120
 
@@ -88,8 +91,8 @@ async def create_batch(state: GatewayState, tenant: Tenant, body: BatchRequest, 
                        code="invalid_file_purpose", param="input_file_id")
     batch_id = _batch_id(tenant, idempotency_key)
     known = await state.batches.get_batch(batch_id)
-    if known is not None:
-        return _repeated(known, body)
+    if known is not None and not _abandoned(_repeated(known, body)):
+        return known
     content = await state.batches.file_content(file.id) or b""
     limit = state.settings.max_batch_lines
     count = sum(1 for raw in content.split(b"\n") if raw.strip())
@@ -99,18 +102,31 @@ async def create_batch(state: GatewayState, tenant: Tenant, body: BatchRequest, 
     parsed = await parse_lines(state, tenant, content, endpoint=body.endpoint, priority=priority)
     if not parsed:
         raise ApiError(400, f"file {file.id!r} holds no request", code="empty_file", param="input_file_id")
-    created = int(time.time())
+    # A create resumed (its first call stopped before the batch began) keeps its time and window:
+    # the jobs it had written are found again by their keys, never doubled.
+    created = int(time.time()) if known is None else known.created_at
     record = BatchRecord(
         id=batch_id, tenant=tenant.name, priority=int(priority), input_file_id=file.id,
         endpoint=body.endpoint, completion_window=body.completion_window, status="validating",
         created_at=created, expires_at=created + _window_s(body.completion_window), metadata=body.metadata,
         request_counts=RequestCounts(total=len(parsed)))
-    if not await state.batches.insert_batch(record):
+    if known is None and not await state.batches.insert_batch(record):
         known = await state.batches.get_batch(batch_id)  # the same create, repeated at once
         assert known is not None
         return _repeated(known, body)
+    return await _start(state, tenant, record, parsed)
+
+
+def _abandoned(batch: BatchRecord) -> bool:
+    """Whether a batch was left `validating` by a create that stopped (a gateway that died)."""
+    return batch.status == "validating" and time.time() - batch.created_at > VALIDATING_STALE_S
+
+
+async def _start(state: GatewayState, tenant: Tenant, record: BatchRecord,
+                 parsed: list[ParsedLine]) -> BatchRecord:
+    """Enqueue the checked lines, store them, and start the batch (or fail it: no good line)."""
     lines = await _enqueue_lines(state, tenant, record, parsed)
-    await state.batches.put_lines(batch_id, lines)
+    await state.batches.put_lines(record.id, lines)
     errors = [line.error for line in lines if line.error is not None]
     now = int(time.time())
     if all(line.job_id is None for line in lines):
