@@ -168,13 +168,17 @@ async def test_an_upload_over_the_limit_is_refused_with_413(gw: Gateway) -> None
         assert [file.id async for file in client.files.list()] == before
 
 
-async def test_a_purpose_not_served_is_refused_with_400(gw: Gateway) -> None:
+async def test_a_purpose_not_served_or_a_body_not_multipart_is_refused_with_400(gw: Gateway) -> None:
     async with gw.openai("acme") as client:
         with pytest.raises(openai.BadRequestError) as refused:
             await client.files.create(file=("tune.jsonl", b"{}\n"), purpose="fine-tune")
+        as_json = await gw.http.post("/v1/files", json={"purpose": "batch"}, headers=gw.auth("acme"))
 
         assert status_of(refused.value) == (400, "invalid_purpose")
         assert "batch" in refused.value.response.json()["error"]["message"]
+        assert as_json.status_code == 400, as_json.text
+        error = as_json.json()["error"]
+        assert (error["code"], error["param"]) == ("invalid_request", "file")
 
 
 # ---------------------------------------------------------------------- batches
