@@ -22,8 +22,9 @@ from openai import AsyncOpenAI
 from openai.types import Batch
 
 from conftest import BACKENDS, QueueFactory
-from gateway_support import Gateway, open_gateway
+from gateway_support import Gateway, open_gateway, serving
 from support.redis_keys import delete_keys
+from tidegate.app.gateway import open_gateway_state
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
@@ -473,3 +474,22 @@ async def test_batches_are_listed_newest_first_in_pages(gw: Gateway) -> None:
 
         assert len(first.data) == 2 and first.has_more
         assert sorted(listed) == sorted(made) and len(listed) == 3
+
+
+async def test_another_gateway_replica_serves_the_same_files_and_batches(gw: Gateway) -> None:
+    # Given a second gateway on the same queue, as a replica in another process would be
+    async with open_gateway_state(gw.state.config, settings=SETTINGS, recs_url=None) as state, \
+            serving(state) as other_url, \
+            AsyncOpenAI(base_url=f"{other_url}/v1", api_key=gw.keys["acme"], max_retries=0) as other, \
+            gw.openai("acme") as client:
+        # When a file is uploaded to one and its batch made and followed on the other
+        file_id = await upload(client, [chat_line("a"), chat_line("b")])
+        batch = await other.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                           completion_window="24h")
+        done = await ended(other, batch.id)
+
+        # Then each serves what the other stored
+        assert done.status == "completed"
+        assert (await client.batches.retrieve(batch.id)).status == "completed"
+        output = await lines_of(client, done.output_file_id)
+        assert sorted(line["custom_id"] for line in output) == ["a", "b"]
