@@ -488,3 +488,61 @@ async def test_the_recommendations_panel_says_when_the_gateway_has_no_recommende
         await expect(opened.page.locator("#levels tbody tr")).to_have_count(5)  # the rest is unaffected
         assert await opened.page.locator("#recs-list tbody tr").count() == 0
         assert opened.errors == []
+
+
+# ---------------------------------------------------------------------- batches
+
+
+async def create_batch(gw: Gateway, lines: int, priority: str | None = None) -> dict[str, Any]:
+    """A chat batch of `lines` requests, uploaded and created through the HTTP API."""
+    content = "".join(
+        f'{{"custom_id": "r{n}", "method": "POST", "url": "/v1/chat/completions", '
+        f'"body": {{"model": "deepseek-v3.2", "messages": [{{"role": "user", "content": "hi {n}"}}]}}}}\n'
+        for n in range(lines))
+    uploaded = await gw.http.post("/v1/files", data={"purpose": "batch"},
+                                  files={"file": ("batch.jsonl", content.encode())})
+    assert uploaded.status_code == 200, uploaded.text
+    body: dict[str, Any] = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/chat/completions",
+                            "completion_window": "24h"}
+    if priority is not None:
+        body["priority"] = priority
+    created = await gw.http.post("/v1/batches", json=body)
+    assert created.status_code == 200, created.text
+    batch: dict[str, Any] = created.json()
+    return batch
+
+
+@needs_chromium
+@pytest.mark.sqlite_only  # the panel reads the Batch API, whatever the queue's backend
+async def test_the_batches_panel_lists_batches_with_their_status_and_counts(
+    queue_factory: QueueFactory, browser: Browser
+) -> None:
+    async with gateway_with_worker(queue_factory, tenants=False, budgets=BudgetConfig()) as gw:
+        # Given a batch at bulk, which no worker here serves, and one at high, which completes
+        waiting = await create_batch(gw, 3)
+        served = await create_batch(gw, 2, priority="high")
+        for _ in range(200):
+            if (await admin_json(gw, f"/v1/batches/{served['id']}"))["status"] == "completed":
+                break
+            await asyncio.sleep(0.05)
+
+        # When the page is opened
+        opened = await open_page(browser, f"{gw.url}/dashboard")
+        page = opened.page
+        await expect(page.locator("#batches tbody tr")).to_have_count(2)
+        done = f'#batches tr[data-batch-id="{served["id"]}"]'
+        await expect(page.locator(f'{done} td[data-col="status"]')).to_have_text("completed")
+
+        # Then each row shows the API's status, priority and counts
+        for batch in (await admin_json(gw, "/v1/batches"))["data"]:
+            row = f'#batches tr[data-batch-id="{batch["id"]}"]'
+            assert await cell(page, row, "status") == batch["status"]
+            assert await cell(page, row, "priority") == batch["priority"]
+            for col in ("completed", "failed", "total"):
+                assert await cell(page, row, col) == str(batch["request_counts"][col])
+        row = f'#batches tr[data-batch-id="{waiting["id"]}"]'
+        assert (await cell(page, row, "status"), await cell(page, row, "priority")) == ("in_progress", "bulk")
+        assert await cell(page, row, "total") == "3"
+        assert await cell(page, done, "completed") == "2"
+        assert await page.locator("#batches-empty").is_hidden()
+        assert opened.errors == []

@@ -373,8 +373,9 @@ async def test_every_operation_with_a_body_refuses_an_unreadable_one_in_the_apis
     gw: Gateway, body: bytes, status: int, code: str
 ) -> None:
     document = (await gw.http.get("/openapi.json")).json()
+    # JSON bodies: an upload (multipart, with a limit of its own) is tested with the Files API.
     with_body = [(path, method) for path, method, operation in _operations(document)
-                 if "requestBody" in operation]
+                 if "application/json" in operation.get("requestBody", {}).get("content", {})]
     assert len(with_body) >= 6
 
     for path, method in with_body:

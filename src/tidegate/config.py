@@ -247,6 +247,13 @@ class GatewaySettings(Section):
     max_body_bytes: int | None = Field(None, gt=0)
     max_messages: int = Field(1_000, gt=0)  # messages in one chat request
     max_batch: int = Field(1_000, gt=0)  # jobs in one POST /v1/jobs
+    # The Files API: the largest upload (413 beyond), and the most lines one batch may have (as
+    # OpenAI's Batch API: 50,000). A file is kept whole in the queue's backend, hence the bound.
+    max_file_bytes: int = Field(100 * 1024 * 1024, gt=0)
+    max_batch_lines: int = Field(50_000, gt=0)
+    # How often, at most, a batch's progress is read from its jobs (each read costs one job read
+    # per unfinished line); between two readings its stored counts answer.
+    batch_progress_s: float = Field(1.0, ge=0)
     allow_unauthenticated_local: bool = True
     # How many recent results feed the p50/p99 figures of GET /v1/stats.
     stats_window: int = Field(2_000, gt=0)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from tidegate._shutdown import close_bounded, enter_bounded
 from tidegate.config import TidegateConfig
 from tidegate.coord import queue_name_of
+from tidegate.coord.batches import BatchStore, batch_store_for
 from tidegate.coord.budget import BudgetLedger, budget_ledger_for
 from tidegate.coord.limiter import RateLimiter, rate_limiter_for
 from tidegate.coord.relay import ChunkRelay, relay_for
@@ -47,6 +48,7 @@ class Components:
     ledger: BudgetLedger  # spend per tenant and model, recorded by workers, read by gateways
     relay: ChunkRelay  # streamed chunks: workers publish, gateways subscribe
     limiter: RateLimiter | None = None  # the gateways' per-tenant RPM
+    batches: BatchStore | None = None  # the gateways' files and batches (Files and Batch APIs)
     callbacks: CallbackSender | None = None  # None: no signing secret in the environment
     cache: EntityCache | None = None  # the change flow's entity cache
     recommender: Recommender | None = None
@@ -62,12 +64,14 @@ class Components:
         ledger: BudgetLedger | None = None,
         relay: ChunkRelay | None = None,
         limiter: RateLimiter | bool = False,
+        batches: bool = False,
         callbacks: bool = False,
         cache: bool = False,
         recommender: Recommender | str | None = None,
     ) -> AsyncIterator[Components]:
         """Open on `config.queue_url` what was not given: the queue, tenants, ledger and relay
-        always; the rate limiter when `limiter` is True; the callback sender when `callbacks` is
+        always; the rate limiter when `limiter` is True; the batch store when `batches` is True;
+        the callback sender when `callbacks` is
         True and the secret named by `config.callbacks.secret_env` is set; the entity cache of
         `config.sync` when `cache` is True; and a recommender on the store at `recommender` when
         that is a URL (under `config.sync.prefix`, its settings `config.recs`). Close on exit only
@@ -90,6 +94,7 @@ class Components:
             if relay is None:
                 relay = relay_for(url)  # connects on first use: only a close to arrange
                 close_bounded(stack, relay.close, "the relay")
+            files = await enter_bounded(stack, batch_store_for(url), "the batch store") if batches else None
             sender = await _open_callbacks(stack, config) if callbacks else None
             entity_cache = None
             # The change flow's parts are imported only by the processes that ask for them: a
@@ -103,7 +108,7 @@ class Components:
 
                 recommender = await open_recommender(stack, config, recommender)
             yield cls(config=config, queue=queue, tenants=tenants, ledger=ledger, relay=relay,
-                      limiter=rates, callbacks=sender, cache=entity_cache,
+                      limiter=rates, batches=files, callbacks=sender, cache=entity_cache,
                       recommender=recommender)
 
 

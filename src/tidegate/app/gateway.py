@@ -60,12 +60,16 @@ def gateway_state(
     extra_registries: Sequence[CollectorRegistry] = (),
     recs_monitor: RecsMonitor | None = None,
 ) -> GatewayState:
-    """The state a gateway serves from, around opened parts (a rate limiter among them)."""
+    """The state a gateway serves from, around opened parts (a rate limiter and a batch store
+    among them)."""
     if parts.limiter is None:
         raise ValueError("a gateway needs a rate limiter: open the parts with limiter=True")
+    if parts.batches is None:
+        raise ValueError("a gateway needs a batch store: open the parts with batches=True")
     return GatewayState(config=parts.config, settings=settings or parts.config.gateway, queue=parts.queue,
                         tenants=parts.tenants, limiter=parts.limiter, ledger=parts.ledger, relay=parts.relay,
-                        metrics=metrics or GatewayMetrics(), extra_registries=tuple(extra_registries),
+                        batches=parts.batches, metrics=metrics or GatewayMetrics(),
+                        extra_registries=tuple(extra_registries),
                         recommender=parts.recommender, recs_monitor=recs_monitor)
 
 
@@ -97,7 +101,7 @@ async def open_gateway_state(
     another process's memory, so a gateway on its own serves no recommendations."""
     async with Components.open(
         config, queue=queue, tenants=tenants, ledger=ledger, relay=relay,
-        limiter=True if limiter is None else limiter,
+        limiter=True if limiter is None else limiter, batches=True,
         recommender=_recs_url(config, recs_url) if recommender is None else recommender,
     ) as parts:
         yield gateway_state(parts, settings=settings, metrics=metrics, extra_registries=extra_registries,

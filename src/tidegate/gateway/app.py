@@ -22,7 +22,9 @@ from tidegate import __version__
 from tidegate.gateway import (
     admin_api,
     anthropic_api,
+    batches_api,
     dashboard,
+    files_api,
     jobs_api,
     openai_api,
     ops,
@@ -49,6 +51,8 @@ An OpenAI-compatible gateway in front of a durable priority queue.
   create (waiting, streamed or in the background), retrieve, cancel, delete, input items.
 * **Anthropic Messages**: point an Anthropic SDK at the gateway (`/v1/messages`): each message
   is queued the same way and answered as a Message, errors in Anthropic's shape.
+* **Files and Batches**: OpenAI's Files and Batch APIs; every line of a batch is a job at the
+  batch's priority (bulk by default), so interactive calls overtake it.
 * **Jobs**: enqueue work (one job or a batch) and fetch, long-poll or cancel it later.
 * **Recommendations**: a user's recommendations (one or a batch of users), computed
   incrementally from the change flow; direct ingestion of interactions; the model's freshness.
@@ -64,6 +68,8 @@ _TAGS = [
     {"name": "OpenAI-compatible", "description": "Chat completions, embeddings and models."},
     {"name": "Responses", "description": "OpenAI's Responses API: each response is a queued job."},
     {"name": "Anthropic Messages", "description": "Anthropic's Messages API over the same queue."},
+    {"name": "Files", "description": "Uploaded files: batch input, and the output batches write."},
+    {"name": "Batches", "description": "OpenAI's Batch API: a file of requests, each a job at bulk."},
     {"name": "Jobs", "description": "Asynchronous jobs: enqueue, poll, cancel."},
     {"name": "Recommendations", "description": "Real-time recommendations, interactions and freshness."},
     {"name": "Admin", "description": "Statistics, dead letters, tenants and keys (admin only)."},
@@ -87,12 +93,14 @@ def create_app(state: GatewayState) -> FastAPI:
     app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
-    for module in (openai_api, responses_api, anthropic_api, jobs_api, recs_api, admin_api, ops,
-                   dashboard):
+    for module in (openai_api, responses_api, anthropic_api, files_api, batches_api, jobs_api, recs_api,
+                   admin_api, ops, dashboard):
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413; the fast path runs
     # inside the body limit, on the body it lets through.
     app.add_middleware(FastPath, gateway=app)
-    app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes)
+    # An upload's body holds a whole file: its own limit, the file's plus the multipart envelope.
+    uploads = {files_api.UPLOADS_PATH: state.settings.max_file_bytes + files_api.MULTIPART_ENVELOPE_BYTES}
+    app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes, paths=uploads)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
     return app

@@ -275,10 +275,12 @@ async def submit(
 
 
 async def enqueue(state: GatewayState, tenant: Tenant, drafts: Sequence[JobDraft], *,
-                  will_wait: bool = False) -> list[str]:
+                  will_wait: bool = False, derived_keys: bool = False) -> list[str]:
     """Enqueue checked jobs in one atomic call; their callback URLs are checked first, and so is
     every Idempotency-Key already used (409 when it was used for another request). `will_wait`:
-    the call waits for them next (see `Queue.enqueue_many`)."""
+    the call waits for them next (see `Queue.enqueue_many`). `derived_keys`: the keys are derived
+    from the requests themselves (a batch's lines), so a key another call won in between names
+    the same request, and the check after the write (one read per job) is spared."""
     for url in {draft.callback_url for draft in drafts if draft.callback_url is not None}:
         await state.check_callback_url(url)
     keyed = [draft for draft in drafts if draft.idempotency_key is not None]
@@ -289,7 +291,7 @@ async def enqueue(state: GatewayState, tenant: Tenant, drafts: Sequence[JobDraft
             await _check_repeat(state, draft, known[draft.idempotency_key])
     ids = await state.queue.enqueue_many([draft.spec(tenant) for draft in drafts], will_wait=will_wait)
     for draft, job_id in zip(drafts, ids, strict=True):
-        if draft.idempotency_key is not None and draft.idempotency_key not in known:
+        if draft.idempotency_key is not None and draft.idempotency_key not in known and not derived_keys:
             # Two first uses at once: the other may have won the key in between.
             await _check_repeat(state, draft, job_id)
     for draft in drafts:

@@ -4,6 +4,7 @@ rather than Starlette's BaseHTTPMiddleware, so streamed answers pass through unt
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -16,14 +17,16 @@ __all__ = ["BodyLimit", "RequestMetrics"]
 
 
 class BodyLimit:
-    """Refuse request bodies over `max_bytes` with 413: at once when Content-Length says so,
-    else as soon as the bytes read pass the limit (a chunked upload), so an oversized body is
-    never read in full. Headers over MAX_HEADER_BYTES in all are refused with 431: the HTTP
-    server refuses such a head only when it arrives in pieces (see http_server)."""
+    """Refuse request bodies over `max_bytes` (or the limit `paths` gives a path) with 413: at
+    once when Content-Length says so, else as soon as the bytes read pass the limit (a chunked
+    upload), so an oversized body is never read in full. Headers over MAX_HEADER_BYTES in all
+    are refused with 431: the HTTP server refuses such a head only when it arrives in pieces
+    (see http_server)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, paths: Mapping[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.paths = dict(paths or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -33,9 +36,10 @@ class BodyLimit:
         if header_bytes > MAX_HEADER_BYTES:
             await error_response(headers_too_large(MAX_HEADER_BYTES))(scope, receive, send)
             return
+        limit = self.paths.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await error_response(self._too_large())(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await error_response(_too_large(limit))(scope, receive, send)
             return
         received = 0
 
@@ -44,17 +48,18 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > limit:
                     # Raised inside the route's body read: FastAPI passes an HTTPException
                     # through to the app's handler, which answers in the OpenAI shape.
-                    raise HTTPException(413, self._too_large().message, headers=_CLOSE)
+                    raise HTTPException(413, _too_large(limit).message, headers=_CLOSE)
             return message
 
         await self.app(scope, counted, send)
 
-    def _too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is over the limit of {self.max_bytes} bytes",
-                        code="request_too_large", headers=_CLOSE)
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is over the limit of {limit} bytes",
+                    code="request_too_large", headers=_CLOSE)
 
 
 # On a refused body: the server closes the connection once it has answered, rather than read

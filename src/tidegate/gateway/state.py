@@ -1,5 +1,5 @@
 """What a gateway holds while it runs: the queue, the tenant store, the shared limiter, budget
-ledger and chunk relay, the recommender, its metrics and settings. `create_app` takes one, so
+ledger, chunk relay and batch store, the recommender, its metrics and settings. `create_app` takes one, so
 tests (and `tidegate up`, which shares a queue and relay with in-process workers) can build the
 app around components of their own."""
 
@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from tidegate.callback_urls import check_callback_url
 from tidegate.config import ModelConfig, TidegateConfig, default_models
+from tidegate.coord.batches import BatchStore
 from tidegate.coord.budget import BudgetLedger
 from tidegate.coord.limiter import RateLimiter
 from tidegate.coord.relay import ChunkRelay
@@ -45,6 +46,7 @@ class GatewayState:
     limiter: RateLimiter  # per-tenant RPM, keys "tenant:<name>"
     ledger: BudgetLedger  # spend today, as the workers record it
     relay: ChunkRelay  # streamed chunks, published by workers
+    batches: BatchStore  # the Files and Batch APIs' files and batches
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     # Registries exported by /metrics besides the gateway's own (e.g. DispatchMetrics of
     # workers running in the same process).

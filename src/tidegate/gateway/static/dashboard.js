@@ -1,4 +1,5 @@
-// tidegate dashboard: polls the gateway's admin API (GET v1/stats, GET v1/dlq) and its
+// tidegate dashboard: polls the gateway's admin API (GET v1/stats, GET v1/dlq), its batches
+// (GET v1/batches: an admin sees every tenant's) and its
 // recommendations API (GET v1/health, GET v1/recommendations/{user}) and draws what they
 // answer. Plain JavaScript with no library and no request beyond this gateway, because the page
 // must work on machines without internet access. Every value from the server is written with
@@ -12,6 +13,7 @@
   const RATE_WINDOW_MS = 15 * 1000; // counter rates are taken over this span to smooth the noise
   const KEY_STORAGE = "tidegate.adminKey";
   const DLQ_LIMIT = 100;
+  const BATCHES_LIMIT = 20;
   const PRIORITIES = ["critical", "high", "normal", "low", "bulk"];
 
   const state = {
@@ -23,6 +25,7 @@
     stats: null,
     dlq: null,
     dlqSignature: "",
+    batches: null,
     timer: 0,
     polling: false,
     pollAgain: false,
@@ -159,8 +162,9 @@
     if ((state.paused && !force) || !$("login").hidden) return;
     state.polling = true;
     try {
-      const [stats, dlq] = await Promise.all([api("v1/stats"), api(`v1/dlq?limit=${DLQ_LIMIT}`)]);
-      onData(stats, dlq);
+      const [stats, dlq, batches] = await Promise.all([
+        api("v1/stats"), api(`v1/dlq?limit=${DLQ_LIMIT}`), api(`v1/batches?limit=${BATCHES_LIMIT}`)]);
+      onData(stats, dlq, batches);
     } catch (exc) {
       onFailure(exc);
     } finally {
@@ -179,9 +183,10 @@
     state.timer = setTimeout(() => poll(true), 0);
   }
 
-  function onData(stats, dlq) {
+  function onData(stats, dlq, batches) {
     state.stats = stats;
     state.dlq = dlq;
+    state.batches = batches;
     state.lastOk = Date.now();
     state.failing = false;
     hideBanner();
@@ -311,6 +316,7 @@
     renderModels(stats);
     renderTenants(stats);
     renderDlq(state.dlq, stats.dead);
+    renderBatches(state.batches);
     renderCharts();
     updateClock();
   }
@@ -432,6 +438,26 @@
     $("tenants-note").textContent = rows.length
       ? ""
       : "No spend recorded today. Per-tenant spend comes from the budget ledger, which workers keep when a budget is configured (and always under `tidegate up`).";
+  }
+
+  // ---------------------------------------------------------------- batches
+
+  function renderBatches(page) {
+    const batches = page.data;
+    $("batches-count").textContent = page.has_more ? `the ${batches.length} most recent` : `${batches.length}`;
+    const rows = batches.map((batch) => {
+      const counts = batch.request_counts;
+      return el("tr", { data: { batchId: batch.id } },
+        cell(batch.id.slice(0, 18), { cls: "mono", col: "id", title: batch.id }),
+        cell(batch.status, { col: "status" }),
+        el("td", { data: { col: "priority" } }, priorityBadge(batch.priority)),
+        cell(fmtCount(counts.completed), { num: true, col: "completed" }),
+        cell(fmtCount(counts.failed), { num: true, col: "failed" }),
+        cell(fmtCount(counts.total), { num: true, col: "total" }),
+        cell(fmtTime(new Date(batch.created_at * 1000).toISOString()), { col: "created" }));
+    });
+    document.querySelector("#batches tbody").replaceChildren(...rows);
+    $("batches-empty").hidden = batches.length > 0;
   }
 
   // ---------------------------------------------------------------- dead letters

@@ -1,0 +1,39 @@
+"""Files and batches: what the Files API's uploads and the Batch API's batches keep between
+calls, in the queue's backend by a `BatchStore` (`batch_store_for(queue_url)`: the SQLite file or
+the Redis server), so every gateway replica serves the same ones."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tidegate.coord._store import imported_when_named
+from tidegate.coord.batches.base import BatchStore, batch_store_for
+from tidegate.coord.batches.models import (
+    BatchFields,
+    BatchLine,
+    BatchRecord,
+    BatchStatus,
+    LineError,
+    RequestCounts,
+    StoredFile,
+)
+from tidegate.coord.batches.sqlite import SqliteBatchStore
+
+if TYPE_CHECKING:
+    from tidegate.coord.batches.redis import RedisBatchStore
+
+__all__ = [
+    "BatchFields",
+    "BatchLine",
+    "BatchRecord",
+    "BatchStatus",
+    "BatchStore",
+    "LineError",
+    "RedisBatchStore",
+    "RequestCounts",
+    "SqliteBatchStore",
+    "StoredFile",
+    "batch_store_for",
+]
+
+__getattr__ = imported_when_named(__name__, {"RedisBatchStore": "tidegate.coord.batches.redis"})

@@ -1,0 +1,116 @@
+"""The Files API: POST /v1/files (a multipart upload), GET /v1/files, GET /v1/files/{id},
+GET /v1/files/{id}/content, DELETE /v1/files/{id}.
+
+Files are what batches read their requests from (`purpose` batch, the only one served for now)
+and write their answers to (`batch_output`, made by the gateway). They are kept in the batch store
+(tidegate.coord.batches), in the queue's backend, so every gateway replica serves the same ones.
+A tenant sees only its own files: another tenant's answers 404, like an unknown id; admins see
+every file, as they see every job.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Annotated, Final
+
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.responses import Response
+
+from tidegate.coord.batches import StoredFile
+from tidegate.coord.tenants import Tenant
+from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
+from tidegate.gateway.batch_schemas import FileDeleted, FileList, FileView, file_view, page_of, visible_to
+from tidegate.gateway.errors import ApiError, error_responses
+from tidegate.gateway.state import GatewayState
+
+__all__ = ["MULTIPART_ENVELOPE_BYTES", "UPLOADS_PATH", "UPLOAD_PURPOSES", "router", "visible_file"]
+
+UPLOADS_PATH: Final = "/v1/files"
+# What an upload's body holds beyond the file: the parts' headers and boundaries, the purpose.
+MULTIPART_ENVELOPE_BYTES: Final = 64 * 1024
+UPLOAD_PURPOSES: Final = ("batch",)  # what a client may upload for; more come with their APIs
+MAX_PAGE: Final = 10_000  # OpenAI's most files per page
+
+router = APIRouter(prefix=UPLOADS_PATH, tags=["Files"], responses=error_responses(401, 503))
+
+_NOT_FOUND: dict[int | str, str] = {404: "No such file for this tenant."}
+
+
+def new_file_id() -> str:
+    """A fresh file id, shaped as OpenAI's."""
+    return f"file-{secrets.token_hex(12)}"
+
+
+async def visible_file(state: GatewayState, tenant: Tenant, file_id: str) -> StoredFile:
+    """The file if this tenant may see it; 404 otherwise, the same as for an unknown id."""
+    return visible_to(tenant, await state.batches.get_file(file_id), "file", file_id)
+
+
+@router.post("", response_model=FileView, summary="Upload a file",
+             responses=error_responses(400, 413, 429))
+async def create_file(
+    state: StateDep,
+    tenant: MeteredTenantDep,
+    file: Annotated[UploadFile, File(description="The file: for `batch`, JSON Lines of requests.")],
+    purpose: Annotated[str, Form(description="What the file is for: `batch` (the only one served "
+                                 "for now).")],
+) -> FileView:
+    """Store a file for the tenant, at most the gateway's `max_file_bytes`."""
+    if purpose not in UPLOAD_PURPOSES:
+        raise ApiError(400, f"purpose {purpose!r} is not served: use one of {', '.join(UPLOAD_PURPOSES)}",
+                       code="invalid_purpose", param="purpose")
+    limit = state.settings.max_file_bytes
+    # One byte past the limit is enough to know: a file over it is never read in full.
+    content = await file.read(limit + 1)
+    if len(content) > limit:
+        raise ApiError(413, f"the file is over the limit of {limit} bytes", code="file_too_large",
+                       param="file")
+    stored = StoredFile(id=new_file_id(), tenant=tenant.name, filename=file.filename or "upload.jsonl",
+                        purpose=purpose, bytes=len(content), created_at=int(time.time()))
+    await state.batches.put_file(stored, content)
+    return file_view(stored)
+
+
+@router.get("", response_model=FileList, summary="List files", responses=error_responses(400))
+async def list_files(
+    state: StateDep,
+    tenant: TenantDep,
+    purpose: Annotated[str | None, Query(max_length=64, description="Only files of this purpose.")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
+    after: Annotated[str | None, Query(max_length=255, description="The last id of the page before.")] = None,
+) -> FileList:
+    """The tenant's files, newest first."""
+    files = await state.batches.list_files(tenant.name, purpose)
+    page, has_more = page_of(files, after, limit)
+    views = [file_view(file) for file in page]
+    return FileList(data=views, first_id=views[0].id if views else None,
+                    last_id=views[-1].id if views else None, has_more=has_more)
+
+
+@router.get("/{file_id}", response_model=FileView, summary="Retrieve a file",
+            responses=error_responses(described=_NOT_FOUND))
+async def retrieve_file(file_id: str, state: StateDep, tenant: TenantDep) -> FileView:
+    """The file's metadata."""
+    return file_view(await visible_file(state, tenant, file_id))
+
+
+@router.get("/{file_id}/content", summary="Retrieve a file's content", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {"schema": {
+                "type": "string", "format": "binary"}}}, "description": "The file's bytes."},
+                **error_responses(described=_NOT_FOUND)})
+async def file_content(file_id: str, state: StateDep, tenant: TenantDep) -> Response:
+    """The file's bytes, as uploaded (or, for a batch's output, as the gateway wrote them)."""
+    file = await visible_file(state, tenant, file_id)
+    content = await state.batches.file_content(file.id)
+    if content is None:  # deleted between the two reads
+        raise ApiError(404, f"no file with id {file_id!r}", code="file_not_found", param="file_id")
+    return Response(content, media_type="application/octet-stream")
+
+
+@router.delete("/{file_id}", response_model=FileDeleted, summary="Delete a file",
+               responses=error_responses(described=_NOT_FOUND))
+async def delete_file(file_id: str, state: StateDep, tenant: TenantDep) -> FileDeleted:
+    """Delete the file; batches made from it go on (their lines were read when they were made)."""
+    file = await visible_file(state, tenant, file_id)
+    return FileDeleted(id=file.id, deleted=await state.batches.delete_file(file.id))
