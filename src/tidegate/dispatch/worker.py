@@ -46,6 +46,7 @@ from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
 from tidegate.dispatch.spending import Hold, Spending
+from tidegate.dispatch.tiers import answered_with_tier, priced, tier_of, with_tier
 from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
@@ -79,6 +80,7 @@ class _Call:
     key: str = ""
     reservation: Hold | None = None
     holds_model_slot: bool = False
+    service_tier: str | None = None  # the tier the call is sent with (tidegate.dispatch.tiers)
 
 
 class Worker:
@@ -321,6 +323,8 @@ class Worker:
         if reserved is None:
             return
         route = reserved
+        call.service_tier = tier_of(request, route.provider, job.priority)
+        request = with_tier(request, call.service_tier)
         call.key = f"{route.provider.name}/{route.model.name}"
         if not await self._pace(call, route.model, request, estimated_input):
             return
@@ -351,7 +355,7 @@ class Worker:
             return route
         job = call.job
         limits = await self._spending.limits(job.tenant)
-        amount = estimate_cost_micros(route.model, request.kind, request.body)
+        amount = self._estimate(route, request, job)
         try:
             call.reservation = await self._spending.reserve(job, amount, limits)
             return route
@@ -360,7 +364,7 @@ class Worker:
         if self.config.budgets.on_exhausted == "step_down":
             cheaper = self._cheaper_route(request, job, route)
             if cheaper is not None:
-                amount = estimate_cost_micros(cheaper.model, request.kind, request.body)
+                amount = self._estimate(cheaper, request, job)
                 try:
                     call.reservation = await self._spending.reserve(job, amount, limits)
                     self.metrics.budget_refusals.labels("stepped_down", BUDGET_EXHAUSTED).inc()
@@ -369,6 +373,12 @@ class Worker:
                     refusal = exc
         await self._on_budget_refusal(call, refusal, amount)
         return None
+
+    @staticmethod
+    def _estimate(route: RouteDecision, request: AIRequest, job: Job) -> int:
+        """The most the call can cost on `route`, at the prices of the tier it would be sent with."""
+        model = priced(route.model, route.provider, tier_of(request, route.provider, job.priority))
+        return estimate_cost_micros(model, request.kind, request.body)
 
     def _cheaper_route(self, request: AIRequest, job: Job, route: RouteDecision) -> RouteDecision | None:
         """The cheapest model that may serve an `auto` chat job, if it is not the one refused. A
@@ -480,14 +490,15 @@ class Worker:
     async def _on_success(self, call: _Call, route: RouteDecision, answer: Answer) -> None:
         job, model = call.job, route.model
         usage = answer.usage
-        spent = cost_micros(model, usage.input_tokens, usage.output_tokens)
+        response, billed = answered_with_tier(answer.response, call.service_tier)
+        spent = cost_micros(priced(model, route.provider, billed), usage.input_tokens, usage.output_tokens)
         reservation, call.reservation = call.reservation, None
         await self._observe_rate_limits(call.key, answer.rate_limit)
         self._concurrency.on_success(call.key)
         self.metrics.concurrency_limit.labels(model.name).set(self._concurrency.limit(call.key))
         self._health.success(model.name)
         result = AIResult(
-            answer.response, model=model.name, provider=route.provider.name, route=route.reason, usage=usage,
+            response, model=model.name, provider=route.provider.name, route=route.reason, usage=usage,
             cost_micros=spent, cost_usd=str(micros_to_usd(spent)),
             timings=Timings(call.queue_wait_ms, answer.latency_ms, answer.ttft_ms),
             attempts=job.attempts, worker_id=self.worker_id,

@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+SERVICE_TIERS: Final = ("auto", "default", "flex", "priority")
 MAX_EMBEDDING_INPUTS: Final = 2048
 
 
@@ -59,6 +60,7 @@ class ChatRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    service_tier: str | None = None  # the tier it is served at: what was asked, `auto` as default
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,7 @@ class EmbeddingsRequest:
     prompt_tokens: int
     dimensions: int | None
     encoding_format: Literal["float", "base64"]
+    service_tier: str | None = None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -142,6 +145,18 @@ def _check_range(body: dict[str, Any], name: str, low: float, high: float) -> No
                              f"but got {value} instead.", param=name, code="invalid_value")
 
 
+def _service_tier(body: dict[str, Any]) -> str | None:
+    """The tier a request is served at, as OpenAI answers it: the one asked for, `auto` served
+    at `default`; None when the request names none."""
+    tier = body.get("service_tier")
+    if tier is None:
+        return None
+    if tier not in SERVICE_TIERS:
+        raise InvalidRequest(f"Invalid value for 'service_tier': {tier!r} is not one of "
+                             f"{list(SERVICE_TIERS)}.", param="service_tier", code="invalid_value")
+    return "default" if tier == "auto" else str(tier)
+
+
 def _check_messages(messages: object) -> list[dict[str, Any]]:
     if messages is None:
         raise InvalidRequest("Missing required parameter: 'messages'.", param="messages",
@@ -199,7 +214,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     _check_range(body, "temperature", 0.0, 2.0)
     _check_range(body, "top_p", 0.0, 1.0)
     include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
-    return ChatRequest(model, estimate_prompt_tokens(messages), max_tokens, stream, include_usage)
+    return ChatRequest(model, estimate_prompt_tokens(messages), max_tokens, stream, include_usage,
+                       _service_tier(body))
 
 
 def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
@@ -233,4 +249,4 @@ def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
         raise InvalidRequest(f"Invalid value for 'encoding_format': {encoding!r} is not 'float' or 'base64'.",
                              param="encoding_format", code="invalid_value")
     dimensions = _optional_positive_int(body, "dimensions")
-    return EmbeddingsRequest(model, tuple(keys), tokens, dimensions, encoding)
+    return EmbeddingsRequest(model, tuple(keys), tokens, dimensions, encoding, _service_tier(body))

@@ -332,6 +332,8 @@ class Simulator:
             stats.completion_tokens += completion
         else:
             body = _embeddings_body(served, parsed)
+        if parsed.service_tier is not None:
+            body["service_tier"] = parsed.service_tier
         stats.prompt_tokens += parsed.prompt_tokens
         stats.by_status[200] += 1
         return _json(200, body, headers)
@@ -382,7 +384,7 @@ class Simulator:
         words = generate_words(rng, completion)
         ttft_ms = behaviour.ttft_ms if behaviour.ttft_ms is not None else sample_lognormal(
             rng, behaviour.latency_ms, behaviour.latency_p99_ms)
-        chunk = _ChunkWriter(_completion_id(rng), served.name)
+        chunk = _ChunkWriter(_completion_id(rng), served.name, chat.service_tier)
         response = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
@@ -523,9 +525,11 @@ def _embeddings_body(served: ServedModel, embed: EmbeddingsRequest) -> dict[str,
 class _ChunkWriter:
     """Encodes the `data:` events of one streamed completion in OpenAI's chunk format."""
 
-    def __init__(self, identifier: str, model: str) -> None:
-        self._head = {"id": identifier, "object": "chat.completion.chunk", "created": int(time.time()),
-                      "model": model}
+    def __init__(self, identifier: str, model: str, service_tier: str | None = None) -> None:
+        self._head: dict[str, Any] = {"id": identifier, "object": "chat.completion.chunk",
+                                      "created": int(time.time()), "model": model}
+        if service_tier is not None:
+            self._head["service_tier"] = service_tier
 
     def event(self, delta: dict[str, Any], *, finish_reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
