@@ -5,7 +5,9 @@ A job payload:
 
     {"kind": "chat" | "embeddings",
      "body": {...},                      # the OpenAI-compatible request body, as the client sent it
-     "allowed_models": ["gpt-4.1", ...]} # optional: the tenant's entitlement, set by the gateway
+     "allowed_models": ["gpt-4.1", ...], # optional: the tenant's entitlement, set by the gateway
+     "trace": {"traceparent": "00-…"}}   # optional: the W3C trace context of the request that
+                                         # enqueued it (tidegate.tracing), set when tracing is on
 
 A job result (what `GET /v1/jobs/{id}` shows as `result`):
 
@@ -68,6 +70,7 @@ class AIRequest:
     kind: Kind
     body: dict[str, Any]
     allowed_models: frozenset[str] | None = None
+    trace: dict[str, str] | None = None  # W3C traceparent (and tracestate) of the enqueuing request
 
     @property
     def requested_model(self) -> str | None:
@@ -85,12 +88,14 @@ class AIRequest:
         payload: dict[str, Any] = {"kind": self.kind, "body": self.body}
         if self.allowed_models is not None:
             payload["allowed_models"] = sorted(self.allowed_models)
+        if self.trace is not None:
+            payload["trace"] = self.trace
         return payload
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> AIRequest:
         """Parse a job payload; anything malformed is an InvalidJob naming the field."""
-        unknown = set(payload) - {"kind", "body", "allowed_models"}
+        unknown = set(payload) - {"kind", "body", "allowed_models", "trace"}
         if unknown:
             raise InvalidJob(f"unknown AI job field(s): {', '.join(sorted(unknown))}")
         kind = payload.get("kind")
@@ -108,7 +113,13 @@ class AIRequest:
             isinstance(allowed, list) and all(isinstance(name, str) for name in allowed)
         ):
             raise InvalidJob("allowed_models must be a list of model names")
-        return cls(kind=kind, body=body, allowed_models=None if allowed is None else frozenset(allowed))
+        trace = payload.get("trace")
+        if trace is not None and not (
+            isinstance(trace, dict) and all(isinstance(value, str) for value in trace.values())
+        ):
+            raise InvalidJob("trace must be an object of W3C trace context fields (strings)")
+        return cls(kind=kind, body=body, allowed_models=None if allowed is None else frozenset(allowed),
+                   trace=trace)
 
 
 # ---------------------------------------------------------------------------- results

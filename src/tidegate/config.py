@@ -2,9 +2,9 @@
 TIDEGATE_CONFIG) overlaid by `TIDEGATE_*` environment variables (nested with `__`).
 
 Every settings object of a process lives here as a section of `TidegateConfig`, so each can be set
-from the file and the environment: `[worker]`, `[gateway]`, `[up]`, `[recs]`, `[sync.pipeline]`
-and `[sync.verify]` beside the providers, routing, budgets, callbacks and change flow. A command's
-flags go over a section with `Section.given`.
+from the file and the environment: `[worker]`, `[gateway]`, `[up]`, `[recs]`, `[tracing]`,
+`[sync.pipeline]` and `[sync.verify]` beside the providers, routing, budgets, callbacks and change
+flow. A command's flags go over a section with `Section.given`.
 
 Money is configured in USD (decimals, never floats) and kept internally as integer micro-dollars.
 API keys are never stored here: a provider names the environment variable that holds its key.
@@ -318,6 +318,19 @@ class UpSettings(Section):
     change_flow: bool = True
 
 
+class TracingSettings(Section):
+    """OpenTelemetry traces (`[tracing]`, or TIDEGATE_TRACING__ENABLED=true): off by default, and
+    then nothing of OpenTelemetry is imported. On, each process exports its spans with OTLP over
+    HTTP (`pip install 'tidegate[otel]'`) to `otlp_endpoint`, else to where the standard
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT variables point
+    (http://localhost:4318 without either)."""
+
+    enabled: bool = False
+    otlp_endpoint: str | None = Field(None, min_length=1)  # the traces URL: http://host:4318/v1/traces
+    service_name: str = Field("tidegate", min_length=1)
+    sample_ratio: float = Field(1.0, ge=0, le=1)  # of new traces; a caller's sampled flag is followed
+
+
 class InteractionKind(enum.StrEnum):
     """What a user did with an item; each kind weighs differently (view < cart < purchase).
     Defined with the recommender's settings, whose weights are keyed by it (tidegate.recs
@@ -516,6 +529,7 @@ class TidegateConfig(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     up: UpSettings = Field(default_factory=UpSettings)
     recs: RecsSettings = Field(default_factory=RecsSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
 
     @classmethod
     def settings_customise_sources(

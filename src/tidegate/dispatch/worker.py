@@ -47,6 +47,7 @@ from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
 from tidegate.dispatch.spending import Hold, Spending
 from tidegate.dispatch.tiers import answered_with_tier, priced, tier_of, with_tier
+from tidegate.dispatch.traces import answered, charged, model_call, processing
 from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
@@ -54,6 +55,7 @@ from tidegate.providers.adapters import Answer, PartSink, ProviderAdapter, adapt
 from tidegate.providers.client import UpstreamClient, UpstreamError
 from tidegate.providers.ratelimit import RateLimitInfo
 from tidegate.queue import Queue
+from tidegate.tracing import NOOP_SPAN, Span
 
 if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gateway layer
     from tidegate.coord.tenants import TenantStore
@@ -81,6 +83,8 @@ class _Call:
     reservation: Hold | None = None
     holds_model_slot: bool = False
     service_tier: str | None = None  # the tier the call is sent with (tidegate.dispatch.tiers)
+    claimed_ns: int = 0  # when the job was claimed (ns since the epoch), where its queue wait ends
+    span: Span = NOOP_SPAN  # its `worker.process` span (tidegate.dispatch.traces)
 
 
 class Worker:
@@ -216,8 +220,9 @@ class Worker:
             await cancel_bounded(heartbeat, "the lease renewals' stop")
 
     def _start(self, job: Job) -> None:
-        waited_s = 0.0 if job.ready_at is None else max(time.time() - job.ready_at.timestamp(), 0.0)
-        call = _Call(job, queue_wait_ms=waited_s * 1000)
+        claimed_ns = time.time_ns()
+        waited_s = 0.0 if job.ready_at is None else max(claimed_ns / 1e9 - job.ready_at.timestamp(), 0.0)
+        call = _Call(job, queue_wait_ms=waited_s * 1000, claimed_ns=claimed_ns)
         self.metrics.queue_wait.labels(job.priority.name.lower()).observe(waited_s)
         task = asyncio.create_task(self._process(call), name=f"job-{job.id}")
         self._active[job.id] = (task, call)
@@ -278,6 +283,12 @@ class Worker:
     # ------------------------------------------------------------------ one job
 
     async def _process(self, call: _Call) -> None:
+        job = call.job
+        with processing(job, call.claimed_ns) as call.span:
+            await self._attempt_settled(call)
+
+    async def _attempt_settled(self, call: _Call) -> None:
+        """One attempt, whose every ending settles the job or gives it back."""
         job = call.job
         try:
             await self._attempt(call)
@@ -450,11 +461,13 @@ class Worker:
         self.metrics.in_flight.labels(model.name).inc()
         relayed = _Relayed()
         try:
-            if streaming:
-                answer = await adapter.stream(request, model.name, self._relaying(call.job, relayed))
-                await self._end_stream(call.job.id)
-            else:
-                answer = await adapter.complete(request, model.name)
+            with model_call(route, request) as span:
+                if streaming:
+                    answer = await adapter.stream(request, model.name, self._relaying(call.job, relayed))
+                    await self._end_stream(call.job.id)
+                else:
+                    answer = await adapter.complete(request, model.name)
+                answered(span, answer.response, answer.usage)
         except UpstreamError as exc:
             if relayed.chunks:
                 # The client already holds part of an answer; a retry would send it a second
@@ -492,6 +505,7 @@ class Worker:
         usage = answer.usage
         response, billed = answered_with_tier(answer.response, call.service_tier)
         spent = cost_micros(priced(model, route.provider, billed), usage.input_tokens, usage.output_tokens)
+        charged(call.span, spent, str(micros_to_usd(spent)), route, billed if call.service_tier else None)
         reservation, call.reservation = call.reservation, None
         await self._observe_rate_limits(call.key, answer.rate_limit)
         self._concurrency.on_success(call.key)
@@ -561,6 +575,7 @@ class Worker:
         """Record the attempt's failure: `error` for the job's history, and `failure`, what a
         caller is answered should the job be dead now."""
         job = call.job
+        call.span.fail(failure["code"], error)
         await self._release_budget(call)
         try:
             state = await self.queue.fail(job, error, retry_in_s, retry=retry, failure=failure)

@@ -25,6 +25,8 @@ from tidegate.gateway.fast_path import FastPath
 from tidegate.gateway.middleware import BodyLimit, RequestMetrics
 from tidegate.gateway.openapi import install_openapi
 from tidegate.gateway.state import GatewayState
+from tidegate.gateway.traces import ServerSpans
+from tidegate.tracing import tracer
 
 __all__ = ["create_app"]
 
@@ -78,4 +80,6 @@ def create_app(state: GatewayState) -> FastAPI:
     app.add_middleware(FastPath, gateway=app)
     app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
+    if tracer().enabled:  # off, requests do not even pass through it
+        app.add_middleware(ServerSpans)
     return app
