@@ -15,8 +15,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from conftest import QueueFactory
 from gateway_support import Gateway, open_gateway
 from tidegate.ai import AIRequest, result_of
-from tidegate.config import ModelConfig, PricedTier, ProviderConfig, TidegateConfig, TierPrice
-from tidegate.costs import at_tier, billed_tier, cost_micros, estimate_cost_micros
+from tidegate.config import BudgetConfig, ModelConfig, PricedTier, ProviderConfig, TidegateConfig, TierPrice
+from tidegate.costs import at_tier, billed_tier, cost_micros, estimate_cost_micros, usd_to_micros
 from tidegate.dispatch.tiers import priced, tier_of, with_tier
 from tidegate.jobs import Priority
 
@@ -126,6 +126,37 @@ async def test_the_policy_maps_critical_to_priority_and_bulk_to_flex_unless_the_
         assert cost == math.ceil(prompt * FLEX.input_usd_per_1m + output * FLEX.output_usd_per_1m)
         cost, prompt, output = await charged(gw, critical_id)
         assert cost == math.ceil(PRIORITY_FACTOR * (prompt * Decimal("0.28") + output * Decimal("0.42")))
+
+
+async def test_the_budget_is_reserved_at_the_price_of_the_tier_sent(queue_factory: QueueFactory) -> None:
+    # Given a daily budget between what the call can cost at flex prices and at default prices
+    limit_usd = Decimal("0.0002")
+    budgets = BudgetConfig(tenant_daily_usd={"acme": limit_usd}, on_exhausted="reject")
+    gateway = open_gateway(queue_factory, configure=with_tiers(), config_update={"budgets": budgets})
+    async with gateway as gw, gw.openai("acme") as client:
+        ask = {"model": MODEL, "messages": HELLO, "max_tokens": 600}
+        model = default_model(gw.state.config)
+        at_flex, at_default = (estimate_cost_micros(at_tier(model, tier), "chat", ask)
+                               for tier in ("flex", "default"))
+        assert at_flex < usd_to_micros(limit_usd) < at_default
+
+        # When the call asks for the default tier, then for flex
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=600,
+                                                 service_tier="default")
+        flex = await client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=600,
+                                                    service_tier="flex")
+
+        # Then only the flex reservation fits the budget
+        assert refused.value.response.json()["error"]["code"] == "budget_exceeds_limit"
+        assert flex.service_tier == "flex" and flex.choices
+
+
+def default_model(config: TidegateConfig) -> ModelConfig:
+    """MODEL as the gateway's config has it (its flex prices included)."""
+    found = config.find_model(MODEL)
+    assert found is not None
+    return found[1]
 
 
 @pytest.mark.parametrize("kind", ["chat", "embeddings"])
