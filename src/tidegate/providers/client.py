@@ -233,14 +233,16 @@ class UpstreamClient(Lifecycle):
     def _http_span(self, url: URL) -> AbstractContextManager[Span]:
         """The client span of one HTTP request (tidegate.tracing), current while it runs."""
         tracing = tracer()
-        return tracing.span("POST", kind="client", attributes=_http_attributes(url)) if tracing.enabled \
-            else NOTHING
+        if not tracing.enabled:
+            return NOTHING
+        return tracing.span("POST", kind="client", attributes=_http_attributes(url))
 
     def _start_http_span(self, url: URL) -> Span:
         """The client span of a streamed request, ended by its stream."""
         tracing = tracer()
-        return tracing.start("POST", kind="client", attributes=_http_attributes(url)) if tracing.enabled \
-            else NOOP_SPAN
+        if not tracing.enabled:
+            return NOOP_SPAN
+        return tracing.start("POST", kind="client", attributes=_http_attributes(url))
 
     # -- turning failures into UpstreamError
 
