@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,12 +126,14 @@ async def open_gateway(
     queue_settings: dict[str, Any] | None = None,
     config_update: dict[str, Any] | None = None,
     provider_update: dict[str, Any] | None = None,
+    configure: Callable[[TidegateConfig], TidegateConfig] | None = None,
 ) -> AsyncIterator[Gateway]:
     """A gateway on the factory's queue, with the simulator and (unless `worker=False`) a worker
     that shares the queue, as separate processes would: its own Queue object, and its own relay
     on Redis (the in-process relay is shared on SQLite, where both run in one process). With
     `worker_streams=False` the worker has no relay, as a worker in another process on SQLite.
-    `provider_update` changes the simulator's provider config (its `api`, say)."""
+    `provider_update` changes the simulator's provider config (its `api`, say); `configure` changes
+    the config made for the simulator (its providers, say) last."""
     url = queue_url_of(factory)
     # Fast retries and upkeep, so dead letters and retries happen within a test.
     fast = {"maintenance_interval_s": 0.2, "retry_base_s": 0.02, "retry_max_s": 0.05}
@@ -145,6 +147,8 @@ async def open_gateway(
                 provider.model_copy(update=provider_update) for provider in config.providers)})
         if config_update:
             config = config.model_copy(update=config_update)
+        if configure is not None:
+            config = configure(config)
         relay = relay_for(url)
         stack.push_async_callback(relay.close)
         metrics = DispatchMetrics()

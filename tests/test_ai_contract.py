@@ -145,4 +145,4 @@ def test_a_requests_origin_crosses_the_payload_and_a_malformed_one_is_refused() 
         with pytest.raises(InvalidJob):
             AIRequest.from_payload({**payload, "origin": origin})
     with pytest.raises(InvalidJob, match="unknown AI job field"):
-        AIRequest.from_payload({**payload, "trace": {}})
+        AIRequest.from_payload({**payload, "priority": 1})

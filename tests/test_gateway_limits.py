@@ -54,6 +54,21 @@ async def gw(queue_factory: QueueFactory) -> AsyncIterator[Gateway]:
         yield gateway
 
 
+def assert_error_in_shape(answer: httpx.Response, path: str, status: int, code: str) -> None:
+    """The answer is the error shape of the API `path` belongs to: Anthropic's for its Messages
+    routes, OpenAI's for every other, with the code given."""
+    if not path.startswith("/v1/messages"):
+        assert_openai_error(answer, status, code)
+        return
+    assert answer.status_code == status, (path, answer.text)
+    assert answer.headers["content-type"].startswith("application/json"), answer.headers
+    body = answer.json()
+    assert body.get("type") == "error", (path, body)
+    error = body["error"]
+    assert isinstance(error["type"], str) and error["type"] and isinstance(error["message"], str), error
+    assert error["code"] == code, (path, error)
+
+
 def assert_openai_error(answer: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
     """The answer is the API's error shape with a non-null code (and `code` when given)."""
     assert answer.status_code == status, answer.text
@@ -348,14 +363,14 @@ async def test_every_operation_refuses_an_unknown_key_and_a_wrong_method_in_the_
     for path, method, _ in operations:
         url = _concrete(path)
         unknown = await gw.http.request(method.upper(), url, headers={"Authorization": "Bearer sk-nope"})
-        assert_openai_error(unknown, 401, "invalid_api_key")
+        assert_error_in_shape(unknown, path, 401, "invalid_api_key")
         missing = await gw.http.request(method.upper(), url)
-        assert_openai_error(missing, 401, "missing_api_key")
+        assert_error_in_shape(missing, path, 401, "missing_api_key")
     for path, item in document["paths"].items():
         allowed = {method.upper() for method in item}
         wrong = next(m for m in ("PATCH", "PUT", "DELETE", "POST", "GET") if m not in allowed)
         answer = await gw.http.request(wrong, _concrete(path), headers=gw.auth("ops"))
-        assert_openai_error(answer, 405, "method_not_allowed")
+        assert_error_in_shape(answer, path, 405, "method_not_allowed")
         assert set(answer.headers["Allow"].split(", ")) == allowed, (path, answer.headers["Allow"])
     assert_openai_error(await gw.http.get("/v1/nowhere", headers=gw.auth("ops")), 404, "unknown_url")
 
@@ -381,11 +396,11 @@ async def test_every_operation_with_a_body_refuses_an_unreadable_one_in_the_apis
     for path, method in with_body:
         answer = await gw.http.request(method.upper(), _concrete(path), content=body,
                                        headers={**gw.auth("ops"), "Content-Type": "application/json"})
-        assert_openai_error(answer, status, code)
+        assert_error_in_shape(answer, path, status, code)
         too_large = await gw.http.request(
             method.upper(), _concrete(path), content=b" " * (gw.state.max_body_bytes + 1),
             headers={**gw.auth("ops"), "Content-Type": "application/json"})
-        assert_openai_error(too_large, 413, "request_too_large")
+        assert_error_in_shape(too_large, path, 413, "request_too_large")
 
 
 async def test_the_sdk_reads_a_code_from_every_kind_of_refusal(gw: Gateway) -> None:

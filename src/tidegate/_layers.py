@@ -38,6 +38,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_batching",
         "_labels",
         "_layers",
+        "tracing",
+        "_otel",
     ),
     ("queue",),  # 2. the durable priority queue
     ("__init__",),  # 3. the public facade: `from tidegate import Queue, Job, …`

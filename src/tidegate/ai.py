@@ -7,7 +7,9 @@ A job payload:
      "body": {...},                      # the OpenAI-compatible request body, as the client sent it
      "allowed_models": ["gpt-4.1", ...], # optional: the tenant's entitlement, set by the gateway
      "origin": {"api": "responses",      # optional: the request in another API's shape that the
-                "body": {...}}}          # body was translated from, so that API can render the job
+                "body": {...}},          # body was translated from, so that API can render the job
+     "trace": {"traceparent": "00-…"}}   # optional: the W3C trace context of the request that
+                                         # enqueued it (tidegate.tracing), set when tracing is on
 
 A job result (what `GET /v1/jobs/{id}` shows as `result`):
 
@@ -74,6 +76,7 @@ class AIRequest:
     # The request as another API shaped it (OpenAI's Responses), when `body` is its translation:
     # the job is that API's object too, rendered from it. Workers never read it.
     origin: Origin | None = None
+    trace: dict[str, str] | None = None  # W3C traceparent (and tracestate) of the enqueuing request
 
     @property
     def requested_model(self) -> str | None:
@@ -93,12 +96,14 @@ class AIRequest:
             payload["allowed_models"] = sorted(self.allowed_models)
         if self.origin is not None:
             payload["origin"] = {"api": self.origin.api, "body": self.origin.body}
+        if self.trace is not None:
+            payload["trace"] = self.trace
         return payload
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> AIRequest:
         """Parse a job payload; anything malformed is an InvalidJob naming the field."""
-        unknown = set(payload) - {"kind", "body", "allowed_models", "origin"}
+        unknown = set(payload) - {"kind", "body", "allowed_models", "origin", "trace"}
         if unknown:
             raise InvalidJob(f"unknown AI job field(s): {', '.join(sorted(unknown))}")
         kind = payload.get("kind")
@@ -116,8 +121,13 @@ class AIRequest:
             isinstance(allowed, list) and all(isinstance(name, str) for name in allowed)
         ):
             raise InvalidJob("allowed_models must be a list of model names")
+        trace = payload.get("trace")
+        if trace is not None and not (
+            isinstance(trace, dict) and all(isinstance(value, str) for value in trace.values())
+        ):
+            raise InvalidJob("trace must be an object of W3C trace context fields (strings)")
         return cls(kind=kind, body=body, allowed_models=None if allowed is None else frozenset(allowed),
-                   origin=Origin.from_payload(payload.get("origin")))
+                   origin=Origin.from_payload(payload.get("origin")), trace=trace)
 
 
 @dataclass(frozen=True, slots=True)

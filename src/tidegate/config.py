@@ -2,9 +2,9 @@
 TIDEGATE_CONFIG) overlaid by `TIDEGATE_*` environment variables (nested with `__`).
 
 Every settings object of a process lives here as a section of `TidegateConfig`, so each can be set
-from the file and the environment: `[worker]`, `[gateway]`, `[up]`, `[recs]`, `[sync.pipeline]`
-and `[sync.verify]` beside the providers, routing, budgets, callbacks and change flow. A command's
-flags go over a section with `Section.given`.
+from the file and the environment: `[worker]`, `[gateway]`, `[up]`, `[recs]`, `[tracing]`,
+`[sync.pipeline]` and `[sync.verify]` beside the providers, routing, budgets, callbacks and change
+flow. A command's flags go over a section with `Section.given`.
 
 Money is configured in USD (decimals, never floats) and kept internally as integer micro-dollars.
 API keys are never stored here: a provider names the environment variable that holds its key.
@@ -44,6 +44,21 @@ from tidegate.jobs import Priority
 DEFAULT_CONFIG_FILE = "tidegate.toml"
 SIMULATED_PROVIDER = "simulated"
 
+ServiceTier = Literal["auto", "default", "flex", "priority"]
+"""The processing tiers of OpenAI's `service_tier` field a caller may ask for. `auto` lets the
+provider choose (the project's setting, usually `default`)."""
+PricedTier = Literal["default", "flex", "priority"]
+"""A tier a call can be billed at (`auto` resolves to one of them)."""
+
+
+class TierPrice(BaseModel):
+    """A model's prices at one service tier (USD per 1M tokens)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input_usd_per_1m: Decimal = Field(ge=0)
+    output_usd_per_1m: Decimal = Field(ge=0)
+
 
 class ModelConfig(BaseModel):
     """One model a provider serves, with its prices and limits."""
@@ -61,11 +76,21 @@ class ModelConfig(BaseModel):
     max_concurrency: int = Field(64, gt=0)
     context_tokens: int = Field(128_000, gt=0)
     kind: Literal["chat", "embeddings"] = "chat"
+    # Prices at other service tiers than `default` (whose prices are the two above), e.g.
+    # {flex = {input_usd_per_1m = 1.0, output_usd_per_1m = 4.0}}; a tier not listed costs the
+    # default prices times the provider's `tier_price_factors`, else the default prices.
+    tier_prices: dict[PricedTier, TierPrice] = Field(default_factory=dict)
 
 
 class ProviderConfig(BaseModel):
     """An upstream: OpenAI-compatible (`api = "openai"`, the default) or Anthropic's Messages API
-    (`api = "anthropic"`, its base_url e.g. https://api.anthropic.com/v1)."""
+    (`api = "anthropic"`, its base_url e.g. https://api.anthropic.com/v1).
+
+    `service_tiers` is the tier policy: the `service_tier` sent for a job whose caller named none,
+    by the job's priority (e.g. {critical = "priority", bulk = "flex"}); empty (the default), no
+    tier is sent that the caller did not ask for. `tier_price_factors` prices a tier for every
+    model without prices of its own at that tier (OpenAI's flex: 0.5 of the default prices).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -75,6 +100,27 @@ class ProviderConfig(BaseModel):
     api_key_env: str | None = None  # the environment variable holding the key
     timeout_s: float = Field(60.0, gt=0)
     models: tuple[ModelConfig, ...] = ()
+    service_tiers: dict[str, ServiceTier] = Field(default_factory=dict)
+    tier_price_factors: dict[PricedTier, Decimal] = Field(default_factory=dict)
+
+    @field_validator("service_tiers")
+    @classmethod
+    def _tiers_by_priority(cls, tiers: dict[str, ServiceTier]) -> dict[str, ServiceTier]:
+        # Keyed by the level's name, so the file reads {critical = "priority"} and any spelling
+        # Priority.parse takes ("CRITICAL", "0") means the same level.
+        return {Priority.parse(name).name.lower(): tier for name, tier in tiers.items()}
+
+    @field_validator("tier_price_factors")
+    @classmethod
+    def _positive_factors(cls, factors: dict[PricedTier, Decimal]) -> dict[PricedTier, Decimal]:
+        for tier, factor in factors.items():
+            if factor < 0:
+                raise ValueError(f"the price factor of tier {tier!r} must be >= 0, not {factor}")
+        return factors
+
+    def tier_for(self, priority: Priority) -> ServiceTier | None:
+        """The tier the policy sends for a job at `priority` whose caller named none."""
+        return self.service_tiers.get(priority.name.lower())
 
     def api_key(self) -> SecretStr | None:
         """The key from the environment, wrapped so it never prints."""
@@ -281,6 +327,19 @@ class UpSettings(Section):
     change_flow: bool = True
 
 
+class TracingSettings(Section):
+    """OpenTelemetry traces (`[tracing]`, or TIDEGATE_TRACING__ENABLED=true): off by default, and
+    then nothing of OpenTelemetry is imported. On, each process exports its spans with OTLP over
+    HTTP (`pip install 'tidegate[otel]'`) to `otlp_endpoint`, else to where the standard
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT variables point
+    (http://localhost:4318 without either)."""
+
+    enabled: bool = False
+    otlp_endpoint: str | None = Field(None, min_length=1)  # the traces URL: http://host:4318/v1/traces
+    service_name: str = Field("tidegate", min_length=1)
+    sample_ratio: float = Field(1.0, ge=0, le=1)  # of new traces; a caller's sampled flag is followed
+
+
 class InteractionKind(enum.StrEnum):
     """What a user did with an item; each kind weighs differently (view < cart < purchase).
     Defined with the recommender's settings, whose weights are keyed by it (tidegate.recs
@@ -479,6 +538,7 @@ class TidegateConfig(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     up: UpSettings = Field(default_factory=UpSettings)
     recs: RecsSettings = Field(default_factory=RecsSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
 
     @classmethod
     def settings_customise_sources(

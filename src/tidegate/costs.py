@@ -4,6 +4,9 @@ Money is integer micro-dollars (`*_micros`) everywhere inside tidegate; config p
 USD per 1M tokens, and since 1 USD per 1M tokens is exactly 1 micro-dollar per token, a price
 needs no conversion at all: `tokens * usd_per_1m` is already micros. Floats never touch money.
 
+A model's prices depend on the service tier a call ran at (`at_tier`): its own prices for that
+tier, else its default prices times the provider's factor for the tier, else the default prices.
+
 Token estimates need no tokenizer download: they are character counts, deliberately a little
 high (see `estimate_input_tokens`), because they are used to *reserve* budget and rate-limit
 capacity before a call, and the reservation is settled to the provider's real usage afterwards.
@@ -14,11 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from decimal import ROUND_CEILING, Decimal
-from typing import Any
+from typing import Any, Final, get_args
 
 import orjson
 
-from tidegate.config import ModelConfig
+from tidegate.config import ModelConfig, PricedTier
 from tidegate.errors import InvalidJob
 
 __all__ = [
@@ -27,6 +30,8 @@ __all__ = [
     "IMAGE_TOKENS",
     "MESSAGE_OVERHEAD_TOKENS",
     "REPLY_PRIMING_TOKENS",
+    "at_tier",
+    "billed_tier",
     "cost_micros",
     "estimate_cost_micros",
     "estimate_input_tokens",
@@ -61,6 +66,37 @@ def cost_micros(model: ModelConfig, input_tokens: int, output_tokens: int) -> in
     # USD per 1M tokens == micros per token, so the prices multiply token counts directly.
     exact = input_tokens * model.input_usd_per_1m + output_tokens * model.output_usd_per_1m
     return math.ceil(exact)
+
+
+_PRICED_TIERS: Final[Mapping[str, PricedTier]] = {tier: tier for tier in get_args(PricedTier)}
+
+
+def billed_tier(sent: str | None, answered: object) -> PricedTier:
+    """The tier a call is billed at: the one the provider's answer names (its `service_tier`),
+    else the one sent; `auto`, none, or a tier without a price of its own are the default."""
+    for tier in (answered, sent):
+        if isinstance(tier, str) and tier in _PRICED_TIERS:
+            return _PRICED_TIERS[tier]
+    return "default"
+
+
+def at_tier(model: ModelConfig, tier: str | None,
+            factors: Mapping[PricedTier, Decimal] | None = None) -> ModelConfig:
+    """`model` priced at service tier `tier` (see the module's docstring); `factors` are the
+    provider's `tier_price_factors`. The model itself at the default tier."""
+    priced = billed_tier(tier, None)
+    if priced == "default":
+        return model
+    own = model.tier_prices.get(priced)
+    if own is not None:
+        prices = {"input_usd_per_1m": own.input_usd_per_1m, "output_usd_per_1m": own.output_usd_per_1m}
+    else:
+        factor = (factors or {}).get(priced)
+        if factor is None:
+            return model
+        prices = {"input_usd_per_1m": model.input_usd_per_1m * factor,
+                  "output_usd_per_1m": model.output_usd_per_1m * factor}
+    return model.model_copy(update=prices)
 
 
 def usd_to_micros(usd: Decimal | int) -> int:

@@ -30,6 +30,7 @@ from tidegate.gateway.metrics import GatewayMetrics
 from tidegate.gateway.settings import GatewaySettings, is_loopback_host
 from tidegate.gateway.state import GatewayState
 from tidegate.queue import Queue
+from tidegate.tracing import configured
 
 if TYPE_CHECKING:
     from tidegate.recs.engine import Recommender
@@ -194,6 +195,7 @@ async def serve_gateway(
             stack, open_gateway_state(config, settings=settings, extra_registries=extra_registries),
             "the gateway's state")
         await check_bind(state)
+        stack.enter_context(configured(config.tracing))  # before the app: it adds its server spans
         app = create_app(state)
         # The state is opened and closed here, around the server: no ASGI lifespan is needed.
         server = GatewayServer(uvicorn.Config(app, host=settings.host, port=settings.port, lifespan="off",

@@ -45,6 +45,7 @@ from tidegate.jobs import Priority
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import ServedModel, SimulatorSettings
 from tidegate.sync.metrics import SyncMetrics
+from tidegate.tracing import configured
 
 log = logging.getLogger("tidegate.app.up")
 
@@ -95,6 +96,7 @@ async def _run(
     # the worker, the refresh watcher, then the Components (recommender, entity cache, callback
     # sender, relay, ledger, limiter, tenants, queue); the simulator last.
     async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(configured(config.tracing))  # exported last, after everything stopped
         simulator_url = None
         if not config.providers:
             simulator = Simulator(simulator_settings)

@@ -14,6 +14,7 @@ from tidegate.config import TidegateConfig
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.errors import ConfigError
+from tidegate.tracing import configured
 
 log = logging.getLogger("tidegate.worker")
 
@@ -63,6 +64,7 @@ async def run_worker(
     # Signals are handled from here on, so a stop during the start is a graceful one too.
     with stop_on_signals(stops.request_stop, force=stops.force_stop, grace_s=settings.shutdown_grace_s):
         async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(configured(config.tracing))  # exported last, after the worker stopped
             # Each part closes after the worker that uses it, each close bounded.
             parts = await stack.enter_async_context(Components.open(config, callbacks=True))
             # A ledger always, so spend is tracked per tenant and model even where no budget is set.

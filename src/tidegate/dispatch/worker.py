@@ -46,6 +46,8 @@ from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
 from tidegate.dispatch.spending import Hold, Spending
+from tidegate.dispatch.tiers import answered_with_tier, priced, tier_of, with_tier
+from tidegate.dispatch.traces import answered, charged, model_call, processing
 from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
@@ -53,6 +55,7 @@ from tidegate.providers.adapters import Answer, PartSink, ProviderAdapter, adapt
 from tidegate.providers.client import UpstreamClient, UpstreamError
 from tidegate.providers.ratelimit import RateLimitInfo
 from tidegate.queue import Queue
+from tidegate.tracing import NOOP_SPAN, Span
 
 if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gateway layer
     from tidegate.coord.tenants import TenantStore
@@ -79,6 +82,9 @@ class _Call:
     key: str = ""
     reservation: Hold | None = None
     holds_model_slot: bool = False
+    service_tier: str | None = None  # the tier the call is sent with (tidegate.dispatch.tiers)
+    claimed_ns: int = 0  # when the job was claimed (ns since the epoch), where its queue wait ends
+    span: Span = NOOP_SPAN  # its `worker.process` span (tidegate.dispatch.traces)
 
 
 class Worker:
@@ -214,8 +220,9 @@ class Worker:
             await cancel_bounded(heartbeat, "the lease renewals' stop")
 
     def _start(self, job: Job) -> None:
-        waited_s = 0.0 if job.ready_at is None else max(time.time() - job.ready_at.timestamp(), 0.0)
-        call = _Call(job, queue_wait_ms=waited_s * 1000)
+        claimed_ns = time.time_ns()
+        waited_s = 0.0 if job.ready_at is None else max(claimed_ns / 1e9 - job.ready_at.timestamp(), 0.0)
+        call = _Call(job, queue_wait_ms=waited_s * 1000, claimed_ns=claimed_ns)
         self.metrics.queue_wait.labels(job.priority.name.lower()).observe(waited_s)
         task = asyncio.create_task(self._process(call), name=f"job-{job.id}")
         self._active[job.id] = (task, call)
@@ -277,6 +284,12 @@ class Worker:
 
     async def _process(self, call: _Call) -> None:
         job = call.job
+        with processing(job, call.claimed_ns) as call.span:
+            await self._attempt_settled(call)
+
+    async def _attempt_settled(self, call: _Call) -> None:
+        """One attempt, whose every ending settles the job or gives it back."""
+        job = call.job
         try:
             await self._attempt(call)
         except asyncio.CancelledError:
@@ -321,6 +334,8 @@ class Worker:
         if reserved is None:
             return
         route = reserved
+        call.service_tier = tier_of(request, route.provider, job.priority)
+        request = with_tier(request, call.service_tier)
         call.key = f"{route.provider.name}/{route.model.name}"
         if not await self._pace(call, route.model, request, estimated_input):
             return
@@ -351,7 +366,7 @@ class Worker:
             return route
         job = call.job
         limits = await self._spending.limits(job.tenant)
-        amount = estimate_cost_micros(route.model, request.kind, request.body)
+        amount = self._estimate(route, request, job)
         try:
             call.reservation = await self._spending.reserve(job, amount, limits)
             return route
@@ -360,7 +375,7 @@ class Worker:
         if self.config.budgets.on_exhausted == "step_down":
             cheaper = self._cheaper_route(request, job, route)
             if cheaper is not None:
-                amount = estimate_cost_micros(cheaper.model, request.kind, request.body)
+                amount = self._estimate(cheaper, request, job)
                 try:
                     call.reservation = await self._spending.reserve(job, amount, limits)
                     self.metrics.budget_refusals.labels("stepped_down", BUDGET_EXHAUSTED).inc()
@@ -369,6 +384,12 @@ class Worker:
                     refusal = exc
         await self._on_budget_refusal(call, refusal, amount)
         return None
+
+    @staticmethod
+    def _estimate(route: RouteDecision, request: AIRequest, job: Job) -> int:
+        """The most the call can cost on `route`, at the prices of the tier it would be sent with."""
+        model = priced(route.model, route.provider, tier_of(request, route.provider, job.priority))
+        return estimate_cost_micros(model, request.kind, request.body)
 
     def _cheaper_route(self, request: AIRequest, job: Job, route: RouteDecision) -> RouteDecision | None:
         """The cheapest model that may serve an `auto` chat job, if it is not the one refused. A
@@ -440,11 +461,13 @@ class Worker:
         self.metrics.in_flight.labels(model.name).inc()
         relayed = _Relayed()
         try:
-            if streaming:
-                answer = await adapter.stream(request, model.name, self._relaying(call.job, relayed))
-                await self._end_stream(call.job.id)
-            else:
-                answer = await adapter.complete(request, model.name)
+            with model_call(route, request) as span:
+                if streaming:
+                    answer = await adapter.stream(request, model.name, self._relaying(call.job, relayed))
+                    await self._end_stream(call.job.id)
+                else:
+                    answer = await adapter.complete(request, model.name)
+                answered(span, answer.response, answer.usage)
         except UpstreamError as exc:
             if relayed.chunks:
                 # The client already holds part of an answer; a retry would send it a second
@@ -480,14 +503,16 @@ class Worker:
     async def _on_success(self, call: _Call, route: RouteDecision, answer: Answer) -> None:
         job, model = call.job, route.model
         usage = answer.usage
-        spent = cost_micros(model, usage.input_tokens, usage.output_tokens)
+        response, billed = answered_with_tier(answer.response, call.service_tier)
+        spent = cost_micros(priced(model, route.provider, billed), usage.input_tokens, usage.output_tokens)
+        charged(call.span, spent, str(micros_to_usd(spent)), route, billed if call.service_tier else None)
         reservation, call.reservation = call.reservation, None
         await self._observe_rate_limits(call.key, answer.rate_limit)
         self._concurrency.on_success(call.key)
         self.metrics.concurrency_limit.labels(model.name).set(self._concurrency.limit(call.key))
         self._health.success(model.name)
         result = AIResult(
-            answer.response, model=model.name, provider=route.provider.name, route=route.reason, usage=usage,
+            response, model=model.name, provider=route.provider.name, route=route.reason, usage=usage,
             cost_micros=spent, cost_usd=str(micros_to_usd(spent)),
             timings=Timings(call.queue_wait_ms, answer.latency_ms, answer.ttft_ms),
             attempts=job.attempts, worker_id=self.worker_id,
@@ -550,6 +575,7 @@ class Worker:
         """Record the attempt's failure: `error` for the job's history, and `failure`, what a
         caller is answered should the job be dead now."""
         job = call.job
+        call.span.fail(failure["code"], error)
         await self._release_budget(call)
         try:
             state = await self.queue.fail(job, error, retry_in_s, retry=retry, failure=failure)

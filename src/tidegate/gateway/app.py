@@ -36,6 +36,8 @@ from tidegate.gateway.fast_path import FastPath
 from tidegate.gateway.middleware import BodyLimit, RequestMetrics
 from tidegate.gateway.openapi import install_openapi
 from tidegate.gateway.state import GatewayState
+from tidegate.gateway.traces import ServerSpans
+from tidegate.tracing import tracer
 
 __all__ = ["create_app"]
 
@@ -93,14 +95,18 @@ def create_app(state: GatewayState) -> FastAPI:
     app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
-    for module in (openai_api, responses_api, anthropic_api, files_api, batches_api, jobs_api, recs_api,
-                   admin_api, ops, dashboard):
+    modules = (openai_api, responses_api, anthropic_api, files_api, batches_api, jobs_api, recs_api,
+               admin_api, ops, dashboard)
+    for module in modules:
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413; the fast path runs
     # inside the body limit, on the body it lets through.
     app.add_middleware(FastPath, gateway=app)
     # An upload's body holds a whole file: its own limit, the file's plus the multipart envelope.
     uploads = {files_api.UPLOADS_PATH: state.settings.max_file_bytes + files_api.MULTIPART_ENVELOPE_BYTES}
-    app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes, paths=uploads)
+    app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes, paths=uploads,
+                       routes=[route for module in modules for route in module.router.routes])
     app.add_middleware(RequestMetrics, metrics=state.metrics)
+    if tracer().enabled:  # off, requests do not even pass through it
+        app.add_middleware(ServerSpans)
     return app

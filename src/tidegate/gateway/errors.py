@@ -22,7 +22,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
+from starlette.types import Scope
 
 from tidegate.errors import (
     BudgetExhausted,
@@ -55,6 +56,7 @@ __all__ = [
     "install_error_handlers",
     "openai_error",
     "retry_after_header",
+    "shape_before_routing",
 ]
 
 log = logging.getLogger("tidegate.gateway")
@@ -194,6 +196,17 @@ def error_response(error: ApiError, shape: ErrorShape = openai_error) -> Respons
         headers.setdefault("X-Tidegate-Job-Id", error.job_id)
     return Response(orjson.dumps(shape(error)), status_code=error.status, headers=headers,
                     media_type="application/json")
+
+
+def shape_before_routing(routes: Sequence[BaseRoute], scope: Scope) -> ErrorShape:
+    """The error shape of the route `scope` will reach, for an answer made before routing (a
+    body refused from its declared size): the dialect's of a dialect's route, else OpenAI's."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            shape = getattr(route, "error_shape", None)
+            return shape if callable(shape) else openai_error
+    return openai_error
 
 
 def _shape_of(request: Request) -> ErrorShape:

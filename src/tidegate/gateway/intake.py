@@ -25,6 +25,7 @@ from tidegate.gateway.schemas import JobRequest
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Priority
 from tidegate.queue.base import MAX_RELATIVE_S
+from tidegate.tracing import tracer
 
 __all__ = [
     "HEADER_SCHEMAS",
@@ -209,7 +210,9 @@ def draft_job(
                            f"{state.settings.max_messages}", code="too_many_messages", param="messages")
     _check_model(state, tenant, kind, body.get("model"))
     allowed = None if tenant.allowed_models is None else frozenset(tenant.allowed_models)
-    checked = AIRequest(kind=kind, body=body, allowed_models=allowed, origin=request.origin)
+    # The request's trace goes with its job, so the worker's spans continue it (tidegate.tracing).
+    checked = AIRequest(kind=kind, body=body, allowed_models=allowed, origin=request.origin,
+                        trace=tracer().carrier())
     try:
         AIRequest.from_payload(checked.to_payload())  # the worker's own check, before queueing
     except InvalidJob as exc:
@@ -271,6 +274,10 @@ async def submit(
     draft = draft_job(state, tenant, request, priority=chosen, keep_stream=waits,
                       idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
     [job_id] = await enqueue(state, tenant, [draft], will_wait=waits)
+    tracing = tracer()
+    if tracing.enabled:
+        tracing.annotate({"tidegate.job_id": job_id, "tidegate.tenant": tenant.name,
+                          "tidegate.priority": chosen.name.lower()})
     return Submitted(job_id, chosen, draft.request, timeout_s)
 
 

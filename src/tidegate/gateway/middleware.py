@@ -4,12 +4,13 @@ rather than Starlette's BaseHTTPMiddleware, so streamed answers pass through unt
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from fastapi import HTTPException
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tidegate.gateway.errors import ApiError, error_response, headers_too_large
+from tidegate.gateway.errors import ApiError, error_response, headers_too_large, shape_before_routing
 from tidegate.gateway.http_server import MAX_HEADER_BYTES
 from tidegate.gateway.metrics import GatewayMetrics
 
@@ -21,12 +22,16 @@ class BodyLimit:
     once when Content-Length says so, else as soon as the bytes read pass the limit (a chunked
     upload), so an oversized body is never read in full. Headers over MAX_HEADER_BYTES in all
     are refused with 431: the HTTP server refuses such a head only when it arrives in pieces
-    (see http_server)."""
+    (see http_server). Refusals made here, before routing, are in the error shape of the route
+    the request was for (`routes`: the app's, as its routers declared them), as the route's own
+    would be."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, paths: Mapping[str, int] | None = None) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, paths: Mapping[str, int] | None = None,
+                 routes: Sequence[BaseRoute] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.paths = dict(paths or {})
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,12 +39,14 @@ class BodyLimit:
             return
         header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
         if header_bytes > MAX_HEADER_BYTES:
-            await error_response(headers_too_large(MAX_HEADER_BYTES))(scope, receive, send)
+            await error_response(headers_too_large(MAX_HEADER_BYTES),
+                                 shape_before_routing(self.routes, scope))(scope, receive, send)
             return
         limit = self.paths.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await error_response(_too_large(limit))(scope, receive, send)
+            shape = shape_before_routing(self.routes, scope)
+            await error_response(_too_large(limit), shape)(scope, receive, send)
             return
         received = 0
 
@@ -50,7 +57,7 @@ class BodyLimit:
                 received += len(message.get("body", b""))
                 if received > limit:
                     # Raised inside the route's body read: FastAPI passes an HTTPException
-                    # through to the app's handler, which answers in the OpenAI shape.
+                    # through to the app's handler, which answers in the route's shape.
                     raise HTTPException(413, _too_large(limit).message, headers=_CLOSE)
             return message
 

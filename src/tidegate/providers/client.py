@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Self
@@ -33,6 +34,7 @@ from tidegate.ai import NO_USAGE, Finish, StreamPart, ToolCall, ToolCallDelta, U
 from tidegate.config import ProviderConfig
 from tidegate.errors import ClientClosed, ConfigError, ProviderErrorBody, UpstreamError, UpstreamErrorKind
 from tidegate.providers.ratelimit import RateLimitInfo, parse_retry_after
+from tidegate.tracing import NOOP_SPAN, NOTHING, Span, tracer
 
 # The errors and rate-limit types are re-exported: a caller of the client needs them all.
 __all__ = [
@@ -247,11 +249,13 @@ class UpstreamClient(Lifecycle):
         session = self._require_session()
         payload = orjson.dumps(body)
         started = time.perf_counter()
-        try:
-            async with session.post(url, data=payload, allow_redirects=False) as response:
-                raw = await response.read()
-        except _TRANSPORT_ERRORS as exc:
-            raise self._transport_error(path, exc) from exc
+        with self._http_span(url) as span:
+            try:
+                async with session.post(url, data=payload, allow_redirects=False) as response:
+                    raw = await response.read()
+            except _TRANSPORT_ERRORS as exc:
+                raise self._transport_error(path, exc) from exc
+            _answered(span, response.status)
         latency_ms = (time.perf_counter() - started) * 1000.0
         status, headers = response.status, response.headers
         if not 200 <= status < 300:
@@ -259,6 +263,22 @@ class UpstreamClient(Lifecycle):
         parsed = self._parse_body(path, raw, headers, expect=expect)
         return UpstreamResponse(status, parsed, headers, latency_ms, Usage.from_json(parsed.get("usage")),
                                 RateLimitInfo.from_headers(headers))
+
+    # -- tracing
+
+    def _http_span(self, url: URL) -> AbstractContextManager[Span]:
+        """The client span of one HTTP request (tidegate.tracing), current while it runs."""
+        tracing = tracer()
+        if not tracing.enabled:
+            return NOTHING
+        return tracing.span("POST", kind="client", attributes=_http_attributes(url))
+
+    def _start_http_span(self, url: URL) -> Span:
+        """The client span of a streamed request, ended by its stream."""
+        tracing = tracer()
+        if not tracing.enabled:
+            return NOOP_SPAN
+        return tracing.start("POST", kind="client", attributes=_http_attributes(url))
 
     # -- turning failures into UpstreamError
 
@@ -320,6 +340,21 @@ class UpstreamClient(Lifecycle):
             return parsed
         raise self._error(f"{self.provider.name}: POST {path} answered {problem}", kind="malformed",
                           status=200, rate_limit=RateLimitInfo.from_headers(headers))
+
+
+def _http_attributes(url: URL) -> dict[str, str | int]:
+    """The HTTP semantic conventions' attributes of a request to `url`."""
+    return {"http.request.method": "POST", "url.full": str(url), "server.address": url.host or "",
+            "server.port": url.port or 0}
+
+
+def _answered(span: Span, status: int) -> None:
+    """The response's status on its span; an error status fails it."""
+    if span is NOOP_SPAN:
+        return  # tracing off: not even the attributes are built
+    span.set_attributes({"http.response.status_code": status})
+    if status >= 400:
+        span.fail(str(status))
 
 
 def _retry_after_s(headers: Mapping[str, str]) -> float | None:
@@ -417,6 +452,7 @@ class UpstreamStream:
         self._response: aiohttp.ClientResponse | None = None
         self._chunks: AsyncGenerator[StreamChunk, None] | None = None
         self._closed = False
+        self._span: Span = NOOP_SPAN  # the request's client span, from its start to its close
         self.summary: StreamSummary | None = None
 
     async def __aenter__(self) -> Self:
@@ -436,8 +472,12 @@ class UpstreamStream:
         assert self._chunks is not None
         try:
             return await anext(self._chunks)
-        except BaseException:
-            await self.aclose()  # exhausted, failed or cancelled: the connection goes back now
+        except StopAsyncIteration:
+            await self.aclose()  # exhausted: the connection goes back now
+            raise
+        except BaseException as exc:
+            self._span.fail(type(exc).__name__)
+            await self.aclose()  # failed or cancelled: the connection goes back now
             raise
 
     async def aclose(self) -> None:
@@ -448,15 +488,19 @@ class UpstreamStream:
         response, self._response = self._response, None
         if response is not None:
             response.release()
+        span, self._span = self._span, NOOP_SPAN
+        span.end()
 
     async def _start(self) -> None:
         if self._chunks is not None:
             return
         if self._closed:
             raise ClientClosed("this stream was closed; start a new one")
+        self._span = self._client._start_http_span(self._client._chat_url)
         try:
             self._chunks = await self._send()
-        except BaseException:
+        except BaseException as exc:
+            self._span.fail(type(exc).__name__)
             await self.aclose()  # a failed start is final: iterating again must not resend
             raise
 
@@ -470,6 +514,7 @@ class UpstreamStream:
         except _TRANSPORT_ERRORS as exc:
             raise client._transport_error(self._path, exc) from exc
         self._response = response
+        _answered(self._span, response.status)
         if response.status != 200:
             try:
                 raw = await response.content.read(_EXCERPT_BYTES)

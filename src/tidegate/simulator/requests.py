@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+SERVICE_TIERS: Final = ("auto", "default", "flex", "priority")
 MAX_EMBEDDING_INPUTS: Final = 2048
 MAX_STOP_SEQUENCES: Final = 4
 
@@ -76,6 +77,7 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     tool_call: ToolCallPlan | None = None
     wire: Literal["openai", "anthropic"] = "openai"  # the API it came by, and is answered in
+    service_tier: str | None = None  # the tier it is served at: what was asked, `auto` as default
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ class EmbeddingsRequest:
     prompt_tokens: int
     dimensions: int | None
     encoding_format: Literal["float", "base64"]
+    service_tier: str | None = None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -159,6 +162,18 @@ def _check_range(body: dict[str, Any], name: str, low: float, high: float) -> No
                              f"but got {value} instead.", param=name, code="invalid_value")
 
 
+def _service_tier(body: dict[str, Any]) -> str | None:
+    """The tier a request is served at, as OpenAI answers it: the one asked for, `auto` served
+    at `default`; None when the request names none."""
+    tier = body.get("service_tier")
+    if tier is None:
+        return None
+    if tier not in SERVICE_TIERS:
+        raise InvalidRequest(f"Invalid value for 'service_tier': {tier!r} is not one of "
+                             f"{list(SERVICE_TIERS)}.", param="service_tier", code="invalid_value")
+    return "default" if tier == "auto" else str(tier)
+
+
 def check_messages(messages: object, roles: frozenset[str] = ROLES) -> list[dict[str, Any]]:
     """The messages of a conversation: a non-empty array of objects, each of one of `roles`, its
     content text or an array of typed parts."""
@@ -223,7 +238,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     if tools:
         prompt_tokens += estimate_text_tokens(orjson.dumps(body["tools"]).decode())
     return ChatRequest(model, prompt_tokens, max_tokens, stream, include_usage, _check_stop(body.get("stop")),
-                       plan_tool_call(tools, body.get("tool_choice"), messages))
+                       plan_tool_call(tools, body.get("tool_choice"), messages),
+                       service_tier=_service_tier(body))
 
 
 def _check_stop(stop: object) -> tuple[str, ...]:
@@ -308,4 +324,4 @@ def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
         raise InvalidRequest(f"Invalid value for 'encoding_format': {encoding!r} is not 'float' or 'base64'.",
                              param="encoding_format", code="invalid_value")
     dimensions = optional_positive_int(body, "dimensions")
-    return EmbeddingsRequest(model, tuple(keys), tokens, dimensions, encoding)
+    return EmbeddingsRequest(model, tuple(keys), tokens, dimensions, encoding, _service_tier(body))

@@ -360,6 +360,8 @@ class Simulator:
             stats.completion_tokens += tokens
         else:
             body = _embeddings_body(served, parsed)
+        if parsed.service_tier is not None:
+            body["service_tier"] = parsed.service_tier
         stats.prompt_tokens += parsed.prompt_tokens
         stats.by_status[200] += 1
         return _json(200, body, headers)
@@ -612,7 +614,7 @@ class _Frames:
 
 def _chunk_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
     """OpenAI's chat.completion.chunk events, then `[DONE]`."""
-    chunk = _ChunkWriter(_completion_id(rng), model)
+    chunk = _ChunkWriter(_completion_id(rng), model, chat.service_tier)
     tail = chunk.event({}, finish_reason=reply.finish, stop_reason=reply.stop)
     if chat.include_usage:
         tail += chunk.usage(chat.prompt_tokens, reply.tokens)
@@ -665,9 +667,11 @@ def _embeddings_body(served: ServedModel, embed: EmbeddingsRequest) -> dict[str,
 class _ChunkWriter:
     """Encodes the `data:` events of one streamed completion in OpenAI's chunk format."""
 
-    def __init__(self, identifier: str, model: str) -> None:
-        self._head = {"id": identifier, "object": "chat.completion.chunk", "created": int(time.time()),
-                      "model": model}
+    def __init__(self, identifier: str, model: str, service_tier: str | None = None) -> None:
+        self._head: dict[str, Any] = {"id": identifier, "object": "chat.completion.chunk",
+                                      "created": int(time.time()), "model": model}
+        if service_tier is not None:
+            self._head["service_tier"] = service_tier
 
     def event(self, delta: dict[str, Any], *, finish_reason: str | None = None,
               stop_reason: str | None = None) -> bytes:

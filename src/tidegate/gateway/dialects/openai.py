@@ -100,6 +100,8 @@ class _OpenAIStream(StreamRenderer):
             return []
         head = {"id": response.get("id", f"chatcmpl-{job_id}"), "object": "chat.completion.chunk",
                 "created": response.get("created", int(time.time())), "model": response.get("model")}
+        if isinstance(response.get("service_tier"), str):
+            head["service_tier"] = response["service_tier"]  # as a streamed answer's chunks say it
         chunks: list[bytes] = []
         for choice in response.get("choices") or []:
             message = choice.get("message") or {}

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tidegate.config import ServiceTier
 from tidegate.gateway.limits import (
     MAX_CHOICES,
     MAX_EMBEDDING_DIMENSIONS,
@@ -25,6 +26,10 @@ from tidegate.gateway.schemas import PriorityValue
 __all__ = ["ChatCompletion", "ChatCompletionRequest", "ChatMessage", "Embeddings", "EmbeddingsRequest"]
 
 _PASS_THROUGH = ConfigDict(extra="allow", strict=True)
+_TIER_DESCRIPTION = (
+    "The provider's processing tier: auto, default, flex (cheaper, slower) or priority (faster, "
+    "dearer). Sent upstream as given; left out, the provider's tier policy may choose one by the "
+    "job's priority. The answer's `service_tier` names the tier used, and the job is charged its price.")
 
 
 class ChatMessage(BaseModel):
@@ -60,6 +65,7 @@ class ChatCompletionRequest(BaseModel):
     n: int | None = Field(None, ge=1, le=MAX_CHOICES)
     user: str | None = None
     priority: PriorityValue | None = None
+    service_tier: ServiceTier | None = Field(None, description=_TIER_DESCRIPTION)
 
 
 _Texts = Annotated[list[str], Field(max_length=MAX_EMBEDDING_INPUTS)]
@@ -82,6 +88,7 @@ class EmbeddingsRequest(BaseModel):
         "The size of each vector; at most the model's own (OpenAI's largest is 3072)."))
     user: str | None = None
     priority: PriorityValue | None = None
+    service_tier: ServiceTier | None = Field(None, description=_TIER_DESCRIPTION)
 
     @field_validator("input")
     @classmethod
@@ -102,6 +109,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[dict[str, Any]]
     usage: dict[str, Any] | None = None
+    service_tier: str | None = Field(None, description="The tier the call ran at, when one was sent.")
 
 
 class Embeddings(BaseModel):
@@ -113,3 +121,4 @@ class Embeddings(BaseModel):
     data: list[dict[str, Any]]
     model: str
     usage: dict[str, Any] | None = None
+    service_tier: str | None = Field(None, description="The tier the call ran at, when one was sent.")

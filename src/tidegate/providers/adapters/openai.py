@@ -27,8 +27,10 @@ class OpenAIAdapter(ProviderAdapter):
 
     async def stream(self, request: AIRequest, model: str, on_part: PartSink) -> Answer:
         """Relay each chunk as it arrives; the answer is the stream as one chat.completion."""
+        tier: object = None
         async with self.client.chat_stream(_body(request, model)) as stream:
             async for chunk in stream:
+                tier = chunk.data.get("service_tier", tier)  # each chunk names it, as OpenAI's do
                 await on_part(chunk.part)
         summary = stream.summary
         assert summary is not None  # set once [DONE] was read, and the loop ends only then
@@ -43,6 +45,8 @@ class OpenAIAdapter(ProviderAdapter):
             "choices": [{"index": 0, "message": message, "finish_reason": summary.finish_reason}],
             "usage": summary.usage.to_json(),
         }
+        if isinstance(tier, str):
+            document["service_tier"] = tier
         return Answer(document, summary.usage, summary.latency_ms, summary.rate_limit, summary.ttft_ms)
 
 
