@@ -172,8 +172,9 @@ async def test_the_openapi_document_describes_the_api(queue_factory: QueueFactor
         spec = (await gw.http.get("/openapi.json")).json()
 
         paths = spec["paths"]
-        for path in ("/v1/chat/completions", "/v1/embeddings", "/v1/models", "/v1/jobs", "/v1/jobs/{job_id}",
-                     "/v1/stats", "/v1/dlq", "/v1/dlq/redrive", "/v1/admin/tenants/{name}/keys",
+        for path in ("/v1/chat/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
+                     "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens", "/v1/files",
+                     "/v1/batches", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/stats", "/v1/dlq", "/v1/dlq/redrive", "/v1/admin/tenants/{name}/keys",
                      "/metrics", "/healthz", "/readyz"):
             assert path in paths, path
         chat = paths["/v1/chat/completions"]["post"]
@@ -184,4 +185,5 @@ async def test_the_openapi_document_describes_the_api(queue_factory: QueueFactor
         assert headers >= {"X-Priority", "X-Tidegate-Timeout", "Idempotency-Key"}
         assert "examples" in spec["components"]["schemas"]["ChatCompletionRequest"]
         tags = {tag["name"] for tag in spec["tags"]}
-        assert tags == {"OpenAI-compatible", "Jobs", "Recommendations", "Admin", "Operations"}
+        assert tags == {"OpenAI-compatible", "Responses", "Anthropic Messages", "Files", "Batches", "Jobs",
+                        "Recommendations", "Admin", "Operations"}
