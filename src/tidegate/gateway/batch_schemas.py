@@ -75,8 +75,8 @@ class BatchRequest(BaseModel):
         "completion_window": "24h", "metadata": {"job": "nightly-tags"}}]})
 
     input_file_id: str = Field(min_length=1, max_length=255)
-    endpoint: str = Field(description="The endpoint every line calls: /v1/chat/completions or "
-                          "/v1/embeddings.")
+    endpoint: str = Field(description="The endpoint every line calls: /v1/chat/completions, "
+                          "/v1/embeddings or /v1/responses.")
     completion_window: str = Field(pattern=WINDOW_PATTERN, description=(
         "Whole hours from 1h to 168h (OpenAI's is 24h): the lines' jobs' deadline, from the batch's "
         "creation. A line not started by then ends expired."))
