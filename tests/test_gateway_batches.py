@@ -352,6 +352,13 @@ async def test_a_responses_batch_answers_with_response_objects_and_refuses_what_
         assert first == {"role": "user", "content": "Remember the word tide."}
 
 
+async def test_the_openapi_document_lists_the_endpoints_a_batch_may_call(gw: Gateway) -> None:
+    document = (await gw.http.get("/openapi.json")).json()
+
+    endpoint = document["components"]["schemas"]["BatchRequest"]["properties"]["endpoint"]
+    assert endpoint["enum"] == ["/v1/chat/completions", "/v1/embeddings", "/v1/responses"]
+
+
 async def test_a_refused_batch_request_leaves_nothing(gw: Gateway) -> None:
     async with gw.openai("acme") as client:
         file_id = await upload(client, [chat_line("a")])
