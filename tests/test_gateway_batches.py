@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 from openai.types import Batch
+from openai.types.responses import FunctionToolParam, Response
 
 from conftest import BACKENDS, QueueFactory
 from gateway_support import Gateway, open_gateway, serving
@@ -71,6 +72,19 @@ def chat_line(custom_id: str, text: str = "Say hello", model: str = "gemini-2.5-
     """One request line of a chat batch."""
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
             "body": {"model": model, "messages": [{"role": "user", "content": text}]}}
+
+
+WEATHER: FunctionToolParam = {
+    "type": "function", "name": "get_weather", "description": "The weather in a city.", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False},
+}
+
+
+def responses_line(custom_id: str, **body: Any) -> dict[str, Any]:
+    """One request line of a Responses batch."""
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
+            "body": {"model": "gpt-4.1", **body}}
 
 
 def jsonl(lines: list[dict[str, Any] | str]) -> bytes:
@@ -292,6 +306,59 @@ async def test_an_embeddings_batch(gw: Gateway) -> None:
         assert all(line["response"]["body"]["data"][0]["embedding"] for line in output)
 
 
+async def test_a_responses_batch_answers_with_response_objects_and_refuses_what_the_route_refuses(
+        gw: Gateway) -> None:
+    async with gw.openai("acme") as client, gw.openai("globex") as globex:
+        earlier = await client.responses.create(model="gpt-4.1", input="Remember the word tide.")
+        foreign = await globex.responses.create(model="gpt-4.1", input="Hi")
+        file_id = await upload(client, [
+            responses_line("text", input="Say hello", instructions="Be brief."),
+            responses_line("tool", input="Weather in Paris?", tools=[WEATHER]),
+            responses_line("continued", input="Which word?", previous_response_id=earlier.id),
+            responses_line("built-in", input="Hi", tools=[{"type": "web_search"}]),
+            responses_line("streamed", input="Hi", stream=True),
+            responses_line("background", input="Hi", background=True),
+            responses_line("foreign", input="Hi", previous_response_id=foreign.id),
+        ])
+
+        batch = await ended(client, (await client.batches.create(
+            input_file_id=file_id, endpoint="/v1/responses", completion_window="24h")).id)
+
+        assert batch.status == "completed" and counts(batch) == (7, 3, 4)
+        errors = await lines_of(client, batch.error_file_id)
+        assert [(line["custom_id"], line["error"]["code"]) for line in errors] == [
+            ("built-in", "unsupported_tool"), ("streamed", "unsupported_parameter"),
+            ("background", "unsupported_parameter"), ("foreign", "response_not_found")]
+        output = {line["custom_id"]: line for line in await lines_of(client, batch.output_file_id)}
+        assert list(output) == ["text", "tool", "continued"]
+        bodies: dict[str, Response] = {}
+        for custom_id, line in output.items():
+            assert line["error"] is None and line["response"]["status_code"] == 200
+            body = bodies[custom_id] = Response.model_validate(line["response"]["body"])
+            job_id = line["response"]["request_id"]
+            assert body.id == f"resp_{job_id}" and body.status == "completed"
+            # Each line is a response of the tenant, retrievable as any other, and a job at bulk
+            retrieved = await client.responses.retrieve(body.id)
+            assert retrieved.model_dump() == body.model_dump()
+            job = await gw.queue.get(job_id)
+            assert job is not None and (job.priority, job.tenant) == (Priority.BULK, "acme")
+        assert bodies["text"].output_text and bodies["text"].instructions == "Be brief."
+        [call] = bodies["tool"].output
+        assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+        assert bodies["continued"].previous_response_id == earlier.id
+        continued = await gw.queue.get(output["continued"]["response"]["request_id"])
+        assert continued is not None
+        first = continued.payload["body"]["messages"][0]
+        assert first == {"role": "user", "content": "Remember the word tide."}
+
+
+async def test_the_openapi_document_lists_the_endpoints_a_batch_may_call(gw: Gateway) -> None:
+    document = (await gw.http.get("/openapi.json")).json()
+
+    endpoint = document["components"]["schemas"]["BatchRequest"]["properties"]["endpoint"]
+    assert endpoint["enum"] == ["/v1/chat/completions", "/v1/embeddings", "/v1/responses"]
+
+
 async def test_a_refused_batch_request_leaves_nothing(gw: Gateway) -> None:
     async with gw.openai("acme") as client:
         file_id = await upload(client, [chat_line("a")])
@@ -299,8 +366,8 @@ async def test_a_refused_batch_request_leaves_nothing(gw: Gateway) -> None:
         before = [batch.id async for batch in client.batches.list()]
         depth = await gw.depth()
 
-        with pytest.raises(openai.BadRequestError) as responses:
-            await client.batches.create(input_file_id=file_id, endpoint="/v1/responses",
+        with pytest.raises(openai.BadRequestError) as unserved:
+            await client.batches.create(input_file_id=file_id, endpoint="/v1/moderations",
                                         completion_window="24h")
         with pytest.raises(openai.PermissionDeniedError) as above:
             await client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
@@ -315,8 +382,8 @@ async def test_a_refused_batch_request_leaves_nothing(gw: Gateway) -> None:
             await client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions",
                                         completion_window="24h")
 
-        assert status_of(responses.value) == (400, "unsupported_endpoint")
-        assert "/v1/chat/completions" in responses.value.response.json()["error"]["message"]
+        assert status_of(unserved.value) == (400, "unsupported_endpoint")
+        assert "/v1/responses" in unserved.value.response.json()["error"]["message"]
         assert status_of(above.value) == (403, "priority_not_allowed")
         assert status_of(lines.value) == (400, "too_many_lines")
         assert status_of(window.value) == (400, "invalid_request")

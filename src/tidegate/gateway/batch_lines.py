@@ -4,6 +4,20 @@ files from the lines' jobs, in OpenAI's batch file formats.
 
 A malformed line never fails the batch: it becomes a line of the error file, its number and the
 reason given, and the other lines run.
+
+A `/v1/responses` line is read as POST /v1/responses reads its body (the Responses dialect's
+`parse`, then its translation into a chat job that keeps the request as its `origin`), so what
+that route refuses (a built-in tool, an untranslatable field) is the line's error with the same
+code; `background` and `stream` are refused too (code `unsupported_parameter`): a batch line
+already runs in the background, and its answer is a line of the output file. Its answer is the
+Response object GET /v1/responses/{id} renders for its job, which stays retrievable there (it is
+a response of the batch's tenant, `resp_<job id>`, unless the line said `store: false`).
+
+A line's `previous_response_id` names a response of the batch's tenant that has its answer when
+the batch is created: its conversation is read then, once, and the line continues it. A response
+of another tenant, an unknown one (an id of another line of the same batch is one: no line has
+run when the lines are read) and one without an answer yet make the line an error
+(`response_not_found`, `previous_response_unavailable`).
 """
 
 from __future__ import annotations
@@ -15,12 +29,15 @@ from typing import Any, Final
 
 import orjson
 
-from tidegate.ai import Kind, result_of
+from tidegate.ai import AIRequest, Kind, result_of
 from tidegate.coord.batches import BatchLine, LineError
 from tidegate.coord.tenants import Tenant
-from tidegate.gateway.dialects import OPENAI
+from tidegate.gateway.dialects import OPENAI, RESPONSES
+from tidegate.gateway.dialects.responses_output import render
+from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.intake import JobDraft, draft_job
+from tidegate.gateway.responses_lookup import conversation, origin_of
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.views import failure_view
 from tidegate.jobs import Job, JobState, Priority
@@ -30,9 +47,11 @@ __all__ = ["SERVED_ENDPOINTS", "ParsedLine", "answer_lines", "parse_lines"]
 SERVED_ENDPOINTS: Final[Mapping[str, Kind]] = {
     "/v1/chat/completions": "chat",
     "/v1/embeddings": "embeddings",
+    "/v1/responses": "chat",
 }
 """The endpoints a batch may call, and the kind of job each line becomes."""
 
+RESPONSES_ENDPOINT: Final = "/v1/responses"
 MAX_CUSTOM_ID_CHARS: Final = 512
 # Lines checked between two turns given back to the event loop: checking 50,000 lines takes
 # seconds of CPU, during which the gateway must go on answering interactive calls.
@@ -60,7 +79,7 @@ async def parse_lines(state: GatewayState, tenant: Tenant, content: bytes, *, en
             await asyncio.sleep(0)
         if not raw.strip():
             continue
-        line = _parse_line(state, tenant, raw, number, endpoint=endpoint, kind=kind, priority=priority)
+        line = await _parse_line(state, tenant, raw, number, endpoint=endpoint, kind=kind, priority=priority)
         custom_id = line.custom_id
         if custom_id is not None and line.error is None:
             if custom_id in seen:
@@ -72,7 +91,7 @@ async def parse_lines(state: GatewayState, tenant: Tenant, content: bytes, *, en
     return parsed
 
 
-def _parse_line(state: GatewayState, tenant: Tenant, raw: bytes, number: int, *, endpoint: str,
+async def _parse_line(state: GatewayState, tenant: Tenant, raw: bytes, number: int, *, endpoint: str,
                 kind: Kind, priority: Priority) -> ParsedLine:
     try:
         data = orjson.loads(raw)
@@ -93,11 +112,28 @@ def _parse_line(state: GatewayState, tenant: Tenant, raw: bytes, number: int, *,
     if not isinstance(body, dict):
         return _bad(custom_id, number, "invalid_body", "body must be a JSON object", "body")
     try:
-        request = OPENAI.parse(kind, body, "body")
+        request = (await _responses_request(state, tenant, body) if endpoint == RESPONSES_ENDPOINT
+                   else OPENAI.parse(kind, body, "body"))
         draft = draft_job(state, tenant, request, priority=priority, keep_stream=False)
     except ApiError as exc:
         return _bad(custom_id, number, exc.code or "invalid_request", exc.message, exc.param)
     return ParsedLine(custom_id, draft=draft)
+
+
+async def _responses_request(state: GatewayState, tenant: Tenant, body: dict[str, Any]) -> AIRequest:
+    """The chat job of a `/v1/responses` line, continuing its `previous_response_id` if it names one."""
+    request = RESPONSES.parse("chat", body, "body")
+    given = request.origin.body if request.origin is not None else {}
+    for field in ("background", "stream"):
+        if given.get(field):
+            raise ApiError(400, f"{field} is not served in a batch line: the batch runs the request "
+                           "and its output file holds the response", code="unsupported_parameter",
+                           param=field)
+    previous = given.get("previous_response_id")
+    if previous is None:
+        return request
+    history = await conversation(state, tenant, previous)
+    return RESPONSES.translate(ResponseCreateRequest.model_validate(body), history)
 
 
 def _bad(custom_id: str | None, number: int, code: str, message: str, param: str | None = None) -> ParsedLine:
@@ -126,8 +162,11 @@ def _record(line: BatchLine, response: dict[str, Any] | None, error: dict[str, A
 
 
 def _answer(line: BatchLine, job: Job) -> bytes:
+    """The line's answer: the provider's body, or for a job made from a Responses request the
+    Response object its retrieve renders."""
+    origin = origin_of(job)
     result = result_of(job)
-    body = None if result is None else result.response
+    body = render(job, origin) if origin is not None else None if result is None else result.response
     return _record(line, {"status_code": 200, "request_id": job.id, "body": body}, None)
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from tidegate.coord.batches import BatchFields, BatchRecord, LineError, RequestCounts, StoredFile
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import is_admin
+from tidegate.gateway.batch_lines import SERVED_ENDPOINTS
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.schemas import PriorityValue
 from tidegate.jobs import Priority
@@ -75,8 +76,10 @@ class BatchRequest(BaseModel):
         "completion_window": "24h", "metadata": {"job": "nightly-tags"}}]})
 
     input_file_id: str = Field(min_length=1, max_length=255)
-    endpoint: str = Field(description="The endpoint every line calls: /v1/chat/completions or "
-                          "/v1/embeddings.")
+    # Documented as an enum but read as any string, so that another endpoint is refused by the
+    # batch's own check (code unsupported_endpoint, naming those served).
+    endpoint: str = Field(description="The endpoint every line calls.",
+                          json_schema_extra={"enum": list(SERVED_ENDPOINTS)})
     completion_window: str = Field(pattern=WINDOW_PATTERN, description=(
         "Whole hours from 1h to 168h (OpenAI's is 24h): the lines' jobs' deadline, from the batch's "
         "creation. A line not started by then ends expired."))

@@ -12,23 +12,14 @@ translates the request into the job's chat body and renders the job as a respons
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import Query
 from fastapi.responses import JSONResponse, Response
 
-from tidegate.ai import Origin, result_of
-from tidegate.coord.tenants import Tenant
-from tidegate.errors import InvalidJob
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.dialects import RESPONSES
-from tidegate.gateway.dialects.responses_output import (
-    assistant_message,
-    job_id_of,
-    listed_items,
-    render,
-    response_id,
-)
+from tidegate.gateway.dialects.responses_output import listed_items, render, response_id
 from tidegate.gateway.dialects.responses_schemas import (
     ResponseCreateRequest,
     ResponseDeleted,
@@ -38,9 +29,8 @@ from tidegate.gateway.dialects.responses_schemas import (
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
 from tidegate.gateway.outcomes import result_headers, succeeded
-from tidegate.gateway.state import GatewayState
+from tidegate.gateway.responses_lookup import conversation, lookup_response
 from tidegate.gateway.streaming import stream_job
-from tidegate.jobs import Job, JobState
 
 __all__ = ["router"]
 
@@ -94,13 +84,13 @@ async def create_response(
     if body.background and body.store is False:
         raise ApiError(400, "a background response is stored: it cannot have store false",
                        code="unsupported_parameter", param="store")
-    history = [] if body.previous_response_id is None else await _conversation(
+    history = [] if body.previous_response_id is None else await conversation(
         state, tenant, body.previous_response_id)
     submitted = await submit(state, tenant, RESPONSES.translate(body, history), priority_header=x_priority,
                              timeout_header=x_tidegate_timeout, idempotency_key=idempotency_key,
                              waits=not body.background)
     if body.background:
-        job, origin = await _lookup(state, tenant, response_id(submitted.job_id))
+        job, origin = await lookup_response(state, tenant, response_id(submitted.job_id))
         return JSONResponse(render(job, origin), headers={"X-Tidegate-Job-Id": job.id})
     if body.stream:
         call = RESPONSES.call(submitted.job_id, submitted.request)
@@ -110,48 +100,11 @@ async def create_response(
     return call.answer(result, result_headers(job, result))
 
 
-async def _lookup(state: GatewayState, tenant: Tenant, response_id: str,
-                  param: str | None = None) -> tuple[Job, Origin]:
-    """A stored response of this tenant's and the request it was made from; 404 otherwise, the
-    same for another tenant's as for an unknown id (`param`: the field that named it)."""
-    job_id = job_id_of(response_id)
-    job = None if job_id is None else await state.queue.get(job_id)
-    origin = None if job is None else _origin(job)
-    if job is None or origin is None or job.tenant != tenant.name or origin.body.get("store") is False:
-        what = "Previous response" if param else "Response"
-        raise ApiError(404, f"{what} with id {response_id!r} not found.", code="response_not_found",
-                       param=param)
-    return job, origin
-
-
-def _origin(job: Job) -> Origin | None:
-    """The Responses request of a job made from one (None for any other job)."""
-    try:
-        return Origin.from_payload(job.payload.get("origin"))
-    except InvalidJob:
-        return None
-
-
-async def _conversation(state: GatewayState, tenant: Tenant, response_id: str) -> list[dict[str, Any]]:
-    """The chat messages a continued response brings: its input (its instructions left out, as
-    the API does not carry them over) and its answer."""
-    job, origin = await _lookup(state, tenant, response_id, param="previous_response_id")
-    result = result_of(job)
-    if job.state is not JobState.SUCCEEDED or result is None:
-        raise ApiError(400, f"previous response {response_id!r} has no answer to continue from (it is "
-                       f"{render(job, origin)['status']})", code="previous_response_unavailable",
-                       param="previous_response_id")
-    messages = list(job.payload["body"]["messages"])
-    if origin.body.get("instructions") is not None:
-        messages = messages[1:]
-    return [*messages, assistant_message(result.response)]
-
-
 @router.get("/{response_id}", response_model=ResponseObject, summary="Retrieve a response",
             responses=error_responses(described=_NOT_FOUND))
 async def retrieve_response(response_id: str, state: StateDep, tenant: TenantDep) -> JSONResponse:
     """The response as its job stands: queued, in progress, or finished with its output."""
-    job, origin = await _lookup(state, tenant, response_id)
+    job, origin = await lookup_response(state, tenant, response_id)
     return JSONResponse(render(job, origin))
 
 
@@ -159,7 +112,7 @@ async def retrieve_response(response_id: str, state: StateDep, tenant: TenantDep
                responses=error_responses(described=_NOT_FOUND))
 async def delete_response(response_id: str, state: StateDep, tenant: TenantDep) -> ResponseDeleted:
     """Delete the response (its job, cancelled first if it has not finished)."""
-    job, _ = await _lookup(state, tenant, response_id)
+    job, _ = await lookup_response(state, tenant, response_id)
     if not job.is_final:
         await state.queue.cancel(job.id)
     if not await state.queue.forget(job.id):
@@ -172,12 +125,12 @@ async def delete_response(response_id: str, state: StateDep, tenant: TenantDep) 
                  **_NOT_FOUND, 400: "Only a response created with `background: true` can be cancelled."}))
 async def cancel_response(response_id: str, state: StateDep, tenant: TenantDep) -> JSONResponse:
     """Cancel a background response that has not finished; a finished one is answered as it is."""
-    job, origin = await _lookup(state, tenant, response_id)
+    job, origin = await lookup_response(state, tenant, response_id)
     if not origin.body.get("background"):
         raise ApiError(400, "only a response created with background: true can be cancelled",
                        code="not_background", param="response_id")
     if not job.is_final and await state.queue.cancel(job.id):
-        job, origin = await _lookup(state, tenant, response_id)
+        job, origin = await lookup_response(state, tenant, response_id)
     return JSONResponse(render(job, origin))
 
 
@@ -192,7 +145,7 @@ async def list_input_items(
     after: Annotated[str | None, Query(description="The id of the item the page starts after.")] = None,
 ) -> ResponseItemList:
     """The response's own input, as items with ids."""
-    job, origin = await _lookup(state, tenant, response_id)
+    job, origin = await lookup_response(state, tenant, response_id)
     items = listed_items(job.id, origin)
     if order == "desc":
         items.reverse()
