@@ -501,7 +501,7 @@ async def test_a_stored_answer_streams_as_the_same_typed_events() -> None:
             "role": "assistant", "content": "Let me look.",
             "tool_calls": [{"id": "call_1", "type": "function",
                             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}}],
-        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}, "service_tier": "flex"}
     renderer = call.stream(request)
 
     parts = renderer.whole_answer(AIResult(completion, model="gpt-4.1"), "job1")
@@ -515,4 +515,5 @@ async def test_a_stored_answer_streams_as_the_same_typed_events() -> None:
     assert final.response.id == "resp_job1" and final.response.output_text == "Let me look."
     assert [item.type for item in final.response.output] == ["message", "function_call"]
     assert final.response.usage is not None and final.response.usage.total_tokens == 13
+    assert final.response.service_tier == "flex"
     assert [event.sequence_number for event in events] == list(range(len(events)))

@@ -176,9 +176,9 @@ class ResponsesStream(StreamRenderer):
         """A stored chat completion as the chunks of a stream: its text, its tool calls, its
         finish and its usage."""
         message = assistant_message(result.response)
-        head = {"object": "chat.completion.chunk", "model": result.model}
-        if isinstance((result.response or {}).get("service_tier"), str):
-            head["service_tier"] = (result.response or {})["service_tier"]
+        # The tier is named in every chunk, as a relayed stream's are.
+        head = {"object": "chat.completion.chunk", "model": result.model,
+                "service_tier": (result.response or {}).get("service_tier")}
         deltas: list[dict[str, Any]] = []
         if message.get("content"):
             deltas.append({"content": message["content"]})
