@@ -308,9 +308,9 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> ApiError:
     return ApiError(status, message, code=code, headers=headers)
 
 
-# OpenAI endpoints that tidegate does not serve (no upstream it routes to offers them).
-_UNSERVED: Mapping[str, str] = {"/v1/completions": "/v1/chat/completions",
-                                "/v1/moderations": "/v1/chat/completions"}
+# OpenAI endpoints that tidegate does not serve (the upstreams it routes to are called for chat
+# completions and embeddings), with the served route that does the same work, if one does.
+_UNSERVED: Mapping[str, str | None] = {"/v1/completions": "/v1/chat/completions", "/v1/moderations": None}
 _API_PREFIX = "/v1/"
 
 
@@ -323,10 +323,12 @@ def _not_found(request: Request) -> tuple[str, str]:
     if not path.startswith(_API_PREFIX):
         return message, "unknown_url"
     served = ", ".join(served_api_paths(request.app.openapi().get("paths") or {}))
-    instead = _UNSERVED.get(path.rstrip("/"))
-    if instead is not None:
-        return (f"{path} is not served by this gateway: use {instead}. It serves {served} "
-                "(and the paths under them)", "unsupported_endpoint")
+    unserved = path.rstrip("/")
+    if unserved in _UNSERVED:
+        instead = _UNSERVED[unserved]
+        use = f": use {instead}" if instead else ""
+        return (f"{unserved} is not served by this gateway{use}. It serves {served} (and the paths "
+                "under them)", "unsupported_endpoint")
     return f"{message}: this gateway serves {served} (and the paths under them)", "unknown_url"
 
 
