@@ -20,7 +20,9 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from conftest import QueueFactory
 from dispatch_support import PROVIDER
 from gateway_support import Gateway, open_gateway
+from tidegate.gateway.dialects.anthropic import message_of
 from tidegate.jobs import JobState, Priority
+from tidegate.providers.adapters.anthropic import chat_completion, messages_body
 from tidegate.simulator.server import InjectedFault
 
 HELLO: list[MessageParam] = [{"role": "user", "content": "Say hello"}]
@@ -89,6 +91,33 @@ def test_a_message_is_queued_at_the_priority_asked_and_answered_as_a_message(
     assert body["messages"][0] == {"role": "system", "content": "Answer briefly."}
     assert (body["max_tokens"], body["user"]) == (64, "u-1")
     assert job.result["usage"]["prompt_tokens"] == message.usage.input_tokens
+
+
+def test_anthropics_service_tier_is_mapped_to_the_jobs_and_the_tier_used_is_reported(
+    served: tuple[Gateway, BlockingPortal], sdk: anthropic.Anthropic,
+) -> None:
+    standard = sdk.messages.with_raw_response.create(model="auto", max_tokens=16, messages=HELLO,
+                                                     service_tier="standard_only")
+    auto = sdk.messages.with_raw_response.create(model="auto", max_tokens=16, messages=HELLO,
+                                                 service_tier="auto")
+    with sdk.messages.stream(model="auto", max_tokens=16, messages=HELLO,
+                             service_tier="standard_only") as stream:
+        streamed = stream.get_final_message()
+
+    asked = job_of(served, standard.headers["X-Tidegate-Job-Id"]).payload["body"]
+    assert asked["service_tier"] == "default"  # standard_only is the provider's default tier
+    assert "service_tier" not in job_of(served, auto.headers["X-Tidegate-Job-Id"]).payload["body"]
+    assert standard.parse().usage.service_tier == streamed.usage.service_tier == "standard"
+    assert auto.parse().usage.service_tier == "standard"  # no tier policy: the provider's default
+
+
+def test_the_tier_a_job_ran_at_is_named_in_anthropics_words() -> None:
+    completion = {"id": "chatcmpl-1", "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}]}
+    tiers = [message_of({**completion, "service_tier": tier})["usage"]["service_tier"]
+             for tier in ("priority", "flex", "default", "auto", None)]
+
+    assert tiers == ["priority", "batch", "standard", "standard", "standard"]
 
 
 def test_a_stop_sequence_met_is_named(sdk: anthropic.Anthropic) -> None:
@@ -231,7 +260,8 @@ def test_refused_calls_queue_nothing(gw: Gateway) -> None:
                      {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]},
                  {"model": "auto", "max_tokens": 8, "messages": [*HELLO, {"role": "assistant", "content": [
                      {"type": "tool_use", "id": "t1", "name": "f", "input": {"n": 2**70}}]}]},
-                 {"model": "auto", "max_tokens": 8, "messages": HELLO, "thinking": {"type": "enabled"}}):
+                 {"model": "auto", "max_tokens": 8, "messages": HELLO, "thinking": {"type": "enabled"}},
+                 {"model": "auto", "max_tokens": 8, "messages": HELLO, "service_tier": "priority"}):
         answer = httpx.post(f"{gw.url}/v1/messages", json=body, headers={"x-api-key": gw.keys["acme"]})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["code"]
@@ -331,3 +361,41 @@ def test_messages_are_served_by_an_anthropic_upstream(native: tuple[Gateway, Blo
     assert [(block.type, getattr(block, "input", None)) for block in streamed_call.content] == [
         ("tool_use", {"city": "tide", "unit": "c"})]
     assert answered.stop_reason != "tool_use" and answered.content[0].type == "text"
+
+
+def test_a_tier_crosses_an_anthropic_upstream_in_its_own_words(
+    native: tuple[Gateway, BlockingPortal],
+) -> None:
+    gw, portal = native
+    # The simulator's Messages endpoint refuses any tier but auto and standard_only, and serves
+    # both at standard: an answer proves the tier was sent in Anthropic's words.
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.keys["acme"], max_retries=0) as sdk:
+        raw = sdk.chat.completions.with_raw_response.create(
+            model="claude-sonnet-4.5", max_tokens=10, messages=[{"role": "user", "content": "Hi"}],
+            service_tier="flex")
+        chunks = list(sdk.chat.completions.create(model="claude-sonnet-4.5", max_tokens=10, stream=True,
+                                                  messages=[{"role": "user", "content": "Hi"}],
+                                                  service_tier="priority"))
+    with client(gw) as anthropic_sdk:
+        message = anthropic_sdk.messages.create(model="auto", max_tokens=10, messages=HELLO,
+                                                service_tier="standard_only")
+
+    assert raw.parse().service_tier == "default"  # flex was sent as standard_only, served at standard
+    job = portal.call(gw.queue.get, raw.headers["X-Tidegate-Job-Id"])
+    assert job is not None and job.result["response"]["service_tier"] == "default"
+    assert chunks and {chunk.service_tier for chunk in chunks} == {"default"}
+    assert message.usage.service_tier == "standard"
+
+
+def test_the_adapter_speaks_anthropics_tiers_both_ways() -> None:
+    hello = [{"role": "user", "content": "Hi"}]
+    sent = [messages_body({"messages": hello, "service_tier": tier}, "m").get("service_tier")
+            for tier in ("auto", "priority", "default", "flex", None)]
+    message: dict[str, Any] = {"id": "msg_1", "model": "m", "content": [{"type": "text", "text": "Hi"}],
+                               "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}
+    answered = [chat_completion({**message, "usage": {**message["usage"], "service_tier": tier}})
+                .get("service_tier") for tier in ("standard", "priority", "batch")]
+
+    assert sent == ["auto", "auto", "standard_only", "standard_only", None]
+    assert answered == ["default", "priority", "flex"]
+    assert "service_tier" not in chat_completion(message)

@@ -306,6 +306,37 @@ async def test_a_stream_refused_before_its_first_event_is_an_http_error(
         await acme.responses.create(model="gpt-4.1", input="Say hello", stream=True)
 
 
+async def test_a_service_tier_goes_upstream_and_the_response_names_the_tier_it_ran_at(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    flex = await acme.responses.create(model="gpt-4.1", input="Say hello", service_tier="flex")
+    auto = await acme.responses.create(model="gpt-4.1", input="Say hello", service_tier="auto")
+    async with acme.responses.stream(model="gpt-4.1", input="Say hello", service_tier="priority") as stream:
+        events = [event async for event in stream]
+
+    job = await gw.queue.get(job_id(flex))
+    assert job is not None and job.payload["body"]["service_tier"] == "flex"
+    assert (flex.service_tier, (await acme.responses.retrieve(flex.id)).service_tier) == ("flex", "flex")
+    assert auto.service_tier == "default"  # the provider's answer: auto ran at its default tier
+    created, completed = events[0], events[-1]
+    assert created.type == "response.created" and created.response.service_tier == "priority"
+    assert completed.type == "response.completed" and completed.response.service_tier == "priority"
+
+
+async def test_the_legacy_endpoints_answer_404_naming_what_is_served(acme: AsyncOpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as completions:
+        await acme.completions.create(model="gpt-4.1", prompt="Say hello")
+    with pytest.raises(openai.NotFoundError) as moderations:
+        await acme.moderations.create(input="Say hello")
+    with pytest.raises(openai.NotFoundError) as unknown:
+        await acme.get("/nowhere", cast_to=object)
+
+    for refused in (completions.value, moderations.value):
+        assert refused.code == "unsupported_endpoint"
+        assert "/v1/chat/completions" in refused.message and "/v1/responses" in refused.message
+    assert unknown.value.code == "unknown_url" and "/v1/responses" in unknown.value.message
+
+
 async def test_a_background_response_is_queued_then_retrieved(acme: AsyncOpenAI) -> None:
     response = await acme.responses.create(model="gpt-4.1", input="Say hello", background=True)
 
@@ -415,6 +446,7 @@ async def test_a_response_not_stored_cannot_be_retrieved_or_continued(acme: Asyn
     ({"input": "Hi", "background": True, "store": False}, "unsupported_parameter", "store"),
     ({"input": "Hi", "previous_response_id": "resp_unknown"}, "response_not_found", "previous_response_id"),
     ({"input": 7}, "invalid_request", "input.str"),  # the first form the union tried
+    ({"input": "Hi", "service_tier": "turbo"}, "invalid_request", "service_tier"),
 ])
 async def test_what_cannot_be_translated_is_refused_and_nothing_is_queued(
     gw: Gateway, request_body: dict[str, Any], code: str, param: str
@@ -469,7 +501,7 @@ async def test_a_stored_answer_streams_as_the_same_typed_events() -> None:
             "role": "assistant", "content": "Let me look.",
             "tool_calls": [{"id": "call_1", "type": "function",
                             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}}],
-        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}, "service_tier": "flex"}
     renderer = call.stream(request)
 
     parts = renderer.whole_answer(AIResult(completion, model="gpt-4.1"), "job1")
@@ -483,4 +515,5 @@ async def test_a_stored_answer_streams_as_the_same_typed_events() -> None:
     assert final.response.id == "resp_job1" and final.response.output_text == "Let me look."
     assert [item.type for item in final.response.output] == ["message", "function_call"]
     assert final.response.usage is not None and final.response.usage.total_tokens == 13
+    assert final.response.service_tier == "flex"
     assert [event.sequence_number for event in events] == list(range(len(events)))

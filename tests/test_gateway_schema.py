@@ -300,3 +300,19 @@ def test_the_gateway_accepts_a_header_value_exactly_when_its_schema_does(
         error = answer.json()["error"]
         assert (error["type"], error["param"]) == ("invalid_request_error", name)
         assert name in error["message"]
+
+
+def _enum_of(field: dict[str, Any]) -> set[str]:
+    """The values a field takes (a nullable Literal is an anyOf of its enum and null)."""
+    return {value for option in field.get("anyOf", [field]) for value in option.get("enum", ())}
+
+
+def test_the_responses_and_messages_routes_document_their_service_tiers() -> None:
+    schemas = DOCUMENT["components"]["schemas"]
+
+    assert _enum_of(schemas["ResponseCreateRequest"]["properties"]["service_tier"]) == {
+        "auto", "default", "flex", "priority"}
+    assert _enum_of(schemas["MessagesRequest"]["properties"]["service_tier"]) == {"auto", "standard_only"}
+    assert _enum_of(schemas["MessageUsage"]["properties"]["service_tier"]) == {
+        "standard", "priority", "batch"}
+    assert "service_tier" in schemas["ResponseObject"]["properties"]

@@ -129,3 +129,19 @@ async def test_the_key_is_read_from_x_api_key_or_a_bearer_token(sdk: anthropic.A
                                          default_headers={"x-api-key": "sk-sim-1"}) as by_header):
         for client in (bearer, by_header):
             assert (await client.messages.create(model=MODEL, max_tokens=5, messages=HELLO)).content
+
+
+async def test_a_service_tier_is_anthropics_and_the_usage_names_the_tier_served(
+    sdk: anthropic.AsyncAnthropic,
+) -> None:
+    message = await sdk.messages.create(model=MODEL, max_tokens=8, messages=HELLO,
+                                        service_tier="standard_only")
+    async with sdk.messages.stream(model=MODEL, max_tokens=8, messages=HELLO,
+                                   service_tier="auto") as stream:
+        streamed = await stream.get_final_message()
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await sdk.messages.create(model=MODEL, max_tokens=8, messages=HELLO,
+                                  extra_body={"service_tier": "flex"})
+
+    assert message.usage.service_tier == streamed.usage.service_tier == "standard"
+    assert "service_tier" in refused.value.message

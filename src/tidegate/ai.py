@@ -370,6 +370,7 @@ class StreamPart:
     events: tuple[StreamEvent, ...] = ()
     model: str | None = None
     usage_only: bool = False  # carries usage and no choices: the chunk include_usage asks for
+    service_tier: str | None = None  # the tier the chunk says the call runs at (OpenAI's name it)
 
     @property
     def text(self) -> str:
@@ -401,6 +402,7 @@ class StreamPart:
         """The part of an OpenAI-compatible chunk already parsed into `document`."""
         model = document.get("model")
         model = model if isinstance(model, str) else None
+        tier = document.get("service_tier")
         if "error" in document:
             return cls(raw, (_stream_error(document["error"]),), model)
         choices = document.get("choices")
@@ -411,7 +413,7 @@ class StreamPart:
         usage_only = choices == [] and "usage" in document
         if isinstance(document.get("usage"), dict):
             events.append(UsageReport(Usage.from_json(document["usage"])))
-        return cls(raw, tuple(events), model, usage_only)
+        return cls(raw, tuple(events), model, usage_only, tier if isinstance(tier, str) else None)
 
 
 def _stream_error(error: object) -> StreamError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -56,6 +56,7 @@ __all__ = [
     "install_error_handlers",
     "openai_error",
     "retry_after_header",
+    "served_api_paths",
     "shape_before_routing",
 ]
 
@@ -293,7 +294,7 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> ApiError:
     message = str(exc.detail)
     headers = dict(exc.headers or {})
     if status == 404:
-        message = f"unknown URL {request.method} {request.url.path}"
+        message, code = _not_found(request)
     elif status == 405:
         allowed = _allowed_methods(request)
         headers["Allow"] = ", ".join(allowed)
@@ -305,6 +306,36 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> ApiError:
                    "hundred levels deep")
         code = "invalid_json"
     return ApiError(status, message, code=code, headers=headers)
+
+
+# OpenAI endpoints that tidegate does not serve (the upstreams it routes to are called for chat
+# completions and embeddings), with the served route that does the same work, if one does.
+_UNSERVED: Mapping[str, str | None] = {"/v1/completions": "/v1/chat/completions", "/v1/moderations": None}
+_API_PREFIX = "/v1/"
+
+
+def _not_found(request: Request) -> tuple[str, str]:
+    """The message and code of a URL no route serves. Under /v1/ the message names the API paths
+    the gateway serves, read from its OpenAPI document (made from its routes, and cached by the
+    app) so that it names each route as soon as it exists."""
+    path = request.url.path
+    message = f"unknown URL {request.method} {path}"
+    if not path.startswith(_API_PREFIX):
+        return message, "unknown_url"
+    served = ", ".join(served_api_paths(request.app.openapi().get("paths") or {}))
+    unserved = path.rstrip("/")
+    if unserved in _UNSERVED:
+        instead = _UNSERVED[unserved]
+        use = f": use {instead}" if instead else ""
+        return (f"{unserved} is not served by this gateway{use}. It serves {served} (and the paths "
+                "under them)", "unsupported_endpoint")
+    return f"{message}: this gateway serves {served} (and the paths under them)", "unknown_url"
+
+
+def served_api_paths(paths: Iterable[str]) -> list[str]:
+    """The API paths (under /v1/) among an OpenAPI document's `paths` that take no path
+    parameter, in the document's order."""
+    return [path for path in paths if path.startswith(_API_PREFIX) and "{" not in path]
 
 
 def _allowed_methods(request: Request) -> list[str]:

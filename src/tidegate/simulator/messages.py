@@ -28,6 +28,7 @@ from tidegate.simulator.requests import (
 __all__ = ["MessageEvents", "anthropic_error_body", "message_body", "parse_messages"]
 
 ROLES: Final = frozenset({"user", "assistant"})
+SERVICE_TIERS: Final = frozenset({"auto", "standard_only"})
 # The Anthropic error type of each status the simulator answers with.
 _ERROR_TYPES: Final[Mapping[int, str]] = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -46,7 +47,7 @@ def anthropic_error_body(status: int, message: str) -> bytes:
 
 def parse_messages(body: dict[str, Any]) -> ChatRequest:
     """Validate a Messages request body (model, max_tokens, messages, system, stop_sequences,
-    stream, tools, tool_choice) into the simulator's ChatRequest."""
+    stream, tools, tool_choice, service_tier) into the simulator's ChatRequest."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model: Field required" if model is None else "model: Input should be a string",
@@ -75,7 +76,17 @@ def parse_messages(body: dict[str, Any]) -> ChatRequest:
     prompt = estimate_prompt_tokens(chat)
     if tools:
         prompt += estimate_text_tokens(orjson.dumps(tools).decode())
-    return ChatRequest(model, prompt, max_tokens, stream, True, tuple(stop), plan, wire="anthropic")
+    return ChatRequest(model, prompt, max_tokens, stream, True, tuple(stop), plan, wire="anthropic",
+                       service_tier=_service_tier(body.get("service_tier")))
+
+
+def _service_tier(asked: object) -> str:
+    """The tier a call is served at: standard, as for an organisation without priority capacity
+    (with which `auto` would be served at priority)."""
+    if asked is not None and asked not in SERVICE_TIERS:
+        raise InvalidRequest(f"service_tier: Input should be 'auto' or 'standard_only', got {asked!r}",
+                             param="service_tier")
+    return "standard"
 
 
 def _tool_choice(choice: object) -> object:
@@ -89,21 +100,23 @@ def _tool_choice(choice: object) -> object:
 
 
 def message_body(identifier: str, model: str, content: list[dict[str, Any]], finish: str,
-                 stop: str | None, usage: tuple[int, int]) -> dict[str, Any]:
-    """A whole Message."""
+                 stop: str | None, usage: tuple[int, int], service_tier: str | None = None) -> dict[str, Any]:
+    """A whole Message (its usage naming the tier it was served at)."""
     reason = "stop_sequence" if stop is not None else _STOP_REASONS.get(finish, "end_turn")
     return {"id": identifier, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": reason, "stop_sequence": stop,
-            "usage": {"input_tokens": usage[0], "output_tokens": usage[1]}}
+            "usage": {"input_tokens": usage[0], "output_tokens": usage[1], "service_tier": service_tier}}
 
 
 class MessageEvents:
     """Encodes the server-sent events of one streamed Message."""
 
-    def __init__(self, identifier: str, model: str, input_tokens: int) -> None:
+    def __init__(self, identifier: str, model: str, input_tokens: int,
+                 service_tier: str | None = None) -> None:
         self._identifier = identifier
         self._model = model
         self._input_tokens = input_tokens
+        self._service_tier = service_tier
 
     @staticmethod
     def event(name: str, data: Mapping[str, Any]) -> bytes:
@@ -112,7 +125,8 @@ class MessageEvents:
 
     def start(self) -> bytes:
         """`message_start`, its content empty and its input tokens known."""
-        message = message_body(self._identifier, self._model, [], "", None, (self._input_tokens, 1))
+        message = message_body(self._identifier, self._model, [], "", None, (self._input_tokens, 1),
+                               self._service_tier)
         message["stop_reason"] = None
         return self.event("message_start", {"message": message})
 

@@ -360,7 +360,7 @@ class Simulator:
             stats.completion_tokens += tokens
         else:
             body = _embeddings_body(served, parsed)
-        if parsed.service_tier is not None:
+        if parsed.service_tier is not None and wire == "openai":  # a Message names it in its usage
             body["service_tier"] = parsed.service_tier
         stats.prompt_tokens += parsed.prompt_tokens
         stats.by_status[200] += 1
@@ -571,7 +571,7 @@ def _completion_body(rng: random.Random, model: str, chat: ChatRequest, completi
     message = reply.message(rng)
     if chat.wire == "anthropic":
         return message_body(_message_id(identifier), model, _blocks(message), reply.finish, reply.stop,
-                            (chat.prompt_tokens, reply.tokens)), reply.tokens
+                            (chat.prompt_tokens, reply.tokens), chat.service_tier), reply.tokens
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
                               "finish_reason": reply.finish}
     if reply.stop is not None:
@@ -626,7 +626,7 @@ def _chunk_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Rep
 def _message_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
     """Anthropic's events: message_start, one content block (text, or the tool call), message_delta
     and message_stop."""
-    events = MessageEvents(_message_id(_completion_id(rng)), model, chat.prompt_tokens)
+    events = MessageEvents(_message_id(_completion_id(rng)), model, chat.prompt_tokens, chat.service_tier)
     pieces: list[bytes] = []
     for delta in reply.deltas(rng):
         if "content" in delta:

@@ -7,13 +7,15 @@ image as an `image_url`, inline ones as data URLs); an assistant's `tool_use` bl
 `tool_calls`, a user's `tool_result` blocks `tool` messages ahead of the rest of the turn;
 `stop_sequences` → `stop`, `tools` → function tools, `tool_choice` auto/any/tool/none →
 auto/required/the named function/none (`disable_parallel_tool_use` → `parallel_tool_calls:
-false`), `metadata.user_id` → `user`. What has no counterpart is refused with 400, never dropped:
+false`), `metadata.user_id` → `user`, `service_tier` standard_only → `default` (auto leaves the
+tier to the provider's tier policy). What has no counterpart is refused with 400, never dropped:
 `top_k`, an image inside a tool result (a tool message holds only text).
 
 Answers: a chat.completion becomes a Message (`msg_…`): the text as a text block, each tool call as
 a tool_use block with its parsed input, finish reasons mapped (stop → end_turn, or stop_sequence
 when the provider names the sequence it met in the choice's `stop_reason`, as vLLM does; length →
-max_tokens; tool_calls → tool_use; content_filter → refusal), usage as input/output tokens.
+max_tokens; tool_calls → tool_use; content_filter → refusal), usage as input/output tokens and
+the tier the call ran at (`usage.service_tier`, see `anthropic_tier`).
 Streams become Anthropic's event sequence (see `_MessageStream`).
 
 Errors: `{"type": "error", "error": {"type", "message", "code", "job_id"?}}`, Anthropic's type for
@@ -54,7 +56,8 @@ from tidegate.gateway.dialects.anthropic_schemas import (
 from tidegate.gateway.dialects.base import Dialect, StreamRenderer, validated
 from tidegate.gateway.errors import ApiError
 
-__all__ = ["ANTHROPIC", "AnthropicDialect", "chat_body", "conversation", "json_text", "tool_fields"]
+__all__ = ["ANTHROPIC", "AnthropicDialect", "anthropic_tier", "chat_body", "conversation", "json_text",
+           "tool_fields"]
 
 _ERROR_TYPES: Final[Mapping[int, str]] = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -67,6 +70,9 @@ _STOP_REASONS: Final[Mapping[str, str]] = {
     "stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
     "content_filter": "refusal",
 }
+# The job's (OpenAI's) tiers in Anthropic's words. Flex is the discounted tier that answers when
+# capacity allows, which Anthropic sells as batch; every other tier is its standard one.
+_ANTHROPIC_TIERS: Final[Mapping[str, str]] = {"priority": "priority", "flex": "batch"}
 
 
 class AnthropicDialect(Dialect):
@@ -92,7 +98,7 @@ class AnthropicDialect(Dialect):
     def stream(self, request: AIRequest) -> StreamRenderer:
         """Anthropic's event sequence; the worker always asks for the usage chunk, which
         `message_delta` carries."""
-        return _MessageStream()
+        return _MessageStream(request.body.get("service_tier"))
 
     def error_body(self, error: ApiError) -> dict[str, Any]:
         """`{"type": "error", "error": {"type", "message", "code"}}` (and `job_id` when a job is
@@ -135,6 +141,8 @@ def chat_body(request: MessagesRequest) -> dict[str, Any]:
         body["stream"] = True
     if request.metadata is not None and request.metadata.user_id is not None:
         body["user"] = request.metadata.user_id
+    if request.service_tier == "standard_only":
+        body["service_tier"] = "default"
     body.update(tool_fields(request.tools, request.tool_choice))
     return body
 
@@ -259,6 +267,12 @@ def stop_reason(finish: str | None, matched: object) -> tuple[str | None, str | 
     return _STOP_REASONS.get(finish, "end_turn"), None
 
 
+def anthropic_tier(tier: object) -> str:
+    """The tier a call ran at (the job's `service_tier`: OpenAI's names) as Anthropic's
+    `usage.service_tier` names it; a call that named none ran at the provider's standard tier."""
+    return _ANTHROPIC_TIERS.get(tier if isinstance(tier, str) else "", "standard")
+
+
 def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
     """A chat.completion as a Message."""
     choice = _first_choice(completion)
@@ -280,7 +294,8 @@ def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
             "content": content, "model": str(completion.get("model") or ""), "stop_reason": reason,
             "stop_sequence": sequence,
             "usage": {"input_tokens": _tokens(usage.get("prompt_tokens")),
-                      "output_tokens": _tokens(usage.get("completion_tokens"))}}
+                      "output_tokens": _tokens(usage.get("completion_tokens")),
+                      "service_tier": anthropic_tier(completion.get("service_tier"))}}
 
 
 def _object(value: object) -> dict[str, Any]:
@@ -320,10 +335,12 @@ class _MessageStream(StreamRenderer):
     known: zeros), then per block `content_block_start`, deltas (`text_delta`; `input_json_delta`
     for a tool call's arguments, each call its own block) and `content_block_stop`; at the end
     `message_delta` (stop_reason, and usage once the usage chunk came) and `message_stop`. A
-    failure after the start is an `error` event."""
+    failure after the start is an `error` event. The tier is told in `message_start` (Anthropic's
+    `message_delta` usage has none): the first chunk's, else the one asked for (`asked_tier`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, asked_tier: object = None) -> None:
         super().__init__()
+        self._asked_tier = asked_tier
         self._started = False
         self._block: tuple[str, int] | None = None  # ("text", 0) or ("tool", call index) now open
         self._blocks = 0
@@ -377,7 +394,7 @@ class _MessageStream(StreamRenderer):
         if response is None:
             return []
         head = {"id": response.get("id", f"chatcmpl-{job_id}"), "object": "chat.completion.chunk",
-                "model": response.get("model")}
+                "model": response.get("model"), "service_tier": response.get("service_tier")}
         choice = _first_choice(response)
         delta = {key: value for key, value in _object(choice.get("message")).items() if value is not None}
         for position, call in enumerate(delta.get("tool_calls") or ()):
@@ -400,7 +417,8 @@ class _MessageStream(StreamRenderer):
         message: dict[str, Any] = {
             "id": message_id(identifier), "type": "message", "role": "assistant", "content": [],
             "model": part.model or "", "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0}}
+            "usage": {"input_tokens": 0, "output_tokens": 0,
+                      "service_tier": anthropic_tier(part.service_tier or self._asked_tier)}}
         return _event("message_start", {"type": "message_start", "message": message})
 
     def _open(self, block: tuple[str, int], start: dict[str, Any]) -> bytes:

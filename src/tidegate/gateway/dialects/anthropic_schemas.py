@@ -173,6 +173,10 @@ class MessagesRequest(_Conversation):
     top_k: int | None = Field(None, ge=0, description="Not supported: refused with 400.")
     metadata: _Metadata | None = None
     priority: PriorityValue | None = None
+    service_tier: Literal["auto", "standard_only"] | None = Field(None, description=(
+        "standard_only: the provider's standard (default) tier; auto (or left out): the tier the "
+        "provider's tier policy picks by the job's priority. `usage.service_tier` names the tier "
+        "used, and the job is charged its price."))
 
 
 class CountTokensRequest(_Conversation):
@@ -198,6 +202,7 @@ class MessageUsage(BaseModel):
     output_tokens: int
     cache_creation_input_tokens: int | None = None
     cache_read_input_tokens: int | None = None
+    service_tier: Literal["standard", "priority", "batch"] | None = None
 
 
 class Message(BaseModel):

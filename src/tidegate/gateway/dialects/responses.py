@@ -84,7 +84,8 @@ class ResponsesDialect(Dialect):
             job_id, created_at, origin, status=status, model=result.model,
             output=output_items(job_id, result.response, status=status),
             usage=response_usage((result.response or {}).get("usage")), incomplete=incomplete,
-            completed_at=int(time.time()) if status == "completed" else None)
+            completed_at=int(time.time()) if status == "completed" else None,
+            service_tier=(result.response or {}).get("service_tier"))
         return Response(orjson.dumps(document), media_type="application/json", headers=dict(headers))
 
     def stream(self, request: AIRequest) -> StreamRenderer:

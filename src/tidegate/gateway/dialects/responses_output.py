@@ -152,19 +152,23 @@ def echoed(origin: Origin) -> dict[str, Any]:
         "text": body.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
         "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
         "store": body.get("store", True), "background": bool(body.get("background")),
-        "user": body.get("user"),
+        "user": body.get("user"), "service_tier": body.get("service_tier"),
     }
 
 
 def response_object(job_id: str, created_at: int, origin: Origin, *, status: str, model: str | None,
                     output: list[dict[str, Any]], usage: dict[str, Any] | None,
                     error: dict[str, str] | None = None, incomplete: dict[str, Any] | None = None,
-                    completed_at: int | None = None) -> dict[str, Any]:
-    """A response object: what is known of the answer, and the request's settings."""
-    return {"id": response_id(job_id), "object": "response", "created_at": created_at, "status": status,
-            "completed_at": completed_at, "error": error, "incomplete_details": incomplete,
-            "model": model or origin.body.get("model") or "auto", "output": output, "usage": usage,
-            **echoed(origin)}
+                    completed_at: int | None = None, service_tier: object = None) -> dict[str, Any]:
+    """A response object: what is known of the answer, and the request's settings. Its
+    `service_tier` is the one the answer named (`service_tier`), else the one asked for."""
+    document = {"id": response_id(job_id), "object": "response", "created_at": created_at,
+                "status": status, "completed_at": completed_at, "error": error,
+                "incomplete_details": incomplete, "model": model or origin.body.get("model") or "auto",
+                "output": output, "usage": usage, **echoed(origin)}
+    if isinstance(service_tier, str):
+        document["service_tier"] = service_tier
+    return document
 
 
 def render(job: Job, origin: Origin) -> dict[str, Any]:
@@ -178,7 +182,8 @@ def render(job: Job, origin: Origin) -> dict[str, Any]:
         model=result.model if result is not None else None,
         output=[] if completion is None else output_items(job.id, completion, status=status),
         usage=response_usage((completion or {}).get("usage")), error=_error(job), incomplete=incomplete,
-        completed_at=None if finished is None else int(finished.timestamp()))
+        completed_at=None if finished is None else int(finished.timestamp()),
+        service_tier=(completion or {}).get("service_tier"))
 
 
 def listed_items(job_id: str, origin: Origin) -> list[dict[str, Any]]:

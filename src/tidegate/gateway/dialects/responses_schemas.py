@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tidegate.config import ServiceTier
 from tidegate.gateway.limits import MAX_OUTPUT_TOKENS
 from tidegate.gateway.schemas import PriorityValue
 
@@ -66,6 +67,10 @@ class ResponseCreateRequest(BaseModel):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     priority: PriorityValue | None = None
+    service_tier: ServiceTier | None = Field(None, description=(
+        "The provider's processing tier, sent upstream as given; left out, the provider's tier "
+        "policy may pick one by the job's priority. The response's `service_tier` names the tier "
+        "the call ran at, and the job is charged that tier's price."))
 
 
 class ResponseObject(BaseModel):
@@ -82,6 +87,8 @@ class ResponseObject(BaseModel):
     usage: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     incomplete_details: dict[str, Any] | None = None
+    service_tier: str | None = Field(None, description=(
+        "The tier the call ran at as the provider named it, else the tier asked for."))
 
 
 class ResponseDeleted(BaseModel):

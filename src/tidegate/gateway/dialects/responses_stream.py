@@ -53,6 +53,7 @@ class ResponsesStream(StreamRenderer):
         self._model: str | None = None
         self._finish: str | None = None
         self._usage: Usage | None = None
+        self._tier: str | None = None  # as the chunks name it
 
     # -- events
 
@@ -62,7 +63,7 @@ class ResponsesStream(StreamRenderer):
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
     def _response(self, status: str, **fields: Any) -> dict[str, Any]:
-        return self._response_of(status=status, model=self._model, **fields)
+        return self._response_of(status=status, model=self._model, service_tier=self._tier, **fields)
 
     def _start(self) -> list[bytes]:
         if self._started:
@@ -136,6 +137,7 @@ class ResponsesStream(StreamRenderer):
             return self.error_frame(ApiError(502, error.message or "the stream failed",
                                              code=error.code or "stream_failed"))
         self._model = part.model or self._model
+        self._tier = part.service_tier or self._tier
         frames = self._start()
         for event in part.events:
             if isinstance(event, TextDelta) and event.index == 0:
@@ -174,7 +176,9 @@ class ResponsesStream(StreamRenderer):
         """A stored chat completion as the chunks of a stream: its text, its tool calls, its
         finish and its usage."""
         message = assistant_message(result.response)
-        head = {"object": "chat.completion.chunk", "model": result.model}
+        # The tier is named in every chunk, as a relayed stream's are.
+        head = {"object": "chat.completion.chunk", "model": result.model,
+                "service_tier": (result.response or {}).get("service_tier")}
         deltas: list[dict[str, Any]] = []
         if message.get("content"):
             deltas.append({"content": message["content"]})

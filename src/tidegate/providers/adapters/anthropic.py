@@ -9,7 +9,11 @@ of one role in a row are merged, as the API wants them to alternate); `max_compl
 `max_tokens` (the API requires one: tidegate's default output estimate otherwise), `stop` →
 `stop_sequences`, `temperature`, `top_p`, `tools`, `tool_choice` (auto/required/none/a named
 function; `parallel_tool_calls: false` → `disable_parallel_tool_use`), `user` →
-`metadata.user_id`. Embeddings: Anthropic has none, and such a job fails as a client error.
+`metadata.user_id`, `service_tier` → Anthropic's (see `_REQUEST_TIERS`). Embeddings: Anthropic has
+none, and such a job fails as a client error.
+
+The answer's `usage.service_tier` comes back as the completion's `service_tier` in OpenAI's
+names (standard → default, priority → priority, batch → flex), so the job is billed at that tier.
 """
 
 from __future__ import annotations
@@ -23,11 +27,20 @@ from tidegate.costs import DEFAULT_MAX_OUTPUT_TOKENS
 from tidegate.errors import UpstreamError
 from tidegate.providers.adapters.base import Answer, PartSink, ProviderAdapter
 
-__all__ = ["AnthropicAdapter", "MessagesDecoder", "chat_completion", "messages_body"]
+__all__ = ["AnthropicAdapter", "MessagesDecoder", "answered_tier", "chat_completion", "messages_body"]
 
 MESSAGES_PATH: Final = "/messages"
 _FINISH: Final = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
                   "tool_use": "tool_calls", "refusal": "content_filter", "pause_turn": "stop"}
+# OpenAI's tiers as Anthropic's request field, which has two values: `auto` (priority capacity
+# when the organisation has some, else standard) and `standard_only`. Priority is only ever
+# served through `auto`. Anthropic has no flex tier for a message call (its discounted tier is
+# the separate Message Batches API): standard_only is the nearest, as it keeps a call that asked
+# to be cheap off the dearer priority capacity.
+_REQUEST_TIERS: Final = {"auto": "auto", "priority": "auto", "default": "standard_only",
+                         "flex": "standard_only"}
+# Anthropic's `usage.service_tier` in OpenAI's names (batch is its discounted tier, as flex is).
+_ANSWERED_TIERS: Final = {"standard": "default", "priority": "priority", "batch": "flex"}
 
 
 class AnthropicAdapter(ProviderAdapter):
@@ -57,6 +70,8 @@ class AnthropicAdapter(ProviderAdapter):
         document = {"id": decoder.id, "object": "chat.completion", "model": decoder.model or model,
                     "choices": [{"index": 0, "message": message, "finish_reason": summary.finish_reason}],
                     "usage": summary.usage.to_json()}
+        if decoder.service_tier is not None:
+            document["service_tier"] = decoder.service_tier
         return Answer(document, summary.usage, summary.latency_ms, summary.rate_limit, summary.ttft_ms)
 
 
@@ -96,6 +111,9 @@ def messages_body(chat: dict[str, Any], model: str) -> dict[str, Any]:
             body[field] = chat[field]
     if chat.get("user"):
         body["metadata"] = {"user_id": chat["user"]}
+    tier = _REQUEST_TIERS.get(str(chat.get("service_tier")))
+    if tier is not None:
+        body["service_tier"] = tier
     if chat.get("tools"):
         body["tools"] = [_tool(tool.get("function") or {}) for tool in chat["tools"]]
     choice = _tool_choice(chat.get("tool_choice"), chat.get("parallel_tool_calls"))
@@ -197,21 +215,33 @@ def chat_completion(message: dict[str, Any]) -> dict[str, Any]:
         choice["stop_reason"] = message["stop_sequence"]
     usage = message.get("usage") or {}
     prompt, completion = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
-    return {"id": _completion_id(message.get("id")), "object": "chat.completion",
-            "model": message.get("model"), "choices": [choice],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                      "total_tokens": prompt + completion}}
+    document = {"id": _completion_id(message.get("id")), "object": "chat.completion",
+                "model": message.get("model"), "choices": [choice],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                          "total_tokens": prompt + completion}}
+    tier = answered_tier(usage)
+    if tier is not None:
+        document["service_tier"] = tier
+    return document
+
+
+def answered_tier(usage: object) -> str | None:
+    """The tier a Message's usage names, in OpenAI's names (None when it names none)."""
+    tier = usage.get("service_tier") if isinstance(usage, dict) else None
+    return _ANSWERED_TIERS.get(tier) if isinstance(tier, str) else None
 
 
 class MessagesDecoder:
     """Reads Anthropic's stream events into chat chunks (a `StreamDecoder`): text deltas as
     content, each tool_use block as one tool call (its index the call's), `message_delta` as the
     finish, `message_stop` as the usage chunk that ends the stream, `error` as an error chunk.
-    Keeps what the whole answer needs: the id, the model and the tool calls."""
+    Keeps what the whole answer needs: the id, the model, the tier (`message_start` names it; every
+    chunk repeats it, as OpenAI's do) and the tool calls."""
 
     def __init__(self) -> None:
         self.id = "chatcmpl-unknown"
         self.model: str | None = None
+        self.service_tier: str | None = None
         self.tool_calls: list[dict[str, Any]] = []
         self._calls: dict[int, int] = {}  # block index → tool call index
         self._usage = {"prompt_tokens": 0, "completion_tokens": 0}
@@ -243,6 +273,8 @@ class MessagesDecoder:
     def _chunk(self, delta: dict[str, Any] | None, *, finish: str | None = None, stop: object = None,
                usage: dict[str, int] | None = None) -> bytes:
         document: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk", "model": self.model}
+        if self.service_tier is not None:
+            document["service_tier"] = self.service_tier
         if delta is None:
             document.update(choices=[], usage=usage)
         else:
@@ -255,6 +287,7 @@ class MessagesDecoder:
     def _start(self, message: dict[str, Any]) -> list[bytes]:
         self.id = _completion_id(message.get("id"))
         self.model = message.get("model")
+        self.service_tier = answered_tier(message.get("usage"))
         self._count(message.get("usage"))
         return [self._chunk({"role": "assistant", "content": ""})]
 
