@@ -100,7 +100,7 @@ peers: $(PEERS_DIR)/.stamp-portkey-$(PORTKEY_VERSION)
 # pytest exit code 5 means "no tests collected": that is a broken suite, never a pass, so it is
 # named here and the exit code goes through unchanged.
 test: venv servers
-	@rc=0; $(BIN)/python -m pytest -q || rc=$$?; \
+	@rc=0; $(BIN)/python -m pytest -q --durations=25 || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; \
 	exit $$rc
 	$(MAKE) --no-print-directory lint
