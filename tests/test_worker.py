@@ -20,7 +20,7 @@ from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.costs import usd_to_micros
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.worker import WorkerSettings
+from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.jobs import JobState, Priority
 from tidegate.queue import Queue
 from tidegate.simulator.server import InjectedFault, Simulator
@@ -440,3 +440,18 @@ async def test_lower_levels_leave_the_reserve_free_and_a_freed_slot_wakes_the_wo
     # Then every job is served, two at a time: the reserved slot is never lent to them
     assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 8
     assert most_in_flight == 2
+
+
+async def test_a_stop_ends_a_claim_waiting_for_work_at_once(
+    queue: Queue, simulator: tuple[Simulator, str]
+) -> None:
+    # Given an idle worker whose claims wait up to a minute for work
+    _, base_url = simulator
+    settings = WorkerSettings(concurrency=2, lease_s=5, claim_wait_s=60)
+    async with Worker(queue, sim_config(base_url), settings, metrics=DispatchMetrics()) as worker:
+        run = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.3)  # its claim is waiting now
+        # When it is asked to stop
+        worker.request_stop()
+        # Then run() returns without waiting out the claim (10 s: far below its 60 s wait)
+        await asyncio.wait_for(run, 10)

@@ -230,7 +230,7 @@ class WorkerSettings(Section):
     # for a paced model cannot fill every slot (at 200 req/s, 0.2 s is ~40 waiters).
     pace_wait_max_s: float = Field(0.2, ge=0)
     shutdown_grace_s: float = Field(30.0, ge=0)
-    claim_wait_s: float = Field(1.0, gt=0)  # a blocking claim's timeout; also how fast a stop is noticed
+    claim_wait_s: float = Field(1.0, gt=0)  # a blocking claim's timeout (a stop ends its wait at once)
     model_cooldown_s: float = Field(30.0, ge=0)  # how long a model that keeps failing is skipped
     # Slots beyond `concurrency` that only jobs at `urgent_level` or more urgent may take. Under
     # overload every slot holds lower work waiting for the model's pacing, and an urgent job that

@@ -189,6 +189,7 @@ class Worker:
                 # With only the reserve free, claim urgent work alone, and stop waiting for it
                 # once slots free for every level (woken, never cancelled: a claim cancelled
                 # while jobs are being leased to it could strand them until their lease ran out).
+                # Any other claim is woken by a stop, so a stop ends its wait at once.
                 self._room_beyond_reserve.clear()
                 urgent_only = free <= self._reserve
                 try:
@@ -201,7 +202,7 @@ class Worker:
                             limit=free if urgent_only else free - self._reserve,
                             lease_s=self.settings.lease_s,
                             timeout_s=self.settings.claim_wait_s,
-                            wake=self._room_beyond_reserve if urgent_only else None,
+                            wake=self._room_beyond_reserve if urgent_only else self._stopping,
                         )
                 except (QueueUnavailable, TimeoutError) as exc:
                     # A restarting Redis or a locked disk must not end the worker: wait, retry.
