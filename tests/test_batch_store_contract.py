@@ -6,7 +6,7 @@ queue stand for two gateway replicas."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
@@ -39,29 +39,34 @@ def a_file(file_id: str, tenant: str = "acme", *, purpose: str = "batch",
                       created_at=created_at, expires_at=expires_at)
 
 
-async def all_files(store: BatchStore, tenant: str, purpose: str | None = None, *,
-                    page: int = 2) -> list[str]:
-    """The ids of every file of the tenant, read `page` at a time."""
+async def put_files(store: BatchStore, *files: StoredFile) -> None:
+    """Store files of a few bytes."""
+    for file in files:
+        await store.put_file(file, b"{}")
+
+
+async def paged(read: Callable[[str | None], Awaitable[tuple[Sequence[StoredFile | BatchRecord], bool]]],
+                ) -> list[str]:
+    """The ids of every record `read(after)` pages through, following its cursor."""
     ids: list[str] = []
     after = None
     while True:
-        files, more = await store.page_files(tenant, purpose, after=after, limit=page)
-        ids += [file.id for file in files]
+        records, more = await read(after)
+        ids += [record.id for record in records]
         if not more:
             return ids
         after = ids[-1]
+
+
+async def all_files(store: BatchStore, tenant: str, purpose: str | None = None, *,
+                    page: int = 2) -> list[str]:
+    """The ids of every file of the tenant, read `page` at a time."""
+    return await paged(lambda after: store.page_files(tenant, purpose, after=after, limit=page))
 
 
 async def all_batches(store: BatchStore, tenant: str | None = None, *, page: int = 2) -> list[str]:
     """The ids of every batch (of the tenant), read `page` at a time."""
-    ids: list[str] = []
-    after = None
-    while True:
-        batches, more = await store.page_batches(tenant, after=after, limit=page)
-        ids += [batch.id for batch in batches]
-        if not more:
-            return ids
-        after = ids[-1]
+    return await paged(lambda after: store.page_batches(tenant, after=after, limit=page))
 
 
 def a_batch(batch_id: str, tenant: str = "acme", *, created_at: int = 100) -> BatchRecord:
@@ -90,10 +95,9 @@ async def test_files_are_listed_per_tenant_newest_first_and_by_purpose(
     stores: tuple[BatchStore, BatchStore],
 ) -> None:
     one, other = stores
-    await one.put_file(a_file("file-old", created_at=1), b"{}")
-    await one.put_file(a_file("file-new", created_at=2), b"{}")
-    await one.put_file(a_file("file-out", purpose="batch_output", created_at=3), b"{}")
-    await one.put_file(a_file("file-theirs", tenant="globex"), b"{}")
+    await put_files(one, a_file("file-old", created_at=1), a_file("file-new", created_at=2),
+                    a_file("file-out", purpose="batch_output", created_at=3),
+                    a_file("file-theirs", tenant="globex"))
 
     assert await all_files(other, "acme") == ["file-out", "file-new", "file-old"]
     assert await all_files(other, "acme", "batch") == ["file-new", "file-old"]
@@ -129,10 +133,8 @@ async def test_expired_files_are_found_soonest_first_until_deleted(
     stores: tuple[BatchStore, BatchStore],
 ) -> None:
     one, other = stores
-    await one.put_file(a_file("file-late", expires_at=300), b"{}")
-    await one.put_file(a_file("file-soon", expires_at=200), b"{}")
-    await one.put_file(a_file("file-kept"), b"{}")  # no expiry
-    await one.put_file(a_file("file-theirs", tenant="globex", expires_at=250), b"{}")
+    await put_files(one, a_file("file-late", expires_at=300), a_file("file-soon", expires_at=200),
+                    a_file("file-kept"), a_file("file-theirs", tenant="globex", expires_at=250))
 
     assert [f.id for f in await other.expired_files(199, 10)] == []
     assert [f.id for f in await other.expired_files(250, 10)] == ["file-soon", "file-theirs"]
