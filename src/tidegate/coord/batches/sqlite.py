@@ -165,7 +165,7 @@ class SqliteBatchStore(BatchStore):
 
     async def _active_batches(self, count: int | None) -> list[str | bytes]:
         rows = await self._db.run(lambda conn: conn.execute(
-            "SELECT record FROM batches INDEXED BY batches_status"  # the planner, without statistics, scans
+            "SELECT record FROM batches INDEXED BY batches_status"  # without statistics SQLite reads all
             f" WHERE store = ? AND status IN ({_ACTIVE_SQL})"
             " ORDER BY json_extract(record, '$.checked_ms'), id LIMIT ?",
             (self.name, -1 if count is None else count)).fetchall())
