@@ -12,6 +12,7 @@ import pytest
 
 from conftest import QueueFactory
 from dispatch_support import queue_url_of
+from support.redis_keys import redis_client
 from tidegate.coord.batches import (
     BatchLine,
     BatchRecord,
@@ -21,6 +22,7 @@ from tidegate.coord.batches import (
     StoredFile,
     batch_store_for,
 )
+from tidegate.coord.batches.redis import RedisBatchStore
 from tidegate.errors import QueueClosed
 
 
@@ -245,3 +247,37 @@ async def test_a_closed_store_refuses_use(queue_factory: QueueFactory) -> None:
         await store.put_file(a_file("file-a"), b"x")
     with pytest.raises(QueueClosed):
         await store.get_file("file-a")
+
+
+@pytest.mark.redis_only
+async def test_records_stored_before_the_indexes_are_indexed_once_and_stale_entries_dropped(
+    queue_factory: QueueFactory,
+) -> None:
+    # Given a file and two batches written as an older version wrote them: hashes only, no index
+    store = batch_store_for(queue_url_of(queue_factory))
+    assert isinstance(store, RedisBatchStore)
+    running = a_batch("batch_old").update(status="in_progress", checked_ms=7)
+    client = redis_client(store.url)
+    try:
+        await client.hset(store.files_key, "file-old", a_file("file-old", expires_at=50).model_dump_json())
+        await client.set(f"tidegate:{{{store.name}}}:file:file-old", b"{}")
+        await client.hset(store.batches_key, mapping={
+            "batch_old": running.model_dump_json(),
+            "batch_done": a_batch("batch_done").update(status="completed").model_dump_json()})
+        async with store:
+            # Then the first reads find them, each index by its own key
+            assert await all_files(store, "acme") == ["file-old"]
+            assert [f.id for f in await store.expired_files(60, 10)] == ["file-old"]
+            assert await all_batches(store, "acme") == ["batch_old", "batch_done"]
+            assert [b.id for b in await store.active_batches()] == ["batch_old"]
+            assert await client.get(store.indexed_key) == b"1"
+
+            # And an entry whose record is gone or ended leaves the sweep's indexes when read
+            await client.hdel(store.files_key, "file-old")
+            ended = running.update(status="completed")
+            await client.hset(store.batches_key, "batch_old", ended.model_dump_json())
+            assert await store.expired_files(60, 10) == []
+            assert await store.active_batches() == []
+            assert await client.zcard(store.expiring_key) == await client.zcard(store.active_key) == 0
+    finally:
+        await client.aclose()

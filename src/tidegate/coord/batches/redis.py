@@ -10,12 +10,16 @@
   (`files_expiring`); batches still followed by when they were last checked (`batches_active`).
 
 A batch's insert and compare-and-set (lua/insert.lua, lua/swap.lua) keep its indexes in the same
-step; a file and its indexes are written and deleted in one MULTI."""
+step; a file and its indexes are written and deleted in one MULTI. Records stored before the
+indexes existed are indexed once, by the first process to read an index (`batch_indexes` marks
+it done)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
+
+import orjson
 
 from tidegate._redis import RedisClient, key_prefix, lua_source, require_redis
 from tidegate._urls import redact_url
@@ -30,6 +34,7 @@ __all__ = ["RedisBatchStore"]
 T = TypeVar("T")
 
 _SCRIPTS = ("swap", "insert", "page", "answer")
+REINDEX_CHUNK: Final = 500  # records read (HSCAN) and indexed per round trip
 
 
 class RedisBatchStore(BatchStore):
@@ -45,10 +50,12 @@ class RedisBatchStore(BatchStore):
         self.expiring_key = prefix + "files_expiring"
         self.active_key = prefix + "batches_active"
         self.by_time_key = prefix + "batches_by_time"
+        self.indexed_key = prefix + "batch_indexes"
         self._content_prefix = prefix + "file:"
         self._lines_prefix = prefix + "batch_lines:"
         self._answers_prefix = prefix + "batch_answers:"
         self._redis: RedisClient | None = None
+        self._indexed = False
 
     def __repr__(self) -> str:
         return f"RedisBatchStore(url={redact_url(self.url)!r}, name={self.name!r})"
@@ -83,6 +90,59 @@ class RedisBatchStore(BatchStore):
         assert self._redis is not None
         return await self._redis.script(name, keys, args, retry=retry)
 
+    async def _indexes(self) -> None:
+        """Index the files and batches an older version stored without indexes, once: the
+        marker key says it was done, so each process asks once. Harmless twice (ZADD NX)."""
+        if self._indexed:
+            return
+        if await self._call(lambda r: r.get(self.indexed_key)) is None:
+            await self._reindex(self.files_key, self._file_entries)
+            await self._reindex(self.batches_key, self._batch_entries)
+            await self._call(lambda r: r.set(self.indexed_key, b"1"))
+        self._indexed = True
+
+    async def _reindex(self, hash_key: str, entries: Callable[[bytes], list[tuple[str, str, float]]]) -> None:
+        """ZADD NX every (index, id, score) `entries` makes of each record of `hash_key`."""
+        cursor = 0
+        while True:
+            cursor, records = await self._scan(hash_key, cursor)
+            await self._zadd_nx([entry for raw in records.values() for entry in entries(raw)])
+            if cursor == 0:
+                return
+
+    async def _scan(self, hash_key: str, cursor: int) -> tuple[int, dict[bytes, bytes]]:
+        scanned: tuple[int, dict[bytes, bytes]] = await self._call(
+            lambda r: r.hscan(hash_key, cursor, count=REINDEX_CHUNK))
+        return scanned
+
+    async def _zadd_nx(self, entries: list[tuple[str, str, float]]) -> None:
+        async def add(r: Any) -> None:
+            async with r.pipeline(transaction=False) as pipe:
+                for key, member, score in entries:
+                    pipe.zadd(key, {member: score}, nx=True)
+                await pipe.execute()
+
+        if entries:
+            await self._call(add)
+
+    def _file_entries(self, raw: bytes) -> list[tuple[str, str, float]]:
+        file = StoredFile.model_validate_json(raw)
+        entries: list[tuple[str, str, float]] = [
+            (self.files_of(file.tenant), file.id, file.created_at),
+            (self.files_of(file.tenant, file.purpose), file.id, file.created_at)]
+        if file.expires_at is not None:
+            entries.append((self.expiring_key, file.id, file.expires_at))
+        return entries
+
+    def _batch_entries(self, raw: bytes) -> list[tuple[str, str, float]]:
+        batch = BatchRecord.model_validate_json(raw)
+        entries: list[tuple[str, str, float]] = [
+            (self.batches_of(batch.tenant), batch.id, batch.created_at),
+            (self.by_time_key, batch.id, batch.created_at)]
+        if batch.status in ACTIVE:
+            entries.append((self.active_key, batch.id, batch.checked_ms))
+        return entries
+
     async def _put_file(self, file: StoredFile, meta: str, content: bytes) -> None:
         async def write(r: Any) -> None:
             # The bytes first: a file listed is a file whose content can be read.
@@ -109,6 +169,7 @@ class RedisBatchStore(BatchStore):
 
     async def _page_files(self, tenant: str, purpose: str | None, after: str | None,
                           count: int) -> list[str | bytes]:
+        await self._indexes()
         records: list[str | bytes] = await self._script(
             "page", [self.files_of(tenant, purpose), self.files_key], [after or "", count], retry=True)
         return records
@@ -132,16 +193,21 @@ class RedisBatchStore(BatchStore):
         return await self._call(delete)
 
     async def _expired_files(self, now_s: int, count: int) -> list[str | bytes]:
+        await self._indexes()
         ids: list[bytes] = await self._call(
             lambda r: r.zrangebyscore(self.expiring_key, "-inf", now_s, start=0, num=count))
-        return await self._records(self.files_key, ids)
-
-    async def _records(self, hash_key: str, ids: list[bytes]) -> list[str | bytes]:
-        """The records of `ids` still stored, in order."""
         if not ids:
             return []
-        raws: list[bytes | None] = await self._call(lambda r: r.hmget(hash_key, ids))
+        raws: list[bytes | None] = await self._call(lambda r: r.hmget(self.files_key, ids))
+        await self._unindex(self.expiring_key, [file_id for file_id, raw in zip(ids, raws, strict=True)
+                                                if raw is None])
         return [raw for raw in raws if raw is not None]
+
+    async def _unindex(self, index_key: str, ids: list[bytes]) -> None:
+        """Drop index entries whose record is gone or has moved on (left by a reindex that raced
+        a delete or a batch's end), so none holds a place in the sweep's rounds."""
+        if ids:
+            await self._call(lambda r: r.zrem(index_key, *ids))
 
     async def _insert_batch(self, batch: BatchRecord, record: str) -> bool:
         # Not sent twice: it would find its own batch "taken".
@@ -154,15 +220,23 @@ class RedisBatchStore(BatchStore):
         return raw
 
     async def _page_batches(self, tenant: str | None, after: str | None, count: int) -> list[str | bytes]:
+        await self._indexes()
         index = self.by_time_key if tenant is None else self.batches_of(tenant)
         records: list[str | bytes] = await self._script(
             "page", [index, self.batches_key], [after or "", count], retry=True)
         return records
 
     async def _active_batches(self, count: int | None) -> list[str | bytes]:
+        await self._indexes()
         ids: list[bytes] = await self._call(
             lambda r: r.zrange(self.active_key, 0, -1 if count is None else count - 1))
-        return await self._records(self.batches_key, ids)
+        if not ids:
+            return []
+        raws: list[bytes | None] = await self._call(lambda r: r.hmget(self.batches_key, ids))
+        followed = [raw is not None and orjson.loads(raw).get("status") in ACTIVE for raw in raws]
+        await self._unindex(self.active_key, [batch_id for batch_id, kept in zip(ids, followed, strict=True)
+                                              if not kept])
+        return [raw for raw, kept in zip(raws, followed, strict=True) if raw is not None and kept]
 
     async def _swap_batch(self, batch: BatchRecord, expected: str, record: str) -> bool:
         followed = str(batch.checked_ms) if batch.status in ACTIVE else ""
