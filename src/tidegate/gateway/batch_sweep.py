@@ -77,13 +77,18 @@ async def sweep_once(state: GatewayState, *, now_s: float | None = None) -> Swee
 
 
 async def _delete_expired(state: GatewayState, now_s: float) -> int:
-    expired = await state.batches.expired_files(now_s, state.settings.batch_sweep_limit)
+    """Delete up to `batch_sweep_limit` expired files, passing over the inputs of batches in
+    progress (read past them, so that those never hold up the others)."""
+    limit = state.settings.batch_sweep_limit
+    expired = await state.batches.expired_files(now_s, limit)
     if not expired:
         return 0
     in_use = {batch.input_file_id for batch in await state.batches.active_batches()}
+    if in_use:
+        expired = await state.batches.expired_files(now_s, limit + len(in_use))
     deleted = 0
     for file in expired:
-        if file.id not in in_use:
+        if file.id not in in_use and deleted < limit:
             deleted += await state.batches.delete_file(file.id)
     return deleted
 
