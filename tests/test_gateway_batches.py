@@ -22,9 +22,8 @@ from openai import AsyncOpenAI
 from openai.types import Batch
 from openai.types.responses import FunctionToolParam, Response
 
-from conftest import BACKENDS, QueueFactory
-from gateway_support import Gateway, open_gateway, serving
-from support.redis_keys import delete_keys
+from conftest import BACKENDS
+from gateway_support import Gateway, module_gateway, serving
 from tidegate.app.gateway import open_gateway_state
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.jobs import JobState, Priority
@@ -43,19 +42,8 @@ SLOW_MODEL = "deepseek-v3.2"
 async def gw(request: pytest.FixtureRequest,
              tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]:
     """A gateway with a worker (8 calls at a time) and the simulator, on each queue backend."""
-    backend: str = request.param
-    if backend == "sqlite":
-        factory = QueueFactory(backend, f"sqlite:///{tmp_path_factory.mktemp('batches') / 'queue.db'}")
-    else:
-        factory = QueueFactory(backend, request.getfixturevalue("redis_server"),
-                               {"name": f"t{uuid.uuid4().hex[:12]}"})
-    try:
-        async with open_gateway(factory, settings=SETTINGS) as gateway:
-            yield gateway
-    finally:
-        await factory.aclose()
-        if backend == "redis":
-            await delete_keys(factory.url, f"*{factory.queue_name}*")
+    async with module_gateway(request, tmp_path_factory, settings=SETTINGS) as gateway:
+        yield gateway
 
 
 @contextlib.contextmanager

@@ -300,6 +300,14 @@ class GatewaySettings(Section):
     # How often, at most, a batch's progress is read from its jobs (each read costs one job read
     # per unfinished line); between two readings its stored counts answer.
     batch_progress_s: float = Field(1.0, ge=0)
+    # Every gateway sweeps the batches in progress this often (up to `batch_sweep_limit` of them
+    # a round, those checked longest ago first), so their answers are collected before the
+    # queue's retention drops their jobs even when nobody asks about them; and deletes up to as
+    # many expired files a round. Checked against the queue's `finished_ttl_s` at start.
+    batch_sweep_s: float = Field(60.0, gt=0)
+    batch_sweep_limit: int = Field(100, gt=0)
+    # How long a batch's output and error files are kept (OpenAI's: 30 days); None: until deleted.
+    batch_output_retention_s: int | None = Field(30 * 86_400, gt=0)
     allow_unauthenticated_local: bool = True
     # How many recent results feed the p50/p99 figures of GET /v1/stats.
     stats_window: int = Field(2_000, gt=0)
