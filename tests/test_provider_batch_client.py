@@ -168,3 +168,17 @@ async def test_an_unreachable_provider_is_a_retryable_connection_error() -> None
 
     assert (caught.value.kind, caught.value.retryable) == ("connection", True)
     assert "GET /batches/batch_1" in str(caught.value)
+
+
+async def test_a_batch_is_found_again_by_its_metadata_newest_first(batches: ProviderBatchClient) -> None:
+    first = await batches.submit([line("a")], endpoint=CHAT, metadata={"run": "r-0", "kind": "bulk"})
+    for i in range(1, 101):  # the first falls to the second page of the provider's listing
+        last = await batches.submit([line("a")], endpoint=CHAT, metadata={"run": f"r-{i}", "kind": "bulk"})
+
+    found = await batches.find({"run": "r-0"})
+    newest = await batches.find({"kind": "bulk"})
+
+    assert found is not None and found.id == first.id
+    assert newest is not None and newest.id == last.id
+    assert await batches.find({"run": "r-404"}) is None
+    assert await batches.find({"run": "r-0"}, newest=50) is None

@@ -4,7 +4,8 @@ OpenAI and Anthropic answer a batch within a window (24 h) at half the price of 
 suits BULK jobs with a long deadline. `ProviderBatchClient` speaks OpenAI's shape over the
 provider's pooled `UpstreamClient`: the lines go up as one JSONL file (purpose `batch`), a batch is
 created on it, polled until it ended, and its output and error files are read back into one
-`BatchLineResult` per line.
+`BatchLineResult` per line. A creation whose answer was lost may still have created the batch:
+`find` looks it up by the metadata it was given, so that it is not submitted twice.
 
 Failures leave as `UpstreamError` (tidegate.errors), whose `kind` and `retryable` tell the caller
 what to do, as the other provider calls do.
@@ -12,7 +13,7 @@ what to do, as the other provider calls do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote
@@ -35,6 +36,8 @@ CONFLICT: Final = 409
 MISSING_CODES: Final = {"expired": "batch_expired", "cancelled": "batch_cancelled", "failed": "batch_failed"}
 """The error code of a line in neither file of a batch that ended so."""
 MESSAGE_ERRORS: Final = 3  # of a failed batch's errors, quoted in its lines' message
+LIST_PAGE: Final = 100  # batches a page of OpenAI's listing holds at most
+FIND_DEPTH: Final = 1000  # batches `find` looks through by default
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +108,8 @@ class ProviderBatchClient:
         Raises ValueError, before sending anything, when there are no lines, two share a
         custom_id or one is not for `endpoint`: the provider would fail the whole batch. A
         failure of the creation leaves the uploaded file at the provider; one that may have
-        reached it (a timeout, a cut connection) may also have created the batch: its metadata
-        is how to find it again rather than submit it twice.
+        reached it (a timeout, a cut connection) may also have created the batch: `find` with
+        its metadata finds it again rather than submit it twice.
         """
         content = _jsonl(lines, endpoint)
         form = aiohttp.FormData()
@@ -157,6 +160,34 @@ class ProviderBatchClient:
                 raise
             return await self.retrieve(batch_id)
         return self._batch("POST", path, answer.body)
+
+    async def find(self, metadata: Mapping[str, str], *, newest: int = FIND_DEPTH) -> ProviderBatch | None:
+        """The newest batch whose metadata holds every pair of `metadata`, among the `newest`
+        batches the provider lists (newest first), or None: how a batch whose creation was sent
+        but not answered is found again."""
+        wanted = dict(metadata).items()
+        async for path, item in self._listing(newest):
+            held = item.get("metadata")
+            if isinstance(held, dict) and wanted <= held.items():
+                return self._batch("GET", path, item)
+        return None
+
+    async def _listing(self, most: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The provider's batches, newest first, at most `most`, each with the path of its page."""
+        after: str | None = None
+        while most > 0:
+            path = f"{BATCHES_PATH}?limit={min(most, LIST_PAGE)}"
+            if after is not None:
+                path += f"&after={quote(after, safe='')}"
+            page = (await self.client.send("GET", path)).body
+            data = page.get("data")
+            items = [item for item in data if isinstance(item, dict)] if isinstance(data, list) else []
+            for item in items:
+                yield path, item
+            most -= len(items)
+            after = _text(items[-1], "id") if items else None
+            if after is None or page.get("has_more") is not True:
+                return
 
     # -- reading the provider's answers
 
