@@ -85,7 +85,7 @@ async def create_batch(state: GatewayState, tenant: Tenant, body: BatchRequest, 
                        f"{', '.join(SERVED_ENDPOINTS)}", code="unsupported_endpoint", param="endpoint")
     priority = resolve_priority(tenant, header_priority(priority_header), body.priority, Priority.BULK)
     file = await state.batches.get_file(body.input_file_id)
-    if file is None or file.tenant != tenant.name:
+    if file is None or file.tenant != tenant.name or file.expired(time.time()):
         raise ApiError(404, f"no file with id {body.input_file_id!r}", code="file_not_found",
                        param="input_file_id")
     if file.purpose != "batch":

@@ -49,8 +49,10 @@ def new_file_id() -> str:
 
 
 async def visible_file(state: GatewayState, tenant: Tenant, file_id: str) -> StoredFile:
-    """The file if this tenant may see it; 404 otherwise, the same as for an unknown id."""
-    return visible_to(tenant, await state.batches.get_file(file_id), "file", file_id)
+    """The file if this tenant may see it and it has not expired; 404 otherwise, the same as
+    for an unknown id."""
+    file = await state.batches.get_file(file_id)
+    return visible_to(tenant, None if file is None or file.expired(time.time()) else file, "file", file_id)
 
 
 @router.post("", response_model=FileView, summary="Upload a file",

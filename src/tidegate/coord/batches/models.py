@@ -30,6 +30,10 @@ class StoredFile(BaseModel):
     created_at: int  # epoch seconds, as the API shows it
     expires_at: int | None = None  # epoch seconds; None: kept until deleted
 
+    def expired(self, now_s: float) -> bool:
+        """Past its `expires_at`: gone for the API at once, though the sweep deletes it later."""
+        return self.expires_at is not None and self.expires_at <= now_s
+
 
 class LineError(BaseModel):
     """Why a line of a batch produced no answer: a malformed line (`line` is its number, from 1),
