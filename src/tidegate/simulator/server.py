@@ -1,13 +1,16 @@
 """A simulated OpenAI-compatible provider (aiohttp.web) for the demo, the tests and the benchmarks.
 
-It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings` and
-Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py) for the
+It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings`,
+Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py) and
+OpenAI's `/v1/responses` (plain and streamed typed events: see responses.py) for the
 price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
 choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
 see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
 enforces its own per-model RPM/TPM over a sliding window (429 with Retry-After and x-ratelimit-*
 headers), and injects faults (500, 503, timeouts, connection resets, malformed bodies) at
 configured rates or on demand. A seeded simulator given the same requests answers the same way.
+The bodies of the last requests it accepted are kept (`received`), so a test can see what an
+upstream was sent.
 
 Control and observation endpoints live under `/_sim/` and are served only on a loopback address:
 `GET /_sim/stats`, `GET|POST /_sim/settings`, `POST /_sim/reset`, `POST /_sim/faults`.
@@ -61,6 +64,7 @@ from tidegate.simulator.requests import (
     parse_embeddings,
     parse_json_object,
 )
+from tidegate.simulator.responses import ResponseEvents, parse_responses, response_body
 from tidegate.simulator.settings import (
     FAULT_RATES,
     ModelBehaviour,
@@ -83,7 +87,8 @@ MAX_BODY_BYTES: Final = 32 * 1024 * 1024  # long-context prompts are large
 JSON: Final = "application/json"
 
 _R = TypeVar("_R", ChatRequest, EmbeddingsRequest)
-Wire = Literal["openai", "anthropic"]
+Wire = Literal["openai", "anthropic", "responses"]
+REQUEST_LOG_SIZE: Final = 256  # request bodies kept for `Simulator.received`
 _UNLIMITED: Final = Admission(True, None, None, None, 0.0, 0.0)
 
 
@@ -132,6 +137,7 @@ class Simulator:
         self._stats: dict[str, ModelStats] = {}
         self._rngs: dict[str, random.Random] = {}
         self._injected: dict[str, deque[InjectedFault]] = {}
+        self._received: deque[tuple[str, dict[str, Any]]] = deque(maxlen=REQUEST_LOG_SIZE)
         self._started = time.monotonic()
 
     # -- control (the Python API; /_sim/ calls these)
@@ -173,6 +179,10 @@ class Simulator:
             raise ConfigError(f"the simulator does not serve a model named {model!r}")
         self._injected.setdefault(model, deque()).append(fault)
 
+    def received(self, path: str) -> list[dict[str, Any]]:
+        """The bodies of the last accepted requests to `path` ("/v1/responses", say), oldest first."""
+        return [body for where, body in self._received if where == path]
+
     def stats(self) -> dict[str, ModelStats]:
         """What each model has seen (only models that received a request)."""
         return dict(self._stats)
@@ -191,6 +201,7 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/responses", self._responses)
         if control:
             app.router.add_get("/_sim/stats", self._get_stats)
             app.router.add_get("/_sim/settings", self._get_settings)
@@ -310,6 +321,13 @@ class Simulator:
                                 content_type=JSON)
         return await self._answer(request, served, chat)
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            chat, served = await self._accept(request, "chat", parse_responses)
+        except InvalidRequest as exc:
+            return _error_response(exc)
+        return await self._answer(request, served, chat)
+
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         try:
             embed, served = await self._accept(request, "embeddings", parse_embeddings)
@@ -324,7 +342,8 @@ class Simulator:
         if not self._authorized(request):
             raise InvalidRequest("Incorrect API key provided. You can find your API key in your "
                                  "provider's dashboard.", status=401, code="invalid_api_key")
-        parsed = parse(parse_json_object(await request.read()))
+        body = parse_json_object(await request.read())
+        parsed = parse(body)
         served = self._served.get(parsed.model)
         if served is None:
             raise InvalidRequest(f"The model `{parsed.model}` does not exist or you do not have access "
@@ -333,6 +352,7 @@ class Simulator:
             raise InvalidRequest(f"The model `{parsed.model}` does not support the {kind} endpoint.",
                                  param="model", code="invalid_model")
         self._model_stats(served.name).received += 1
+        self._received.append((request.path, body))
         return parsed, served
 
     async def _answer(self, request: web.Request, served: ServedModel,
@@ -414,8 +434,7 @@ class Simulator:
         reply = _Reply.draw(rng, chat, completion, finish)
         ttft_ms = behaviour.ttft_ms if behaviour.ttft_ms is not None else sample_lognormal(
             rng, behaviour.latency_ms, behaviour.latency_p99_ms)
-        frames = (_message_frames if chat.wire == "anthropic" else _chunk_frames)(
-            rng, served.name, chat, reply)
+        frames = _FRAMES[chat.wire](rng, served.name, chat, reply)
         response = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
@@ -569,6 +588,9 @@ def _completion_body(rng: random.Random, model: str, chat: ChatRequest, completi
     identifier = _completion_id(rng)
     reply = _Reply.draw(rng, chat, completion, finish)
     message = reply.message(rng)
+    if chat.wire == "responses":
+        return response_body(identifier.removeprefix("chatcmpl-"), model, chat, message, reply.finish,
+                             reply.tokens), reply.tokens
     if chat.wire == "anthropic":
         return message_body(_message_id(identifier), model, _blocks(message), reply.finish, reply.stop,
                             (chat.prompt_tokens, reply.tokens), chat.service_tier), reply.tokens
@@ -642,6 +664,19 @@ def _message_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _R
     tail = events.end(reply.finish, reply.stop, reply.tokens, opened=bool(pieces))
     torn = b'event: content_block_delta\ndata: {"type": "content_blo\n\n'
     return _Frames(events.start(), pieces, tail, torn)
+
+
+def _response_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
+    """The Responses API's typed events (see responses.ResponseEvents)."""
+    events = ResponseEvents(_completion_id(rng).removeprefix("chatcmpl-"), model, chat)
+    head = events.start()
+    pieces, close = events.pieces(reply.deltas(rng))
+    torn = b'event: response.output_text.delta\ndata: {"type": "response.outp\n\n'
+    return _Frames(head, pieces, close + events.end(reply.finish, reply.tokens), torn)
+
+
+_FRAMES: Final[Mapping[Wire, Callable[[random.Random, str, ChatRequest, _Reply], _Frames]]] = {
+    "openai": _chunk_frames, "anthropic": _message_frames, "responses": _response_frames}
 
 
 def _check_dimensions(embed: EmbeddingsRequest, served: ServedModel) -> None:
