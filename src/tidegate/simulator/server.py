@@ -53,7 +53,13 @@ from tidegate.simulator.content import (
     stop_at,
 )
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
-from tidegate.simulator.messages import MessageEvents, anthropic_error_body, message_body, parse_messages
+from tidegate.simulator.messages import (
+    MessageEvents,
+    anthropic_error_body,
+    message_body,
+    parse_messages,
+    thinking_blocks,
+)
 from tidegate.simulator.requests import (
     ChatRequest,
     EmbeddingsRequest,
@@ -592,7 +598,8 @@ def _completion_body(rng: random.Random, model: str, chat: ChatRequest, completi
         return response_body(identifier.removeprefix("chatcmpl-"), model, chat, message, reply.finish,
                              reply.tokens), reply.tokens
     if chat.wire == "anthropic":
-        return message_body(_message_id(identifier), model, _blocks(message), reply.finish, reply.stop,
+        return message_body(_message_id(identifier), model, thinking_blocks(chat) + _blocks(message),
+                            reply.finish, reply.stop,
                             (chat.prompt_tokens, reply.tokens), chat.service_tier), reply.tokens
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
                               "finish_reason": reply.finish}
@@ -648,7 +655,8 @@ def _chunk_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Rep
 def _message_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
     """Anthropic's events: message_start, one content block (text, or the tool call), message_delta
     and message_stop."""
-    events = MessageEvents(_message_id(_completion_id(rng)), model, chat.prompt_tokens, chat.service_tier)
+    events = MessageEvents(_message_id(_completion_id(rng)), model, chat.prompt_tokens, chat.service_tier,
+                           thinks=chat.reasons)
     pieces: list[bytes] = []
     for delta in reply.deltas(rng):
         if "content" in delta:
