@@ -134,7 +134,8 @@ def _tool_choice(choice: object) -> object:
 
 def _usage(chat: ChatRequest, output_tokens: int) -> dict[str, Any]:
     reasoning = estimate_text_tokens(REASONING_SUMMARY) if chat.reasons else 0
-    return {"input_tokens": chat.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": chat.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": output_tokens + reasoning,
             "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": chat.prompt_tokens + output_tokens + reasoning}
