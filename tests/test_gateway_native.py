@@ -16,6 +16,7 @@ from typing import Any
 
 import anthropic
 import openai
+import orjson
 import pytest
 import pytest_asyncio
 from anthropic.types import MessageParam
@@ -26,8 +27,13 @@ from pydantic import TypeAdapter
 from conftest import BACKENDS, factory_for
 from dispatch_support import PROVIDER, wait_final
 from gateway_support import Gateway, open_gateway
+from tidegate.ai import AIResult
 from tidegate.config import TidegateConfig
+from tidegate.gateway.dialects import ANTHROPIC, RESPONSES, StreamRenderer
+from tidegate.gateway.dialects.anthropic_schemas import MessagesRequest
+from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
 from tidegate.jobs import JobState
+from tidegate.simulator.server import InjectedFault
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -272,3 +278,69 @@ async def test_a_translated_path_is_unchanged_for_a_chat_only_model(
     assert message.content[0].type == "text" and response.output_text
     job = await gw.queue.get(response.id.removeprefix("resp_"))
     assert job is not None and job.result["provider"] == PROVIDER
+
+
+async def test_a_native_stream_cut_off_by_the_provider_ends_with_response_failed(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    # Given a Responses-native provider that resets the connection half way through its stream
+    gw.sim.inject(RESPONSES_MODEL, InjectedFault("reset"))
+    stream = await acme.responses.create(model=RESPONSES_MODEL, input="Say hello", stream=True,
+                                         max_output_tokens=40)
+    events = [event async for event in stream]
+
+    # Then the client had the upstream's first events, then tidegate's response.failed, numbered on
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
+    assert kinds[-1] == "response.failed" and "response.completed" not in kinds
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.error is not None
+    assert failed.response.id == events[0].response.id  # type: ignore[union-attr]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+
+
+def sse_data(body: bytes) -> list[dict[str, Any]]:
+    """The data of each server-sent event in `body`."""
+    return [orjson.loads(line.removeprefix(b"data: ")) for line in body.split(b"\n")
+            if line.startswith(b"data: ")]
+
+
+def whole_stream(renderer: StreamRenderer, result: AIResult) -> bytes:
+    """What a stream renders of a stored answer (a worker without a relay stored it whole)."""
+    frames = [renderer.frame(part) for part in renderer.whole_answer(result, "job1")]
+    return b"".join(frame for frame in frames if frame is not None) + renderer.end_frame()
+
+
+async def test_a_stored_native_answer_streams_as_its_own_events() -> None:
+    request = RESPONSES.translate(ResponseCreateRequest(input="Hi", stream=True, tools=[dict(SEARCH)]),
+                                  native=True)
+    response = {"id": "resp_upstream", "object": "response", "created_at": 1, "status": "completed",
+                "model": RESPONSES_MODEL, "output": [{"id": "msg_1", "type": "message", "role": "assistant",
+                                                     "status": "completed", "content": [
+                                                         {"type": "output_text", "text": "Hello",
+                                                          "annotations": []}]}],
+                "parallel_tool_calls": True, "tool_choice": "auto", "tools": [SEARCH], "error": None,
+                "incomplete_details": None, "instructions": None, "metadata": {}, "temperature": 1.0,
+                "top_p": 1.0, "store": False}
+    message = {"id": "msg_upstream", "type": "message", "role": "assistant", "model": MESSAGES_MODEL,
+               "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                           {"type": "text", "text": "Hello"}],
+               "stop_reason": "end_turn", "stop_sequence": None,
+               "usage": {"input_tokens": 3, "output_tokens": 2}, "service_tier": "default"}
+
+    responses = sse_data(whole_stream(RESPONSES.call("job1", request, 1).stream(request),
+                                      AIResult(response, model=RESPONSES_MODEL)))
+    messages = sse_data(whole_stream(ANTHROPIC.stream(ANTHROPIC.translate(MessagesRequest.model_validate(
+        {"model": MESSAGES_MODEL, "max_tokens": 2048, "messages": HELLO, "stream": True}))),
+        AIResult(message, model=MESSAGES_MODEL)))
+
+    events = [STREAM_EVENT.validate_python(event) for event in responses]
+    assert [event.type for event in events] == ["response.created", "response.completed"]
+    final = events[-1]
+    assert final.type == "response.completed" and final.response.id == "resp_job1"
+    assert final.response.output_text == "Hello" and responses[-1]["response"]["store"] is True
+    assert [event["type"] for event in messages] == [
+        "message_start", "content_block_start", "content_block_stop", "content_block_start",
+        "content_block_stop", "message_delta", "message_stop"]
+    assert messages[1]["content_block"] == message["content"][0]  # type: ignore[index]
+    assert "service_tier" not in messages[0]["message"]

@@ -153,7 +153,7 @@ def chat_body(request: MessagesRequest) -> dict[str, Any]:
                        "top-k sampling and no provider that may serve this model speaks the Messages "
                        "API natively; leave it out, or use top_p", code="unsupported_parameter",
                        param="top_k")
-    if request.thinking is not None:
+    if request.thinking is not None and request.thinking.type == "enabled":  # disabled: the default
         raise ApiError(400, "thinking is not supported: no provider that may serve this model speaks the "
                        "Messages API natively, and a chat completion has no extended thinking",
                        code="unsupported_parameter", param="thinking")
