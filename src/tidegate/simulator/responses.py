@@ -73,12 +73,11 @@ def parse_responses(body: dict[str, Any]) -> ChatRequest:
     prompt = estimate_prompt_tokens(messages)
     if body.get("tools"):
         prompt += estimate_text_tokens(orjson.dumps(body["tools"]).decode())
-    echo = {name: body.get(name, default) if body.get(name) is not None else default
-            for name, default in _ECHOED.items()}
+    echo = {name: default if body.get(name) is None else body[name] for name, default in _ECHOED.items()}
+    served_at = None if tier is None else "default" if tier == "auto" else str(tier)  # as chat's
     return ChatRequest(model, prompt, optional_positive_int(body, "max_output_tokens"), stream, True, (),
                        plan_tool_call(tools, _tool_choice(body.get("tool_choice")), messages),
-                       wire="responses", service_tier=None if tier is None else "default" if tier == "auto"
-                       else str(tier), reasons=bool(reasoning), echo=echo)
+                       wire="responses", service_tier=served_at, reasons=bool(reasoning), echo=echo)
 
 
 def _messages(given: object) -> list[dict[str, Any]]:

@@ -209,8 +209,9 @@ class ResponsesStream(StreamRenderer):
         if is_native(result.response):
             assert result.response is not None
             started = {**result.response, "status": "in_progress", "output": [], "usage": None}
+            ended = "incomplete" if result.response.get("status") == "incomplete" else "completed"
             events = [{"type": "response.created", "sequence_number": 0, "response": started},
-                      {"type": "response.completed", "sequence_number": 1, "response": result.response}]
+                      {"type": f"response.{ended}", "sequence_number": 1, "response": result.response}]
             return [StreamPart.decode(orjson.dumps(event)) for event in events]
         message = assistant_message(result.response)
         # The tier is named in every chunk, as a relayed stream's are.
