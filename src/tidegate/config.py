@@ -49,6 +49,8 @@ ServiceTier = Literal["auto", "default", "flex", "priority"]
 provider choose (the project's setting, usually `default`)."""
 PricedTier = Literal["default", "flex", "priority"]
 """A tier a call can be billed at (`auto` resolves to one of them)."""
+NativeApi = Literal["responses"]
+"""A client API an OpenAI-compatible upstream may serve natively (`ProviderConfig.native_apis`)."""
 
 
 class TierPrice(BaseModel):
@@ -102,6 +104,18 @@ class ProviderConfig(BaseModel):
     models: tuple[ModelConfig, ...] = ()
     service_tiers: dict[str, ServiceTier] = Field(default_factory=dict)
     tier_price_factors: dict[PricedTier, Decimal] = Field(default_factory=dict)
+    native_apis: tuple[NativeApi, ...] = ()
+
+    @model_validator(mode="after")
+    def _native_apis_of_openai(self) -> ProviderConfig:
+        if self.native_apis and self.api != "openai":
+            raise ValueError(f"native_apis {list(self.native_apis)} is for OpenAI-compatible upstreams "
+                             f"(api = \"openai\"), not api = {self.api!r}")
+        return self
+
+    def speaks(self, api: str) -> bool:
+        """Whether the upstream serves the client API `api` ("responses", "anthropic") natively."""
+        return api in self.native_apis or (api == "anthropic" and self.api == "anthropic")
 
     @field_validator("service_tiers")
     @classmethod
