@@ -198,22 +198,31 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("queue_factory", backends, ids=backends, indirect=True)
 
 
-@contextlib.asynccontextmanager
-async def factory_for(request: pytest.FixtureRequest, folder: Path) -> AsyncIterator[QueueFactory]:
+def new_factory(request: pytest.FixtureRequest, folder: Path) -> QueueFactory:
     """A QueueFactory of the backend `request.param` names: a SQLite file in `folder`, or a queue
-    of its own on Redis, its keys deleted afterwards."""
+    of its own on Redis (see `drop_factory`)."""
     backend: str = request.param
     if backend == "sqlite":
-        factory = QueueFactory(backend, f"sqlite:///{folder / 'queue.db'}")
-    else:
-        # Requested lazily so that `-k sqlite` runs need no redis-server at all.
-        factory = QueueFactory(backend, redis_url_of(request, backend), {"name": f"t{uuid.uuid4().hex[:12]}"})
+        return QueueFactory(backend, f"sqlite:///{folder / 'queue.db'}")
+    # Requested lazily so that `-k sqlite` runs need no redis-server at all.
+    return QueueFactory(backend, redis_url_of(request, backend), {"name": f"t{uuid.uuid4().hex[:12]}"})
+
+
+async def drop_factory(factory: QueueFactory) -> None:
+    """Close the factory's queues and delete its keys from Redis."""
+    await factory.aclose()
+    if factory.backend in REDIS_BACKENDS:
+        await delete_keys(factory.url, f"*{factory.queue_name}*")
+
+
+@contextlib.asynccontextmanager
+async def factory_for(request: pytest.FixtureRequest, folder: Path) -> AsyncIterator[QueueFactory]:
+    """`new_factory`, dropped afterwards."""
+    factory = new_factory(request, folder)
     try:
         yield factory
     finally:
-        await factory.aclose()
-        if backend in REDIS_BACKENDS:
-            await delete_keys(factory.url, f"*{factory.queue_name}*")
+        await drop_factory(factory)
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ from openai import AsyncOpenAI
 from openai.types.responses import Response, ResponseStreamEvent, ToolParam
 from pydantic import TypeAdapter
 
-from conftest import BACKENDS, factory_for
+from conftest import BACKENDS
 from dispatch_support import PROVIDER, wait_final
-from gateway_support import Gateway, open_gateway
+from gateway_support import Gateway, module_gateway
 from tidegate.ai import AIResult
 from tidegate.config import TidegateConfig
 from tidegate.gateway.dialects import ANTHROPIC, RESPONSES, StreamRenderer
@@ -63,8 +63,7 @@ def three_providers(config: TidegateConfig) -> TidegateConfig:
 async def gw(request: pytest.FixtureRequest,
              tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]:
     """One gateway, worker and simulator per backend, shared by the module's tests."""
-    async with (factory_for(request, tmp_path_factory.mktemp("native")) as factory,
-                open_gateway(factory, configure=three_providers) as gateway):
+    async with module_gateway(request, tmp_path_factory, configure=three_providers) as gateway:
         yield gateway
 
 

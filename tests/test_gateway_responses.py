@@ -17,8 +17,8 @@ from openai import AsyncOpenAI
 from openai.types.responses import FunctionToolParam, Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from conftest import BACKENDS, factory_for
-from gateway_support import Gateway, open_gateway
+from conftest import BACKENDS
+from gateway_support import Gateway, module_gateway
 from tidegate.ai import AIResult
 from tidegate.gateway.dialects import RESPONSES
 from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
@@ -41,8 +41,7 @@ WEATHER: FunctionToolParam = {
 async def gw(request: pytest.FixtureRequest,
              tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]:
     """One gateway, worker and simulator per backend, shared by the module's tests."""
-    async with (factory_for(request, tmp_path_factory.mktemp("responses")) as factory,
-                open_gateway(factory) as gateway):
+    async with module_gateway(request, tmp_path_factory) as gateway:
         yield gateway
 
 
