@@ -1,4 +1,6 @@
-"""The OpenAI-compatible API: POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models.
+"""The OpenAI-compatible API: POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models,
+and OpenAI's legacy POST /v1/completions and POST /v1/moderations when a configured provider offers
+them (serves a model of their kind; else they answer 404 `unsupported_endpoint`).
 
 An OpenAI SDK pointed at `http://host:port/v1` works unchanged. Each call becomes a job at the
 caller's priority and waits for its result; the answer is the provider's own, plus X-Tidegate-*
@@ -12,20 +14,27 @@ renders the answer; the intake, the wait and the relay are shared by every diale
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Final
 
+from fastapi import Depends, Request
 from fastapi.responses import Response
 
-from tidegate.ai import AIRequest
+from tidegate.ai import AIRequest, Kind
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.dialects import OPENAI, Dialect
 from tidegate.gateway.dialects.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
     Embeddings,
     EmbeddingsRequest,
+    Moderation,
+    ModerationRequest,
 )
-from tidegate.gateway.errors import ApiError, error_responses
+from tidegate.gateway.errors import ApiError, error_responses, unsupported_endpoint
 from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
 from tidegate.gateway.outcomes import result_headers, succeeded
 from tidegate.gateway.schemas import ModelList, ModelView
@@ -133,10 +142,93 @@ async def serve(
     (tidegate.gateway.fast_path), has read the request."""
     submitted = await submit(state, tenant, request, priority_header=priority, timeout_header=timeout_header,
                              idempotency_key=idempotency_key)
-    if submitted.request.kind == "chat" and submitted.request.stream:
+    if submitted.request.kind in ("chat", "completion") and submitted.request.stream:
         return await stream_job(state, dialect, submitted, started=started)
     job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
     return dialect.answer(result, result_headers(job, result))
+
+
+# ---------------------------------------------------------------------------- legacy endpoints
+
+_SSE_COMPLETION = ("One server-sent event. Its `data` is a text_completion chunk as JSON, and `[DONE]` "
+                   "last; a stream that fails after its first chunk ends with an OpenAI-shaped error "
+                   "instead.")
+LEGACY_PATHS: Final[Mapping[Kind, str]] = {"completion": "/v1/completions", "moderation": "/v1/moderations"}
+
+
+def _offers(state: GatewayState, kind: Kind) -> bool:
+    return any(model.kind == kind for model in state.models.values())
+
+
+def _offered(kind: Kind) -> Callable[[Request, GatewayState], Awaitable[None]]:
+    """A dependency that answers 404 `unsupported_endpoint` when no configured provider offers
+    `kind`'s endpoint; it runs before the body is validated, so any body gets that answer."""
+
+    async def offered(request: Request, state: StateDep) -> None:
+        if not _offers(state, kind):
+            unoffered = [path for other, path in LEGACY_PATHS.items() if not _offers(state, other)]
+            raise unsupported_endpoint(request, LEGACY_PATHS[kind], unoffered)
+
+    return offered
+
+
+_LEGACY_ERRORS = error_responses(400, 403, 413, 429, described={
+    **WAIT_ERROR_DESCRIPTIONS,
+    404: "No configured provider offers this endpoint (code `unsupported_endpoint`), or the model is "
+         "unknown (`model_not_found`) or the provider answered 404 for it."})
+
+
+@router.post(
+    "/completions",
+    response_model=Completion,
+    summary="Create a completion (legacy)",
+    responses={**_LEGACY_ERRORS, 200: {
+        "headers": RESULT_HEADERS,
+        "content": {"text/event-stream": {
+            "schema": {**_SSE_EVENT, "description": _SSE_COMPLETION},
+            "example": 'data: {"object": "text_completion", "choices": [...]}\n\ndata: [DONE]\n\n',
+        }},
+        "description": "The provider's text_completion; with `stream: true`, its chunks as "
+                       "server-sent events.",
+    }},
+)
+async def completions(
+    _: Annotated[None, Depends(_offered("completion"))],
+    body: CompletionRequest,
+    state: StateDep,
+    tenant: MeteredTenantDep,
+    x_priority: PriorityHeader = None,
+    x_tidegate_timeout: TimeoutHeader = None,
+    idempotency_key: IdempotencyHeader = None,
+) -> Response:
+    """Queue the legacy completion at the caller's priority and answer with the provider's result."""
+    started = time.perf_counter()
+    return await serve(state, tenant, OPENAI.request("completion", body), started=started,
+                       priority=x_priority, timeout_header=x_tidegate_timeout,
+                       idempotency_key=idempotency_key)
+
+
+@router.post(
+    "/moderations",
+    response_model=Moderation,
+    summary="Classify content (moderation)",
+    responses={**_LEGACY_ERRORS,
+               200: {"headers": RESULT_HEADERS, "description": "The provider's moderation."}},
+)
+async def moderations(
+    _: Annotated[None, Depends(_offered("moderation"))],
+    body: ModerationRequest,
+    state: StateDep,
+    tenant: MeteredTenantDep,
+    x_priority: PriorityHeader = None,
+    x_tidegate_timeout: TimeoutHeader = None,
+    idempotency_key: IdempotencyHeader = None,
+) -> Response:
+    """Queue the moderation at the caller's priority and answer with the provider's result."""
+    started = time.perf_counter()
+    return await serve(state, tenant, OPENAI.request("moderation", body), started=started,
+                       priority=x_priority, timeout_header=x_tidegate_timeout,
+                       idempotency_key=idempotency_key)
 
 
 def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:

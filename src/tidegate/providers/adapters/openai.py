@@ -1,54 +1,84 @@
 """The adapter of OpenAI-compatible upstreams (OpenAI, and the many APIs shaped like it): the job's
-body goes as it came, with the routed model; answers and chunks already are in the job's form."""
+body goes as it came, with the routed model; answers and chunks already are in the job's form.
+
+Legacy completions and moderations go to `{base}/completions` and `{base}/moderations`; a
+streamed completion's `text_completion` chunks are relayed as they come, as a chat's are.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from tidegate.ai import AIRequest
 from tidegate.providers.adapters.base import Answer, PartSink, ProviderAdapter
+from tidegate.providers.client import StreamSummary, UpstreamStream
 
 __all__ = ["OpenAIAdapter"]
 
 _STREAM_FIELDS = ("stream", "stream_options")
+COMPLETIONS_PATH: Final = "/completions"
+MODERATIONS_PATH: Final = "/moderations"
 
 
 class OpenAIAdapter(ProviderAdapter):
-    """POST /chat/completions and /embeddings of an OpenAI-compatible API."""
+    """POST /chat/completions, /embeddings, /completions and /moderations of an OpenAI-compatible API."""
 
     async def complete(self, request: AIRequest, model: str) -> Answer:
         """The answer of one call; a stream the caller asked for is dropped, as nobody listens."""
         body = {key: value for key, value in _body(request, model).items() if key not in _STREAM_FIELDS}
         if request.kind == "chat":
             response = await self.client.chat(body)
+        elif request.kind == "completion":
+            response = await self.client.post(COMPLETIONS_PATH, body, expect="choices")
+        elif request.kind == "moderation":
+            response = await self.client.post(MODERATIONS_PATH, body, expect="results")
         else:
             response = await self.client.embeddings(body)
         return Answer(response.body, response.usage, response.latency_ms, response.rate_limit)
 
     async def stream(self, request: AIRequest, model: str, on_part: PartSink) -> Answer:
-        """Relay each chunk as it arrives; the answer is the stream as one chat.completion."""
+        """Relay each chunk as it arrives; the answer is the stream as one chat.completion (one
+        text_completion for a legacy completion)."""
         tier: object = None
-        async with self.client.chat_stream(_body(request, model)) as stream:
+        async with self._open_stream(request, model) as stream:
             async for chunk in stream:
                 tier = chunk.data.get("service_tier", tier)  # each chunk names it, as OpenAI's do
                 await on_part(chunk.part)
         summary = stream.summary
         assert summary is not None  # set once [DONE] was read, and the loop ends only then
-        message: dict[str, Any] = {"role": "assistant", "content": summary.text}
-        if summary.tool_calls:
-            message["tool_calls"] = [{"id": call.id, "type": "function",
-                                      "function": {"name": call.name, "arguments": call.arguments}}
-                                     for call in summary.tool_calls]
-        document = {
-            "object": "chat.completion",
-            "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": summary.finish_reason}],
-            "usage": summary.usage.to_json(),
-        }
+        document = (_text_completion(model, summary) if request.kind == "completion"
+                    else _chat_completion(model, summary))
         if isinstance(tier, str):
             document["service_tier"] = tier
         return Answer(document, summary.usage, summary.latency_ms, summary.rate_limit, summary.ttft_ms)
 
+    def _open_stream(self, request: AIRequest, model: str) -> UpstreamStream:
+        body = _body(request, model)
+        if request.kind != "completion":
+            return self.client.chat_stream(body)
+        given = body.get("stream_options")
+        options = {**(given if isinstance(given, dict) else {}), "include_usage": True}
+        return self.client.stream(COMPLETIONS_PATH, {**body, "stream": True, "stream_options": options})
+
 
 def _body(request: AIRequest, model: str) -> dict[str, Any]:
     return {**request.body, "model": model}
+
+
+def _chat_completion(model: str, summary: StreamSummary) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": summary.text}
+    if summary.tool_calls:
+        message["tool_calls"] = [{"id": call.id, "type": "function",
+                                  "function": {"name": call.name, "arguments": call.arguments}}
+                                 for call in summary.tool_calls]
+    return {"object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": summary.finish_reason}],
+            "usage": summary.usage.to_json()}
+
+
+def _text_completion(model: str, summary: StreamSummary) -> dict[str, Any]:
+    # The stream's text is every choice's, in order: one choice is what a streamed call asks for.
+    return {"object": "text_completion", "model": model,
+            "choices": [{"index": 0, "text": summary.text, "logprobs": None,
+                         "finish_reason": summary.finish_reason}],
+            "usage": summary.usage.to_json()}
