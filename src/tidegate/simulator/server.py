@@ -1,6 +1,7 @@
 """A simulated OpenAI-compatible provider (aiohttp.web) for the demo, the tests and the benchmarks.
 
-It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings` and
+It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings`, OpenAI's
+legacy `/v1/completions` and `/v1/moderations` (see legacy.py), and
 Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py) for the
 price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
 choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
@@ -49,6 +50,15 @@ from tidegate.simulator.content import (
     sample_lognormal,
     stop_at,
 )
+from tidegate.simulator.legacy import (
+    CompletionRequest,
+    ModerationRequest,
+    moderation_body,
+    parse_completion,
+    parse_moderation,
+    text_completion_body,
+    text_completion_frames,
+)
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
 from tidegate.simulator.messages import MessageEvents, anthropic_error_body, message_body, parse_messages
 from tidegate.simulator.requests import (
@@ -82,8 +92,8 @@ SHUTDOWN_GRACE_S: Final = 0.5
 MAX_BODY_BYTES: Final = 32 * 1024 * 1024  # long-context prompts are large
 JSON: Final = "application/json"
 
-_R = TypeVar("_R", ChatRequest, EmbeddingsRequest)
-Wire = Literal["openai", "anthropic"]
+_R = TypeVar("_R", ChatRequest, EmbeddingsRequest, ModerationRequest)
+Wire = Literal["openai", "anthropic", "completions"]
 _UNLIMITED: Final = Admission(True, None, None, None, 0.0, 0.0)
 
 
@@ -191,6 +201,8 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/moderations", self._moderations)
         if control:
             app.router.add_get("/_sim/stats", self._get_stats)
             app.router.add_get("/_sim/settings", self._get_settings)
@@ -318,6 +330,20 @@ class Simulator:
             return _error_response(exc)
         return await self._answer(request, served, embed)
 
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            completion, served = await self._accept(request, "completion", parse_completion)
+        except InvalidRequest as exc:
+            return _error_response(exc)
+        return await self._answer(request, served, completion)
+
+    async def _moderations(self, request: web.Request) -> web.StreamResponse:
+        try:
+            moderation, served = await self._accept(request, "moderation", parse_moderation)
+        except InvalidRequest as exc:
+            return _error_response(exc)
+        return await self._answer(request, served, moderation)
+
     async def _accept(self, request: web.Request, kind: str,
                       parse: Callable[[dict[str, Any]], _R]) -> tuple[_R, ServedModel]:
         """Authorize, validate, and find the model; InvalidRequest for any refusal."""
@@ -336,7 +362,7 @@ class Simulator:
         return parsed, served
 
     async def _answer(self, request: web.Request, served: ServedModel,
-                      parsed: ChatRequest | EmbeddingsRequest) -> web.StreamResponse:
+                      parsed: ChatRequest | EmbeddingsRequest | ModerationRequest) -> web.StreamResponse:
         rng = self._rng(served.name)
         stats = self._model_stats(served.name)
         completion, finish = (_completion_tokens(rng, served.behaviour, parsed.max_tokens)
@@ -355,9 +381,16 @@ class Simulator:
         if isinstance(parsed, ChatRequest) and parsed.stream:
             return await self._stream(request, served, parsed, _Plan(completion, finish, headers, fault))
         await _sleep_ms(sample_lognormal(rng, served.behaviour.latency_ms, served.behaviour.latency_p99_ms))
-        if isinstance(parsed, ChatRequest):
+        if isinstance(parsed, CompletionRequest):
+            answers = [_Reply.draw(rng, parsed, completion, finish) for _ in parsed.prompts]
+            body = text_completion_body(_completion_id(rng), served.name, parsed,
+                                        [(reply.words, reply.finish, reply.stop) for reply in answers])
+            stats.completion_tokens += body["usage"]["completion_tokens"]
+        elif isinstance(parsed, ChatRequest):
             body, tokens = _completion_body(rng, served.name, parsed, completion, finish)
             stats.completion_tokens += tokens
+        elif isinstance(parsed, ModerationRequest):
+            body = moderation_body(_completion_id(rng), served.name, parsed)
         else:
             body = _embeddings_body(served, parsed)
         if parsed.service_tier is not None and wire == "openai":  # a Message names it in its usage
@@ -414,8 +447,12 @@ class Simulator:
         reply = _Reply.draw(rng, chat, completion, finish)
         ttft_ms = behaviour.ttft_ms if behaviour.ttft_ms is not None else sample_lognormal(
             rng, behaviour.latency_ms, behaviour.latency_p99_ms)
-        frames = (_message_frames if chat.wire == "anthropic" else _chunk_frames)(
-            rng, served.name, chat, reply)
+        if isinstance(chat, CompletionRequest):
+            frames = _Frames(*text_completion_frames(_completion_id(rng), served.name, chat,
+                                                     (reply.words, reply.finish, reply.stop)))
+        else:
+            frames = (_message_frames if chat.wire == "anthropic" else _chunk_frames)(
+                rng, served.name, chat, reply)
         response = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
