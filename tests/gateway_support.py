@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from conftest import QueueFactory
 from dispatch_support import queue_url_of, running_worker, sim_config
 from tidegate.app.gateway import open_gateway_state
-from tidegate.config import TidegateConfig
+from tidegate.config import TidegateConfig, legacy_models
 from tidegate.coord.relay import ChunkRelay, relay_for
 from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.metrics import DispatchMetrics
@@ -170,3 +170,11 @@ async def open_gateway(
         gateway_url = await stack.enter_async_context(serving(state))
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=gateway_url, timeout=20.0))
         yield Gateway(state, gateway_url, http, sim, keys, metrics if worker else None)
+
+
+def with_legacy_models(config: TidegateConfig) -> TidegateConfig:
+    """`config` with OpenAI's legacy completion and moderation models on each of its providers,
+    so the gateway offers /v1/completions and /v1/moderations (`open_gateway(configure=...)`)."""
+    return config.model_copy(update={"providers": tuple(
+        provider.model_copy(update={"models": (*provider.models, *legacy_models())})
+        for provider in config.providers)})

@@ -153,8 +153,9 @@ def _is_prompt(prompt: object) -> bool:
         return False
     if all(_whole(item) is not None for item in prompt):
         return True  # one prompt as token ids
-    return all(isinstance(item, str) or (isinstance(item, list) and item
-                                         and all(_whole(token) is not None for token in item))
+    if all(isinstance(item, str) for item in prompt):
+        return True
+    return all(isinstance(item, list) and item and all(_whole(token) is not None for token in item)
                for item in prompt)
 
 
