@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Final
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
 
 from fastapi import Depends, Request
 from fastapi.responses import Response
@@ -73,6 +74,21 @@ _SSE_EVENT = {
     "required": ["data"],
 }
 
+
+
+def _streamed(event: dict[str, Any], chunk: str, answer: str) -> dict[str, Any]:
+    """The documented 200 of a route that may stream: the provider's `answer`, or its `chunk`s
+    as server-sent events (each described by `event`)."""
+    return {
+        "headers": RESULT_HEADERS,
+        "content": {"text/event-stream": {
+            "schema": event,
+            "example": f'data: {{"object": "{chunk}", "choices": [...]}}\n\ndata: [DONE]\n\n',
+        }},
+        "description": f"The provider's {answer}; with `stream: true`, its chunks as server-sent events.",
+    }
+
+
 router = OPENAI.router(prefix="/v1", tags=["OpenAI-compatible"], responses=error_responses(401, 503))
 
 
@@ -80,14 +96,7 @@ router = OPENAI.router(prefix="/v1", tags=["OpenAI-compatible"], responses=error
     "/chat/completions",
     response_model=ChatCompletion,
     summary="Create a chat completion",
-    responses={**_WAIT_ERRORS, 200: {
-        "headers": RESULT_HEADERS,
-        "content": {"text/event-stream": {
-            "schema": _SSE_EVENT,
-            "example": 'data: {"object": "chat.completion.chunk", "choices": [...]}\n\ndata: [DONE]\n\n',
-        }},
-        "description": "The provider's completion; with `stream: true`, its chunks as server-sent events.",
-    }},
+    responses={**_WAIT_ERRORS, 200: _streamed(_SSE_EVENT, "chat.completion.chunk", "completion")},
 )
 async def chat_completions(
     body: ChatCompletionRequest,
@@ -178,34 +187,39 @@ _LEGACY_ERRORS = error_responses(400, 403, 413, 429, described={
          "unknown (`model_not_found`) or the provider answered 404 for it."})
 
 
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """The request headers of a synchronous call that the intake reads."""
+
+    priority: str | None
+    timeout_header: str | None
+    idempotency_key: str | None
+
+
+async def _call_options(x_priority: PriorityHeader = None, x_tidegate_timeout: TimeoutHeader = None,
+                        idempotency_key: IdempotencyHeader = None) -> CallOptions:
+    return CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
+
+
+CallOptionsDep = Annotated[CallOptions, Depends(_call_options)]
+
+
+async def _queued(state: GatewayState, tenant: Tenant, request: AIRequest, options: CallOptions) -> Response:
+    return await serve(state, tenant, request, started=time.perf_counter(), priority=options.priority,
+                       timeout_header=options.timeout_header, idempotency_key=options.idempotency_key)
+
+
 @router.post(
     "/completions",
     response_model=Completion,
     summary="Create a completion (legacy)",
-    responses={**_LEGACY_ERRORS, 200: {
-        "headers": RESULT_HEADERS,
-        "content": {"text/event-stream": {
-            "schema": {**_SSE_EVENT, "description": _SSE_COMPLETION},
-            "example": 'data: {"object": "text_completion", "choices": [...]}\n\ndata: [DONE]\n\n',
-        }},
-        "description": "The provider's text_completion; with `stream: true`, its chunks as "
-                       "server-sent events.",
-    }},
+    responses={**_LEGACY_ERRORS, 200: _streamed({**_SSE_EVENT, "description": _SSE_COMPLETION},
+                                                 "text_completion", "text_completion")},
 )
-async def completions(
-    _: Annotated[None, Depends(_offered("completion"))],
-    body: CompletionRequest,
-    state: StateDep,
-    tenant: MeteredTenantDep,
-    x_priority: PriorityHeader = None,
-    x_tidegate_timeout: TimeoutHeader = None,
-    idempotency_key: IdempotencyHeader = None,
-) -> Response:
+async def completions(_: Annotated[None, Depends(_offered("completion"))], body: CompletionRequest,
+                      state: StateDep, tenant: MeteredTenantDep, options: CallOptionsDep) -> Response:
     """Queue the legacy completion at the caller's priority and answer with the provider's result."""
-    started = time.perf_counter()
-    return await serve(state, tenant, OPENAI.request("completion", body), started=started,
-                       priority=x_priority, timeout_header=x_tidegate_timeout,
-                       idempotency_key=idempotency_key)
+    return await _queued(state, tenant, OPENAI.request("completion", body), options)
 
 
 @router.post(
@@ -215,20 +229,10 @@ async def completions(
     responses={**_LEGACY_ERRORS,
                200: {"headers": RESULT_HEADERS, "description": "The provider's moderation."}},
 )
-async def moderations(
-    _: Annotated[None, Depends(_offered("moderation"))],
-    body: ModerationRequest,
-    state: StateDep,
-    tenant: MeteredTenantDep,
-    x_priority: PriorityHeader = None,
-    x_tidegate_timeout: TimeoutHeader = None,
-    idempotency_key: IdempotencyHeader = None,
-) -> Response:
+async def moderations(_: Annotated[None, Depends(_offered("moderation"))], body: ModerationRequest,
+                      state: StateDep, tenant: MeteredTenantDep, options: CallOptionsDep) -> Response:
     """Queue the moderation at the caller's priority and answer with the provider's result."""
-    started = time.perf_counter()
-    return await serve(state, tenant, OPENAI.request("moderation", body), started=started,
-                       priority=x_priority, timeout_header=x_tidegate_timeout,
-                       idempotency_key=idempotency_key)
+    return await _queued(state, tenant, OPENAI.request("moderation", body), options)
 
 
 def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:

@@ -31,7 +31,7 @@ import signal
 import struct
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -94,6 +94,7 @@ JSON: Final = "application/json"
 
 _R = TypeVar("_R", ChatRequest, EmbeddingsRequest, ModerationRequest)
 Wire = Literal["openai", "anthropic", "completions"]
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _UNLIMITED: Final = Admission(True, None, None, None, 0.0, 0.0)
 
 
@@ -201,8 +202,8 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/messages", self._messages)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/moderations", self._moderations)
+        app.router.add_post("/v1/completions", self._legacy("completion", parse_completion))
+        app.router.add_post("/v1/moderations", self._legacy("moderation", parse_moderation))
         if control:
             app.router.add_get("/_sim/stats", self._get_stats)
             app.router.add_get("/_sim/settings", self._get_settings)
@@ -330,19 +331,18 @@ class Simulator:
             return _error_response(exc)
         return await self._answer(request, served, embed)
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            completion, served = await self._accept(request, "completion", parse_completion)
-        except InvalidRequest as exc:
-            return _error_response(exc)
-        return await self._answer(request, served, completion)
+    def _legacy(self, kind: Literal["completion", "moderation"],
+                parse: Callable[[dict[str, Any]], _R]) -> _Handler:
+        """The handler of a legacy endpoint: accepted as any other request, then answered."""
 
-    async def _moderations(self, request: web.Request) -> web.StreamResponse:
-        try:
-            moderation, served = await self._accept(request, "moderation", parse_moderation)
-        except InvalidRequest as exc:
-            return _error_response(exc)
-        return await self._answer(request, served, moderation)
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                parsed, served = await self._accept(request, kind, parse)
+            except InvalidRequest as exc:
+                return _error_response(exc)
+            return await self._answer(request, served, parsed)
+
+        return handle
 
     async def _accept(self, request: web.Request, kind: str,
                       parse: Callable[[dict[str, Any]], _R]) -> tuple[_R, ServedModel]:

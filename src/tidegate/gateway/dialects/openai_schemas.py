@@ -224,17 +224,11 @@ class Embeddings(BaseModel):
     service_tier: str | None = Field(None, description="The tier the call ran at, when one was sent.")
 
 
-class Completion(BaseModel):
-    """The provider's legacy completion, as OpenAI shapes it (relayed unchanged)."""
+class Completion(ChatCompletion):
+    """The provider's legacy completion, as OpenAI shapes it (relayed unchanged): a chat
+    completion's fields, its choices holding `text`."""
 
-    model_config = ConfigDict(extra="allow")
-
-    id: str
     object: str = "text_completion"
-    created: int
-    model: str
-    choices: list[dict[str, Any]]
-    usage: dict[str, Any] | None = None
 
 
 class Moderation(BaseModel):
