@@ -18,6 +18,7 @@ from openai.types import (
 
 from conftest import QueueFactory
 from gateway_support import open_gateway, with_legacy_models
+from test_gateway_batches import ended, lines_of, upload
 from tidegate.config import legacy_models
 from tidegate.costs import cost_micros
 from tidegate.jobs import JobState, Priority
@@ -150,6 +151,28 @@ async def test_malformed_bodies_and_other_models_are_refused_and_queue_nothing(
         assert await gw.depth() == 0
 
 
+async def test_batches_call_the_legacy_endpoints_a_provider_offers(queue_factory: QueueFactory) -> None:
+    async with open_gateway(queue_factory, configure=with_legacy_models) as gw, gw.openai("acme") as client:
+        prompts = await upload(client, [{"custom_id": f"c{n}", "method": "POST", "url": "/v1/completions",
+                                         "body": {"model": INSTRUCT, "prompt": f"Line {n}"}}
+                                        for n in range(2)])
+        inputs = await upload(client, [{"custom_id": "m0", "method": "POST", "url": "/v1/moderations",
+                                        "body": {"input": "I will attack at dawn"}}])
+
+        created = [await client.batches.create(input_file_id=prompts, endpoint="/v1/completions",
+                                               completion_window="24h"),
+                   await client.batches.create(input_file_id=inputs, endpoint="/v1/moderations",
+                                               completion_window="24h")]
+        completed = [await ended(client, batch.id) for batch in created]
+
+        assert [batch.status for batch in completed] == ["completed", "completed"]
+        completions, moderations = [await lines_of(client, batch.output_file_id) for batch in completed]
+        assert sorted(line["custom_id"] for line in completions) == ["c0", "c1"]
+        assert all(Completion.model_validate(line["response"]["body"]).choices for line in completions)
+        [moderation] = moderations
+        assert ModerationCreateResponse.model_validate(moderation["response"]["body"]).results[0].flagged
+
+
 async def test_without_a_provider_offering_them_the_legacy_endpoints_answer_404(
     queue_factory: QueueFactory,
 ) -> None:
@@ -169,3 +192,7 @@ async def test_without_a_provider_offering_them_the_legacy_endpoints_answer_404(
         assert await gw.depth() == 0
         models = [model.id async for model in client.models.list()]
         assert INSTRUCT not in models
+        with pytest.raises(openai.BadRequestError) as batch:
+            await client.batches.create(input_file_id="file-unread", endpoint="/v1/completions",
+                                        completion_window="24h")
+        assert batch.value.code == "unsupported_endpoint"

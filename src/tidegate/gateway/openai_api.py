@@ -165,17 +165,13 @@ _SSE_COMPLETION = ("One server-sent event. Its `data` is a text_completion chunk
 LEGACY_PATHS: Final[Mapping[Kind, str]] = {"completion": "/v1/completions", "moderation": "/v1/moderations"}
 
 
-def _offers(state: GatewayState, kind: Kind) -> bool:
-    return any(model.kind == kind for model in state.models.values())
-
-
 def _offered(kind: Kind) -> Callable[[Request, GatewayState], Awaitable[None]]:
     """A dependency that answers 404 `unsupported_endpoint` when no configured provider offers
     `kind`'s endpoint; it runs before the body is validated, so any body gets that answer."""
 
     async def offered(request: Request, state: StateDep) -> None:
-        if not _offers(state, kind):
-            unoffered = [path for other, path in LEGACY_PATHS.items() if not _offers(state, other)]
+        if not state.offers(kind):
+            unoffered = [path for other, path in LEGACY_PATHS.items() if not state.offers(other)]
             raise unsupported_endpoint(request, LEGACY_PATHS[kind], unoffered)
 
     return offered
