@@ -22,6 +22,7 @@ from tidegate.costs import (
     estimate_output_tokens,
 )
 from tidegate.dispatch.router import Router
+from tidegate.dispatch.tiers import tier_of
 from tidegate.errors import InvalidJob, RoutingError, UpstreamError
 from tidegate.jobs import Priority
 from tidegate.providers.adapters.anthropic import AnthropicAdapter
@@ -135,3 +136,12 @@ async def test_an_anthropic_upstream_refuses_legacy_jobs_as_a_client_error() -> 
                 await adapter.complete(request, "claude-sonnet-4.5")
             error = refused.value
             assert (error.kind, error.retryable, error.status) == ("client", False, 400)
+
+
+def test_the_tier_policy_adds_no_tier_to_legacy_jobs() -> None:
+    provider = ProviderConfig(name="openai", base_url="http://127.0.0.1:9/v1", service_tiers={"bulk": "flex"})
+
+    assert tier_of(AIRequest("chat", {"messages": []}), provider, Priority.BULK) == "flex"
+    assert tier_of(AIRequest("moderation", {"input": "x"}), provider, Priority.BULK) is None
+    assert tier_of(AIRequest("completion", {"prompt": "x", "service_tier": "flex"}), provider,
+                   Priority.NORMAL) == "flex"  # the caller's own, as given
