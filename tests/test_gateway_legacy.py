@@ -188,7 +188,7 @@ async def test_without_a_provider_offering_them_the_legacy_endpoints_answer_404(
             assert "/v1/chat/completions" in refused.message
             assert "/v1/completions," not in refused.message and "/v1/moderations," not in refused.message
         assert "use /v1/chat/completions" in completions.value.message
-        assert (malformed.status_code, malformed.json()["error"]["code"]) == (404, "unsupported_endpoint")
+        assert (malformed.status_code, malformed.json()["error"]["code"]) == (400, "invalid_request")
         assert await gw.depth() == 0
         models = [model.id async for model in client.models.list()]
         assert INSTRUCT not in models

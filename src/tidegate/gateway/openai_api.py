@@ -14,7 +14,7 @@ renders the answer; the intake, the wait and the relay are shared by every diale
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
@@ -73,7 +73,6 @@ _SSE_EVENT = {
     "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
     "required": ["data"],
 }
-
 
 
 def _streamed(event: dict[str, Any], chunk: str, answer: str) -> dict[str, Any]:
@@ -165,16 +164,12 @@ _SSE_COMPLETION = ("One server-sent event. Its `data` is a text_completion chunk
 LEGACY_PATHS: Final[Mapping[Kind, str]] = {"completion": "/v1/completions", "moderation": "/v1/moderations"}
 
 
-def _offered(kind: Kind) -> Callable[[Request, GatewayState], Awaitable[None]]:
-    """A dependency that answers 404 `unsupported_endpoint` when no configured provider offers
-    `kind`'s endpoint; it runs before the body is validated, so any body gets that answer."""
-
-    async def offered(request: Request, state: StateDep) -> None:
-        if not state.offers(kind):
-            unoffered = [path for other, path in LEGACY_PATHS.items() if not state.offers(other)]
-            raise unsupported_endpoint(request, LEGACY_PATHS[kind], unoffered)
-
-    return offered
+def _require_offered(request: Request, state: GatewayState, kind: Kind) -> None:
+    """404 `unsupported_endpoint` when no configured provider offers `kind`'s endpoint. Checked
+    once the call is authenticated and its body read, as every route answers 401 and 400 first."""
+    if not state.offers(kind):
+        unoffered = [path for other, path in LEGACY_PATHS.items() if not state.offers(other)]
+        raise unsupported_endpoint(request, LEGACY_PATHS[kind], unoffered)
 
 
 _LEGACY_ERRORS = error_responses(400, 403, 413, 429, described={
@@ -212,9 +207,10 @@ async def _queued(state: GatewayState, tenant: Tenant, request: AIRequest, optio
     responses={**_LEGACY_ERRORS, 200: _streamed({**_SSE_EVENT, "description": _SSE_COMPLETION},
                                                  "text_completion", "text_completion")},
 )
-async def completions(_: Annotated[None, Depends(_offered("completion"))], body: CompletionRequest,
-                      state: StateDep, tenant: MeteredTenantDep, options: CallOptionsDep) -> Response:
+async def completions(request: Request, body: CompletionRequest, state: StateDep, tenant: MeteredTenantDep,
+                      options: CallOptionsDep) -> Response:
     """Queue the legacy completion at the caller's priority and answer with the provider's result."""
+    _require_offered(request, state, "completion")
     return await _queued(state, tenant, OPENAI.request("completion", body), options)
 
 
@@ -225,9 +221,10 @@ async def completions(_: Annotated[None, Depends(_offered("completion"))], body:
     responses={**_LEGACY_ERRORS,
                200: {"headers": RESULT_HEADERS, "description": "The provider's moderation."}},
 )
-async def moderations(_: Annotated[None, Depends(_offered("moderation"))], body: ModerationRequest,
-                      state: StateDep, tenant: MeteredTenantDep, options: CallOptionsDep) -> Response:
+async def moderations(request: Request, body: ModerationRequest, state: StateDep, tenant: MeteredTenantDep,
+                      options: CallOptionsDep) -> Response:
     """Queue the moderation at the caller's priority and answer with the provider's result."""
+    _require_offered(request, state, "moderation")
     return await _queued(state, tenant, OPENAI.request("moderation", body), options)
 
 

@@ -46,8 +46,19 @@ class OpenAIAdapter(ProviderAdapter):
                 await on_part(chunk.part)
         summary = stream.summary
         assert summary is not None  # set once [DONE] was read, and the loop ends only then
-        document = (_text_completion(model, summary) if request.kind == "completion"
-                    else _chat_completion(model, summary))
+        if request.kind == "completion":
+            return _text_completion(model, summary)
+        message: dict[str, Any] = {"role": "assistant", "content": summary.text}
+        if summary.tool_calls:
+            message["tool_calls"] = [{"id": call.id, "type": "function",
+                                      "function": {"name": call.name, "arguments": call.arguments}}
+                                     for call in summary.tool_calls]
+        document = {
+            "object": "chat.completion",
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": summary.finish_reason}],
+            "usage": summary.usage.to_json(),
+        }
         if isinstance(tier, str):
             document["service_tier"] = tier
         return Answer(document, summary.usage, summary.latency_ms, summary.rate_limit, summary.ttft_ms)
@@ -65,20 +76,11 @@ def _body(request: AIRequest, model: str) -> dict[str, Any]:
     return {**request.body, "model": model}
 
 
-def _chat_completion(model: str, summary: StreamSummary) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": summary.text}
-    if summary.tool_calls:
-        message["tool_calls"] = [{"id": call.id, "type": "function",
-                                  "function": {"name": call.name, "arguments": call.arguments}}
-                                 for call in summary.tool_calls]
-    return {"object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": summary.finish_reason}],
-            "usage": summary.usage.to_json()}
-
-
-def _text_completion(model: str, summary: StreamSummary) -> dict[str, Any]:
-    # The stream's text is every choice's, in order: one choice is what a streamed call asks for.
-    return {"object": "text_completion", "model": model,
-            "choices": [{"index": 0, "text": summary.text, "logprobs": None,
-                         "finish_reason": summary.finish_reason}],
-            "usage": summary.usage.to_json()}
+def _text_completion(model: str, summary: StreamSummary) -> Answer:
+    """A streamed legacy completion as one text_completion (the one choice a stream asks for);
+    OpenAI's completions take no service tier."""
+    document = {"object": "text_completion", "model": model,
+                "choices": [{"index": 0, "text": summary.text, "logprobs": None,
+                             "finish_reason": summary.finish_reason}],
+                "usage": summary.usage.to_json()}
+    return Answer(document, summary.usage, summary.latency_ms, summary.rate_limit, summary.ttft_ms)
