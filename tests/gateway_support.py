@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 from conftest import QueueFactory, factory_for
 from dispatch_support import queue_url_of, running_worker, sim_config
 from tidegate.app.gateway import open_gateway_state
-from tidegate.config import TidegateConfig
+from tidegate.config import TidegateConfig, legacy_models
 from tidegate.coord.relay import ChunkRelay, relay_for
 from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.metrics import DispatchMetrics
@@ -181,3 +181,11 @@ async def module_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytes
     async with (factory_for(request, tmp_path_factory.mktemp("gateway")) as factory,
                 open_gateway(factory, **options) as gateway):
         yield gateway
+
+
+def with_legacy_models(config: TidegateConfig) -> TidegateConfig:
+    """`config` with OpenAI's legacy completion and moderation models on each of its providers,
+    so the gateway offers /v1/completions and /v1/moderations (`open_gateway(configure=...)`)."""
+    return config.model_copy(update={"providers": tuple(
+        provider.model_copy(update={"models": (*provider.models, *legacy_models())})
+        for provider in config.providers)})

@@ -368,7 +368,8 @@ async def test_the_openapi_document_lists_the_endpoints_a_batch_may_call(gw: Gat
     document = (await gw.http.get("/openapi.json")).json()
 
     endpoint = document["components"]["schemas"]["BatchRequest"]["properties"]["endpoint"]
-    assert endpoint["enum"] == ["/v1/chat/completions", "/v1/embeddings", "/v1/responses"]
+    assert endpoint["enum"] == ["/v1/chat/completions", "/v1/embeddings", "/v1/responses",
+                                "/v1/completions", "/v1/moderations"]
 
 
 async def test_a_refused_batch_request_leaves_nothing(gw: Gateway) -> None:

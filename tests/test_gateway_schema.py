@@ -29,9 +29,9 @@ from anyio.from_thread import start_blocking_portal
 from jsonschema import Draft202012Validator
 
 from conftest import BACKENDS, drop_factory, new_factory
-from gateway_support import CHAT, Gateway, open_gateway
+from gateway_support import CHAT, Gateway, open_gateway, with_legacy_models
 from tidegate.app.gateway import open_gateway_state
-from tidegate.config import TidegateConfig, default_models
+from tidegate.config import TidegateConfig, default_models, legacy_models
 from tidegate.gateway.app import create_app
 from tidegate.gateway.settings import GatewaySettings
 
@@ -64,7 +64,7 @@ DICTIONARIES: dict[str, list[str]] = {
     "priorities": ["critical", "high", "normal", "low", "bulk", "0", "4"],
     "timeouts": ["0.2", "1", "30"],
     "idempotency_keys": ["repeat-1", "repeat-2"],
-    "models": ["auto", *(model.name for model in default_models())],
+    "models": ["auto", *(model.name for model in (*default_models(), *legacy_models()))],
 }
 BINDINGS: dict[str, tuple[str, float]] = {  # parameter → (dictionary, probability of using it)
     "header.X-Priority": ("priorities", 0.8),
@@ -108,11 +108,13 @@ schema = schemathesis.openapi.from_dict(DOCUMENT, config=schemathesis.Config.fro
 @pytest.fixture(scope="module", params=BACKENDS)
 def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A gateway with a worker and the simulator on each queue backend, served from an event
-    loop in another thread. A worker that crashed fails its teardown."""
+    loop in another thread; its provider offers the legacy endpoints too, so they are called
+    through. A worker that crashed fails its teardown."""
     factory = new_factory(request, tmp_path_factory.mktemp("gateway"))
     with start_blocking_portal() as portal:
         try:
-            with portal.wrap_async_context_manager(open_gateway(factory, settings=SETTINGS)) as gw:
+            with portal.wrap_async_context_manager(
+                    open_gateway(factory, settings=SETTINGS, configure=with_legacy_models)) as gw:
                 yield gw
         finally:
             portal.call(drop_factory, factory)
@@ -308,3 +310,16 @@ def test_the_responses_and_messages_routes_document_their_service_tiers() -> Non
     assert _enum_of(schemas["MessageUsage"]["properties"]["service_tier"]) == {
         "standard", "priority", "batch"}
     assert "service_tier" in schemas["ResponseObject"]["properties"]
+
+
+def test_the_legacy_routes_document_their_bodies_answers_and_404() -> None:
+    completions = DOCUMENT["paths"]["/v1/completions"]["post"]
+    moderations = DOCUMENT["paths"]["/v1/moderations"]["post"]
+    schemas = DOCUMENT["components"]["schemas"]
+
+    assert {"model", "prompt"} <= set(schemas["CompletionRequest"]["required"])
+    assert schemas["ModerationRequest"]["required"] == ["input"]
+    assert "text/event-stream" in completions["responses"]["200"]["content"]
+    assert "text/event-stream" not in moderations["responses"]["200"]["content"]
+    for operation in (completions, moderations):
+        assert "unsupported_endpoint" in operation["responses"]["404"]["description"]

@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tidegate.cli.main import app
-from tidegate.config import default_models
+from tidegate.config import default_models, legacy_models
 from tidegate.errors import ConfigError
 from tidegate.simulator import Simulator, SimulatorSettings
 
@@ -79,7 +79,7 @@ async def test_models_are_the_price_table_plus_extra_names() -> None:
 
     assert status == 200 and body["object"] == "list"
     names = {model["id"] for model in body["data"]}
-    assert names == {m.name for m in default_models()} | {"local-llama", "local-embed"}
+    assert names == {m.name for m in (*default_models(), *legacy_models())} | {"local-llama", "local-embed"}
     assert embed_status == 200 and len(embedded["data"][0]["embedding"]) == 256
 
 

@@ -3,7 +3,7 @@ call succeeded (`AIResult`), and what a streamed answer is made of (`StreamPart`
 
 A job payload:
 
-    {"kind": "chat" | "embeddings",
+    {"kind": "chat" | "embeddings" | "completion" | "moderation",
      "body": {...},                      # the OpenAI-compatible request body, as the client sent it
      "allowed_models": ["gpt-4.1", ...], # optional: the tenant's entitlement, set by the gateway
      "origin": {"api": "responses",      # optional: the request in another API's shape that the
@@ -17,15 +17,20 @@ A job payload:
 A job result (what `GET /v1/jobs/{id}` shows as `result`):
 
     {"response": {...},                  # the answer, an OpenAI-compatible document: a
-                                         # chat.completion or an embeddings list
+                                         # chat.completion, an embeddings list, a
+                                         # text_completion or a moderation
      "provider": "...", "model": "...", "route": "...",
      "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
      "cost_usd": "0.000123", "cost_micros": 123,
      "queue_wait_ms": 1.5, "upstream_latency_ms": 80.2, "ttft_ms": 20.0,  # ttft_ms: streams only
      "attempts": 1, "worker_id": "..."}
 
+`completion` and `moderation` are OpenAI's legacy `/v1/completions` (`prompt`: a string, strings,
+token ids or lists of them) and `/v1/moderations` (`input`: a string, strings, or multimodal items).
+
 A streamed answer crosses the relay one chunk at a time, each an OpenAI-compatible
-`chat.completion.chunk` as the upstream sent it (or an `{"error": {...}}` that ends the stream):
+`chat.completion.chunk` (a streamed completion's: a `text_completion` chunk, its `choices[].text`
+read as the content) as the upstream sent it (or an `{"error": {...}}` that ends the stream):
 `StreamPart.decode` reads the typed events out of one.
 
 Native pass-through: a job with an `origin` ("responses": OpenAI's Responses API; "anthropic":
@@ -61,6 +66,7 @@ from tidegate.jobs import Job
 
 __all__ = [
     "AUTO",
+    "KINDS",
     "NO_USAGE",
     "AIRequest",
     "AIResult",
@@ -80,7 +86,8 @@ __all__ = [
     "result_of",
 ]
 
-Kind = Literal["chat", "embeddings"]
+Kind = Literal["chat", "embeddings", "completion", "moderation"]
+KINDS: Final[tuple[Kind, ...]] = ("chat", "embeddings", "completion", "moderation")
 AUTO = "auto"
 
 
@@ -125,15 +132,12 @@ class AIRequest:
         if unknown:
             raise InvalidJob(f"unknown AI job field(s): {', '.join(sorted(unknown))}")
         kind = payload.get("kind")
-        if kind not in ("chat", "embeddings"):
-            raise InvalidJob(f"AI job kind must be 'chat' or 'embeddings', got {kind!r}")
+        if kind not in KINDS:
+            raise InvalidJob(f"AI job kind must be one of {', '.join(KINDS)}, got {kind!r}")
         body = payload.get("body")
         if not isinstance(body, dict):
             raise InvalidJob("AI job body must be a JSON object")
-        if kind == "chat" and not isinstance(body.get("messages"), list):
-            raise InvalidJob("a chat request needs 'messages' (a list)")
-        if kind == "embeddings" and not isinstance(body.get("input"), str | list):
-            raise InvalidJob("an embeddings request needs 'input' (a string or a list)")
+        _check_body(kind, body)
         allowed = payload.get("allowed_models")
         if allowed is not None and not (
             isinstance(allowed, list) and all(isinstance(name, str) for name in allowed)
@@ -146,6 +150,31 @@ class AIRequest:
             raise InvalidJob("trace must be an object of W3C trace context fields (strings)")
         return cls(kind=kind, body=body, allowed_models=None if allowed is None else frozenset(allowed),
                    origin=Origin.from_payload(payload.get("origin")), trace=trace)
+
+
+def _check_body(kind: Kind, body: dict[str, Any]) -> None:
+    """The field each kind cannot do without, of the type its endpoint takes."""
+    if kind == "chat" and not isinstance(body.get("messages"), list):
+        raise InvalidJob("a chat request needs 'messages' (a list)")
+    if kind in ("embeddings", "moderation") and not isinstance(body.get("input"), str | list):
+        raise InvalidJob(f"{'an' if kind == 'embeddings' else 'a'} {kind} request needs 'input' "
+                         "(a string or a list)")
+    if kind == "completion" and not _is_prompt(body.get("prompt")):
+        raise InvalidJob("a completion request needs 'prompt': a string, a list of strings, a list of "
+                         "token ids or a list of such lists")
+
+
+def _is_prompt(prompt: object) -> bool:
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    if all(_whole(item) is not None for item in prompt):
+        return True  # one prompt as token ids
+    if all(isinstance(item, str) for item in prompt):
+        return True
+    return all(isinstance(item, list) and item and all(_whole(token) is not None for token in item)
+               for item in prompt)
 
 
 OriginApi = Literal["responses", "anthropic"]
@@ -498,6 +527,9 @@ def _choice_events(choice: dict[str, Any]) -> list[StreamEvent]:
     index = index if isinstance(index, int) and not isinstance(index, bool) else 0
     events: list[StreamEvent] = []
     delta = choice.get("delta")
+    text = choice.get("text")
+    if delta is None and isinstance(text, str) and text:
+        events.append(TextDelta(text, index))  # a text_completion chunk: its choice's text
     if isinstance(delta, dict):
         content = delta.get("content")
         if isinstance(content, str) and content:

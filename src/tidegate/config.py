@@ -77,7 +77,10 @@ class ModelConfig(BaseModel):
     rate_window_s: float = Field(60.0, gt=0)
     max_concurrency: int = Field(64, gt=0)
     context_tokens: int = Field(128_000, gt=0)
-    kind: Literal["chat", "embeddings"] = "chat"
+    # The endpoint it is called at: chat completions, embeddings, or OpenAI's legacy completions
+    # (`completion`, e.g. gpt-3.5-turbo-instruct) and moderations (`moderation`). A provider
+    # offers /v1/completions or /v1/moderations by serving a model of that kind.
+    kind: Literal["chat", "embeddings", "completion", "moderation"] = "chat"
     # Prices at other service tiers than `default` (whose prices are the two above), e.g.
     # {flex = {input_usd_per_1m = 1.0, output_usd_per_1m = 4.0}}; a tier not listed costs the
     # default prices times the provider's `tier_price_factors`, else the default prices.
@@ -540,6 +543,19 @@ def default_models() -> tuple[ModelConfig, ...]:
         ModelConfig(name="text-embedding-3-small", input_usd_per_1m=Decimal("0.02"),
                     output_usd_per_1m=Decimal("0"), rpm=3000, tpm=5_000_000,
                     context_tokens=8_192, kind="embeddings"),
+    )
+
+
+def legacy_models() -> tuple[ModelConfig, ...]:
+    """OpenAI's models of its legacy endpoints, with their prices (moderations are free): not
+    served unless a provider lists them, as they are not in the shipped table."""
+    return (
+        ModelConfig(name="gpt-3.5-turbo-instruct", input_usd_per_1m=Decimal("1.50"),
+                    output_usd_per_1m=Decimal("2.00"), rpm=3500, tpm=90_000, context_tokens=4_096,
+                    kind="completion"),
+        ModelConfig(name="omni-moderation-latest", input_usd_per_1m=Decimal("0"),
+                    output_usd_per_1m=Decimal("0"), rpm=1000, tpm=150_000, context_tokens=32_768,
+                    kind="moderation"),
     )
 
 

@@ -26,6 +26,7 @@ from tidegate.errors import InvalidJob
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "COMPLETION_DEFAULT_MAX_TOKENS",
     "DEFAULT_MAX_OUTPUT_TOKENS",
     "IMAGE_TOKENS",
     "MESSAGE_OVERHEAD_TOKENS",
@@ -47,6 +48,9 @@ DEFAULT_MAX_OUTPUT_TOKENS = 1024
 `max_completion_tokens`. Providers then allow up to the model's whole output window, so no bound
 is exact; 1024 covers the large majority of chat replies, and the settle step replaces the
 estimate with the real usage whichever way it errs."""
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+"""Output tokens of a legacy completion that sets no `max_tokens`: the API's own default."""
 
 CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb for English text
 MESSAGE_OVERHEAD_TOKENS = 4  # role and separators per chat message (OpenAI documents 3)
@@ -128,7 +132,8 @@ def estimate_input_tokens(kind: str, body: Mapping[str, Any]) -> int:
       in assistant messages and the request's `tools` / `functions` definitions count as their
       JSON text. Then + 3 for the reply priming.
     - embeddings: `input` may be a string, a list of strings, a token array (list of ints: its
-      length) or a list of token arrays.
+      length) or a list of token arrays; so may a legacy completion's `prompt` (plus its
+      `suffix`), and a moderation's `input` (whose multimodal items count as chat parts do).
 
     On English it overestimates slightly: current tokenizers average well above 4 characters per
     token on English prose, every string is rounded up on its own, and the per-message overhead
@@ -141,17 +146,27 @@ def estimate_input_tokens(kind: str, body: Mapping[str, Any]) -> int:
     """
     if kind == "chat":
         return _chat_tokens(body)
-    if kind == "embeddings":
+    if kind in ("embeddings", "moderation"):
         return _embedding_tokens(body.get("input"))
-    raise InvalidJob(f"cannot estimate tokens of request kind {kind!r}: use 'chat' or 'embeddings'")
+    if kind == "completion":
+        suffix = body.get("suffix")
+        suffix_tokens = _text_tokens(suffix) if isinstance(suffix, str) else 0
+        return _embedding_tokens(body.get("prompt")) + suffix_tokens
+    raise InvalidJob(f"cannot estimate tokens of request kind {kind!r}: use chat, embeddings, "
+                     "completion or moderation")
 
 
 def estimate_output_tokens(kind: str, body: Mapping[str, Any]) -> int:
     """The most output tokens a request can bill: `max_completion_tokens` (or the older
-    `max_tokens`; DEFAULT_MAX_OUTPUT_TOKENS when neither is set) times `n` replies.
-    Embeddings produce none."""
-    if kind == "embeddings":
+    `max_tokens`; DEFAULT_MAX_OUTPUT_TOKENS when neither is set) times `n` replies. A legacy
+    completion bills `max_tokens` (COMPLETION_DEFAULT_MAX_TOKENS unset) for `best_of` (or `n`)
+    replies to each prompt. Embeddings and moderations produce none."""
+    if kind in ("embeddings", "moderation"):
         return 0
+    if kind == "completion":
+        cap = _positive_int(body.get("max_tokens")) or COMPLETION_DEFAULT_MAX_TOKENS
+        drawn = _positive_int(body.get("best_of")) or _positive_int(body.get("n")) or 1
+        return cap * drawn * _prompt_count(body.get("prompt"))
     limit = _positive_int(body.get("max_completion_tokens"))
     if limit is None:
         limit = _positive_int(body.get("max_tokens"))
@@ -243,7 +258,14 @@ def _embedding_item_tokens(item: Any) -> int:
         return len(item)
     if isinstance(item, int):
         return 1
-    return _json_tokens(item)
+    return _part_tokens(item)  # a moderation's multimodal item: text, or an image
+
+
+def _prompt_count(prompt: Any) -> int:
+    """How many prompts a legacy completion's `prompt` holds (each is answered on its own)."""
+    if isinstance(prompt, list) and prompt and not all(isinstance(item, int) for item in prompt):
+        return len(prompt)
+    return 1
 
 
 def _positive_int(value: Any) -> int | None:

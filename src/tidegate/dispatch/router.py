@@ -3,6 +3,8 @@ and the budget left today.
 
 - Embeddings go to `routing.embedding_model` unless the request names an embeddings model. They
   never fall back to another model: vectors of different models do not mix in one index.
+- Legacy completions and moderations go only to a model of their own kind (a provider offers the
+  endpoint by serving one): the one named, else the first configured; no fallback either.
 - A named chat model is used as named when it is configured and the tenant may use it; it is
   never swapped (not for failures, size or budget): the caller chose it. Its context window is
   not checked either, since the size estimate errs high on purpose and the provider decides.
@@ -19,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Literal
 
+from tidegate.ai import KINDS, Kind
 from tidegate.config import ModelConfig, ProviderConfig, TidegateConfig
 from tidegate.errors import RoutingError
 from tidegate.jobs import Priority
@@ -28,7 +30,6 @@ from tidegate.jobs import Priority
 __all__ = ["AUTO", "RouteDecision", "Router", "RoutingError"]
 
 AUTO = "auto"
-Kind = Literal["chat", "embeddings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +67,8 @@ class Router:
         exclude: frozenset[str] = frozenset(),
     ) -> RouteDecision:
         """Choose the model for one job; RoutingError when none may serve it."""
-        if kind not in ("chat", "embeddings"):
-            raise RoutingError(f"cannot route request kind {kind!r}: use 'chat' or 'embeddings'",
+        if kind not in KINDS:
+            raise RoutingError(f"cannot route request kind {kind!r}: use one of {', '.join(KINDS)}",
                                refusal="invalid_request")
         explicit = requested_model not in (None, "", AUTO)
         if explicit:
@@ -75,6 +76,9 @@ class Router:
             return self._named(requested_model, kind, allowed_models, "requested")
         if kind == "embeddings":
             return self._named(self.routing.embedding_model, kind, allowed_models, "embedding model")
+        if kind != "chat":
+            return self._named(self._first_of(kind, allowed_models), kind, allowed_models,
+                               f"first {kind} model")
         return self._auto(Priority.parse(priority), estimated_input_tokens, budget_fraction_left,
                           allowed_models, exclude)
 
@@ -93,6 +97,14 @@ class Router:
         return RouteDecision(provider, model, "budget exhausted: stepped down to the cheapest model", ())
 
     # ------------------------------------------------------------------ one named model
+
+    def _first_of(self, kind: Kind, allowed: frozenset[str] | None) -> str:
+        """The first configured model of `kind` the tenant may use, else the first of all (which
+        `_named` then refuses as not allowed)."""
+        served = [name for name, (_, model) in self._served.items() if model.kind == kind]
+        if not served:
+            raise RoutingError(f"no configured provider serves {kind} requests", refusal="model_not_found")
+        return next((name for name in served if allowed is None or name in allowed), served[0])
 
     def _named(self, name: str, kind: Kind, allowed: frozenset[str] | None, reason: str) -> RouteDecision:
         served = self._served.get(name)

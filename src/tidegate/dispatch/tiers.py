@@ -4,7 +4,8 @@ reserved and charged.
 The caller's own `service_tier` (a field of the OpenAI body) always wins and goes upstream as
 given. A job whose caller named none gets the tier the routed provider's policy maps its priority
 to (`ProviderConfig.service_tiers`: CRITICAL → priority, BULK → flex, say); with no policy, the
-body goes unchanged and the provider bills its default tier. Budget reservations price the tier
+body goes unchanged and the provider bills its default tier. OpenAI's legacy completions and
+moderations take no tier: the policy never adds one to them. Budget reservations price the tier
 sent (`auto`: the default prices); the settled cost prices the tier the provider's answer names,
 since the provider may serve `auto`, or a flex call under load, at another tier than asked.
 """
@@ -29,7 +30,7 @@ def tier_of(request: AIRequest, provider: ProviderConfig, priority: Priority) ->
     chosen = request.body.get(FIELD)
     if isinstance(chosen, str):
         return chosen
-    return provider.tier_for(priority)
+    return provider.tier_for(priority) if request.kind in ("chat", "embeddings") else None
 
 
 def with_tier(request: AIRequest, tier: str | None) -> AIRequest:

@@ -49,6 +49,8 @@ SERVED_ENDPOINTS: Final[Mapping[str, Kind]] = {
     "/v1/chat/completions": "chat",
     "/v1/embeddings": "embeddings",
     "/v1/responses": "chat",
+    "/v1/completions": "completion",  # served while a configured provider offers them
+    "/v1/moderations": "moderation",
 }
 """The endpoints a batch may call, and the kind of job each line becomes."""
 

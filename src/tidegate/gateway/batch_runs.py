@@ -80,9 +80,11 @@ async def create_batch(state: GatewayState, tenant: Tenant, body: BatchRequest, 
                        priority_header: str | None, idempotency_key: str | None) -> BatchRecord:
     """Check the request, read its file, enqueue its good lines in chunks and store the batch.
     A request refused as a whole (endpoint, file, priority, too many lines) leaves nothing."""
-    if body.endpoint not in SERVED_ENDPOINTS:
+    served = [endpoint for endpoint, kind in SERVED_ENDPOINTS.items()
+              if kind in ("chat", "embeddings") or state.offers(kind)]
+    if body.endpoint not in served:
         raise ApiError(400, f"endpoint {body.endpoint!r} is not served by batches: use one of "
-                       f"{', '.join(SERVED_ENDPOINTS)}", code="unsupported_endpoint", param="endpoint")
+                       f"{', '.join(served)}", code="unsupported_endpoint", param="endpoint")
     priority = resolve_priority(tenant, header_priority(priority_header), body.priority, Priority.BULK)
     file = await state.batches.get_file(body.input_file_id)
     if file is None or file.tenant != tenant.name or file.expired(time.time()):

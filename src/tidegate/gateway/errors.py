@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -58,6 +58,7 @@ __all__ = [
     "retry_after_header",
     "served_api_paths",
     "shape_before_routing",
+    "unsupported_endpoint",
 ]
 
 log = logging.getLogger("tidegate.gateway")
@@ -308,8 +309,8 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> ApiError:
     return ApiError(status, message, code=code, headers=headers)
 
 
-# OpenAI endpoints that tidegate does not serve (the upstreams it routes to are called for chat
-# completions and embeddings), with the served route that does the same work, if one does.
+# OpenAI's legacy endpoints, served only when a configured provider offers them (a model of their
+# kind), with the served route that does the same work, if one does.
 _UNSERVED: Mapping[str, str | None] = {"/v1/completions": "/v1/chat/completions", "/v1/moderations": None}
 _API_PREFIX = "/v1/"
 
@@ -323,13 +324,18 @@ def _not_found(request: Request) -> tuple[str, str]:
     if not path.startswith(_API_PREFIX):
         return message, "unknown_url"
     served = ", ".join(served_api_paths(request.app.openapi().get("paths") or {}))
-    unserved = path.rstrip("/")
-    if unserved in _UNSERVED:
-        instead = _UNSERVED[unserved]
-        use = f": use {instead}" if instead else ""
-        return (f"{unserved} is not served by this gateway{use}. It serves {served} (and the paths "
-                "under them)", "unsupported_endpoint")
     return f"{message}: this gateway serves {served} (and the paths under them)", "unknown_url"
+
+
+def unsupported_endpoint(request: Request, path: str, unoffered: Collection[str]) -> ApiError:
+    """The 404 of a legacy endpoint (`path`) that no configured provider offers, naming the API
+    paths the gateway serves but those of `unoffered` (legacy endpoints not offered either)."""
+    served = ", ".join(served for served in served_api_paths(request.app.openapi().get("paths") or {})
+                       if served not in unoffered)
+    instead = _UNSERVED.get(path)
+    use = f": use {instead}" if instead else ""
+    return ApiError(404, f"{path} is not served by this gateway (no configured provider offers it){use}. "
+                    f"It serves {served} (and the paths under them)", code="unsupported_endpoint")
 
 
 def served_api_paths(paths: Iterable[str]) -> list[str]:

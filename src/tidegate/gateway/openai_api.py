@@ -1,4 +1,6 @@
-"""The OpenAI-compatible API: POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models.
+"""The OpenAI-compatible API: POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models,
+and OpenAI's legacy POST /v1/completions and POST /v1/moderations when a configured provider offers
+them (serves a model of their kind; else they answer 404 `unsupported_endpoint`).
 
 An OpenAI SDK pointed at `http://host:port/v1` works unchanged. Each call becomes a job at the
 caller's priority and waits for its result; the answer is the provider's own, plus X-Tidegate-*
@@ -12,20 +14,28 @@ renders the answer; the intake, the wait and the relay are shared by every diale
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
 
+from fastapi import Depends, Request
 from fastapi.responses import Response
 
-from tidegate.ai import AIRequest
+from tidegate.ai import AIRequest, Kind
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.dialects import OPENAI, Dialect
 from tidegate.gateway.dialects.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
     Embeddings,
     EmbeddingsRequest,
+    Moderation,
+    ModerationRequest,
 )
-from tidegate.gateway.errors import ApiError, error_responses
+from tidegate.gateway.errors import ApiError, error_responses, unsupported_endpoint
 from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
 from tidegate.gateway.outcomes import result_headers, succeeded
 from tidegate.gateway.schemas import ModelList, ModelView
@@ -64,6 +74,20 @@ _SSE_EVENT = {
     "required": ["data"],
 }
 
+
+def _streamed(event: dict[str, Any], chunk: str, answer: str) -> dict[str, Any]:
+    """The documented 200 of a route that may stream: the provider's `answer`, or its `chunk`s
+    as server-sent events (each described by `event`)."""
+    return {
+        "headers": RESULT_HEADERS,
+        "content": {"text/event-stream": {
+            "schema": event,
+            "example": f'data: {{"object": "{chunk}", "choices": [...]}}\n\ndata: [DONE]\n\n',
+        }},
+        "description": f"The provider's {answer}; with `stream: true`, its chunks as server-sent events.",
+    }
+
+
 router = OPENAI.router(prefix="/v1", tags=["OpenAI-compatible"], responses=error_responses(401, 503))
 
 
@@ -71,14 +95,7 @@ router = OPENAI.router(prefix="/v1", tags=["OpenAI-compatible"], responses=error
     "/chat/completions",
     response_model=ChatCompletion,
     summary="Create a chat completion",
-    responses={**_WAIT_ERRORS, 200: {
-        "headers": RESULT_HEADERS,
-        "content": {"text/event-stream": {
-            "schema": _SSE_EVENT,
-            "example": 'data: {"object": "chat.completion.chunk", "choices": [...]}\n\ndata: [DONE]\n\n',
-        }},
-        "description": "The provider's completion; with `stream: true`, its chunks as server-sent events.",
-    }},
+    responses={**_WAIT_ERRORS, 200: _streamed(_SSE_EVENT, "chat.completion.chunk", "completion")},
 )
 async def chat_completions(
     body: ChatCompletionRequest,
@@ -133,10 +150,82 @@ async def serve(
     (tidegate.gateway.fast_path), has read the request."""
     submitted = await submit(state, tenant, request, priority_header=priority, timeout_header=timeout_header,
                              idempotency_key=idempotency_key)
-    if submitted.request.kind == "chat" and submitted.request.stream:
+    if submitted.request.kind in ("chat", "completion") and submitted.request.stream:
         return await stream_job(state, dialect, submitted, started=started)
     job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
     return dialect.answer(result, result_headers(job, result))
+
+
+# ---------------------------------------------------------------------------- legacy endpoints
+
+_SSE_COMPLETION = ("One server-sent event. Its `data` is a text_completion chunk as JSON, and `[DONE]` "
+                   "last; a stream that fails after its first chunk ends with an OpenAI-shaped error "
+                   "instead.")
+LEGACY_PATHS: Final[Mapping[Kind, str]] = {"completion": "/v1/completions", "moderation": "/v1/moderations"}
+
+
+def _require_offered(request: Request, state: GatewayState, kind: Kind) -> None:
+    """404 `unsupported_endpoint` when no configured provider offers `kind`'s endpoint. Checked
+    once the call is authenticated and its body read, as every route answers 401 and 400 first."""
+    if not state.offers(kind):
+        unoffered = [path for other, path in LEGACY_PATHS.items() if not state.offers(other)]
+        raise unsupported_endpoint(request, LEGACY_PATHS[kind], unoffered)
+
+
+_LEGACY_ERRORS = error_responses(400, 403, 413, 429, described={
+    **WAIT_ERROR_DESCRIPTIONS,
+    404: "No configured provider offers this endpoint (code `unsupported_endpoint`), or the model is "
+         "unknown (`model_not_found`) or the provider answered 404 for it."})
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """The request headers of a synchronous call that the intake reads."""
+
+    priority: str | None
+    timeout_header: str | None
+    idempotency_key: str | None
+
+
+async def _call_options(x_priority: PriorityHeader = None, x_tidegate_timeout: TimeoutHeader = None,
+                        idempotency_key: IdempotencyHeader = None) -> CallOptions:
+    return CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
+
+
+CallOptionsDep = Annotated[CallOptions, Depends(_call_options)]
+
+
+async def _queued(state: GatewayState, tenant: Tenant, request: AIRequest, options: CallOptions) -> Response:
+    return await serve(state, tenant, request, started=time.perf_counter(), priority=options.priority,
+                       timeout_header=options.timeout_header, idempotency_key=options.idempotency_key)
+
+
+@router.post(
+    "/completions",
+    response_model=Completion,
+    summary="Create a completion (legacy)",
+    responses={**_LEGACY_ERRORS, 200: _streamed({**_SSE_EVENT, "description": _SSE_COMPLETION},
+                                                 "text_completion", "text_completion")},
+)
+async def completions(request: Request, body: CompletionRequest, state: StateDep, tenant: MeteredTenantDep,
+                      options: CallOptionsDep) -> Response:
+    """Queue the legacy completion at the caller's priority and answer with the provider's result."""
+    _require_offered(request, state, "completion")
+    return await _queued(state, tenant, OPENAI.request("completion", body), options)
+
+
+@router.post(
+    "/moderations",
+    response_model=Moderation,
+    summary="Classify content (moderation)",
+    responses={**_LEGACY_ERRORS,
+               200: {"headers": RESULT_HEADERS, "description": "The provider's moderation."}},
+)
+async def moderations(request: Request, body: ModerationRequest, state: StateDep, tenant: MeteredTenantDep,
+                      options: CallOptionsDep) -> Response:
+    """Queue the moderation at the caller's priority and answer with the provider's result."""
+    _require_offered(request, state, "moderation")
+    return await _queued(state, tenant, OPENAI.request("moderation", body), options)
 
 
 def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:

@@ -252,7 +252,7 @@ class ModelView(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str
-    kind: Literal["chat", "embeddings"]
+    kind: Literal["chat", "embeddings", "completion", "moderation"]
 
 
 class ModelList(BaseModel):

@@ -74,6 +74,11 @@ class GatewayState:
         for model in served or default_models():
             self.models.setdefault(model.name, model)  # the first provider serving a name wins
 
+    def offers(self, kind: str) -> bool:
+        """Whether a configured model serves jobs of `kind`: a provider offers OpenAI's legacy
+        completions and moderations only by serving a model of theirs."""
+        return any(model.kind == kind for model in self.models.values())
+
     @property
     def max_body_bytes(self) -> int:
         """The largest request body read: the configured limit, never above what the queue

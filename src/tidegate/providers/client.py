@@ -257,9 +257,10 @@ class UpstreamClient(Lifecycle):
         Raises UpstreamError on any failure."""
         return await self._call(self._url(path), path, body, expect=expect)
 
-    def stream(self, path: str, body: dict[str, Any], decode: StreamDecoder) -> UpstreamStream:
+    def stream(self, path: str, body: dict[str, Any],
+               decode: StreamDecoder = _openai_decoder) -> UpstreamStream:
         """POST `path` for server-sent events, each read by `decode` into chat chunks (see
-        chat_stream, which is this for OpenAI's events)."""
+        chat_stream, which is this for OpenAI's events; OpenAI's by default)."""
         return UpstreamStream(self, body, path=path, decode=decode)
 
     async def send(self, method: Method, path: str, *, body: dict[str, Any] | None = None,

@@ -21,13 +21,18 @@ __all__ = [
     "InvalidRequest",
     "ToolCallPlan",
     "check_messages",
+    "check_range",
+    "check_stop",
+    "check_stream",
     "error_body",
     "json_type",
+    "model_of",
     "optional_positive_int",
     "parse_chat",
     "parse_embeddings",
     "parse_json_object",
     "plan_tool_call",
+    "service_tier_of",
 ]
 
 ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -77,7 +82,8 @@ class ChatRequest:
     include_usage: bool
     stop: tuple[str, ...] = ()
     tool_call: ToolCallPlan | None = None
-    wire: Literal["openai", "anthropic", "responses"] = "openai"  # the API it came by, and is answered in
+    # The API it came by, and is answered in: "completions" is OpenAI's legacy /v1/completions.
+    wire: Literal["openai", "anthropic", "responses", "completions"] = "openai"
     service_tier: str | None = None  # the tier it is served at: what was asked, `auto` as default
     reasons: bool = False  # the answer opens with the model's reasoning (a thinking block, say)
     echo: Mapping[str, Any] | None = None  # what the answer repeats of the request (a Response's)
@@ -118,7 +124,7 @@ def _is_number(value: object) -> bool:
             and math.isfinite(value))
 
 
-def _model(body: dict[str, Any]) -> str:
+def model_of(body: dict[str, Any]) -> str:
     model = body.get("model")
     if model is None:
         raise InvalidRequest("you must provide a model parameter", param="model")
@@ -153,7 +159,7 @@ def optional_positive_int(body: dict[str, Any], name: str) -> int | None:
     return int(value)
 
 
-def _check_range(body: dict[str, Any], name: str, low: float, high: float) -> None:
+def check_range(body: dict[str, Any], name: str, low: float, high: float) -> None:
     value = body.get(name)
     if value is None:
         return
@@ -165,7 +171,7 @@ def _check_range(body: dict[str, Any], name: str, low: float, high: float) -> No
                              f"but got {value} instead.", param=name, code="invalid_value")
 
 
-def _service_tier(body: dict[str, Any]) -> str | None:
+def service_tier_of(body: dict[str, Any]) -> str | None:
     """The tier a request is served at, as OpenAI answers it: the one asked for, `auto` served
     at `default`; None when the request names none."""
     tier = body.get("service_tier")
@@ -212,10 +218,28 @@ def check_messages(messages: object, roles: frozenset[str] = ROLES) -> list[dict
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     """Validate a chat completion request body."""
-    model = _model(body)
+    model = model_of(body)
     messages = check_messages(body.get("messages"))
     max_tokens = optional_positive_int(body, "max_completion_tokens") or optional_positive_int(
         body, "max_tokens")
+    stream, include_usage = check_stream(body)
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise InvalidRequest("The simulator supports only n=1.", param="n", code="invalid_value")
+    check_range(body, "temperature", 0.0, 2.0)
+    check_range(body, "top_p", 0.0, 1.0)
+    prompt_tokens = estimate_prompt_tokens(messages)
+    tools = _check_tools(body.get("tools"))
+    if tools:
+        prompt_tokens += estimate_text_tokens(orjson.dumps(body["tools"]).decode())
+    return ChatRequest(model, prompt_tokens, max_tokens, stream, include_usage, check_stop(body.get("stop")),
+                       plan_tool_call(tools, body.get("tool_choice"), messages),
+                       service_tier=service_tier_of(body))
+
+
+def check_stream(body: dict[str, Any]) -> tuple[bool, bool]:
+    """`stream` (a boolean) and `stream_options` (only with it): whether to stream, and whether
+    the stream ends with a usage chunk."""
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -230,22 +254,10 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         if not isinstance(options, dict):
             raise InvalidRequest("Invalid type for 'stream_options': expected an object, but got "
                                  f"{json_type(options)}.", param="stream_options", code="invalid_type")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise InvalidRequest("The simulator supports only n=1.", param="n", code="invalid_value")
-    _check_range(body, "temperature", 0.0, 2.0)
-    _check_range(body, "top_p", 0.0, 1.0)
-    include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
-    prompt_tokens = estimate_prompt_tokens(messages)
-    tools = _check_tools(body.get("tools"))
-    if tools:
-        prompt_tokens += estimate_text_tokens(orjson.dumps(body["tools"]).decode())
-    return ChatRequest(model, prompt_tokens, max_tokens, stream, include_usage, _check_stop(body.get("stop")),
-                       plan_tool_call(tools, body.get("tool_choice"), messages),
-                       service_tier=_service_tier(body))
+    return stream, bool(options.get("include_usage")) if isinstance(options, dict) else False
 
 
-def _check_stop(stop: object) -> tuple[str, ...]:
+def check_stop(stop: object) -> tuple[str, ...]:
     """`stop`: a string or up to 4 of them, as OpenAI allows."""
     if stop is None:
         return ()
@@ -299,7 +311,7 @@ def plan_tool_call(tools: list[dict[str, Any]], choice: object,
 def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
     """Validate an embeddings request body. `input` is a string, an array of strings, an array of
     token ids, or an array of such arrays, as in OpenAI's API."""
-    model = _model(body)
+    model = model_of(body)
     value = body.get("input")
     if value is None:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input",
@@ -327,4 +339,4 @@ def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
         raise InvalidRequest(f"Invalid value for 'encoding_format': {encoding!r} is not 'float' or 'base64'.",
                              param="encoding_format", code="invalid_value")
     dimensions = optional_positive_int(body, "dimensions")
-    return EmbeddingsRequest(model, tuple(keys), tokens, dimensions, encoding, _service_tier(body))
+    return EmbeddingsRequest(model, tuple(keys), tokens, dimensions, encoding, service_tier_of(body))

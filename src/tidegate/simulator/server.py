@@ -1,9 +1,10 @@
 """A simulated OpenAI-compatible provider (aiohttp.web) for the demo, the tests and the benchmarks.
 
-It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings`,
-Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py),
-OpenAI's `/v1/responses` (plain and streamed typed events: see responses.py), and OpenAI's Files
-and Batch APIs (`/v1/files`, `/v1/batches`: see batches.py) for the
+It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings`, OpenAI's
+legacy `/v1/completions` and `/v1/moderations` (see legacy.py), Anthropic's `/v1/messages` (plain
+and streamed, in Anthropic's shapes: see messages.py), OpenAI's `/v1/responses` (plain and
+streamed typed events: see responses.py), and OpenAI's Files and Batch APIs (`/v1/files`,
+`/v1/batches`: see batches.py) for the
 price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
 choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
 see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
@@ -34,7 +35,7 @@ import signal
 import struct
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -53,6 +54,15 @@ from tidegate.simulator.content import (
     generate_words,
     sample_lognormal,
     stop_at,
+)
+from tidegate.simulator.legacy import (
+    CompletionRequest,
+    ModerationRequest,
+    moderation_body,
+    parse_completion,
+    parse_moderation,
+    text_completion_body,
+    text_completion_frames,
 )
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
 from tidegate.simulator.messages import (
@@ -94,8 +104,9 @@ SHUTDOWN_GRACE_S: Final = 0.5
 MAX_BODY_BYTES: Final = 32 * 1024 * 1024  # long-context prompts are large
 JSON: Final = "application/json"
 
-_R = TypeVar("_R", ChatRequest, EmbeddingsRequest)
-Wire = Literal["openai", "anthropic", "responses"]
+_R = TypeVar("_R", ChatRequest, EmbeddingsRequest, ModerationRequest)
+Wire = Literal["openai", "anthropic", "responses", "completions"]
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_LOG_SIZE: Final = 256  # request bodies kept for `Simulator.received`
 _UNLIMITED: Final = Admission(True, None, None, None, 0.0, 0.0)
 
@@ -214,6 +225,8 @@ class Simulator:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/completions", self._legacy("completion", parse_completion))
+        app.router.add_post("/v1/moderations", self._legacy("moderation", parse_moderation))
         batches = self._batches
         app.router.add_post("/v1/files", batches.create_file)
         app.router.add_get("/v1/files/{file_id}", batches.get_file)
@@ -357,6 +370,19 @@ class Simulator:
             return _error_response(exc)
         return await self._answer(request, served, embed)
 
+    def _legacy(self, kind: Literal["completion", "moderation"],
+                parse: Callable[[dict[str, Any]], _R]) -> _Handler:
+        """The handler of a legacy endpoint: accepted as any other request, then answered."""
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                parsed, served = await self._accept(request, kind, parse)
+            except InvalidRequest as exc:
+                return _error_response(exc)
+            return await self._answer(request, served, parsed)
+
+        return handle
+
     async def _accept(self, request: web.Request, kind: str,
                       parse: Callable[[dict[str, Any]], _R]) -> tuple[_R, ServedModel]:
         """Authorize, validate, and find the model; InvalidRequest for any refusal."""
@@ -382,7 +408,7 @@ class Simulator:
         return served
 
     async def _answer(self, request: web.Request, served: ServedModel,
-                      parsed: ChatRequest | EmbeddingsRequest) -> web.StreamResponse:
+                      parsed: ChatRequest | EmbeddingsRequest | ModerationRequest) -> web.StreamResponse:
         rng = self._rng(served.name)
         stats = self._model_stats(served.name)
         completion, finish = (_completion_tokens(rng, served.behaviour, parsed.max_tokens)
@@ -407,12 +433,20 @@ class Simulator:
         stats.by_status[200] += 1
         return _json(200, body, headers)
 
-    def _generated(self, served: ServedModel, parsed: ChatRequest | EmbeddingsRequest, completion: int,
-                   finish: str) -> tuple[dict[str, Any], int]:
+    def _generated(self, served: ServedModel, parsed: ChatRequest | EmbeddingsRequest | ModerationRequest,
+                   completion: int, finish: str) -> tuple[dict[str, Any], int]:
         """A non-streamed answer's body in the request's wire format, and its completion tokens."""
+        rng = self._rng(served.name)
         tokens = 0
-        if isinstance(parsed, ChatRequest):
-            body, tokens = _completion_body(self._rng(served.name), served.name, parsed, completion, finish)
+        if isinstance(parsed, CompletionRequest):
+            answers = [_Reply.draw(rng, parsed, completion, finish) for _ in parsed.prompts]
+            body = text_completion_body(_completion_id(rng), served.name, parsed,
+                                        [(reply.words, reply.finish, reply.stop) for reply in answers])
+            tokens = body["usage"]["completion_tokens"]
+        elif isinstance(parsed, ChatRequest):
+            body, tokens = _completion_body(rng, served.name, parsed, completion, finish)
+        elif isinstance(parsed, ModerationRequest):
+            body = moderation_body(_completion_id(rng), served.name, parsed)
         else:
             body = _embeddings_body(served, parsed)
         wire = parsed.wire if isinstance(parsed, ChatRequest) else "openai"
@@ -491,7 +525,11 @@ class Simulator:
         reply = _Reply.draw(rng, chat, completion, finish)
         ttft_ms = behaviour.ttft_ms if behaviour.ttft_ms is not None else sample_lognormal(
             rng, behaviour.latency_ms, behaviour.latency_p99_ms)
-        frames = _FRAMES[chat.wire](rng, served.name, chat, reply)
+        if isinstance(chat, CompletionRequest):
+            frames = _Frames(*text_completion_frames(_completion_id(rng), served.name, chat,
+                                                     (reply.words, reply.finish, reply.stop)))
+        else:
+            frames = _FRAMES[chat.wire](rng, served.name, chat, reply)
         response = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)

@@ -9,7 +9,8 @@
     latency_p99_ms = 120
 
     [models."gpt-4.1"]            # overrides for one model; a name not in the price table is
-    rpm = 5                       # served as an extra model (kind = "embeddings" for vectors)
+    rpm = 5                       # served as an extra model (kind = "embeddings" for vectors,
+                                  # "completion" or "moderation" for the legacy endpoints)
     error_rate = 0.1
 
 A provider batch (`/v1/batches`, see batches.py) ends `batch_latency_s` after it was created;
@@ -22,11 +23,11 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from tidegate.config import default_models
+from tidegate.config import default_models, legacy_models
 from tidegate.errors import ConfigError
 
 __all__ = ["BatchFault", "ModelBehaviour", "ModelKind", "RetryAfterFormat", "ServedModel",
@@ -34,7 +35,7 @@ __all__ = ["BatchFault", "ModelBehaviour", "ModelKind", "RetryAfterFormat", "Ser
 
 RetryAfterFormat = Literal["seconds", "http-date"]
 BatchFault = Literal["failed", "expired"]
-ModelKind = Literal["chat", "embeddings"]
+ModelKind = Literal["chat", "embeddings", "completion", "moderation"]
 
 FAULT_RATES = ("error_rate", "unavailable_rate", "timeout_rate", "reset_rate", "malformed_rate")
 
@@ -87,9 +88,10 @@ class SimulatorSettings(BaseModel):
     """Everything the simulator does; see the module docstring for the TOML form.
 
     `models` maps a model name to overrides of `defaults` (any ModelBehaviour field, plus `kind`);
-    the models served are the price table's (`tidegate.config.default_models()`) and every other
-    name in `models`. With `price_table_limits`, the price table's rpm/tpm become the served
-    models' limits unless overridden.
+    the models served are the price table's (`tidegate.config.default_models()`), OpenAI's legacy
+    completion and moderation models (`legacy_models()`) and every other name in `models`. With
+    `price_table_limits`, the price table's rpm/tpm become the served models' limits unless
+    overridden.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -118,15 +120,16 @@ class SimulatorSettings(BaseModel):
 
     def served_models(self) -> dict[str, ServedModel]:
         """Every model served, by name, with `defaults` and its overrides applied."""
-        table = {model.name: model for model in default_models()}
+        table = {model.name: model for model in (*default_models(), *legacy_models())}
         base = self.defaults.model_dump()
         served: dict[str, ServedModel] = {}
         for name in [*table, *(n for n in self.models if n not in table)]:
             overrides = dict(self.models.get(name, {}))
             priced = table.get(name)
             kind = overrides.pop("kind", priced.kind if priced else "chat")
-            if kind not in ("chat", "embeddings"):
-                raise ValueError(f"models.{name}.kind must be 'chat' or 'embeddings', not {kind!r}")
+            if kind not in get_args(ModelKind):
+                raise ValueError(f"models.{name}.kind must be one of {', '.join(get_args(ModelKind))}, "
+                                 f"not {kind!r}")
             fields = dict(base)
             if self.price_table_limits and priced is not None:
                 fields.update(rpm=priced.rpm, tpm=priced.tpm)

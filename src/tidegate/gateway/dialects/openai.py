@@ -1,4 +1,5 @@
-"""The OpenAI dialect: chat completions and embeddings as OpenAI's API shapes them, the first
+"""The OpenAI dialect: chat completions and embeddings (and the legacy completions and moderations)
+as OpenAI's API shapes them, the first
 dialect the gateway speaks and the one of its job API (an OpenAI SDK pointed at the gateway
 works unchanged).
 
@@ -18,7 +19,12 @@ from pydantic import BaseModel
 
 from tidegate.ai import AIRequest, AIResult, Kind, StreamError, StreamPart
 from tidegate.gateway.dialects.base import Dialect, StreamRenderer, validated
-from tidegate.gateway.dialects.openai_schemas import ChatCompletionRequest, EmbeddingsRequest
+from tidegate.gateway.dialects.openai_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingsRequest,
+    ModerationRequest,
+)
 from tidegate.gateway.errors import ApiError, error_body, openai_error
 
 __all__ = ["OPENAI", "OpenAIDialect"]
@@ -26,11 +32,13 @@ __all__ = ["OPENAI", "OpenAIDialect"]
 DONE: Final = b"data: [DONE]\n\n"
 
 _BODY_MODELS: Final[Mapping[str, type[BaseModel]]] = {"chat": ChatCompletionRequest,
-                                                       "embeddings": EmbeddingsRequest}
+                                                       "embeddings": EmbeddingsRequest,
+                                                       "completion": CompletionRequest,
+                                                       "moderation": ModerationRequest}
 
 
 class OpenAIDialect(Dialect):
-    """OpenAI's chat completions and embeddings."""
+    """OpenAI's chat completions and embeddings, legacy completions and moderations."""
 
     name = "openai"
 
@@ -49,7 +57,8 @@ class OpenAIDialect(Dialect):
     def stream(self, request: AIRequest) -> StreamRenderer:
         """The usage chunk is shown only to a client that asked for it (the worker always asks)."""
         options = request.body.get("stream_options")
-        return _OpenAIStream(isinstance(options, dict) and bool(options.get("include_usage")))
+        return _OpenAIStream(isinstance(options, dict) and bool(options.get("include_usage")),
+                             text_completion=request.kind == "completion")
 
     def error_body(self, error: ApiError) -> dict[str, Any]:
         """`{"error": {"message", "type", "param", "code"}}`."""
@@ -66,9 +75,10 @@ def _event(data: bytes) -> bytes:
 class _OpenAIStream(StreamRenderer):
     """Relays each chunk as it came; an error chunk gets the API's full error shape."""
 
-    def __init__(self, include_usage: bool) -> None:
+    def __init__(self, include_usage: bool, *, text_completion: bool = False) -> None:
         super().__init__()
         self.include_usage = include_usage
+        self.text_completion = text_completion  # a legacy completion's stream
 
     def frame(self, part: StreamPart) -> bytes | None:
         """The chunk's own bytes as one event (None for a usage chunk nobody asked for)."""
@@ -94,10 +104,13 @@ class _OpenAIStream(StreamRenderer):
         return DONE
 
     def whole_answer(self, result: AIResult, job_id: str) -> list[StreamPart]:
-        """A stored chat completion as chunks: each choice's content, then its finish."""
+        """A stored chat completion as chunks: each choice's content, then its finish (a stored
+        text_completion as text_completion chunks)."""
         response = result.response
         if response is None:
             return []
+        if self.text_completion:
+            return self._whole_text_completion(response, job_id)
         head = {"id": response.get("id", f"chatcmpl-{job_id}"), "object": "chat.completion.chunk",
                 "created": response.get("created", int(time.time())), "model": response.get("model")}
         if isinstance(response.get("service_tier"), str):
@@ -111,6 +124,22 @@ class _OpenAIStream(StreamRenderer):
                 {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]}))
             chunks.append(orjson.dumps({**head, "choices": [
                 {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}]}))
+        if self.include_usage and isinstance(response.get("usage"), dict):
+            chunks.append(orjson.dumps({**head, "choices": [], "usage": response["usage"]}))
+        return [StreamPart.decode(chunk) for chunk in chunks]
+
+    def _whole_text_completion(self, response: dict[str, Any], job_id: str) -> list[StreamPart]:
+        head = {"id": response.get("id", f"cmpl-{job_id}"), "object": "text_completion",
+                "created": response.get("created", int(time.time())), "model": response.get("model")}
+        chunks: list[bytes] = []
+        for choice in response.get("choices") or []:
+            index = choice.get("index", 0)
+            chunks.append(orjson.dumps({**head, "choices": [
+                {"index": index, "text": choice.get("text") or "", "logprobs": choice.get("logprobs"),
+                 "finish_reason": None}]}))
+            chunks.append(orjson.dumps({**head, "choices": [
+                {"index": index, "text": "", "logprobs": None,
+                 "finish_reason": choice.get("finish_reason")}]}))
         if self.include_usage and isinstance(response.get("usage"), dict):
             chunks.append(orjson.dumps({**head, "choices": [], "usage": response["usage"]}))
         return [StreamPart.decode(chunk) for chunk in chunks]

@@ -23,7 +23,17 @@ from tidegate.gateway.limits import (
 )
 from tidegate.gateway.schemas import PriorityValue
 
-__all__ = ["ChatCompletion", "ChatCompletionRequest", "ChatMessage", "Embeddings", "EmbeddingsRequest"]
+__all__ = [
+    "ChatCompletion",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "Completion",
+    "CompletionRequest",
+    "Embeddings",
+    "EmbeddingsRequest",
+    "Moderation",
+    "ModerationRequest",
+]
 
 _PASS_THROUGH = ConfigDict(extra="allow", strict=True)
 _TIER_DESCRIPTION = (
@@ -98,6 +108,96 @@ class EmbeddingsRequest(BaseModel):
         return value
 
 
+_Prompts = Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+_TokenIdLists = Annotated[list[_TokenIds], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+_Stops = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=4)]
+
+
+class CompletionRequest(BaseModel):
+    """An OpenAI legacy completion request (POST /v1/completions): `prompt` is a string, strings,
+    token ids or lists of token ids. `model` names a completion model (e.g.
+    gpt-3.5-turbo-instruct), or "auto" for the first one configured."""
+
+    model_config = ConfigDict(
+        extra="allow", strict=True,
+        json_schema_extra={"examples": [{"model": "gpt-3.5-turbo-instruct", "prompt": "Once upon a time",
+                                         "max_tokens": 32}]},
+    )
+
+    model: str = Field(min_length=1)
+    prompt: str | _Prompts | _TokenIds | _TokenIdLists
+    suffix: str | None = None
+    max_tokens: int | None = Field(None, ge=0, le=MAX_OUTPUT_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
+    best_of: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = None
+    stop: str | _Stops | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    user: str | None = None
+    priority: PriorityValue | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value: str | list[Any]) -> str | list[Any]:
+        if isinstance(value, list) and (not value or any(item == [] for item in value)):
+            raise ValueError("prompt must not be an empty list, nor hold an empty list of token ids")
+        return value
+
+
+class ModerationText(BaseModel):
+    """A text item of a multimodal moderation input."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(BaseModel):
+    """An image, by URL or as a data URL."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    url: str = Field(min_length=1)
+
+
+class ModerationImage(BaseModel):
+    """An image item of a multimodal moderation input."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+_ModerationItem = Annotated[ModerationText | ModerationImage, Field(discriminator="type")]
+
+
+_ModerationItems = Annotated[list[_ModerationItem], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+
+
+class ModerationRequest(BaseModel):
+    """An OpenAI moderation request (POST /v1/moderations): `input` is a string, strings, or
+    multimodal items (text and images, classified together). `model` may be "auto" (or left out)
+    for the first moderation model configured."""
+
+    model_config = ConfigDict(
+        extra="allow", strict=True,
+        json_schema_extra={"examples": [{"model": "omni-moderation-latest", "input": "I want to hug them."}]},
+    )
+
+    model: str = Field("auto", min_length=1)
+    input: str | _Prompts | _ModerationItems
+    priority: PriorityValue | None = None
+
+
 class ChatCompletion(BaseModel):
     """The provider's chat completion, as OpenAI shapes it (relayed unchanged)."""
 
@@ -122,3 +222,21 @@ class Embeddings(BaseModel):
     model: str
     usage: dict[str, Any] | None = None
     service_tier: str | None = Field(None, description="The tier the call ran at, when one was sent.")
+
+
+class Completion(ChatCompletion):
+    """The provider's legacy completion, as OpenAI shapes it (relayed unchanged): a chat
+    completion's fields, its choices holding `text`."""
+
+    object: str = "text_completion"
+
+
+class Moderation(BaseModel):
+    """The provider's moderation, as OpenAI shapes it (relayed unchanged): one result per input
+    (one for all the items of a multimodal input)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    model: str
+    results: list[dict[str, Any]]

@@ -13,7 +13,8 @@ registered in `tidegate.providers.adapters.ADAPTERS`. It implements:
   upstream speaks another;
 - `stream(request, model, on_part)`: call with streaming, hand each chunk to `on_part` as a
   `StreamPart` in the relay's form as it arrives, and return the whole answer at the end;
-- `streams(request)`, if its rule of which requests stream differs from "a chat that asked to".
+- `streams(request)`, if its rule of which requests stream differs from "a chat (or a legacy
+  completion) that asked to".
 
 Failures leave as `UpstreamError` (tidegate.errors), whose `kind` and `retryable` tell the worker
 what to do.
@@ -57,7 +58,7 @@ class ProviderAdapter(abc.ABC):
 
     def streams(self, request: AIRequest) -> bool:
         """Whether this request is answered by `stream` when someone listens to its chunks."""
-        return request.kind == "chat" and request.stream
+        return request.kind in ("chat", "completion") and request.stream
 
     @abc.abstractmethod
     async def complete(self, request: AIRequest, model: str) -> Answer:
