@@ -1,7 +1,8 @@
 """A simulated OpenAI-compatible provider (aiohttp.web) for the demo, the tests and the benchmarks.
 
-It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings` and
-Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py) for the
+It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings`,
+Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py), and
+OpenAI's Files and Batch APIs (`/v1/files`, `/v1/batches`: see batches.py) for the
 price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
 choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
 see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
@@ -42,6 +43,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from tidegate.errors import ConfigError
+from tidegate.simulator.batches import EMBEDDINGS_URL, BatchService, LineAnswer
 from tidegate.simulator.content import (
     embedding_vector,
     estimate_text_tokens,
@@ -133,6 +135,7 @@ class Simulator:
         self._rngs: dict[str, random.Random] = {}
         self._injected: dict[str, deque[InjectedFault]] = {}
         self._started = time.monotonic()
+        self._batches = BatchService(lambda: self._settings, self._authorized, self._answer_line)
 
     # -- control (the Python API; /_sim/ calls these)
 
@@ -164,6 +167,7 @@ class Simulator:
         self._stats.clear()
         self._rngs.clear()
         self._injected.clear()
+        self._batches.reset()
         self._started = time.monotonic()
 
     def inject(self, model: str, fault: InjectedFault) -> None:
@@ -178,9 +182,11 @@ class Simulator:
         return dict(self._stats)
 
     def stats_dict(self) -> dict[str, Any]:
-        """`stats()` as JSON-ready data, with the window in force."""
+        """`stats()` as JSON-ready data, with the window in force, and what the batch API saw
+        (batch lines are not counted in the models' stats: they are not live traffic)."""
         return {"window_s": self._settings.window_s,
-                "models": {name: stats.to_dict() for name, stats in self._stats.items()}}
+                "models": {name: stats.to_dict() for name, stats in self._stats.items()},
+                "batches": self._batches.stats.to_dict()}
 
     # -- serving
 
@@ -191,6 +197,15 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/messages", self._messages)
+        batches = self._batches
+        app.router.add_post("/v1/files", batches.create_file)
+        app.router.add_get("/v1/files/{file_id}", batches.get_file)
+        app.router.add_get("/v1/files/{file_id}/content", batches.file_content)
+        app.router.add_post("/v1/batches", batches.create_batch)
+        app.router.add_get("/v1/batches", batches.list_batches)
+        app.router.add_get("/v1/batches/{batch_id}", batches.get_batch)
+        app.router.add_post("/v1/batches/{batch_id}/cancel", batches.cancel_batch)
+        app.on_cleanup.append(lambda _: batches.close())
         if control:
             app.router.add_get("/_sim/stats", self._get_stats)
             app.router.add_get("/_sim/settings", self._get_settings)
@@ -325,15 +340,20 @@ class Simulator:
             raise InvalidRequest("Incorrect API key provided. You can find your API key in your "
                                  "provider's dashboard.", status=401, code="invalid_api_key")
         parsed = parse(parse_json_object(await request.read()))
-        served = self._served.get(parsed.model)
-        if served is None:
-            raise InvalidRequest(f"The model `{parsed.model}` does not exist or you do not have access "
-                                 "to it.", status=404, param="model", code="model_not_found")
-        if served.kind != kind:
-            raise InvalidRequest(f"The model `{parsed.model}` does not support the {kind} endpoint.",
-                                 param="model", code="invalid_model")
+        served = self._serving(parsed.model, kind)
         self._model_stats(served.name).received += 1
         return parsed, served
+
+    def _serving(self, model: str, kind: str) -> ServedModel:
+        """The served model of that name and kind, or InvalidRequest."""
+        served = self._served.get(model)
+        if served is None:
+            raise InvalidRequest(f"The model `{model}` does not exist or you do not have access "
+                                 "to it.", status=404, param="model", code="model_not_found")
+        if served.kind != kind:
+            raise InvalidRequest(f"The model `{model}` does not support the {kind} endpoint.",
+                                 param="model", code="invalid_model")
+        return served
 
     async def _answer(self, request: web.Request, served: ServedModel,
                       parsed: ChatRequest | EmbeddingsRequest) -> web.StreamResponse:
@@ -355,16 +375,47 @@ class Simulator:
         if isinstance(parsed, ChatRequest) and parsed.stream:
             return await self._stream(request, served, parsed, _Plan(completion, finish, headers, fault))
         await _sleep_ms(sample_lognormal(rng, served.behaviour.latency_ms, served.behaviour.latency_p99_ms))
-        if isinstance(parsed, ChatRequest):
-            body, tokens = _completion_body(rng, served.name, parsed, completion, finish)
-            stats.completion_tokens += tokens
-        else:
-            body = _embeddings_body(served, parsed)
-        if parsed.service_tier is not None and wire == "openai":  # a Message names it in its usage
-            body["service_tier"] = parsed.service_tier
+        body, tokens = self._generated(served, parsed, completion, finish)
+        stats.completion_tokens += tokens
         stats.prompt_tokens += parsed.prompt_tokens
         stats.by_status[200] += 1
         return _json(200, body, headers)
+
+    def _generated(self, served: ServedModel, parsed: ChatRequest | EmbeddingsRequest, completion: int,
+                   finish: str) -> tuple[dict[str, Any], int]:
+        """A non-streamed answer's body in the request's wire format, and its completion tokens."""
+        tokens = 0
+        if isinstance(parsed, ChatRequest):
+            body, tokens = _completion_body(self._rng(served.name), served.name, parsed, completion, finish)
+        else:
+            body = _embeddings_body(served, parsed)
+        wire = parsed.wire if isinstance(parsed, ChatRequest) else "openai"
+        if parsed.service_tier is not None and wire == "openai":  # a Message names it in its usage
+            body["service_tier"] = parsed.service_tier
+        return body, tokens
+
+    def _answer_line(self, url: str, body: dict[str, Any]) -> LineAnswer:
+        """One line of a provider batch, answered as its endpoint answers a request, but without
+        the rate limit, faults or latency of live traffic: the batch has its own."""
+        try:
+            parsed: ChatRequest | EmbeddingsRequest
+            if url == EMBEDDINGS_URL:
+                parsed = parse_embeddings(body)
+                served = self._serving(parsed.model, "embeddings")
+                _check_dimensions(parsed, served)
+                completion, finish = 0, "stop"
+            else:
+                parsed = parse_chat(body)
+                if parsed.stream:
+                    raise InvalidRequest("A batch request cannot stream.", param="stream",
+                                         code="invalid_value")
+                served = self._serving(parsed.model, "chat")
+                completion, finish = _completion_tokens(self._rng(served.name), served.behaviour,
+                                                        parsed.max_tokens)
+        except InvalidRequest as exc:
+            return LineAnswer(exc.status, orjson.loads(exc.body()))
+        answer, tokens = self._generated(served, parsed, completion, finish)
+        return LineAnswer(200, answer, served.name, parsed.prompt_tokens, tokens)
 
     def _rate_limited(self, served: ServedModel, admission: Admission,
                       headers: dict[str, str], wire: Wire) -> web.StreamResponse:

@@ -11,6 +11,9 @@
     [models."gpt-4.1"]            # overrides for one model; a name not in the price table is
     rpm = 5                       # served as an extra model (kind = "embeddings" for vectors)
     error_rate = 0.1
+
+A provider batch (`/v1/batches`, see batches.py) ends `batch_latency_s` after it was created;
+`batch_fault = "failed"` or `"expired"` makes every batch created meanwhile end so.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from tidegate.config import default_models
 from tidegate.errors import ConfigError
 
-__all__ = ["ModelBehaviour", "ModelKind", "RetryAfterFormat", "ServedModel", "SimulatorSettings"]
+__all__ = ["BatchFault", "ModelBehaviour", "ModelKind", "RetryAfterFormat", "ServedModel",
+           "SimulatorSettings"]
 
 RetryAfterFormat = Literal["seconds", "http-date"]
+BatchFault = Literal["failed", "expired"]
 ModelKind = Literal["chat", "embeddings"]
 
 FAULT_RATES = ("error_rate", "unavailable_rate", "timeout_rate", "reset_rate", "malformed_rate")
@@ -98,6 +103,13 @@ class SimulatorSettings(BaseModel):
     defaults: ModelBehaviour = Field(default_factory=ModelBehaviour)
     models: dict[str, dict[str, Any]] = Field(default_factory=dict)
     stats_max_timestamps: int = Field(100_000, ge=0)  # accepted-request times kept per model
+    # Provider batches: how long one takes from creation to its end, the fault that ends it
+    # instead (None: it completes), and the bounds of an uploaded file (OpenAI's: 200 MB and
+    # 50 000 requests; smaller here, as the simulator keeps its files in memory).
+    batch_latency_s: float = Field(1.0, ge=0)
+    batch_fault: BatchFault | None = None
+    batch_max_file_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    batch_max_lines: int = Field(50_000, ge=1)
 
     @model_validator(mode="after")
     def _overrides_valid(self) -> SimulatorSettings:
