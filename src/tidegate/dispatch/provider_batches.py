@@ -215,9 +215,10 @@ class ProviderBatches:
             batch = await self._clients[provider.name].submit(
                 lines, endpoint=gathering.endpoint, completion_window=provider.batch.completion_window,
                 metadata={"tidegate_worker": self._worker_id})
-        except TidegateError as exc:
-            reason = f"provider batch submission to {provider.name} failed ({exc}); served live"
-            log.warning("%d jobs: %s", len(held), reason)
+        except Exception as exc:  # whatever it is, these jobs are served live rather than stranded
+            cause = str(exc) or type(exc).__name__
+            reason = f"provider batch submission to {provider.name} failed ({cause}); served live"
+            log.warning("%d jobs: %s", len(held), reason, exc_info=not isinstance(exc, TidegateError))
             await self._store.put_jobs([BatchedJob(item.job.id, provider.name, "", None, reason)
                                         for item in held])
             self._metrics.provider_batch_jobs.labels(provider.name, "served_live").inc(len(held))
