@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -216,3 +217,20 @@ async def test_the_stats_count_batches_and_lines_outside_the_rate_limits(simulat
     assert stats["batches"]["lines_by_model"] == {CHAT_MODEL: 5}
     assert stats["batches"]["ended"] == {"completed": 1}
     assert stats["models"][CHAT_MODEL]["accepted"] == 1  # only the live request
+
+
+async def test_uploads_and_listings_refuse_what_is_not_theirs(simulator: Simulator) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with simulator.running() as url, aiohttp.ClientSession(headers=headers) as http:
+        async with http.post(f"{url}/files", json={"purpose": "batch"}) as not_a_form:
+            refused_json = (not_a_form.status, (await not_a_form.json())["error"]["code"])
+        form = aiohttp.FormData()
+        form.add_field("file", b"{}\n", filename="input.jsonl")
+        async with http.post(f"{url}/files", data=form) as no_purpose:
+            refused_form = (no_purpose.status, (await no_purpose.json())["error"]["param"])
+        async with http.get(f"{url}/batches", params={"limit": "0"}) as listing:
+            refused_limit = (listing.status, (await listing.json())["error"]["code"])
+
+    assert refused_json == (400, "invalid_request")
+    assert refused_form == (400, "purpose")
+    assert refused_limit == (400, "invalid_value")

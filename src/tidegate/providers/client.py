@@ -2,6 +2,8 @@
 
 It speaks OpenAI's chat completions and embeddings itself; for another API (Anthropic's
 Messages) a provider adapter names the path with `post` and `stream` and reads the answer,
+and `send` and `download` serve the calls that are not one request's answer (a provider's
+Files and Batch APIs: see batch_api.py),
 turning each streamed event into the chat chunks of the job's form with a `StreamDecoder`.
 The key goes as `Authorization: Bearer` or, to an Anthropic upstream, as `x-api-key` with the
 `anthropic-version` header.
@@ -22,7 +24,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Literal, NamedTuple, Self
 
 import aiohttp
 import orjson
@@ -61,6 +63,9 @@ MESSAGE_LIMIT: Final = 500  # characters of the provider's error message kept in
 CONNECT_TIMEOUT_CAP_S: Final = 10.0
 _DONE: Final = b"[DONE]"
 ANTHROPIC_VERSION: Final = "2023-06-01"  # the Messages API version tidegate's Anthropic adapter speaks
+
+Method = Literal["GET", "POST"]
+"""The HTTP methods the client sends: POST for calls, GET to read a provider's files and batches."""
 
 StreamDecoder = Callable[[bytes], tuple[list[bytes], bool]]
 """Reads one server-sent event's data: the chat.completion.chunk documents (JSON) it amounts to,
@@ -125,6 +130,21 @@ class StreamSummary:
     text: str
     finish_reason: str | None
     tool_calls: tuple[ToolCall, ...] = ()  # the first choice's, put together from their pieces
+
+
+class _Answer(NamedTuple):
+    """A 2xx answer as read, before its body is parsed."""
+
+    status: int
+    headers: Mapping[str, str]
+    raw: bytes
+    latency_ms: float
+
+    def response(self, parsed: dict[str, Any]) -> UpstreamResponse:
+        """The answer with its body parsed, its usage and rate-limit headers read."""
+        return UpstreamResponse(self.status, parsed, self.headers, self.latency_ms,
+                                Usage.from_json(parsed.get("usage")),
+                                RateLimitInfo.from_headers(self.headers))
 
 
 # ---------------------------------------------------------------------------- client
@@ -242,36 +262,59 @@ class UpstreamClient(Lifecycle):
         chat_stream, which is this for OpenAI's events)."""
         return UpstreamStream(self, body, path=path, decode=decode)
 
+    async def send(self, method: Method, path: str, *, body: dict[str, Any] | None = None,
+                   form: aiohttp.FormData | None = None) -> UpstreamResponse:
+        """`method` `path` (under the base URL) for an answer that is a JSON object: the calls of a
+        Files or Batch API. `body` goes as JSON, `form` as multipart/form-data (an upload), neither
+        as no body. Raises UpstreamError on any failure."""
+        data = orjson.dumps(body) if body is not None else form
+        answer = await self._exchange(method, self._url(path), path, data)
+        parsed = self._parse_body(path, answer.raw, answer.headers, expect=None, method=method)
+        return answer.response(parsed)
+
+    async def download(self, path: str) -> bytes:
+        """GET `path` (under the base URL) for its body as it is (a file's content). Raises
+        UpstreamError on any failure."""
+        return (await self._exchange("GET", self._url(path), path, None)).raw
+
     def _url(self, path: str) -> URL:
         return URL(self.provider.base_url.rstrip("/") + path)
 
     async def _call(self, url: URL, path: str, body: dict[str, Any], *, expect: str) -> UpstreamResponse:
+        answer = await self._exchange("POST", url, path, orjson.dumps(body))
+        return answer.response(self._parse_body(path, answer.raw, answer.headers, expect=expect))
+
+    async def _exchange(self, method: Method, url: URL, path: str,
+                        data: bytes | aiohttp.FormData | None) -> _Answer:
+        """Send one request and read its whole answer; UpstreamError unless its status is 2xx."""
         session = self._require_session()
-        payload = orjson.dumps(body)
+        payload: Any = data
+        headers: dict[str, str] | None = None
+        if isinstance(data, aiohttp.FormData):
+            payload = data()  # the session's JSON Content-Type would win over the form's own
+            headers = {"Content-Type": payload.content_type}
         started = time.perf_counter()
-        with self._http_span(url) as span:
+        with self._http_span(url, method) as span:
             try:
-                async with session.post(url, data=payload, allow_redirects=False) as response:
+                async with session.request(method, url, data=payload, headers=headers,
+                                           allow_redirects=False) as response:
                     raw = await response.read()
             except _TRANSPORT_ERRORS as exc:
-                raise self._transport_error(path, exc) from exc
+                raise self._transport_error(path, exc, method) from exc
             _answered(span, response.status)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        status, headers = response.status, response.headers
-        if not 200 <= status < 300:
-            raise self._status_error(path, status, headers, raw)
-        parsed = self._parse_body(path, raw, headers, expect=expect)
-        return UpstreamResponse(status, parsed, headers, latency_ms, Usage.from_json(parsed.get("usage")),
-                                RateLimitInfo.from_headers(headers))
+        if not 200 <= response.status < 300:
+            raise self._status_error(path, response.status, response.headers, raw, method)
+        return _Answer(response.status, response.headers, raw, latency_ms)
 
     # -- tracing
 
-    def _http_span(self, url: URL) -> AbstractContextManager[Span]:
+    def _http_span(self, url: URL, method: Method = "POST") -> AbstractContextManager[Span]:
         """The client span of one HTTP request (tidegate.tracing), current while it runs."""
         tracing = tracer()
         if not tracing.enabled:
             return NOTHING
-        return tracing.span("POST", kind="client", attributes=_http_attributes(url))
+        return tracing.span(method, kind="client", attributes=_http_attributes(url, method))
 
     def _start_http_span(self, url: URL) -> Span:
         """The client span of a streamed request, ended by its stream."""
@@ -300,17 +343,19 @@ class UpstreamClient(Lifecycle):
                 text = text.replace(secret, "[api key]")
         return text
 
-    def _transport_error(self, path: str, exc: Exception) -> UpstreamError:
+    def _transport_error(self, path: str, exc: Exception, method: Method = "POST") -> UpstreamError:
         """The UpstreamError for a timeout or connection failure while sending or reading."""
         name = self.provider.name
         # Checked first: aiohttp's read timeouts are ClientErrors too, but they mean "too slow".
         if isinstance(exc, TimeoutError):
-            return self._error(f"{name}: POST {path} timed out (timeout_s={self.provider.timeout_s:g}, "
+            return self._error(f"{name}: {method} {path} timed out (timeout_s={self.provider.timeout_s:g}, "
                                f"{type(exc).__name__})", kind="timeout")
         detail = str(exc) or "no detail"
-        return self._error(f"{name}: POST {path} failed: {type(exc).__name__}: {detail}", kind="connection")
+        return self._error(f"{name}: {method} {path} failed: {type(exc).__name__}: {detail}",
+                           kind="connection")
 
-    def _status_error(self, path: str, status: int, headers: Mapping[str, str], raw: bytes) -> UpstreamError:
+    def _status_error(self, path: str, status: int, headers: Mapping[str, str], raw: bytes,
+                      method: Method = "POST") -> UpstreamError:
         rate_limit = RateLimitInfo.from_headers(headers)
         retry_after_s = _retry_after_s(headers)
         kind: UpstreamErrorKind
@@ -323,28 +368,32 @@ class UpstreamClient(Lifecycle):
         else:
             kind = "client"
         body = _provider_error(raw)
-        message = f"{self.provider.name}: POST {path} answered HTTP {status}: {body.message}"
+        message = f"{self.provider.name}: {method} {path} answered HTTP {status}: {body.message}"
         return self._error(message, kind=kind, status=status, retry_after_s=retry_after_s,
                            rate_limit=rate_limit, body=body)
 
     def _parse_body(self, path: str, raw: bytes, headers: Mapping[str, str], *,
-                    expect: str) -> dict[str, Any]:
+                    expect: str | None, method: Method = "POST") -> dict[str, Any]:
+        """The JSON object answered, holding a non-empty `expect` list unless that is None."""
         try:
             parsed = orjson.loads(raw)
         except orjson.JSONDecodeError:
             parsed = None
             problem = f"a body that is not valid JSON ({len(raw)} bytes)"
         else:
-            problem = f"a JSON body without a {expect!r} list"
-        if isinstance(parsed, dict) and isinstance(parsed.get(expect), list) and parsed[expect]:
+            problem = ("a JSON body that is not an object" if expect is None
+                       else f"a JSON body without a {expect!r} list")
+        listed = expect is None or (isinstance(parsed, dict) and isinstance(parsed.get(expect), list)
+                                    and bool(parsed[expect]))
+        if isinstance(parsed, dict) and listed:
             return parsed
-        raise self._error(f"{self.provider.name}: POST {path} answered {problem}", kind="malformed",
+        raise self._error(f"{self.provider.name}: {method} {path} answered {problem}", kind="malformed",
                           status=200, rate_limit=RateLimitInfo.from_headers(headers))
 
 
-def _http_attributes(url: URL) -> dict[str, str | int]:
+def _http_attributes(url: URL, method: Method = "POST") -> dict[str, str | int]:
     """The HTTP semantic conventions' attributes of a request to `url`."""
-    return {"http.request.method": "POST", "url.full": str(url), "server.address": url.host or "",
+    return {"http.request.method": method, "url.full": str(url), "server.address": url.host or "",
             "server.port": url.port or 0}
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import random
 import time
 from collections import Counter
@@ -40,6 +41,8 @@ from tidegate.simulator.settings import BatchFault, SimulatorSettings
 
 __all__ = ["BATCH_ENDPOINTS", "CHAT_URL", "EMBEDDINGS_URL", "AnswerLine", "BatchService", "BatchStats",
            "LineAnswer"]
+
+logger = logging.getLogger(__name__)
 
 CHAT_URL: Final = "/v1/chat/completions"
 EMBEDDINGS_URL: Final = "/v1/embeddings"
@@ -327,6 +330,14 @@ class BatchService:
     # -- running a batch
 
     async def _run(self, batch: _Batch, content: bytes) -> None:
+        try:
+            await self._steps(batch, content)
+        except Exception:  # a fault of the simulator's own must not leave the batch running for ever
+            logger.exception("simulated batch %s failed", batch.id)
+            batch.errors = [_line_error("server_error", "The simulator failed while running the batch.")]
+            self._end(batch, "failed")
+
+    async def _steps(self, batch: _Batch, content: bytes) -> None:
         try:
             lines = _lines(content, batch.endpoint, self._settings().batch_max_lines)
             if batch.fault == "failed":
