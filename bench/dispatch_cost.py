@@ -58,6 +58,7 @@ class CostResult:
     jobs: int
     succeeded: int
     cost_micros: int
+    bulk_cost_micros: int  # of that, the BULK jobs'
     latency_s: dict[Priority, list[float]]  # end-to-end of the succeeded urgent jobs
     batches: int  # provider batches the simulator saw created
     batch_lines: int
@@ -109,15 +110,17 @@ async def run_cost(scenario: Scenario, run: CostRun, queue_url: str, sim: SimHan
         stats = await sim.stats()
     batches = stats.get("batches", {})
     latency: dict[Priority, list[float]] = {level: [] for level in URGENT}
-    cost = succeeded = 0
+    cost = bulk_cost = succeeded = 0
     for job in finished:
         if job.state is not JobState.SUCCEEDED:
             continue
         succeeded += 1
         cost += int(job.result["cost_micros"])
+        if job.priority is Priority.BULK:
+            bulk_cost += int(job.result["cost_micros"])
         if job.priority in latency and job.finished_at is not None:
             latency[job.priority].append((job.finished_at - job.created_at).total_seconds())
-    return CostResult(run, len(finished), succeeded, cost, latency, int(batches.get("created", 0)),
+    return CostResult(run, len(finished), succeeded, cost, bulk_cost, latency, int(batches.get("created", 0)),
                       int(batches.get("lines", 0)))
 
 
@@ -157,14 +160,16 @@ async def run_costs(scenario: Scenario, urls: dict[str, str], sim: SimHandle, *,
 def cost_report(results: Sequence[CostResult], *, rate_per_s: float) -> str:
     """The three runs side by side, and the saving of each against always-premium."""
     premium = next((r for r in results if r.run == "premium"), None)
-    rows = ["| run | jobs (succeeded) | total cost | per 1,000 jobs | saving vs (1) | CRITICAL p50 / p95 "
-            "| HIGH p50 / p95 | provider batches (lines) |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | jobs (succeeded) | total cost | per 1,000 jobs | saving vs (1) | of which BULK "
+            "| CRITICAL p50 / p95 | HIGH p50 / p95 | provider batches (lines) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         saving = "—" if premium is None or r is premium or not premium.cost_micros else (
             f"{100 * (1 - r.cost_micros / premium.cost_micros):.1f} %")
         rows.append(
             f"| {TITLES[r.run]} | {r.jobs} ({r.succeeded}) | ${micros_to_usd(r.cost_micros):.4f} "
-            f"| ${r.per_1000_usd:.4f} | {saving} | {_quantiles(r.latency_s[Priority.CRITICAL])} "
+            f"| ${r.per_1000_usd:.4f} | {saving} | ${micros_to_usd(r.bulk_cost_micros):.4f} "
+            f"| {_quantiles(r.latency_s[Priority.CRITICAL])} "
             f"| {_quantiles(r.latency_s[Priority.HIGH])} | {r.batches} ({r.batch_lines}) |")
     batches = next((r for r in results if r.run == "batches"), None)
     goal = ""

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,15 @@ from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final
 from tidegate.config import BudgetConfig, ProviderBatchConfig, TidegateConfig
 from tidegate.coord.budget import budget_ledger_for
-from tidegate.coord.provider_batches import provider_batch_store_for
+from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, provider_batch_store_for
 from tidegate.costs import cost_micros, estimate_cost_micros, micros_to_usd, usd_to_micros
 from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.provider_batches import ENDPOINTS, PENDING, SUBMISSION
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.jobs import Job, JobState
+from tidegate.providers.batch_api import BatchLineRequest, ProviderBatchClient
+from tidegate.providers.client import UpstreamClient
 from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import SimulatorSettings
@@ -251,4 +255,40 @@ async def test_a_worker_killed_after_submitting_leaves_its_jobs_to_another_that_
     assert all(in_a_batch(job) for job in jobs)
     seen = batches_seen(sim)
     assert (seen["created"], seen["lines"]) == (1, 4)
+    assert live_calls(sim) == 0
+
+
+@pytest.mark.parametrize("created", [True, False], ids=["created", "never-created"])
+async def test_jobs_left_pending_by_a_worker_killed_mid_submission_are_neither_lost_nor_submitted_twice(
+    queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str], created: bool
+) -> None:
+    sim, base_url = simulator
+    url = queue_url_of(queue_factory)
+    config = batch_config(base_url, url)
+    provider = config.providers[0]
+    ids = await bulk_jobs(queue, 3)
+    # Given jobs recorded as pending under a submission token, as a worker killed between sending
+    # their batch and recording it leaves them, and (or not) the batch it created at the provider
+    token = "t-1"
+    pending = PENDING + token
+    store = provider_batch_store_for(url)
+    async with store:
+        await store.record(
+            ProviderBatchRecord("sim", pending, BULK_MODEL, ENDPOINTS["chat"], tuple(ids), datetime.now(UTC)),
+            [BatchedJob(job_id, "sim", pending) for job_id in ids])
+    if created:
+        jobs = [await queue.get(job_id) for job_id in ids]
+        lines = [BatchLineRequest(job.id, ENDPOINTS["chat"], {**job.payload["body"], "model": BULK_MODEL})
+                 for job in jobs if job is not None]
+        async with UpstreamClient(provider) as upstream:
+            await ProviderBatchClient(upstream).submit(lines, endpoint=ENDPOINTS["chat"],
+                                                       metadata={SUBMISSION: token})
+    # When a worker claims them
+    async with running_worker(queue, config):
+        finished = await wait_final(queue, ids)
+    # Then each is answered from one provider batch: the one found again, or one made anew
+    assert [job.state for job in finished] == [JobState.SUCCEEDED] * 3, [job.last_error for job in finished]
+    assert all(in_a_batch(job) for job in finished)
+    seen = batches_seen(sim)
+    assert (seen["created"], seen["lines"]) == (1, 3)
     assert live_calls(sim) == 0

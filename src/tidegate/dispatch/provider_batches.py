@@ -23,9 +23,11 @@ changes nothing. Polls and results are cached per batch in the process for a sho
 jobs of one batch cost one poll and one download between them.
 
 A worker killed after a submission loses nothing: the jobs' leases run out, another worker claims
-them, finds them in the store and collects. One killed between the submission and its record
-leaves a batch the store does not know: its jobs are submitted once more when they are claimed
-again (bounded: once per such crash, which is a few milliseconds wide).
+them, finds them in the store and collects. The jobs are recorded before their batch is sent, as
+pending under a token the batch carries in its metadata, so one killed between the submission and
+its record leaves jobs whose claimant asks the provider for that batch (`find`) and collects it if
+it was created, or gathers them anew if not. A second submission is left only where the provider
+does not list the batch among its latest (`ProviderBatchClient.find`'s depth).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -60,6 +63,8 @@ log = logging.getLogger("tidegate.worker.provider_batches")
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}
 _STREAM_FIELDS = ("stream", "stream_options")
+SUBMISSION = "tidegate_submission"  # the metadata naming a submission, to find its batch again
+PENDING = "pending-"  # the batch id a job is recorded with while its batch is being submitted
 POLL_CACHE_MAX_S = 5.0  # a batch's status is reused this long at most (half of poll_s when shorter)
 RESULTS_CACHED = 32  # ended batches whose results are kept in the process, the latest ones
 SUBMIT_BOUND_S = 30.0  # how long closing waits for a submission under way
@@ -210,36 +215,40 @@ class ProviderBatches:
     async def _submit(self, gathering: _Gathering) -> None:
         provider, held = gathering.provider, gathering.held
         assert provider.batch is not None
+        client = self._clients[provider.name]
+        token = uuid.uuid4().hex
+        pending = PENDING + token
+        job_ids = tuple(item.job.id for item in held)
+        # Recorded before anything is sent: a worker killed between the submission and its
+        # record leaves its jobs pointing here, and whoever claims them next asks the provider
+        # for the batch by its metadata rather than submit it again.
+        try:
+            await self._store.record(
+                ProviderBatchRecord(provider.name, pending, gathering.model, gathering.endpoint, job_ids,
+                                    datetime.now(UTC)),
+                [BatchedJob(item.job.id, provider.name, pending, hold_to_json(item.hold)) for item in held])
+        except TidegateError as exc:
+            await self._give_back(held, f"provider batch to {provider.name} not submitted: {exc}")
+            return
         lines = [BatchLineRequest(item.job.id, gathering.endpoint, item.body) for item in held]
         try:
-            batch = await self._clients[provider.name].submit(
-                lines, endpoint=gathering.endpoint, completion_window=provider.batch.completion_window,
-                metadata={"tidegate_worker": self._worker_id})
+            batch = await client.submit(lines, endpoint=gathering.endpoint,
+                                        completion_window=provider.batch.completion_window,
+                                        metadata={SUBMISSION: token, "tidegate_worker": self._worker_id})
         except Exception as exc:  # whatever it is, these jobs are served live rather than stranded
-            cause = str(exc) or type(exc).__name__
-            reason = f"provider batch submission to {provider.name} failed ({cause}); served live"
-            log.warning("%d jobs: %s", len(held), reason, exc_info=not isinstance(exc, TidegateError))
-            await self._store.put_jobs([BatchedJob(item.job.id, provider.name, "", None, reason)
-                                        for item in held])
-            self._metrics.provider_batch_jobs.labels(provider.name, "served_live").inc(len(held))
-            await self._give_back(held, reason)
-            return
-        # A worker killed here, between the submission and its record, leaves a batch the store
-        # does not know: its jobs come back when their leases run out and are submitted again.
-        record = ProviderBatchRecord(provider.name, batch.id, gathering.model, gathering.endpoint,
-                                     tuple(item.job.id for item in held), datetime.now(UTC))
-        entries = [BatchedJob(item.job.id, provider.name, batch.id, hold_to_json(item.hold)) for item in held]
-        try:
-            await self._store.record(record, entries)
-        except TidegateError as exc:
-            # Unrecorded, the batch would be submitted again on the next claim: ask the provider
-            # to drop it, and give the jobs back to be gathered anew.
-            log.error("provider batch %s/%s could not be recorded (%s); cancelling it", provider.name,
-                      batch.id, exc)
+            # A creation cut short may have reached the provider: look for it before giving up.
+            found = None
             with contextlib.suppress(TidegateError):
-                await self._clients[provider.name].cancel(batch.id)
-            await self._give_back(held, f"provider batch {provider.name}/{batch.id} could not be recorded")
-            return
+                found = await client.find({SUBMISSION: token})
+            if found is None:
+                await self._not_submitted(provider.name, held, exc)
+                return
+            batch = found
+        record = ProviderBatchRecord(provider.name, batch.id, gathering.model, gathering.endpoint, job_ids,
+                                     datetime.now(UTC))
+        entries = [BatchedJob(item.job.id, provider.name, batch.id, hold_to_json(item.hold)) for item in held]
+        with contextlib.suppress(TidegateError):  # unrecorded, it is found again by its metadata
+            await self._store.record(record, entries)
         self._metrics.provider_batches.labels(provider.name).inc()
         self._metrics.provider_batch_jobs.labels(provider.name, "submitted").inc(len(held))
         log.info("provider batch %s/%s submitted: %d jobs", provider.name, batch.id, len(held))
@@ -247,6 +256,15 @@ class ProviderBatches:
         for item in held:
             with contextlib.suppress(LeaseLost):  # cancelled meanwhile: it stays cancelled
                 await self._queue.release(item.job, delay_s=provider.batch.poll_s, reason=reason)
+
+    async def _not_submitted(self, provider: str, held: list[_Held], exc: Exception) -> None:
+        """The provider took no batch: its jobs are served live, the reason recorded."""
+        cause = str(exc) or type(exc).__name__
+        reason = f"provider batch submission to {provider} failed ({cause}); served live"
+        log.warning("%d jobs: %s", len(held), reason, exc_info=not isinstance(exc, TidegateError))
+        await self._store.put_jobs([BatchedJob(item.job.id, provider, "", None, reason) for item in held])
+        self._metrics.provider_batch_jobs.labels(provider, "served_live").inc(len(held))
+        await self._give_back(held, reason)
 
     async def _give_back(self, held: list[_Held], reason: str) -> None:
         """Jobs that did not go into a batch: their holds released, back to the queue at once."""
@@ -290,7 +308,34 @@ class ProviderBatches:
             return await self.gather(job, request, route)
         if entry.live_reason is not None:
             return False
+        if entry.batch_id.startswith(PENDING):
+            return await self._resume(job, request, route, entry, queue_wait_ms)
         return await self._collect(job, entry, queue_wait_ms)
+
+    async def _resume(self, job: Job, request: AIRequest, route: RouteDecision, entry: BatchedJob,
+                      queue_wait_ms: float) -> bool:
+        """A job whose worker died while it submitted the job's batch: the batch is asked of the
+        provider by its metadata; found, it is recorded and collected, else the job is gathered
+        anew."""
+        client = self._clients.get(entry.provider)
+        provider = self._providers.get(entry.provider)
+        pending = await self._store.batch(entry.provider, entry.batch_id)
+        if client is None or provider is None or provider.batch is None or pending is None:
+            await self._serve_live(entry, f"its provider batch to {entry.provider} is no longer known")
+            return False
+        try:
+            batch = await client.find({SUBMISSION: entry.batch_id.removeprefix(PENDING)})
+        except TidegateError as exc:
+            await self._queue.release(job, delay_s=provider.batch.poll_s, reason=(
+                f"looking for its provider batch at {provider.name} failed ({exc}); trying again"))
+            return True
+        if batch is None:  # never created: gathered again, with a hold of its own anew
+            await self._spending.release(hold_from_json(entry.hold))
+            await self._store.put_jobs([entry.served_live("its provider batch was never created")])
+            return await self.gather(job, request, route)
+        found = BatchedJob(job.id, entry.provider, batch.id, entry.hold)
+        await self._store.record(replace(pending, batch_id=batch.id), [found])
+        return await self._collect(job, found, queue_wait_ms)
 
     async def _collect(self, job: Job, entry: BatchedJob, queue_wait_ms: float) -> bool:
         """Release the job while its batch runs, complete it once the batch ended; False when it
