@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from tidegate._shutdown import CLOSE_BOUND_S
 from tidegate.ai import AIRequest, AIResult, Timings, Usage
 from tidegate.config import ModelConfig, ProviderConfig
 from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, ProviderBatchStore
@@ -67,7 +68,7 @@ SUBMISSION = "tidegate_submission"  # the metadata naming a submission, to find 
 PENDING = "pending-"  # the batch id a job is recorded with while its batch is being submitted
 POLL_CACHE_MAX_S = 5.0  # a batch's status is reused this long at most (half of poll_s when shorter)
 RESULTS_CACHED = 32  # ended batches whose results are kept in the process, the latest ones
-SUBMIT_BOUND_S = 30.0  # how long closing waits for a submission under way
+SUBMIT_BOUND_S = CLOSE_BOUND_S  # how long closing waits for a submission under way (then it is pending)
 
 Succeeded = Callable[[Job, dict[str, Any]], None]
 """Told of every job completed from a batch, with its result (the worker sends its callback)."""
