@@ -292,3 +292,57 @@ async def test_jobs_left_pending_by_a_worker_killed_mid_submission_are_neither_l
     seen = batches_seen(sim)
     assert (seen["created"], seen["lines"]) == (1, 3)
     assert live_calls(sim) == 0
+
+
+async def test_a_job_cancelled_while_its_batch_runs_ends_cancelled_and_the_others_are_collected(
+    queue: Queue, queue_factory: QueueFactory
+) -> None:
+    sim = Simulator(SimulatorSettings(seed=17, batch_latency_s=1.5))
+    async with sim.running() as base_url:
+        ids = await bulk_jobs(queue, 3)
+        async with running_worker(queue, batch_config(base_url, queue_url_of(queue_factory))):
+            # Given the jobs waiting in their provider batch
+            for _ in range(500):
+                waiting = [await queue.get(job_id) for job_id in ids]
+                if all(job is not None and (job.last_error or "").startswith("waiting in provider batch")
+                       for job in waiting):
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the jobs never waited in a provider batch")
+            # When one is cancelled
+            assert await queue.cancel(ids[0])
+            jobs = await wait_final(queue, ids)
+        seen = batches_seen(sim)
+    # Then it stays cancelled, and the others are answered from the batch
+    assert [job.state for job in jobs] == [JobState.CANCELLED, JobState.SUCCEEDED, JobState.SUCCEEDED]
+    assert all(in_a_batch(job) for job in jobs[1:])
+    assert (seen["created"], seen["lines"]) == (1, 3)
+
+
+async def test_a_worker_stopped_while_it_gathers_gives_the_jobs_back_unsubmitted(
+    queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str]
+) -> None:
+    sim, base_url = simulator
+    url = queue_url_of(queue_factory)
+    slow = batch_config(base_url, url)
+    providers = tuple(p.model_copy(update={"batch": ProviderBatchConfig(gather_s=60.0, poll_s=0.2)})
+                      for p in slow.providers)
+    ids = await bulk_jobs(queue, 3)
+    # Given a worker gathering the jobs for a batch it would submit only in a minute
+    async with running_worker(queue, slow.model_copy(update={"providers": providers})):
+        for _ in range(500):
+            if (await queue.stats()).in_flight == 3:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the worker never held the three jobs")
+    # When it stops, they are back in the queue, their attempts given back, nothing submitted
+    jobs = [await queue.get(job_id) for job_id in ids]
+    assert all(job is not None and job.state is JobState.QUEUED and job.attempts == 0 for job in jobs), jobs
+    assert batches_seen(sim)["created"] == 0
+    # and the next worker sends them as one batch
+    async with running_worker(queue, batch_config(base_url, url)):
+        finished = await wait_final(queue, ids)
+    assert all(in_a_batch(job) for job in finished)
+    assert batches_seen(sim)["created"] == 1
