@@ -218,9 +218,12 @@ def _helpers(sim: SimHandle, where: Backend) -> dict[str, int]:
 def render(scenario: Scenario, options: Options, runs: dict[str, ModeResult], ceiling: CeilingResult | None,
            costs: list[CostResult], facts: dict[str, str], command: str, elapsed_s: float) -> str:
     """The whole markdown report."""
-    out = [f"## Dispatch under load: priority vs FIFO ({options.queue}, simulator {options.sim})\n",
-           f"`{command}` — {elapsed_s:.0f} s\n", _facts_table(scenario, options, facts),
-           _setup(scenario, options)]
+    named = [mode.upper() if mode == "fifo" else mode for mode in runs] + (["cost"] if costs else [])
+    what = " vs ".join(named)
+    out = [f"## Dispatch under load: {what} ({options.queue}, simulator {options.sim})\n",
+           f"`{command}` — {elapsed_s:.0f} s\n", _facts_table(scenario, options, facts)]
+    if runs or ceiling is not None:
+        out.append(_setup(scenario, options))
     for mode, run in runs.items():
         fifo_note = f" (everything enqueued at {FIFO_LEVEL.name})" if mode == "fifo" else ""
         out.append(f"### {mode}{fifo_note}\n")
@@ -244,7 +247,8 @@ def render(scenario: Scenario, options: Options, runs: dict[str, ModeResult], ce
     judged = verdicts(scenario, runs, ceiling)
     if judged:
         out.append("### Verdicts\n\n" + "\n".join(judged) + "\n")
-    out.append(_notes(scenario, options))
+    if runs:
+        out.append(_notes(scenario, options))
     return "\n".join(out)
 
 

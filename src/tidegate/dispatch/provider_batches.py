@@ -38,7 +38,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -131,8 +131,9 @@ class ProviderBatches:
     # ------------------------------------------------------------------ which jobs
 
     def _may_hold(self, job: Job, request: AIRequest) -> bool:
-        """Whether any provider's batch could hold this job: only those are looked up."""
-        if request.stream:
+        """Whether any provider's batch could hold this job: only those are looked up (a job
+        without a deadline never goes to one)."""
+        if request.stream or job.deadline is None:
             return False
         return any(p.batch is not None and p.batch.admits(job.priority) and request.kind in p.batch.kinds
                    for p in self._providers.values())
@@ -180,11 +181,8 @@ class ProviderBatches:
             self._submit_now(key)
         return True
 
-    def _spawn(self, step: Awaitable[None], name: str) -> asyncio.Task[None]:
-        async def run() -> None:
-            await step
-
-        task = asyncio.create_task(run(), name=name)
+    def _spawn(self, step: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(step, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
