@@ -7,6 +7,8 @@ Rules it keeps (DESIGN.md, "Dispatch"):
   budget or a 429's Retry-After parks the job in the queue as a delayed job instead.
 - Every job ends in a final state or goes back to the queue; on shutdown in-flight calls get a
   grace period and the rest are released at once.
+- A job that can wait (BULK with a distant deadline, where the provider has a `batch` section)
+  goes to the provider's own batch API instead of a live call (tidegate.dispatch.provider_batches).
 """
 
 from __future__ import annotations
