@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final
-from tidegate.config import BudgetConfig, ProviderBatchConfig, TidegateConfig
+from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig, TidegateConfig
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, provider_batch_store_for
 from tidegate.costs import cost_micros, estimate_cost_micros, micros_to_usd, usd_to_micros
@@ -26,7 +27,7 @@ from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.provider_batches import ENDPOINTS, PENDING, SUBMISSION
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.dispatch.worker import WorkerSettings
-from tidegate.jobs import Job, JobState
+from tidegate.jobs import Job, JobState, Priority
 from tidegate.providers.batch_api import BatchLineRequest, ProviderBatchClient
 from tidegate.providers.client import UpstreamClient
 from tidegate.queue import Queue
@@ -347,3 +348,34 @@ async def test_a_worker_stopped_while_it_gathers_gives_the_jobs_back_unsubmitted
         finished = await wait_final(queue, ids)
     assert all(in_a_batch(job) for job in finished)
     assert batches_seen(sim)["created"] == 1
+
+
+async def test_bulk_embeddings_go_through_a_batch_of_their_own_endpoint(
+    queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str]
+) -> None:
+    sim, base_url = simulator
+    config = batch_config(base_url, queue_url_of(queue_factory))
+    ids = await queue.enqueue_many(
+        {"payload": {"kind": "embeddings", "body": {"input": f"product {n}"}}, "priority": "bulk",
+         "timeout_s": TWO_DAYS_S} for n in range(3))
+    async with running_worker(queue, config):
+        jobs = await wait_final(queue, ids)
+    assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 3, [job.last_error for job in jobs]
+    seen = batches_seen(sim)
+    assert (seen["created"], seen["lines"]) == (1, 3) and live_calls(sim) == 0
+    provider = config.providers[0]
+    [model] = [model for model in provider.models if model.name == config.routing.embedding_model]
+    for job in jobs:
+        assert in_a_batch(job) and job.result["response"]["data"][0]["embedding"]
+        tokens = job.result["usage"]["prompt_tokens"]
+        assert job.result["cost_micros"] == cost_micros(batch_priced(model, provider), tokens, 0)
+
+
+def test_a_batch_section_needs_an_openai_compatible_api_and_names_priorities_as_levels() -> None:
+    batch = ProviderBatchConfig(priorities=("BULK", "3"))
+    assert batch.priorities == ("bulk", "low")
+    assert batch.admits(Priority.LOW) and not batch.admits(Priority.HIGH)
+    with pytest.raises(ValidationError, match="batch"):
+        ProviderConfig(name="claude", base_url="https://api.anthropic.com/v1", api="anthropic", batch=batch)
+    with pytest.raises(ValidationError):
+        ProviderBatchConfig(priorities=("urgent",))
