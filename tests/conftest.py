@@ -4,6 +4,7 @@ Redis Cluster alike."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -197,13 +198,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("queue_factory", backends, ids=backends, indirect=True)
 
 
-@pytest.fixture
-async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueFactory]:
-    """A QueueFactory for each backend (see pytest_generate_tests); `queue_factory.backend` says
-    which."""
+@contextlib.asynccontextmanager
+async def factory_for(request: pytest.FixtureRequest, folder: Path) -> AsyncIterator[QueueFactory]:
+    """A QueueFactory of the backend `request.param` names: a SQLite file in `folder`, or a queue
+    of its own on Redis, its keys deleted afterwards."""
     backend: str = request.param
     if backend == "sqlite":
-        factory = QueueFactory(backend, f"sqlite:///{tmp_path / 'queue.db'}")
+        factory = QueueFactory(backend, f"sqlite:///{folder / 'queue.db'}")
     else:
         # Requested lazily so that `-k sqlite` runs need no redis-server at all.
         factory = QueueFactory(backend, redis_url_of(request, backend), {"name": f"t{uuid.uuid4().hex[:12]}"})
@@ -213,6 +214,14 @@ async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Async
         await factory.aclose()
         if backend in REDIS_BACKENDS:
             await delete_keys(factory.url, f"*{factory.queue_name}*")
+
+
+@pytest.fixture
+async def queue_factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueFactory]:
+    """A QueueFactory for each backend (see pytest_generate_tests); `queue_factory.backend` says
+    which."""
+    async with factory_for(request, tmp_path) as factory:
+        yield factory
 
 
 @pytest.fixture

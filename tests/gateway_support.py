@@ -7,16 +7,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 from openai import AsyncOpenAI
 
 from conftest import QueueFactory
 from dispatch_support import queue_url_of, running_worker, sim_config
+from support.redis_keys import delete_keys
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig
 from tidegate.coord.relay import ChunkRelay, relay_for
@@ -170,3 +173,29 @@ async def open_gateway(
         gateway_url = await stack.enter_async_context(serving(state))
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=gateway_url, timeout=20.0))
         yield Gateway(state, gateway_url, http, sim, keys, metrics if worker else None)
+
+
+def backend_factory(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> QueueFactory:
+    """A QueueFactory for a module-scoped fixture parametrized over the backends
+    (`request.param`): a SQLite file of its own, or a queue name of its own on the session's
+    Redis."""
+    backend: str = request.param
+    if backend == "sqlite":
+        return QueueFactory(backend, f"sqlite:///{tmp_path_factory.mktemp('gateway') / 'queue.db'}")
+    return QueueFactory(backend, request.getfixturevalue("redis_server"),
+                        {"name": f"t{uuid.uuid4().hex[:12]}"})
+
+
+@contextlib.asynccontextmanager
+async def module_gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                         **options: Any) -> AsyncIterator[Gateway]:
+    """`open_gateway(**options)` on a `backend_factory`, its queues closed and its Redis keys
+    deleted after."""
+    factory = backend_factory(request, tmp_path_factory)
+    try:
+        async with open_gateway(factory, **options) as gateway:
+            yield gateway
+    finally:
+        await factory.aclose()
+        if factory.backend == "redis":
+            await delete_keys(factory.url, f"*{factory.queue_name}*")

@@ -140,9 +140,32 @@ def test_a_requests_origin_crosses_the_payload_and_a_malformed_one_is_refused() 
     assert payload["origin"] == {"api": "responses", "body": {"input": "Hi", "store": True}}
     assert AIRequest.from_payload(payload) == request
     assert "origin" not in AIRequest(kind="chat", body={"messages": []}).to_payload()
-    for origin in ({"api": "anthropic", "body": {}}, {"api": "responses", "body": []}, {"api": "responses"},
-                   "responses"):
+    for origin in ({"api": "gemini", "body": {}}, {"api": "responses", "body": []}, {"api": "responses"},
+                   "responses", {"api": "responses", "body": {}, "native_only": "yes"},
+                   {"api": "responses", "body": {}, "context": [1]},
+                   {"api": "responses", "body": {}, "x": 1}):
         with pytest.raises(InvalidJob):
             AIRequest.from_payload({**payload, "origin": origin})
     with pytest.raises(InvalidJob, match="unknown AI job field"):
         AIRequest.from_payload({**payload, "priority": 1})
+
+
+def test_a_native_origin_keeps_what_only_its_api_carries_and_a_native_event_is_named() -> None:
+    context = ({"type": "reasoning", "id": "rs_1", "summary": []},)
+    request = AIRequest(kind="chat", body={"messages": [{"role": "user", "content": "Hi"}]},
+                        origin=Origin("responses", {"input": "Hi"}, native_only=True, context=context))
+    message = AIRequest(kind="chat", body={"messages": []}, origin=Origin("anthropic", {"top_k": 3}))
+
+    payload = orjson.loads(orjson.dumps(request.to_payload()))
+    delta = StreamPart.decode(b'{"type": "response.output_text.delta", "delta": "Hi", "sequence_number": 3}')
+    thinking = StreamPart.decode(b'{"type": "content_block_delta", "index": 0, '
+                                 b'"delta": {"type": "thinking_delta", "thinking": "hm"}}')
+    failed = StreamPart.decode(b'{"type": "response.failed", "response": {"error": {"message": "no"}}}')
+
+    assert payload["origin"] == {"api": "responses", "body": {"input": "Hi"}, "native_only": True,
+                                 "context": [context[0]]}
+    assert AIRequest.from_payload(payload) == request
+    assert AIRequest.from_payload(message.to_payload()) == message
+    assert (delta.event, delta.text) == ("response.output_text.delta", "Hi")
+    assert (thinking.event, thinking.text, thinking.error) == ("content_block_delta", "", None)
+    assert failed.error is not None and failed.error.message == "no"

@@ -198,3 +198,20 @@ async def test_processes_given_no_settings_take_their_sections(sections: Path, t
         assert worker.settings == config.worker
         assert state.settings == config.gateway
         assert recs.sink.recommender.settings == config.recs
+
+
+def test_a_provider_names_the_client_apis_it_serves_natively(config_file: Path) -> None:
+    config_file.write_text('[[providers]]\nname = "openai"\nbase_url = "https://api.openai.com/v1"\n'
+                           'native_apis = ["responses"]\n\n'
+                           '[[providers]]\nname = "claude"\nbase_url = "https://api.anthropic.com/v1"\n'
+                           'api = "anthropic"\n')
+
+    openai, claude = TidegateConfig.load().providers
+
+    assert openai.native_apis == ("responses",) and openai.speaks("responses")
+    assert not openai.speaks("anthropic")
+    assert claude.speaks("anthropic") and not claude.speaks("responses")
+    config_file.write_text('[[providers]]\nname = "claude"\nbase_url = "https://api.anthropic.com/v1"\n'
+                           'api = "anthropic"\nnative_apis = ["responses"]\n')
+    with pytest.raises(ConfigError, match="native_apis"):
+        TidegateConfig.load()

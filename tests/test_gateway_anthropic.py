@@ -237,9 +237,14 @@ def test_errors_come_as_the_sdks_exception_types_in_anthropics_shape(
                                    extra_headers={"X-Priority": "critical"})
     _refused(too_high.value, "permission_error", "priority_not_allowed")
 
+    # No provider here speaks the Messages API natively: what a chat completion cannot carry is refused.
+    with pytest.raises(anthropic.BadRequestError) as thinking:
+        sdk.messages.create(model="auto", max_tokens=2048, messages=HELLO,
+                            thinking={"type": "enabled", "budget_tokens": 1024})
+    _refused(thinking.value, "invalid_request_error", "unsupported_parameter")
+
     with pytest.raises(anthropic.BadRequestError) as unknown_field:
-        sdk.messages.create(model="auto", max_tokens=8, messages=HELLO,
-                                   extra_body={"thinking": {"type": "enabled", "budget_tokens": 1024}})
+        sdk.messages.create(model="auto", max_tokens=8, messages=HELLO, extra_body={"container": "c-1"})
     _refused(unknown_field.value, "invalid_request_error", "invalid_request")
 
 

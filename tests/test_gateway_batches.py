@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -22,9 +23,8 @@ from openai import AsyncOpenAI
 from openai.types import Batch
 from openai.types.responses import FunctionToolParam, Response
 
-from conftest import BACKENDS, QueueFactory
-from gateway_support import Gateway, open_gateway, serving
-from support.redis_keys import delete_keys
+from conftest import BACKENDS
+from gateway_support import Gateway, module_gateway, serving
 from tidegate.app.gateway import open_gateway_state
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.jobs import JobState, Priority
@@ -43,19 +43,8 @@ SLOW_MODEL = "deepseek-v3.2"
 async def gw(request: pytest.FixtureRequest,
              tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]:
     """A gateway with a worker (8 calls at a time) and the simulator, on each queue backend."""
-    backend: str = request.param
-    if backend == "sqlite":
-        factory = QueueFactory(backend, f"sqlite:///{tmp_path_factory.mktemp('batches') / 'queue.db'}")
-    else:
-        factory = QueueFactory(backend, request.getfixturevalue("redis_server"),
-                               {"name": f"t{uuid.uuid4().hex[:12]}"})
-    try:
-        async with open_gateway(factory, settings=SETTINGS) as gateway:
-            yield gateway
-    finally:
-        await factory.aclose()
-        if backend == "redis":
-            await delete_keys(factory.url, f"*{factory.queue_name}*")
+    async with module_gateway(request, tmp_path_factory, settings=SETTINGS) as gateway:
+        yield gateway
 
 
 @contextlib.contextmanager
@@ -168,6 +157,29 @@ async def test_files_are_uploaded_listed_retrieved_read_and_deleted(gw: Gateway)
             await client.files.retrieve(created.id)
         assert status_of(gone.value) == (404, "file_not_found")
         assert created.id not in [file.id async for file in client.files.list()]
+
+
+async def test_a_file_past_its_expiry_is_gone_before_any_sweep_deletes_it(gw: Gateway) -> None:
+    async with gw.openai("acme") as client:
+        # Given a file whose expiry has passed, still stored (this gateway sweeps once a minute)
+        file_id = await upload(client, [chat_line("a")])
+        stored = await gw.state.batches.get_file(file_id)
+        assert stored is not None
+        content = await gw.state.batches.file_content(file_id)
+        assert content is not None
+        lapsed = stored.model_copy(update={"expires_at": int(time.time()) - 1})
+        await gw.state.batches.put_file(lapsed, content)
+
+        # Then the API knows it no more: not retrieved, not read, not taken by a batch
+        for attempt in (client.files.retrieve(file_id), client.files.content(file_id)):
+            with pytest.raises(openai.NotFoundError) as gone:
+                await attempt
+            assert status_of(gone.value) == (404, "file_not_found")
+        with pytest.raises(openai.NotFoundError) as refused:
+            await client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                        completion_window="24h")
+        assert status_of(refused.value) == (404, "file_not_found")
+        assert await gw.state.batches.get_file(file_id) is not None
 
 
 async def test_an_upload_over_the_limit_is_refused_with_413(gw: Gateway) -> None:

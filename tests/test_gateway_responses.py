@@ -17,9 +17,8 @@ from openai import AsyncOpenAI
 from openai.types.responses import FunctionToolParam, Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from conftest import BACKENDS, QueueFactory
+from conftest import BACKENDS, factory_for
 from gateway_support import Gateway, open_gateway
-from support.redis_keys import delete_keys, redis_url_of
 from tidegate.ai import AIResult
 from tidegate.gateway.dialects import RESPONSES
 from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
@@ -42,18 +41,9 @@ WEATHER: FunctionToolParam = {
 async def gw(request: pytest.FixtureRequest,
              tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]:
     """One gateway, worker and simulator per backend, shared by the module's tests."""
-    backend: str = request.param
-    if backend == "sqlite":
-        factory = QueueFactory(backend, f"sqlite:///{tmp_path_factory.mktemp('responses') / 'queue.db'}")
-    else:
-        factory = QueueFactory(backend, redis_url_of(request, backend), {"name": f"t{uuid.uuid4().hex[:12]}"})
-    try:
-        async with open_gateway(factory) as gateway:
-            yield gateway
-    finally:
-        await factory.aclose()
-        if backend != "sqlite":
-            await delete_keys(factory.url, f"*{factory.queue_name}*")
+    async with (factory_for(request, tmp_path_factory.mktemp("responses")) as factory,
+                open_gateway(factory) as gateway):
+        yield gateway
 
 
 @pytest_asyncio.fixture(loop_scope="module")

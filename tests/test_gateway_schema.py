@@ -28,8 +28,8 @@ import schemathesis
 from anyio.from_thread import start_blocking_portal
 from jsonschema import Draft202012Validator
 
-from conftest import BACKENDS, QueueFactory
-from gateway_support import CHAT, Gateway, open_gateway
+from conftest import BACKENDS
+from gateway_support import CHAT, Gateway, backend_factory, open_gateway
 from support.redis_keys import delete_keys
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, default_models
@@ -110,19 +110,14 @@ schema = schemathesis.openapi.from_dict(DOCUMENT, config=schemathesis.Config.fro
 def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A gateway with a worker and the simulator on each queue backend, served from an event
     loop in another thread. A worker that crashed fails its teardown."""
-    backend: str = request.param
-    if backend == "sqlite":
-        factory = QueueFactory(backend, f"sqlite:///{tmp_path_factory.mktemp('schema') / 'queue.db'}")
-    else:
-        factory = QueueFactory(backend, request.getfixturevalue("redis_server"),
-                               {"name": f"t{uuid.uuid4().hex[:12]}"})
+    factory = backend_factory(request, tmp_path_factory)
     with start_blocking_portal() as portal:
         try:
             with portal.wrap_async_context_manager(open_gateway(factory, settings=SETTINGS)) as gw:
                 yield gw
         finally:
             portal.call(factory.aclose)
-            if backend == "redis":
+            if factory.backend == "redis":
                 portal.call(delete_keys, factory.url, f"*{factory.queue_name}*")
 
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import anthropic
 import pytest
-from anthropic.types import Message, MessageParam, ToolParam
+from anthropic.types import Message, MessageParam, ThinkingBlock, ThinkingConfigEnabledParam, ToolParam
 
 from tidegate.simulator import Simulator, SimulatorSettings
 from tidegate.simulator.server import InjectedFault
@@ -145,3 +145,28 @@ async def test_a_service_tier_is_anthropics_and_the_usage_names_the_tier_served(
 
     assert message.usage.service_tier == streamed.usage.service_tier == "standard"
     assert "service_tier" in refused.value.message
+
+
+async def test_thinking_opens_the_answer_with_a_signed_thinking_block(sdk: anthropic.AsyncAnthropic) -> None:
+    thinking: ThinkingConfigEnabledParam = {"type": "enabled", "budget_tokens": 1024}
+    message = await sdk.messages.create(model=MODEL, max_tokens=2048, messages=HELLO, thinking=thinking,
+                                        extra_body={"top_k": 5})
+    async with sdk.messages.stream(model=MODEL, max_tokens=2048, messages=HELLO, thinking=thinking) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_message()
+
+    for answer in (message, final):
+        assert [block.type for block in answer.content] == ["thinking", "text"]
+        first = answer.content[0]
+        assert isinstance(first, ThinkingBlock) and first.thinking and first.signature
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 2
+    assert "thinking" in kinds and "signature" in kinds
+
+
+async def test_a_thinking_budget_or_top_k_out_of_range_is_refused(sdk: anthropic.AsyncAnthropic) -> None:
+    for extra in ({"thinking": {"type": "enabled", "budget_tokens": 100}},
+                  {"thinking": {"type": "enabled", "budget_tokens": 4096}},  # not below max_tokens
+                  {"top_k": -1}):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await sdk.messages.create(model=MODEL, max_tokens=2048, messages=HELLO, extra_body=extra)
+        assert refused.value.response.json()["error"]["type"] == "invalid_request_error"

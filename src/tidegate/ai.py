@@ -7,7 +7,10 @@ A job payload:
      "body": {...},                      # the OpenAI-compatible request body, as the client sent it
      "allowed_models": ["gpt-4.1", ...], # optional: the tenant's entitlement, set by the gateway
      "origin": {"api": "responses",      # optional: the request in another API's shape that the
-                "body": {...}},          # body was translated from, so that API can render the job
+                "body": {...},           # body was translated from, so that API can render the job
+                "native_only": true,     #   optional: the body is only its summary (see below)
+                "context": [...]},       #   optional (responses): the items of the conversation
+                                         #   that `previous_response_id` continues
      "trace": {"traceparent": "00-…"}}   # optional: the W3C trace context of the request that
                                          # enqueued it (tidegate.tracing), set when tracing is on
 
@@ -23,9 +26,23 @@ A job result (what `GET /v1/jobs/{id}` shows as `result`):
 
 A streamed answer crosses the relay one chunk at a time, each an OpenAI-compatible
 `chat.completion.chunk` as the upstream sent it (or an `{"error": {...}}` that ends the stream):
-`StreamPart.decode` reads the typed events out of one. These wire forms are the contract between
-gateway, dispatch, the change flow and the recommender; a provider adapter of another upstream
-converts its answers into them, and a gateway dialect renders them in its own API's shape.
+`StreamPart.decode` reads the typed events out of one.
+
+Native pass-through: a job with an `origin` ("responses": OpenAI's Responses API; "anthropic":
+Anthropic's Messages API) routed to a provider that speaks that API itself
+(`ProviderConfig.speaks`) is sent the origin's body (the routed model in it), not the chat `body`.
+Its result's `response` is then the upstream's own document (a Response object, `"object":
+"response"`; a Message, `"type": "message"`) and its stream's chunks are the upstream's own typed
+events, one JSON object each with its `type` ("response.output_text.delta", "message_start", …),
+which `StreamPart.event` names; the upstream's terminal event (`response.completed`,
+`message_stop`) is relayed too. Only the dialect of the origin's API reads such a result. An
+origin that is `native_only` holds what the chat body cannot carry (a built-in tool, `top_k`,
+…): its `body` is a summary for routing and estimates (model, text, limits), and a route to a
+provider that does not speak the API fails the job rather than answer another question.
+
+These wire forms are the contract between gateway, dispatch, the change flow and the
+recommender; a provider adapter of another upstream converts its answers into them, and a
+gateway dialect renders them in its own API's shape.
 
 Stored records are read, not trusted: `AIResult.from_json` takes what it can use and leaves the
 rest at its empty value, as the readers of job results always did.
@@ -50,6 +67,7 @@ __all__ = [
     "Finish",
     "Kind",
     "Origin",
+    "OriginApi",
     "StreamError",
     "StreamEvent",
     "StreamPart",
@@ -95,7 +113,7 @@ class AIRequest:
         if self.allowed_models is not None:
             payload["allowed_models"] = sorted(self.allowed_models)
         if self.origin is not None:
-            payload["origin"] = {"api": self.origin.api, "body": self.origin.body}
+            payload["origin"] = self.origin.to_payload()
         if self.trace is not None:
             payload["trace"] = self.trace
         return payload
@@ -130,25 +148,52 @@ class AIRequest:
                    origin=Origin.from_payload(payload.get("origin")), trace=trace)
 
 
+OriginApi = Literal["responses", "anthropic"]
+_ORIGIN_APIS: Final = ("responses", "anthropic")
+
+
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """The request a job's body was translated from: the API that took it and its body there."""
+    """The request a job's body was translated from: the API that took it and its body there.
+    `native_only`: the body cannot carry it, only a provider speaking `api` may serve the job;
+    `context`: the Responses items of the conversation the request continues (sent before its
+    input to a native upstream)."""
 
-    api: Literal["responses"]
+    api: OriginApi
     body: dict[str, Any]
+    native_only: bool = False
+    context: tuple[dict[str, Any], ...] = ()
+
+    def to_payload(self) -> dict[str, Any]:
+        """The payload's `origin`."""
+        origin: dict[str, Any] = {"api": self.api, "body": self.body}
+        if self.native_only:
+            origin["native_only"] = True
+        if self.context:
+            origin["context"] = list(self.context)
+        return origin
 
     @classmethod
     def from_payload(cls, origin: object) -> Origin | None:
         """A payload's `origin` (None when it has none); anything malformed is an InvalidJob."""
         if origin is None:
             return None
-        if not isinstance(origin, dict) or set(origin) != {"api", "body"}:
-            raise InvalidJob("origin must be an object with 'api' and 'body'")
-        if origin["api"] != "responses":
-            raise InvalidJob(f"origin api must be 'responses', got {origin['api']!r}")
+        if (not isinstance(origin, dict) or not {"api", "body"} <= set(origin)
+                or set(origin) - {"api", "body", "native_only", "context"}):
+            raise InvalidJob("origin must be an object with 'api' and 'body' (and 'native_only', "
+                             "'context')")
+        api = origin["api"]
+        if api not in _ORIGIN_APIS:
+            raise InvalidJob(f"origin api must be one of {', '.join(_ORIGIN_APIS)}, got {api!r}")
         if not isinstance(origin["body"], dict):
             raise InvalidJob("origin body must be a JSON object")
-        return cls("responses", origin["body"])
+        native_only = origin.get("native_only", False)
+        context = origin.get("context", [])
+        if not isinstance(native_only, bool):
+            raise InvalidJob("origin native_only must be a boolean")
+        if not (isinstance(context, list) and all(isinstance(item, dict) for item in context)):
+            raise InvalidJob("origin context must be a list of items (objects)")
+        return cls(api, origin["body"], native_only, tuple(context))
 
 
 # ---------------------------------------------------------------------------- results
@@ -371,6 +416,7 @@ class StreamPart:
     model: str | None = None
     usage_only: bool = False  # carries usage and no choices: the chunk include_usage asks for
     service_tier: str | None = None  # the tier the chunk says the call runs at (OpenAI's name it)
+    event: str | None = None  # a native upstream's event: its `type` (see the module's docstring)
 
     @property
     def text(self) -> str:
@@ -400,6 +446,9 @@ class StreamPart:
     @classmethod
     def of(cls, raw: bytes, document: dict[str, Any]) -> StreamPart:
         """The part of an OpenAI-compatible chunk already parsed into `document`."""
+        event = document.get("type")
+        if isinstance(event, str) and "choices" not in document:
+            return cls(raw, _native_events(event, document), event=event)
         model = document.get("model")
         model = model if isinstance(model, str) else None
         tier = document.get("service_tier")
@@ -414,6 +463,24 @@ class StreamPart:
         if isinstance(document.get("usage"), dict):
             events.append(UsageReport(Usage.from_json(document["usage"])))
         return cls(raw, tuple(events), model, usage_only, tier if isinstance(tier, str) else None)
+
+
+def _native_events(event: str, document: dict[str, Any]) -> tuple[StreamEvent, ...]:
+    """The typed events of a native upstream's event: its text (what the time to first token is
+    measured by) and its error; the rest is its own API's to read."""
+    if event == "error":
+        inner = document.get("error")
+        return (_stream_error(inner if isinstance(inner, dict) else document),)
+    if event == "response.failed":
+        response = document.get("response")
+        return (_stream_error((response.get("error") if isinstance(response, dict) else None) or {}),)
+    delta = document.get("delta")
+    if event == "response.output_text.delta" and isinstance(delta, str) and delta:
+        return (TextDelta(delta),)
+    if event == "content_block_delta" and isinstance(delta, dict) and delta.get("type") == "text_delta":
+        text = delta.get("text")
+        return (TextDelta(text),) if isinstance(text, str) and text else ()
+    return ()
 
 
 def _stream_error(error: object) -> StreamError:

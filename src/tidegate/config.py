@@ -49,6 +49,8 @@ ServiceTier = Literal["auto", "default", "flex", "priority"]
 provider choose (the project's setting, usually `default`)."""
 PricedTier = Literal["default", "flex", "priority"]
 """A tier a call can be billed at (`auto` resolves to one of them)."""
+NativeApi = Literal["responses"]
+"""A client API an OpenAI-compatible upstream may serve natively (`ProviderConfig.native_apis`)."""
 
 
 class TierPrice(BaseModel):
@@ -133,7 +135,19 @@ class ProviderConfig(BaseModel):
     models: tuple[ModelConfig, ...] = ()
     service_tiers: dict[str, ServiceTier] = Field(default_factory=dict)
     tier_price_factors: dict[PricedTier, Decimal] = Field(default_factory=dict)
+    native_apis: tuple[NativeApi, ...] = ()
     batch: ProviderBatchConfig | None = None  # None: this provider's batch API is not used
+
+    @model_validator(mode="after")
+    def _native_apis_of_openai(self) -> ProviderConfig:
+        if self.native_apis and self.api != "openai":
+            raise ValueError(f"native_apis {list(self.native_apis)} is for OpenAI-compatible upstreams "
+                             f"(api = \"openai\"), not api = {self.api!r}")
+        return self
+
+    def speaks(self, api: str) -> bool:
+        """Whether the upstream serves the client API `api` ("responses", "anthropic") natively."""
+        return api in self.native_apis or (api == "anthropic" and self.api == "anthropic")
 
     @field_validator("service_tiers")
     @classmethod
@@ -339,6 +353,14 @@ class GatewaySettings(Section):
     # How often, at most, a batch's progress is read from its jobs (each read costs one job read
     # per unfinished line); between two readings its stored counts answer.
     batch_progress_s: float = Field(1.0, ge=0)
+    # Every gateway sweeps the batches in progress this often (up to `batch_sweep_limit` of them
+    # a round, those checked longest ago first), so their answers are collected before the
+    # queue's retention drops their jobs even when nobody asks about them; and deletes up to as
+    # many expired files a round. Checked against the queue's `finished_ttl_s` at start.
+    batch_sweep_s: float = Field(60.0, gt=0)
+    batch_sweep_limit: int = Field(100, gt=0)
+    # How long a batch's output and error files are kept (OpenAI's: 30 days); None: until deleted.
+    batch_output_retention_s: int | None = Field(30 * 86_400, gt=0)
     allow_unauthenticated_local: bool = True
     # How many recent results feed the p50/p99 figures of GET /v1/stats.
     stats_window: int = Field(2_000, gt=0)

@@ -25,6 +25,7 @@ from tidegate.coord.relay import ChunkRelay
 from tidegate.coord.tenants import TenantStore
 from tidegate.errors import ConfigError
 from tidegate.gateway.app import create_app
+from tidegate.gateway.batch_sweep import sweeping
 from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.metrics import GatewayMetrics
 from tidegate.gateway.settings import GatewaySettings, is_loopback_host
@@ -91,7 +92,8 @@ async def open_gateway_state(
     recs_monitor: RecsMonitor | None = None,
 ) -> AsyncIterator[GatewayState]:
     """A gateway's state: the parts given, the others opened from `config.queue_url` (see
-    `Components.open`) and closed on exit.
+    `Components.open`) and closed on exit; its batch sweep (tidegate.gateway.batch_sweep) runs
+    meanwhile.
 
     A relay must be shared with the workers: on SQLite (in-process MemoryRelay) pass the
     workers' relay, or streamed chunks never reach this gateway.
@@ -105,8 +107,10 @@ async def open_gateway_state(
         limiter=True if limiter is None else limiter, batches=True,
         recommender=_recs_url(config, recs_url) if recommender is None else recommender,
     ) as parts:
-        yield gateway_state(parts, settings=settings, metrics=metrics, extra_registries=extra_registries,
-                            recs_monitor=recs_monitor)
+        state = gateway_state(parts, settings=settings, metrics=metrics, extra_registries=extra_registries,
+                              recs_monitor=recs_monitor)
+        async with sweeping(state):
+            yield state
 
 
 def _recs_url(config: TidegateConfig, given: str | _FromConfig | None) -> str | None:

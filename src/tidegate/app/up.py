@@ -39,6 +39,7 @@ from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker
 from tidegate.gateway.app import create_app
+from tidegate.gateway.batch_sweep import sweeping
 from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Priority
@@ -123,6 +124,7 @@ async def _run(
             recs_monitor=recs.sink.monitor,
             extra_registries=[dispatch_metrics.registry, sync_metrics.registry, recs.sink.monitor.registry],
         )
+        await stack.enter_async_context(sweeping(state))
         admin_key = await _create_admin_key(tenants)
         await check_bind(state)
         async with _serving(state, settings) as (server, port, serving):

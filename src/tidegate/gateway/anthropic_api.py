@@ -5,7 +5,9 @@ as `x-api-key` (or `Authorization: Bearer`), its `anthropic-version` header is a
 message call becomes a chat job at the caller's priority, like an OpenAI call, and is answered as
 a Message (or Anthropic's event stream), with the same X-Tidegate-* headers; every error of these
 routes is Anthropic-shaped. The Anthropic dialect (tidegate.gateway.dialects.anthropic) does the
-translation; the intake, the wait and the relay are those of every dialect.
+translation; the intake, the wait and the relay are those of every dialect. To a provider that
+speaks the Messages API natively (`api = "anthropic"`) the request goes as it is
+(tidegate.gateway.native).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tidegate.gateway.dialects.anthropic_schemas import (
 )
 from tidegate.gateway.errors import error_responses
 from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, draft_job
+from tidegate.gateway.native import served_natively
 from tidegate.gateway.openai_api import RESULT_HEADERS, WAIT_ERROR_DESCRIPTIONS, serve
 
 __all__ = ["router"]
@@ -76,7 +79,8 @@ async def create_message(
 ) -> Response:
     """Queue the conversation as a chat job at the caller's priority and answer with a Message."""
     started = time.perf_counter()
-    return await serve(state, tenant, ANTHROPIC.request("chat", body), started=started,
+    request = ANTHROPIC.translate(body, native=served_natively(state, "anthropic", body.model))
+    return await serve(state, tenant, request, started=started,
                        priority=x_priority, timeout_header=x_tidegate_timeout,
                        idempotency_key=idempotency_key, dialect=ANTHROPIC)
 

@@ -1,6 +1,7 @@
 """A batch's lines: reading the input file (each line checked as its endpoint would check the
-request: `Dialect.parse`, then the intake's entitlement checks) and writing the output and error
-files from the lines' jobs, in OpenAI's batch file formats.
+request: `Dialect.parse`, then the intake's entitlement checks), making each line's answer from its
+job once the job has ended (`line_answer`, kept in the batch store at once), and writing the
+output and error files from those answers, in OpenAI's batch file formats.
 
 A malformed line never fails the batch: it becomes a line of the error file, its number and the
 reason given, and the other lines run.
@@ -30,7 +31,7 @@ from typing import Any, Final
 import orjson
 
 from tidegate.ai import AIRequest, Kind, result_of
-from tidegate.coord.batches import BatchLine, LineError
+from tidegate.coord.batches import BatchLine, LineAnswer, LineError
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.dialects import OPENAI, RESPONSES
 from tidegate.gateway.dialects.responses_output import render
@@ -42,7 +43,7 @@ from tidegate.gateway.state import GatewayState
 from tidegate.gateway.views import failure_view
 from tidegate.jobs import Job, JobState, Priority
 
-__all__ = ["SERVED_ENDPOINTS", "ParsedLine", "answer_lines", "parse_lines"]
+__all__ = ["SERVED_ENDPOINTS", "ParsedLine", "answer_lines", "line_answer", "parse_lines"]
 
 SERVED_ENDPOINTS: Final[Mapping[str, Kind]] = {
     "/v1/chat/completions": "chat",
@@ -141,17 +142,26 @@ def _bad(custom_id: str | None, number: int, code: str, message: str, param: str
                                                  param=param))
 
 
-def answer_lines(lines: list[BatchLine], jobs: Mapping[str, Job | None]) -> tuple[bytes, bytes]:
+def line_answer(line: BatchLine, job: Job | None) -> LineAnswer:
+    """The final outcome of a line whose job has ended (`line.ended` set; `job` None when the
+    queue no longer keeps it): its answer for the output file, or its line of the error file."""
+    if job is not None and job.state is JobState.SUCCEEDED:
+        return LineAnswer(output=True, record=_answer(line, job))
+    return LineAnswer(output=False, record=_failure(line, job))
+
+
+def answer_lines(lines: list[BatchLine], answers: Mapping[str, LineAnswer]) -> tuple[bytes, bytes]:
     """The output file (one line per succeeded request) and the error file (every other line)
-    of a batch whose jobs are final, as JSON Lines, in input order."""
+    of a batch whose jobs are final, as JSON Lines, in input order, from the answers recorded
+    as its lines ended (a line without one: its job was gone before anyone saw it end)."""
     output: list[bytes] = []
     errors: list[bytes] = []
     for line in lines:
-        job = jobs.get(line.job_id) if line.job_id is not None else None
-        if line.job_id is not None and job is not None and job.state is JobState.SUCCEEDED:
-            output.append(_answer(line, job))
+        answer = None if line.job_id is None else answers.get(line.custom_id or "")
+        if answer is None:
+            errors.append(_failure(line, None))
         else:
-            errors.append(_failure(line, job))
+            (output if answer.output else errors).append(answer.record)
     return b"".join(output), b"".join(errors)
 
 

@@ -1,18 +1,22 @@
 """A batch's life: made (its lines read, checked and enqueued as jobs), followed (its progress
-read from its jobs) and ended (finalized into its output and error files), or cancelled.
+read from its jobs, each line's answer kept as its job is seen ended) and ended (finalized into
+its output and error files), or cancelled.
 
 Every line is a tidegate job of the batch's tenant, at the batch's priority (bulk by default),
 with the completion window as its deadline: paced, budgeted, retried and dead-lettered like every
 job, and overtaken by interactive traffic at a higher priority.
 
-Who finalizes: whichever gateway is asked about the batch (retrieve, list, cancel) once every one
-of its jobs is final. Nothing runs in the background, so nothing is lost when a replica stops, and
-any replica can finish what another began: the output files get ids derived from the batch's id
-and identical contents wherever they are written, and each change of status is a compare-and-set
-(`BatchStore.swap_batch`), so two replicas finalizing at once agree. Reading a batch's jobs costs
-one read per job, so a check reads at most READS_PER_CHECK jobs not yet seen ended, the lines
-remember the jobs seen ended, and a batch is checked at most once per `batch_progress_s` (a
-gateway setting); between two checks the stored counts answer.
+The queue keeps a finished job only for its retention (`finished_ttl_s`), shorter than a batch
+may run or wait to be asked about, so a line's answer is copied into the batch store the moment
+its job is seen ended (`BatchStore.put_answers`, written once per line), and the batch's files
+are made from those copies. Who follows: whichever gateway is asked about the batch (retrieve,
+list, cancel), and every gateway's sweep (tidegate.gateway.batch_sweep) for the batches nobody
+asks about. Any replica can finish what another began: the output files get ids derived from
+the batch's id and identical contents wherever they are written, and each change of status is a
+compare-and-set (`BatchStore.swap_batch`), so two replicas finalizing at once agree. Reading a
+batch's jobs costs one read per job, so a check reads at most READS_PER_CHECK jobs not yet seen
+ended, the lines remember the jobs seen ended, and a batch is checked at most once per
+`batch_progress_s` (a gateway setting); between two checks the stored counts answer.
 """
 
 from __future__ import annotations
@@ -26,16 +30,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final, TypeVar
 
-from tidegate.coord.batches import BatchLine, BatchRecord, RequestCounts, StoredFile
+from tidegate.coord.batches import ACTIVE, BatchLine, BatchRecord, LineAnswer, RequestCounts, StoredFile
 from tidegate.coord.tenants import Tenant
-from tidegate.gateway.batch_lines import SERVED_ENDPOINTS, ParsedLine, answer_lines, parse_lines
+from tidegate.gateway.batch_lines import SERVED_ENDPOINTS, ParsedLine, answer_lines, line_answer, parse_lines
 from tidegate.gateway.batch_schemas import BatchRequest
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.intake import enqueue, header_priority, resolve_priority
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import FINAL_STATES, Job, JobState, Priority, now_ms
 
-__all__ = ["ACTIVE", "CHUNK_JOBS", "cancel_batch", "create_batch", "followed"]
+__all__ = ["CHUNK_JOBS", "READS_PER_CHECK", "cancel_batch", "create_batch", "followed"]
 
 log = logging.getLogger("tidegate.gateway.batches")
 
@@ -43,10 +47,8 @@ CHUNK_JOBS: Final = 200  # jobs per enqueue: each chunk one atomic write, none h
 READ_CONCURRENCY: Final = 64  # job reads in flight while a batch's progress is read
 # Jobs read at most per progress check: a check costs a bounded time whatever the batch's size.
 READS_PER_CHECK: Final = 2_000
-ACTIVE: Final = frozenset({"in_progress", "cancelling", "finalizing"})
 _FINAL_BATCH: Final = frozenset({"completed", "failed", "expired", "cancelled"})
 _NOT_STARTED: Final = frozenset({JobState.QUEUED, JobState.DELAYED, JobState.FAILED})
-_ANSWERED: Final = frozenset({JobState.SUCCEEDED.value, JobState.DEAD.value})
 # A batch left `validating` this long was left by a create that stopped: the same create
 # (its Idempotency-Key) resumes it.
 VALIDATING_STALE_S: Final = 300
@@ -83,7 +85,7 @@ async def create_batch(state: GatewayState, tenant: Tenant, body: BatchRequest, 
                        f"{', '.join(SERVED_ENDPOINTS)}", code="unsupported_endpoint", param="endpoint")
     priority = resolve_priority(tenant, header_priority(priority_header), body.priority, Priority.BULK)
     file = await state.batches.get_file(body.input_file_id)
-    if file is None or file.tenant != tenant.name:
+    if file is None or file.tenant != tenant.name or file.expired(time.time()):
         raise ApiError(404, f"no file with id {body.input_file_id!r}", code="file_not_found",
                        param="input_file_id")
     if file.purpose != "batch":
@@ -207,9 +209,7 @@ async def followed(state: GatewayState, batch: BatchRecord, *, force: bool = Fal
         if await state.batches.swap_batch(updated, batch.status):
             return updated
         return await _stored(state, batch)
-    # Every job is final: the succeeded and dead ones are read once more, for their answers.
-    answered = [line for line in lines if line.ended in _ANSWERED]
-    return await _finalize(state, batch, lines, await _jobs_of(state, answered), counts)
+    return await _finalize(state, batch, lines)
 
 
 def _running(line: BatchLine) -> bool:
@@ -218,18 +218,21 @@ def _running(line: BatchLine) -> bool:
 
 async def _seen_ended(state: GatewayState, batch: BatchRecord, lines: list[BatchLine]) -> list[BatchLine]:
     """The lines with the final state of up to READS_PER_CHECK more of their jobs, oldest first
-    (the queue serves one level first in, first out, so those are the likeliest to have ended);
-    stored when any has ended, so no check reads a finished job again. Two replicas storing at
-    once may lose each other's news: the next check reads it again."""
+    (the queue serves one level first in, first out, so those are the likeliest to have ended).
+    The answers of those ended are recorded first, then the lines, so no check reads a finished
+    job again and no answer depends on the queue still keeping its job. Two replicas storing the
+    lines at once may lose each other's news: the next check reads it again, and an answer
+    already recorded stays as it was (even if the job is gone by then)."""
     unknown = [index for index, line in enumerate(lines) if _running(line)][:READS_PER_CHECK]
     jobs = await _bounded(state.queue.get, [lines[index].job_id or "" for index in unknown])
-    seen = False
+    answers: dict[str, LineAnswer] = {}
     for index, job in zip(unknown, jobs, strict=True):
         if job is None or job.state in FINAL_STATES:
             ended = "gone" if job is None else job.state.value
-            lines[index] = lines[index].model_copy(update={"ended": ended})
-            seen = True
-    if seen:
+            line = lines[index] = lines[index].model_copy(update={"ended": ended})
+            answers[line.custom_id or ""] = line_answer(line, job)
+    if answers:
+        await state.batches.put_answers(batch.id, answers)
         await state.batches.put_lines(batch.id, lines)
     return lines
 
@@ -245,17 +248,22 @@ async def _stored(state: GatewayState, batch: BatchRecord) -> BatchRecord:
     return stored if stored is not None else batch
 
 
-async def _finalize(state: GatewayState, batch: BatchRecord, lines: list[BatchLine],
-                    jobs: dict[str, Job | None], counts: RequestCounts) -> BatchRecord:
-    """Write the output and error files, then end the batch: cancelled if it was being cancelled,
-    expired if a line ran out of its window, completed otherwise."""
+async def _finalize(state: GatewayState, batch: BatchRecord, lines: list[BatchLine]) -> BatchRecord:
+    """Write the output and error files from the lines' recorded answers, then end the batch:
+    cancelled if it was being cancelled, expired if a line ran out of its window, completed
+    otherwise; its answers, now in its files, are dropped."""
     now = int(time.time())
+    answers = await state.batches.get_answers(batch.id)
+    output, errors = answer_lines(lines, answers)
+    # Counted by the answers, as the files are: a line whose end was stored by one replica and
+    # lost by another's write of the lines, then seen "gone", is still answered.
+    completed = sum(1 for answer in answers.values() if answer.output)
+    counts = RequestCounts(total=len(lines), completed=completed, failed=len(lines) - completed)
     if batch.status != "finalizing":
         finalizing = batch.update(status="finalizing", finalizing_at=now, request_counts=counts)
         if not await state.batches.swap_batch(finalizing, batch.status):
             return await _stored(state, batch)  # cancelled or finalized meanwhile: theirs stands
         batch = finalizing
-    output, errors = answer_lines(lines, jobs)
     suffix = batch.id.removeprefix("batch_")
     output_id = await _write(state, batch, f"file-{suffix}-output", "batch_output_output.jsonl", output)
     error_id = await _write(state, batch, f"file-{suffix}-errors", "batch_output_errors.jsonl", errors)
@@ -266,16 +274,26 @@ async def _finalize(state: GatewayState, batch: BatchRecord, lines: list[BatchLi
     else:
         ended = batch.update(status="completed", completed_at=now)
     ended = ended.update(output_file_id=output_id, error_file_id=error_id, request_counts=counts)
-    return ended if await state.batches.swap_batch(ended, "finalizing") else await _stored(state, batch)
+    if not await state.batches.swap_batch(ended, "finalizing"):
+        return await _stored(state, batch)
+    await state.batches.drop_answers(batch.id)
+    return ended
 
 
 async def _write(state: GatewayState, batch: BatchRecord, file_id: str, filename: str,
                  content: bytes) -> str | None:
+    """Store a generated file, unless one of its id exists: written by an earlier finalizer of
+    the batch, from the same answers, before it could drop them (a finalizer taking over late
+    may read them dropped, and must not write what it would make of that)."""
     if not content:
         return None
-    await state.batches.put_file(StoredFile(id=file_id, tenant=batch.tenant, filename=filename,
-                                            purpose="batch_output", bytes=len(content),
-                                            created_at=int(time.time())), content)
+    if await state.batches.get_file(file_id) is not None:
+        return file_id
+    now = int(time.time())
+    retention_s = state.settings.batch_output_retention_s
+    await state.batches.put_file(StoredFile(
+        id=file_id, tenant=batch.tenant, filename=filename, purpose="batch_output", bytes=len(content),
+        created_at=now, expires_at=None if retention_s is None else now + retention_s), content)
     return file_id
 
 

@@ -25,7 +25,6 @@ __all__ = [
     "FileView",
     "batch_view",
     "file_view",
-    "page_of",
     "visible_to",
 ]
 
@@ -119,7 +118,7 @@ class BatchList(BaseModel):
 def file_view(file: StoredFile) -> FileView:
     """A stored file as the API shows it."""
     return FileView(id=file.id, bytes=file.bytes, created_at=file.created_at, filename=file.filename,
-                    purpose=file.purpose)
+                    purpose=file.purpose, expires_at=file.expires_at)
 
 
 def batch_view(batch: BatchRecord) -> BatchView:
@@ -131,11 +130,6 @@ def batch_view(batch: BatchRecord) -> BatchView:
         request_counts=batch.request_counts,
         priority=Priority(batch.priority).name.lower(),
     )
-
-
-class _Identified(Protocol):
-    @property
-    def id(self) -> str: ...
 
 
 class _Owned(Protocol):
@@ -153,16 +147,3 @@ def visible_to(tenant: Tenant, record: Owned | None, what: str, record_id: str) 
         raise ApiError(404, f"no {what} with id {record_id!r}", code=f"{what}_not_found",
                        param=f"{what}_id")
     return record
-
-
-Item = TypeVar("Item", bound=_Identified)
-
-
-def page_of(items: list[Item], after: str | None, limit: int) -> tuple[list[Item], bool]:
-    """The `limit` items after the one whose id is `after` (from the start without it; nothing
-    when no item has that id), and whether more follow: OpenAI's cursor pages."""
-    start = 0
-    if after is not None:
-        ids = [item.id for item in items]
-        start = ids.index(after) + 1 if after in ids else len(items)
-    return items[start:start + limit], start + limit < len(items)

@@ -17,7 +17,7 @@ from tidegate.coord.batches import BatchRecord
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
 from tidegate.gateway.batch_runs import cancel_batch, create_batch, followed
-from tidegate.gateway.batch_schemas import BatchList, BatchRequest, BatchView, batch_view, page_of, visible_to
+from tidegate.gateway.batch_schemas import BatchList, BatchRequest, BatchView, batch_view, visible_to
 from tidegate.gateway.errors import error_responses
 from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader
 from tidegate.gateway.state import GatewayState
@@ -64,8 +64,8 @@ async def list_batches(
 ) -> BatchList:
     """The tenant's batches (every tenant's for an admin), newest first, their progress up to
     date."""
-    batches = await state.batches.list_batches(None if is_admin(tenant) else tenant.name)
-    page, has_more = page_of(batches, after, limit)
+    page, has_more = await state.batches.page_batches(None if is_admin(tenant) else tenant.name,
+                                                      after=after, limit=limit)
     views = [batch_view(await followed(state, batch)) for batch in page]
     return BatchList(data=views, first_id=views[0].id if views else None,
                      last_id=views[-1].id if views else None, has_more=has_more)

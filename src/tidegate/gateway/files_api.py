@@ -6,6 +6,11 @@ and write their answers to (`batch_output`, made by the gateway). They are kept 
 (tidegate.coord.batches), in the queue's backend, so every gateway replica serves the same ones.
 A tenant sees only its own files: another tenant's answers 404, like an unknown id; admins see
 every file, as they see every job.
+
+Retention, as OpenAI's: an upload may say `expires_after[anchor]=created_at` and
+`expires_after[seconds]` (an hour to 30 days); a batch's output and error files expire after the
+gateway's `batch_output_retention_s` (30 days). `expires_at` shows when; the gateways' sweep
+(tidegate.gateway.batch_sweep) deletes a file past it, unless a batch in progress reads it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from fastapi.responses import Response
 from tidegate.coord.batches import StoredFile
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
-from tidegate.gateway.batch_schemas import FileDeleted, FileList, FileView, file_view, page_of, visible_to
+from tidegate.gateway.batch_schemas import FileDeleted, FileList, FileView, file_view, visible_to
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.state import GatewayState
 
@@ -31,6 +36,7 @@ UPLOADS_PATH: Final = "/v1/files"
 MULTIPART_ENVELOPE_BYTES: Final = 64 * 1024
 UPLOAD_PURPOSES: Final = ("batch",)  # what a client may upload for; more come with their APIs
 MAX_PAGE: Final = 10_000  # OpenAI's most files per page
+EXPIRES_AFTER_S: Final = (3600, 30 * 86_400)  # OpenAI's bounds of expires_after[seconds]
 
 router = APIRouter(prefix=UPLOADS_PATH, tags=["Files"], responses=error_responses(401, 503))
 
@@ -43,8 +49,10 @@ def new_file_id() -> str:
 
 
 async def visible_file(state: GatewayState, tenant: Tenant, file_id: str) -> StoredFile:
-    """The file if this tenant may see it; 404 otherwise, the same as for an unknown id."""
-    return visible_to(tenant, await state.batches.get_file(file_id), "file", file_id)
+    """The file if this tenant may see it and it has not expired; 404 otherwise, the same as
+    for an unknown id."""
+    file = await state.batches.get_file(file_id)
+    return visible_to(tenant, None if file is None or file.expired(time.time()) else file, "file", file_id)
 
 
 @router.post("", response_model=FileView, summary="Upload a file",
@@ -55,21 +63,44 @@ async def create_file(
     file: Annotated[UploadFile, File(description="The file: for `batch`, JSON Lines of requests.")],
     purpose: Annotated[str, Form(description="What the file is for: `batch` (the only one served "
                                  "for now).")],
+    anchor: Annotated[str | None, Form(alias="expires_after[anchor]", description=(
+        "What the expiry counts from: `created_at` (the only anchor)."))] = None,
+    seconds: Annotated[int | None, Form(alias="expires_after[seconds]", description=(
+        f"Seconds after the anchor the file expires and is deleted, {EXPIRES_AFTER_S[0]} to "
+        f"{EXPIRES_AFTER_S[1]}; without it the file is kept until deleted."))] = None,
 ) -> FileView:
-    """Store a file for the tenant, at most the gateway's `max_file_bytes`."""
+    """Store a file for the tenant, at most the gateway's `max_file_bytes`, until it is deleted
+    or (with `expires_after`) expires."""
     if purpose not in UPLOAD_PURPOSES:
         raise ApiError(400, f"purpose {purpose!r} is not served: use one of {', '.join(UPLOAD_PURPOSES)}",
                        code="invalid_purpose", param="purpose")
+    expires_after_s = _expires_after(anchor, seconds)
     limit = state.settings.max_file_bytes
     # One byte past the limit is enough to know: a file over it is never read in full.
     content = await file.read(limit + 1)
     if len(content) > limit:
         raise ApiError(413, f"the file is over the limit of {limit} bytes", code="file_too_large",
                        param="file")
+    now = int(time.time())
     stored = StoredFile(id=new_file_id(), tenant=tenant.name, filename=file.filename or "upload.jsonl",
-                        purpose=purpose, bytes=len(content), created_at=int(time.time()))
+                        purpose=purpose, bytes=len(content), created_at=now,
+                        expires_at=None if expires_after_s is None else now + expires_after_s)
     await state.batches.put_file(stored, content)
     return file_view(stored)
+
+
+def _expires_after(anchor: str | None, seconds: int | None) -> int | None:
+    """The seconds an upload is kept for (None: until deleted), checked as OpenAI checks them."""
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise ApiError(400, f"expires_after[anchor] must be 'created_at', not {anchor!r}",
+                       code="invalid_expires_after", param="expires_after[anchor]")
+    low, high = EXPIRES_AFTER_S
+    if seconds is None or not low <= seconds <= high:
+        raise ApiError(400, f"expires_after[seconds] must be from {low} to {high}, not {seconds}",
+                       code="invalid_expires_after", param="expires_after[seconds]")
+    return seconds
 
 
 @router.get("", response_model=FileList, summary="List files", responses=error_responses(400))
@@ -81,8 +112,7 @@ async def list_files(
     after: Annotated[str | None, Query(max_length=255, description="The last id of the page before.")] = None,
 ) -> FileList:
     """The tenant's files, newest first."""
-    files = await state.batches.list_files(tenant.name, purpose)
-    page, has_more = page_of(files, after, limit)
+    page, has_more = await state.batches.page_files(tenant.name, purpose, after=after, limit=limit)
     views = [file_view(file) for file in page]
     return FileList(data=views, first_id=views[0].id if views else None,
                     last_id=views[-1].id if views else None, has_more=has_more)

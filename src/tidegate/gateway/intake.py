@@ -317,7 +317,9 @@ async def _check_repeat(state: GatewayState, draft: JobDraft, job_id: str) -> No
     first_kind = job.payload.get("kind")
     if first_kind != draft.kind:
         reason = f"for a {first_kind} request, not {draft.kind}"
-    elif job.payload.get("body") != draft.payload.get("body"):
+    elif (job.payload.get("body"), job.payload.get("origin")) != (draft.payload.get("body"),
+                                                                  draft.payload.get("origin")):
+        # The origin too: a request sent natively may differ where its chat body cannot say.
         reason = "with another request body"
     elif job.callback_url != draft.callback_url:
         reason = "with another callback_url"

@@ -6,7 +6,8 @@ An OpenAI SDK pointed at `http://host:port/v1` works unchanged: `client.response
 queue (`resp_<job id>`), at the caller's priority like every call: its store, its tenant
 isolation (another tenant's response answers 404, like an unknown id), its retention and its
 background run are the queue's. The Responses dialect (tidegate.gateway.dialects.responses)
-translates the request into the job's chat body and renders the job as a response.
+translates the request into the job's chat body and renders the job as a response; to a provider
+that speaks the Responses API natively the request goes as it is (tidegate.gateway.native).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tidegate.gateway.dialects.responses_schemas import (
 )
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
+from tidegate.gateway.native import served_natively
 from tidegate.gateway.outcomes import result_headers, succeeded
 from tidegate.gateway.responses_lookup import conversation, lookup_response
 from tidegate.gateway.streaming import stream_job
@@ -84,9 +86,10 @@ async def create_response(
     if body.background and body.store is False:
         raise ApiError(400, "a background response is stored: it cannot have store false",
                        code="unsupported_parameter", param="store")
-    history = [] if body.previous_response_id is None else await conversation(
+    history = None if body.previous_response_id is None else await conversation(
         state, tenant, body.previous_response_id)
-    submitted = await submit(state, tenant, RESPONSES.translate(body, history), priority_header=x_priority,
+    request = RESPONSES.translate(body, history, native=served_natively(state, "responses", body.model))
+    submitted = await submit(state, tenant, request, priority_header=x_priority,
                              timeout_header=x_tidegate_timeout, idempotency_key=idempotency_key,
                              waits=not body.background)
     if body.background:

@@ -9,12 +9,10 @@ with `store: false` is not found, exactly as an unknown id.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tidegate.ai import Origin, result_of
 from tidegate.coord.tenants import Tenant
 from tidegate.errors import InvalidJob
-from tidegate.gateway.dialects.responses_output import assistant_message, job_id_of, render
+from tidegate.gateway.dialects.responses_output import Continued, continued, job_id_of, render
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Job, JobState
@@ -39,21 +37,19 @@ async def lookup_response(state: GatewayState, tenant: Tenant, response_id: str,
 def origin_of(job: Job) -> Origin | None:
     """The Responses request of a job made from one (None for any other job)."""
     try:
-        return Origin.from_payload(job.payload.get("origin"))
+        origin = Origin.from_payload(job.payload.get("origin"))
     except InvalidJob:
         return None
+    return origin if origin is not None and origin.api == "responses" else None
 
 
-async def conversation(state: GatewayState, tenant: Tenant, response_id: str) -> list[dict[str, Any]]:
-    """The chat messages a continued response brings: its input (its instructions left out, as
-    the API does not carry them over) and its answer."""
+async def conversation(state: GatewayState, tenant: Tenant, response_id: str) -> Continued:
+    """The conversation a continued response brings: its input (its instructions left out, as
+    the API does not carry them over) and its answer (see `Continued`)."""
     job, origin = await lookup_response(state, tenant, response_id, param="previous_response_id")
     result = result_of(job)
     if job.state is not JobState.SUCCEEDED or result is None:
         raise ApiError(400, f"previous response {response_id!r} has no answer to continue from (it is "
                        f"{render(job, origin)['status']})", code="previous_response_unavailable",
                        param="previous_response_id")
-    messages = list(job.payload["body"]["messages"])
-    if origin.body.get("instructions") is not None:
-        messages = messages[1:]
-    return [*messages, assistant_message(result.response)]
+    return continued(job, origin, result.response)

@@ -4,8 +4,9 @@ Message it answers and the events of its stream, in Anthropic's shapes.
 A Messages request is read into the same `ChatRequest` a chat completion is (with `wire` set to
 "anthropic"), so both endpoints share the simulator's pacing, limits, faults and generated
 content; only what goes on the wire differs. The key may come as `x-api-key` (the chat
-endpoint takes only a Bearer token). Errors are Anthropic-shaped:
-`{"type": "error", "error": {"type", "message"}}`.
+endpoint takes only a Bearer token). `top_k` is checked and `thinking` honoured: enabled, the
+answer opens with a signed thinking block (streamed as thinking and signature deltas). Errors
+are Anthropic-shaped: `{"type": "error", "error": {"type", "message"}}`.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from tidegate.simulator.requests import (
     plan_tool_call,
 )
 
-__all__ = ["MessageEvents", "anthropic_error_body", "message_body", "parse_messages"]
+__all__ = ["MessageEvents", "anthropic_error_body", "message_body", "parse_messages", "thinking_blocks"]
 
 ROLES: Final = frozenset({"user", "assistant"})
 SERVICE_TIERS: Final = frozenset({"auto", "standard_only"})
+MIN_THINKING_BUDGET: Final = 1024  # as Anthropic's API requires
+THINKING: Final = "The question is read, then answered in a few words."
+SIGNATURE: Final = "c2ltdWxhdGVkLXRoaW5raW5n"  # what a signed thinking block carries, opaque
 # The Anthropic error type of each status the simulator answers with.
 _ERROR_TYPES: Final[Mapping[int, str]] = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -76,8 +80,33 @@ def parse_messages(body: dict[str, Any]) -> ChatRequest:
     prompt = estimate_prompt_tokens(chat)
     if tools:
         prompt += estimate_text_tokens(orjson.dumps(tools).decode())
+    top_k = body.get("top_k")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0):
+        raise InvalidRequest("top_k: Input should be an integer of at least 0", param="top_k")
     return ChatRequest(model, prompt, max_tokens, stream, True, tuple(stop), plan, wire="anthropic",
-                       service_tier=_service_tier(body.get("service_tier")))
+                       service_tier=_service_tier(body.get("service_tier")),
+                       reasons=_thinks(body.get("thinking"), max_tokens))
+
+
+def _thinks(thinking: object, max_tokens: int) -> bool:
+    """Whether extended thinking is on: `{"type": "enabled", "budget_tokens": n}`, n at least
+    MIN_THINKING_BUDGET and below max_tokens (or `{"type": "disabled"}`)."""
+    if thinking is None:
+        return False
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind == "disabled":
+        return False
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    if kind != "enabled" or not isinstance(budget, int) or not MIN_THINKING_BUDGET <= budget < max_tokens:
+        raise InvalidRequest(f"thinking: expected {{type: enabled, budget_tokens}} with a budget of at least "
+                             f"{MIN_THINKING_BUDGET} and below max_tokens, or {{type: disabled}}",
+                             param="thinking")
+    return True
+
+
+def thinking_blocks(chat: ChatRequest) -> list[dict[str, Any]]:
+    """The thinking block an answer opens with when thinking is on."""
+    return [{"type": "thinking", "thinking": THINKING, "signature": SIGNATURE}] if chat.reasons else []
 
 
 def _service_tier(asked: object) -> str:
@@ -112,11 +141,13 @@ class MessageEvents:
     """Encodes the server-sent events of one streamed Message."""
 
     def __init__(self, identifier: str, model: str, input_tokens: int,
-                 service_tier: str | None = None) -> None:
+                 service_tier: str | None = None, *, thinks: bool = False) -> None:
         self._identifier = identifier
         self._model = model
         self._input_tokens = input_tokens
         self._service_tier = service_tier
+        self._thinks = thinks
+        self._index = 1 if thinks else 0  # the answer's block: after the thinking block
 
     @staticmethod
     def event(name: str, data: Mapping[str, Any]) -> bytes:
@@ -124,29 +155,41 @@ class MessageEvents:
         return b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **data}) + b"\n\n"
 
     def start(self) -> bytes:
-        """`message_start`, its content empty and its input tokens known."""
+        """`message_start`, its content empty and its input tokens known; then the thinking
+        block whole, when thinking is on."""
         message = message_body(self._identifier, self._model, [], "", None, (self._input_tokens, 1),
                                self._service_tier)
         message["stop_reason"] = None
-        return self.event("message_start", {"message": message})
+        started = self.event("message_start", {"message": message})
+        if not self._thinks:
+            return started
+        return (started
+                + self.event("content_block_start", {"index": 0, "content_block": {
+                    "type": "thinking", "thinking": "", "signature": ""}})
+                + self.event("content_block_delta", {"index": 0, "delta": {"type": "thinking_delta",
+                                                                           "thinking": THINKING}})
+                + self.event("content_block_delta", {"index": 0, "delta": {"type": "signature_delta",
+                                                                           "signature": SIGNATURE}})
+                + self.event("content_block_stop", {"index": 0}))
 
     def block_start(self, block: dict[str, Any]) -> bytes:
         """`content_block_start` of the one block the simulator answers with."""
-        return self.event("content_block_start", {"index": 0, "content_block": block})
+        return self.event("content_block_start", {"index": self._index, "content_block": block})
 
     def text(self, text: str) -> bytes:
         """A `text_delta`."""
-        return self.event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})
+        return self.event("content_block_delta", {"index": self._index,
+                                                  "delta": {"type": "text_delta", "text": text}})
 
     def json(self, piece: str) -> bytes:
         """An `input_json_delta` of a tool call's input."""
-        return self.event("content_block_delta", {"index": 0, "delta": {"type": "input_json_delta",
-                                                                        "partial_json": piece}})
+        delta = {"type": "input_json_delta", "partial_json": piece}
+        return self.event("content_block_delta", {"index": self._index, "delta": delta})
 
     def end(self, finish: str, stop: str | None, output_tokens: int, *, opened: bool) -> bytes:
         """`content_block_stop` (when a block was opened), `message_delta` and `message_stop`."""
         reason = "stop_sequence" if stop is not None else _STOP_REASONS.get(finish, "end_turn")
-        return ((self.event("content_block_stop", {"index": 0}) if opened else b"")
+        return ((self.event("content_block_stop", {"index": self._index}) if opened else b"")
                 + self.event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": stop},
                                                "usage": {"input_tokens": self._input_tokens,
                                                          "output_tokens": output_tokens}})

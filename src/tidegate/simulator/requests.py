@@ -7,6 +7,7 @@ Errors are OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -76,8 +77,10 @@ class ChatRequest:
     include_usage: bool
     stop: tuple[str, ...] = ()
     tool_call: ToolCallPlan | None = None
-    wire: Literal["openai", "anthropic"] = "openai"  # the API it came by, and is answered in
+    wire: Literal["openai", "anthropic", "responses"] = "openai"  # the API it came by, and is answered in
     service_tier: str | None = None  # the tier it is served at: what was asked, `auto` as default
+    reasons: bool = False  # the answer opens with the model's reasoning (a thinking block, say)
+    echo: Mapping[str, Any] | None = None  # what the answer repeats of the request (a Response's)
 
 
 @dataclass(frozen=True, slots=True)

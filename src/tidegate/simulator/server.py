@@ -1,14 +1,17 @@
 """A simulated OpenAI-compatible provider (aiohttp.web) for the demo, the tests and the benchmarks.
 
 It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings`,
-Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py), and
-OpenAI's Files and Batch APIs (`/v1/files`, `/v1/batches`: see batches.py) for the
+Anthropic's `/v1/messages` (plain and streamed, in Anthropic's shapes: see messages.py),
+OpenAI's `/v1/responses` (plain and streamed typed events: see responses.py), and OpenAI's Files
+and Batch APIs (`/v1/files`, `/v1/batches`: see batches.py) for the
 price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
 choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
 see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
 enforces its own per-model RPM/TPM over a sliding window (429 with Retry-After and x-ratelimit-*
 headers), and injects faults (500, 503, timeouts, connection resets, malformed bodies) at
 configured rates or on demand. A seeded simulator given the same requests answers the same way.
+The bodies of the last requests it accepted are kept (`received`), so a test can see what an
+upstream was sent.
 
 Control and observation endpoints live under `/_sim/` and are served only on a loopback address:
 `GET /_sim/stats`, `GET|POST /_sim/settings`, `POST /_sim/reset`, `POST /_sim/faults`.
@@ -52,7 +55,13 @@ from tidegate.simulator.content import (
     stop_at,
 )
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
-from tidegate.simulator.messages import MessageEvents, anthropic_error_body, message_body, parse_messages
+from tidegate.simulator.messages import (
+    MessageEvents,
+    anthropic_error_body,
+    message_body,
+    parse_messages,
+    thinking_blocks,
+)
 from tidegate.simulator.requests import (
     ChatRequest,
     EmbeddingsRequest,
@@ -63,6 +72,7 @@ from tidegate.simulator.requests import (
     parse_embeddings,
     parse_json_object,
 )
+from tidegate.simulator.responses import ResponseEvents, parse_responses, response_body
 from tidegate.simulator.settings import (
     FAULT_RATES,
     ModelBehaviour,
@@ -85,7 +95,8 @@ MAX_BODY_BYTES: Final = 32 * 1024 * 1024  # long-context prompts are large
 JSON: Final = "application/json"
 
 _R = TypeVar("_R", ChatRequest, EmbeddingsRequest)
-Wire = Literal["openai", "anthropic"]
+Wire = Literal["openai", "anthropic", "responses"]
+REQUEST_LOG_SIZE: Final = 256  # request bodies kept for `Simulator.received`
 _UNLIMITED: Final = Admission(True, None, None, None, 0.0, 0.0)
 
 
@@ -134,6 +145,7 @@ class Simulator:
         self._stats: dict[str, ModelStats] = {}
         self._rngs: dict[str, random.Random] = {}
         self._injected: dict[str, deque[InjectedFault]] = {}
+        self._received: deque[tuple[str, dict[str, Any]]] = deque(maxlen=REQUEST_LOG_SIZE)
         self._started = time.monotonic()
         self._batches = BatchService(lambda: self._settings, self._authorized, self._answer_line)
 
@@ -177,6 +189,10 @@ class Simulator:
             raise ConfigError(f"the simulator does not serve a model named {model!r}")
         self._injected.setdefault(model, deque()).append(fault)
 
+    def received(self, path: str) -> list[dict[str, Any]]:
+        """The bodies of the last accepted requests to `path` ("/v1/responses", say), oldest first."""
+        return [body for where, body in self._received if where == path]
+
     def stats(self) -> dict[str, ModelStats]:
         """What each model has seen (only models that received a request)."""
         return dict(self._stats)
@@ -197,6 +213,7 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/responses", self._responses)
         batches = self._batches
         app.router.add_post("/v1/files", batches.create_file)
         app.router.add_get("/v1/files/{file_id}", batches.get_file)
@@ -325,6 +342,13 @@ class Simulator:
                                 content_type=JSON)
         return await self._answer(request, served, chat)
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            chat, served = await self._accept(request, "chat", parse_responses)
+        except InvalidRequest as exc:
+            return _error_response(exc)
+        return await self._answer(request, served, chat)
+
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         try:
             embed, served = await self._accept(request, "embeddings", parse_embeddings)
@@ -339,9 +363,11 @@ class Simulator:
         if not self._authorized(request):
             raise InvalidRequest("Incorrect API key provided. You can find your API key in your "
                                  "provider's dashboard.", status=401, code="invalid_api_key")
-        parsed = parse(parse_json_object(await request.read()))
+        body = parse_json_object(await request.read())
+        parsed = parse(body)
         served = self._serving(parsed.model, kind)
         self._model_stats(served.name).received += 1
+        self._received.append((request.path, body))
         return parsed, served
 
     def _serving(self, model: str, kind: str) -> ServedModel:
@@ -465,8 +491,7 @@ class Simulator:
         reply = _Reply.draw(rng, chat, completion, finish)
         ttft_ms = behaviour.ttft_ms if behaviour.ttft_ms is not None else sample_lognormal(
             rng, behaviour.latency_ms, behaviour.latency_p99_ms)
-        frames = (_message_frames if chat.wire == "anthropic" else _chunk_frames)(
-            rng, served.name, chat, reply)
+        frames = _FRAMES[chat.wire](rng, served.name, chat, reply)
         response = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
@@ -620,8 +645,12 @@ def _completion_body(rng: random.Random, model: str, chat: ChatRequest, completi
     identifier = _completion_id(rng)
     reply = _Reply.draw(rng, chat, completion, finish)
     message = reply.message(rng)
+    if chat.wire == "responses":
+        return response_body(identifier.removeprefix("chatcmpl-"), model, chat, message, reply.finish,
+                             reply.tokens), reply.tokens
     if chat.wire == "anthropic":
-        return message_body(_message_id(identifier), model, _blocks(message), reply.finish, reply.stop,
+        return message_body(_message_id(identifier), model, thinking_blocks(chat) + _blocks(message),
+                            reply.finish, reply.stop,
                             (chat.prompt_tokens, reply.tokens), chat.service_tier), reply.tokens
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
                               "finish_reason": reply.finish}
@@ -677,7 +706,8 @@ def _chunk_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Rep
 def _message_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
     """Anthropic's events: message_start, one content block (text, or the tool call), message_delta
     and message_stop."""
-    events = MessageEvents(_message_id(_completion_id(rng)), model, chat.prompt_tokens, chat.service_tier)
+    events = MessageEvents(_message_id(_completion_id(rng)), model, chat.prompt_tokens, chat.service_tier,
+                           thinks=chat.reasons)
     pieces: list[bytes] = []
     for delta in reply.deltas(rng):
         if "content" in delta:
@@ -693,6 +723,19 @@ def _message_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _R
     tail = events.end(reply.finish, reply.stop, reply.tokens, opened=bool(pieces))
     torn = b'event: content_block_delta\ndata: {"type": "content_blo\n\n'
     return _Frames(events.start(), pieces, tail, torn)
+
+
+def _response_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
+    """The Responses API's typed events (see responses.ResponseEvents)."""
+    events = ResponseEvents(_completion_id(rng).removeprefix("chatcmpl-"), model, chat)
+    head = events.start()
+    pieces, close = events.pieces(reply.deltas(rng))
+    torn = b'event: response.output_text.delta\ndata: {"type": "response.outp\n\n'
+    return _Frames(head, pieces, close + events.end(reply.finish, reply.tokens), torn)
+
+
+_FRAMES: Final[Mapping[Wire, Callable[[random.Random, str, ChatRequest, _Reply], _Frames]]] = {
+    "openai": _chunk_frames, "anthropic": _message_frames, "responses": _response_frames}
 
 
 def _check_dimensions(embed: EmbeddingsRequest, served: ServedModel) -> None:

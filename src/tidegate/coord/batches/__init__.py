@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tidegate.coord._store import imported_when_named
-from tidegate.coord.batches.base import BatchStore, batch_store_for
+from tidegate.coord.batches.base import ACTIVE, BatchStore, batch_store_for
 from tidegate.coord.batches.models import (
     BatchFields,
     BatchLine,
     BatchRecord,
     BatchStatus,
+    LineAnswer,
     LineError,
     RequestCounts,
     StoredFile,
@@ -23,11 +24,13 @@ if TYPE_CHECKING:
     from tidegate.coord.batches.redis import RedisBatchStore
 
 __all__ = [
+    "ACTIVE",
     "BatchFields",
     "BatchLine",
     "BatchRecord",
     "BatchStatus",
     "BatchStore",
+    "LineAnswer",
     "LineError",
     "RedisBatchStore",
     "RequestCounts",

@@ -1,14 +1,16 @@
 """What the batch store keeps: uploaded files (`StoredFile`, their bytes apart), batches
-(`BatchRecord`) and the lines of a batch (`BatchLine`: a job, or the error of a malformed line)."""
+(`BatchRecord`), the lines of a batch (`BatchLine`: a job, or the error of a malformed line) and
+their answers as they end (`LineAnswer`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["BatchFields", "BatchLine", "BatchRecord", "BatchStatus", "LineError", "RequestCounts",
-           "StoredFile"]
+__all__ = ["BatchFields", "BatchLine", "BatchRecord", "BatchStatus", "LineAnswer", "LineError",
+           "RequestCounts", "StoredFile"]
 
 BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired",
                       "cancelling", "cancelled"]
@@ -26,6 +28,11 @@ class StoredFile(BaseModel):
     purpose: str
     bytes: int
     created_at: int  # epoch seconds, as the API shows it
+    expires_at: int | None = None  # epoch seconds; None: kept until deleted
+
+    def expired(self, now_s: float) -> bool:
+        """Past its `expires_at`: gone for the API at once, though the sweep deletes it later."""
+        return self.expires_at is not None and self.expires_at <= now_s
 
 
 class LineError(BaseModel):
@@ -49,6 +56,16 @@ class BatchLine(BaseModel):
     job_id: str | None = None
     error: LineError | None = None
     ended: str | None = None  # the job's final state once seen ("gone": past the queue's retention)
+
+
+@dataclass(frozen=True, slots=True)
+class LineAnswer:
+    """A line's final outcome, kept in the batch store the moment its job is seen ended (the
+    queue keeps a finished job only for its retention): a line of the output file or of the
+    error file, as JSON Lines."""
+
+    output: bool  # a line of the output file; else of the error file
+    record: bytes  # the JSON line, newline included
 
 
 class RequestCounts(BaseModel):

@@ -9,7 +9,11 @@ image as an `image_url`, inline ones as data URLs); an assistant's `tool_use` bl
 auto/required/the named function/none (`disable_parallel_tool_use` → `parallel_tool_calls:
 false`), `metadata.user_id` → `user`, `service_tier` standard_only → `default` (auto leaves the
 tier to the provider's tier policy). What has no counterpart is refused with 400, never dropped:
-`top_k`, an image inside a tool result (a tool message holds only text).
+`top_k`, `thinking` and thinking blocks, an image inside a tool result (a tool message holds only
+text). Every request keeps its Messages body as its job's `origin`: a provider that speaks the
+Messages API natively is sent it as it is, and its Message (or events) comes back as it is. When
+every provider that may serve the request does (`translate(..., native=True)`), what has no
+counterpart is accepted too: the job is `native_only`, its chat body a summary (`summary_body`).
 
 Answers: a chat.completion becomes a Message (`msg_…`): the text as a text block, each tool call as
 a tool_use block with its parsed input, finish reasons mapped (stop → end_turn, or stop_sequence
@@ -37,6 +41,7 @@ from tidegate.ai import (
     AIResult,
     Finish,
     Kind,
+    Origin,
     StreamError,
     StreamPart,
     TextDelta,
@@ -48,7 +53,9 @@ from tidegate.gateway.dialects.anthropic_schemas import (
     ImageBlock,
     InputMessage,
     MessagesRequest,
+    RedactedThinkingBlock,
     TextBlock,
+    ThinkingBlock,
     ToolChoice,
     ToolResultBlock,
     ToolUseBlock,
@@ -59,6 +66,8 @@ from tidegate.gateway.errors import ApiError
 __all__ = ["ANTHROPIC", "AnthropicDialect", "anthropic_tier", "chat_body", "conversation", "json_text",
            "tool_fields"]
 
+# The refusals that mean "a chat completion cannot carry this", not "this is invalid".
+_UNTRANSLATABLE: Final = frozenset({"unsupported_parameter", "unsupported_content"})
 _ERROR_TYPES: Final[Mapping[int, str]] = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -84,16 +93,31 @@ class AnthropicDialect(Dialect):
         """The chat job of a validated MessagesRequest (see the module's docstring)."""
         if kind != "chat" or not isinstance(body, MessagesRequest):
             raise ApiError(400, "the Messages API serves chat requests only", code="invalid_request")
-        return AIRequest(kind="chat", body=chat_body(body))
+        return self.translate(body)
+
+    def translate(self, body: MessagesRequest, *, native: bool = False) -> AIRequest:
+        """The chat job of a Messages request, the request kept as its origin. `native`: every
+        provider that may serve it speaks the Messages API, so what has no chat translation is
+        sent on as it is."""
+        given = body.model_dump(exclude_unset=True)
+        try:
+            chat = chat_body(body)
+        except ApiError as refused:
+            if not native or refused.code not in _UNTRANSLATABLE:
+                raise
+            return AIRequest(kind="chat", body=summary_body(body),
+                             origin=Origin("anthropic", given, native_only=True))
+        return AIRequest(kind="chat", body=chat, origin=Origin("anthropic", given))
 
     def parse(self, kind: Kind, body: Mapping[str, Any], where: str) -> AIRequest:
         """A Messages body that came inside another document, checked as /v1/messages checks it."""
         return self.request(kind, validated(MessagesRequest, body, where))
 
     def answer(self, result: AIResult, headers: Mapping[str, str]) -> Response:
-        """The job's chat completion as a Message."""
-        return Response(orjson.dumps(message_of(result.response or {})), media_type="application/json",
-                        headers=dict(headers))
+        """The job's chat completion as a Message; a native upstream's Message as it is."""
+        response = result.response or {}
+        message = native_message(response) if is_message(response) else message_of(response)
+        return Response(orjson.dumps(message), media_type="application/json", headers=dict(headers))
 
     def stream(self, request: AIRequest) -> StreamRenderer:
         """Anthropic's event sequence; the worker always asks for the usage chunk, which
@@ -126,8 +150,13 @@ def chat_body(request: MessagesRequest) -> dict[str, Any]:
     """The chat completion body a Messages request asks for; ApiError 400 for what it cannot carry."""
     if request.top_k is not None:
         raise ApiError(400, "top_k is not supported: the chat completions tidegate queues have no "
-                       "top-k sampling; leave it out, or use top_p", code="unsupported_parameter",
+                       "top-k sampling and no provider that may serve this model speaks the Messages "
+                       "API natively; leave it out, or use top_p", code="unsupported_parameter",
                        param="top_k")
+    if request.thinking is not None and request.thinking.type == "enabled":  # disabled: the default
+        raise ApiError(400, "thinking is not supported: no provider that may serve this model speaks the "
+                       "Messages API natively, and a chat completion has no extended thinking",
+                       code="unsupported_parameter", param="thinking")
     body: dict[str, Any] = {"model": request.model,
                             "messages": conversation(request.system, request.messages),
                             "max_tokens": request.max_tokens}
@@ -144,6 +173,20 @@ def chat_body(request: MessagesRequest) -> dict[str, Any]:
     if request.service_tier == "standard_only":
         body["service_tier"] = "default"
     body.update(tool_fields(request.tools, request.tool_choice))
+    return body
+
+
+def summary_body(request: MessagesRequest) -> dict[str, Any]:
+    """The chat body of a request sent natively: what routing, limits and estimates read (the
+    model, the conversation's text, the output limit, the stream, tidegate's priority), never sent
+    upstream."""
+    given = request.model_dump(exclude_unset=True, include={"system", "messages", "tools"})
+    body: dict[str, Any] = {"model": request.model, "max_tokens": request.max_tokens,
+                            "messages": [{"role": "user", "content": orjson.dumps(given).decode()}]}
+    if request.stream:
+        body["stream"] = True
+    if request.priority is not None:
+        body["priority"] = request.priority
     return body
 
 
@@ -167,6 +210,10 @@ def _assistant(blocks: list[ContentBlock], where: str) -> dict[str, Any]:
     """An assistant turn: its text, and its tool_use blocks as tool calls. A chat assistant message
     holds nothing else."""
     for i, block in enumerate(blocks):
+        if isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+            raise ApiError(400, f"{where}.{i}: a {block.type} block has no chat counterpart (only a "
+                           "provider speaking the Messages API natively takes it)",
+                           code="unsupported_content", param=f"{where}.{i}")
         if not isinstance(block, TextBlock | ToolUseBlock):
             raise ApiError(400, f"{where}.{i}: an assistant message holds text and tool_use blocks, "
                            f"not {block.type}", code="invalid_request", param=f"{where}.{i}")
@@ -196,8 +243,8 @@ def _user(blocks: list[ContentBlock], where: str) -> list[dict[str, Any]]:
     results = [_tool_message(block, f"{where}.{i}") for i, block in enumerate(blocks)
                if isinstance(block, ToolResultBlock)]
     parts = [_part(block) for block in blocks if isinstance(block, TextBlock | ImageBlock)]
-    if any(isinstance(block, ToolUseBlock) for block in blocks):
-        raise ApiError(400, f"{where}: tool_use blocks belong in assistant messages",
+    if any(isinstance(block, ToolUseBlock | ThinkingBlock | RedactedThinkingBlock) for block in blocks):
+        raise ApiError(400, f"{where}: tool_use and thinking blocks belong in assistant messages",
                        code="invalid_request", param=where)
     return results + ([{"role": "user", "content": parts}] if parts else [])
 
@@ -249,6 +296,17 @@ def tool_fields(tools: list[Any] | None, choice: ToolChoice | None) -> dict[str,
 
 
 # ---------------------------------------------------------------------------- answers
+
+
+def is_message(response: Mapping[str, Any]) -> bool:
+    """Whether a job's answer is a native upstream's Message (not a chat completion)."""
+    return response.get("type") == "message"
+
+
+def native_message(response: Mapping[str, Any]) -> dict[str, Any]:
+    """A native upstream's Message as it is (a Message names its tier in its usage: the one a
+    worker adds beside it, to bill the job, is left out)."""
+    return {key: value for key, value in response.items() if key != "service_tier"}
 
 
 def message_id(completion_id: object) -> str:
@@ -347,12 +405,18 @@ class _MessageStream(StreamRenderer):
         self._reason: tuple[str | None, str | None] = (None, None)
         self._usage: dict[str, int] | None = None
         self._ended = False
+        self._native = False  # the upstream streams its own events, its end among them
 
     def frame(self, part: StreamPart) -> bytes | None:
-        """The events of one chunk (None when it adds nothing Anthropic shows)."""
+        """The events of one chunk (None when it adds nothing Anthropic shows); a native upstream's
+        event as it is."""
         error = part.error
         if error is not None:
             return self._error(error)
+        if part.event is not None:
+            self._native = self._started = True
+            self.saw_content = self.saw_content or bool(part.text)
+            return b"event: " + part.event.encode() + b"\ndata: " + part.raw + b"\n\n"
         out = b"" if self._started else self._start(part)
         for event in part.events:
             if isinstance(event, TextDelta) and event.index == 0:
@@ -379,7 +443,10 @@ class _MessageStream(StreamRenderer):
         return _event("error", ANTHROPIC.error_body(error))
 
     def end_frame(self) -> bytes:
-        """`message_delta` with the stop reason and usage, then `message_stop`."""
+        """`message_delta` with the stop reason and usage, then `message_stop` (a native stream
+        has relayed its own)."""
+        if self._native:
+            return b""
         out = (b"" if self._started else self._start(StreamPart(b""))) + self._close()
         reason, sequence = self._reason
         usage = self._usage or {"output_tokens": 0}
@@ -389,10 +456,14 @@ class _MessageStream(StreamRenderer):
         return out + _event("message_stop", {"type": "message_stop"})
 
     def whole_answer(self, result: AIResult, job_id: str) -> list[StreamPart]:
-        """A stored chat completion as the chunks that would have streamed it."""
+        """A stored chat completion as the chunks that would have streamed it; a native Message as
+        its own events, each block whole."""
         response = result.response
         if response is None:
             return []
+        if is_message(response):
+            events = _message_events(native_message(response))
+            return [StreamPart.decode(orjson.dumps(event)) for event in events]
         head = {"id": response.get("id", f"chatcmpl-{job_id}"), "object": "chat.completion.chunk",
                 "model": response.get("model"), "service_tier": response.get("service_tier")}
         choice = _first_choice(response)
@@ -446,6 +517,21 @@ class _MessageStream(StreamRenderer):
                  "message": error.message or "the stream failed",
                  "code": error.code or "stream_failed"}
         return _event("error", {"type": "error", "error": inner})
+
+
+def _message_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole Message as the events that stream it."""
+    usage = _object(message.get("usage"))
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": {
+        **message, "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 0}}}]
+    for index, block in enumerate(message.get("content") or ()):
+        events += [{"type": "content_block_start", "index": index, "content_block": block},
+                   {"type": "content_block_stop", "index": index}]
+    return [*events, {"type": "message_delta", "delta": {"stop_reason": message.get("stop_reason"),
+                                                         "stop_sequence": message.get("stop_sequence")},
+                      "usage": {"output_tokens": _tokens(usage.get("output_tokens"))}},
+            {"type": "message_stop"}]
 
 
 def _matched_stop(raw: bytes) -> object:

@@ -5,7 +5,10 @@ Unlike the OpenAI dialect's, these models refuse fields they do not name (`extra
 Messages request is translated into a chat completion, and a field the translation does not know
 (`thinking`, a `document` block) would otherwise be dropped without a word, changing the answer.
 `cache_control` is the exception: a caching hint, it changes what a call costs, never what it
-answers, and is accepted and left out. Types are strict, as in the OpenAI dialect.
+answers, and is accepted and left out. Types are strict, as in the OpenAI dialect. What has a name
+here and no chat translation (`top_k`, `thinking` and the thinking blocks sent back with it) is
+served only when every provider that may answer speaks the Messages API natively (the request
+then goes to it as it is, `cache_control` included).
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ __all__ = [
     "Message",
     "MessageUsage",
     "MessagesRequest",
+    "RedactedThinkingBlock",
     "TextBlock",
+    "ThinkingBlock",
+    "ThinkingConfig",
     "TokenCount",
     "Tool",
     "ToolChoice",
@@ -98,7 +104,23 @@ class ToolResultBlock(_Block):
     is_error: bool | None = None
 
 
-ContentBlock = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(_Block):
+    """The model's reasoning in an assistant turn sent back (with extended thinking), signed."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class RedactedThinkingBlock(_Block):
+    """Reasoning the provider keeps encrypted, sent back as it came."""
+
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+ContentBlock = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+                         | RedactedThinkingBlock, Field(discriminator="type")]
 
 
 class InputMessage(BaseModel):
@@ -138,6 +160,15 @@ class _Metadata(BaseModel):
     user_id: str | None = Field(None, max_length=256)
 
 
+class ThinkingConfig(BaseModel):
+    """Extended thinking: `enabled` with a budget of tokens, or `disabled`."""
+
+    model_config = _STRICT
+
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(None, ge=1)
+
+
 class _Conversation(BaseModel):
     """What a Messages request and a token count share."""
 
@@ -153,8 +184,9 @@ class _Conversation(BaseModel):
 
 class MessagesRequest(_Conversation):
     """A Messages API request. `priority` is tidegate's (like the X-Priority header) and is never
-    sent to the provider. `top_k` has no counterpart in the chat completions a job carries: it is
-    refused with 400 rather than dropped."""
+    sent to the provider. `top_k` and `thinking` have no counterpart in the chat completions a job
+    carries: they are served by a provider that speaks the Messages API natively, and refused with
+    400 rather than dropped when another may answer."""
 
     model_config = ConfigDict(
         extra="forbid", strict=True,
@@ -170,7 +202,10 @@ class MessagesRequest(_Conversation):
     stream: bool = False
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = Field(None, ge=0, description="Not supported: refused with 400.")
+    top_k: int | None = Field(None, ge=0, description=(
+        "Served only when every provider of the model speaks the Messages API natively; else 400."))
+    thinking: ThinkingConfig | None = Field(None, description=(
+        "Served only when every provider of the model speaks the Messages API natively; else 400."))
     metadata: _Metadata | None = None
     priority: PriorityValue | None = None
     service_tier: Literal["auto", "standard_only"] | None = Field(None, description=(

@@ -5,6 +5,11 @@ chat-only upstream is sent (tidegate.gateway.dialects.responses_input, which ref
 be translated faithfully) and kept in the job's payload as its `origin`, from which the job is
 rendered as a response object (responses_output) or streamed as typed events (responses_stream).
 
+A request with what no chat completion can carry (a built-in tool, a reasoning item, …) is taken
+only when the route says every provider that may serve it speaks the Responses API natively
+(`translate(..., native=True)`, tidegate.gateway.native): its job is then `native_only`, its chat
+body a summary, and the upstream's own Response and events are shown as they are.
+
 Rendering needs the response's id, so the routes bind the dialect to the call's job with
 `ResponsesDialect.call` before they answer or stream; the unbound dialect (RESPONSES) reads
 requests, shapes errors and makes the routes' router.
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
@@ -23,9 +28,12 @@ from pydantic import BaseModel
 
 from tidegate.ai import AIRequest, AIResult, Kind, Origin
 from tidegate.gateway.dialects.base import Dialect, StreamRenderer, validated
-from tidegate.gateway.dialects.responses_input import chat_body
+from tidegate.gateway.dialects.responses_input import UNTRANSLATABLE, chat_body, summary_body
 from tidegate.gateway.dialects.responses_output import (
+    Continued,
     answered_status,
+    is_native,
+    native_response,
     output_items,
     response_object,
     response_usage,
@@ -55,11 +63,21 @@ class ResponsesDialect(Dialect):
         created = int(time.time()) if created_at is None else created_at
         return ResponsesDialect(job_id, request.origin, created)
 
-    def translate(self, body: ResponseCreateRequest, history: Sequence[dict[str, Any]] = ()) -> AIRequest:
+    def translate(self, body: ResponseCreateRequest, history: Continued | None = None, *,
+                  native: bool = False) -> AIRequest:
         """The chat job of a Responses request, `history` (the conversation of the response it
-        continues) before its input."""
-        origin = Origin("responses", body.model_dump(exclude_unset=True))
-        return AIRequest(kind="chat", body=chat_body(body, history), origin=origin)
+        continues) before its input. `native`: every provider that may serve it speaks the
+        Responses API, so what has no chat translation is sent on as it is (see the module)."""
+        given = body.model_dump(exclude_unset=True)
+        context = () if history is None else history.items
+        try:
+            chat = chat_body(body, [] if history is None else history.messages())
+        except ApiError as refused:
+            if not native or refused.code not in UNTRANSLATABLE:
+                raise
+            origin = Origin("responses", given, native_only=True, context=context)
+            return AIRequest(kind="chat", body=summary_body(body), origin=origin)
+        return AIRequest(kind="chat", body=chat, origin=Origin("responses", given, context=context))
 
     def request(self, kind: Kind, body: BaseModel) -> AIRequest:
         """The chat job of a validated Responses request that continues no other."""
@@ -79,6 +97,10 @@ class ResponsesDialect(Dialect):
     def answer(self, result: AIResult, headers: Mapping[str, str]) -> Response:
         """The response object of the call's succeeded job."""
         job_id, origin, created_at = self._bound()
+        if is_native(result.response):
+            assert result.response is not None
+            return Response(orjson.dumps(native_response(job_id, origin, result.response)),
+                            media_type="application/json", headers=dict(headers))
         status, incomplete = answered_status(result.finish_reason)
         document = response_object(
             job_id, created_at, origin, status=status, model=result.model,
@@ -91,7 +113,8 @@ class ResponsesDialect(Dialect):
     def stream(self, request: AIRequest) -> StreamRenderer:
         """The typed events of the call's response."""
         job_id, origin, created_at = self._bound()
-        return ResponsesStream(job_id, functools.partial(response_object, job_id, created_at, origin))
+        return ResponsesStream(job_id, functools.partial(response_object, job_id, created_at, origin),
+                               functools.partial(native_response, job_id, origin))
 
     def error_body(self, error: ApiError) -> dict[str, Any]:
         """OpenAI's `{"error": {"message", "type", "param", "code"}}`, as on every OpenAI route."""

@@ -2,7 +2,10 @@
 
 Every field and item either has a faithful chat counterpart or is refused with a 400 naming it
 (code `unsupported_parameter`, `unsupported_input_item`, `unsupported_tool`, …): the upstream must
-answer the question that was asked, or the caller must learn that it cannot be.
+answer the question that was asked, or the caller must learn that it cannot be. Such a refusal
+(one of UNTRANSLATABLE) is lifted when every provider that may serve the request speaks the
+Responses API natively: the job is then sent as it is, its chat body only a summary
+(`summary_body`) for routing and estimates.
 """
 
 from __future__ import annotations
@@ -10,10 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+import orjson
+
 from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
 from tidegate.gateway.errors import ApiError
 
-__all__ = ["chat_body", "input_items", "invalid", "message_of"]
+__all__ = ["UNTRANSLATABLE", "chat_body", "input_items", "input_messages", "invalid", "message_of",
+           "summary_body"]
+
+UNTRANSLATABLE: Final = frozenset({"unsupported_parameter", "unsupported_input_item", "unsupported_tool",
+                                   "unsupported_content", "unsupported_tool_choice"})
+"""The codes of refusals that mean "a chat completion cannot carry this", not "this is invalid"."""
 
 # Fields kept with the response (echoed, or read by the gateway) that the upstream is not sent.
 _GATEWAY_ONLY: Final = frozenset({"instructions", "input", "previous_response_id", "metadata", "store",
@@ -39,6 +49,12 @@ def chat_body(request: ResponseCreateRequest, history: Sequence[dict[str, Any]])
     if extra:
         raise invalid(f"{extra[0]!r} is not supported by this gateway's Responses API: it cannot be "
                       "passed to a chat completions upstream", "unsupported_parameter", extra[0])
+    if request.include:
+        raise invalid("include: nothing extra can be included from a chat completions upstream",
+                      "unsupported_parameter", "include")
+    if request.truncation == "auto":
+        raise invalid("truncation: auto is not served by a chat completions upstream",
+                      "unsupported_parameter", "truncation")
     given = request.model_dump(exclude_unset=True, exclude_none=True)
     messages: list[dict[str, Any]] = []
     if request.instructions is not None:
@@ -59,6 +75,23 @@ def chat_body(request: ResponseCreateRequest, history: Sequence[dict[str, Any]])
     body.update(_reasoning(request.reasoning))
     if request.stream:
         body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def summary_body(request: ResponseCreateRequest) -> dict[str, Any]:
+    """The chat body of a request sent natively: what routing, limits and estimates read (the
+    model, the text of instructions, input and tools, the output limit, the stream, tidegate's
+    priority and the tier), never sent upstream."""
+    given = request.model_dump(exclude_unset=True, exclude_none=True)
+    text = [request.instructions or "", request.input if isinstance(request.input, str)
+            else orjson.dumps(request.input).decode()]
+    if request.tools:
+        text.append(orjson.dumps(request.tools).decode())
+    body: dict[str, Any] = {key: given[key] for key in ("model", "stream", "priority", "service_tier")
+                            if key in given}
+    body["messages"] = [{"role": "user", "content": "\n".join(part for part in text if part)}]
+    if request.max_output_tokens is not None:
+        body["max_completion_tokens"] = request.max_output_tokens
     return body
 
 

@@ -2,25 +2,33 @@
 state, its chat completion and the Responses request it was made from (the payload's `origin`).
 
 A response is its job: `resp_<job id>`. Nothing else is stored, so what retrieval shows is what the
-queue holds, for as long as its retention keeps the job.
+queue holds, for as long as its retention keeps the job. A job served by a provider that speaks
+the Responses API natively holds the upstream's own Response: it is shown as it is, with the
+response's id and the settings that are tidegate's (`store`, `background`,
+`previous_response_id`) as the client gave them (`native_response`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from tidegate.ai import AIResult, Origin, result_of
-from tidegate.gateway.dialects.responses_input import input_items
+from tidegate.gateway.dialects.responses_input import input_items, input_messages
 from tidegate.gateway.views import failure_view
 from tidegate.jobs import Job, JobState
 
 __all__ = [
     "RESPONSE_PREFIX",
+    "Continued",
     "answered_status",
     "assistant_message",
+    "continued",
+    "is_native",
     "job_id_of",
     "listed_items",
+    "native_response",
     "output_items",
     "render",
     "response_id",
@@ -171,11 +179,27 @@ def response_object(job_id: str, created_at: int, origin: Origin, *, status: str
     return document
 
 
+def is_native(document: Mapping[str, Any] | None) -> bool:
+    """Whether a job's answer is a native upstream's Response (not a chat completion)."""
+    return document is not None and document.get("object") == "response"
+
+
+def native_response(job_id: str, origin: Origin, document: Mapping[str, Any]) -> dict[str, Any]:
+    """A native upstream's Response as this response: its id, and tidegate's own settings."""
+    body = origin.body
+    return {**document, "id": response_id(job_id), "store": body.get("store", True),
+            "background": bool(body.get("background")),
+            "previous_response_id": body.get("previous_response_id")}
+
+
 def render(job: Job, origin: Origin) -> dict[str, Any]:
     """The response object of a job made from a Responses request, as the job stands."""
     result = result_of(job)
-    status, incomplete = status_of(job, result)
     completion = result.response if result is not None and job.state is JobState.SUCCEEDED else None
+    if is_native(completion):
+        assert completion is not None
+        return native_response(job.id, origin, completion)
+    status, incomplete = status_of(job, result)
     finished = job.finished_at if status == "completed" else None
     return response_object(
         job.id, int(job.created_at.timestamp()), origin, status=status,
@@ -213,3 +237,37 @@ def _listed_part(part: dict[str, Any]) -> dict[str, Any]:
         return {"type": "input_image", "image_url": part.get("image_url"),
                 "detail": part.get("detail") or "auto"}
     return part
+
+
+@dataclass(frozen=True, slots=True)
+class Continued:
+    """The conversation a continued response brings: as Responses items (the earlier response's
+    own context, input and output), for a native upstream; and as chat messages when the earlier
+    response was translated (`chat`, its job's messages and answer), else read from the items."""
+
+    items: tuple[dict[str, Any], ...]
+    chat: tuple[dict[str, Any], ...] | None = None
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The chat messages; a 400 (UNTRANSLATABLE) for an item a chat completion cannot carry."""
+        return list(self.chat) if self.chat is not None else input_messages(self.items)
+
+
+def continued(job: Job, origin: Origin, answer: Mapping[str, Any] | None) -> Continued:
+    """The conversation a response continuing `job` (which answered `answer`) brings. Its
+    instructions are left out, as the API does not carry them over."""
+    given = origin.body.get("input")
+    earlier = [*origin.context, *input_items(given if isinstance(given, str | list) else [])]
+    if is_native(answer):
+        assert answer is not None
+        output = answer.get("output")
+        return Continued((*earlier, *(output if isinstance(output, list) else ())))
+    # tidegate's own item ids mean nothing upstream: the items go without them.
+    produced = [{key: value for key, value in item.items() if key != "id"}
+                for item in output_items(job.id, answer)]
+    chat = None
+    if not origin.native_only:
+        messages = list(job.payload["body"]["messages"])
+        chat = (*(messages[1:] if origin.body.get("instructions") is not None else messages),
+                assistant_message(answer))
+    return Continued((*earlier, *produced), chat)

@@ -4,8 +4,9 @@ document.
 The request model names every field the gateway translates or may leave out without changing the
 answer. Any other field is kept aside (`extra="allow"`) only to be refused by name: a chat-only
 upstream cannot honour it, and dropping it silently would answer another question than the one
-asked. Input items and tools are objects here; their shapes are checked item by item by the
-translation (tidegate.gateway.dialects.responses), whose errors name the item.
+asked; when every provider that may serve the request speaks the Responses API natively, it is
+sent on as it is. Input items and tools are objects here; their shapes are checked item by item
+by the translation (tidegate.gateway.dialects.responses), whose errors name the item.
 """
 
 from __future__ import annotations
@@ -50,19 +51,23 @@ class ResponseCreateRequest(BaseModel):
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    tools: list[dict[str, Any]] | None = Field(None, description="Function tools only.")
+    tools: list[dict[str, Any]] | None = Field(None, description=(
+        "Function tools; any other (built-in) tool when a native provider serves the request."))
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = Field(None, description="`format`: text, json_object or json_schema.")
-    reasoning: dict[str, Any] | None = Field(None, description="`effort` only.")
+    reasoning: dict[str, Any] | None = Field(None, description=(
+        "`effort`; more (`summary`) when a native provider serves the request."))
     metadata: dict[str, str] | None = Field(None, max_length=MAX_METADATA_KEYS)
     store: bool | None = Field(None, description=(
         "false: the response cannot be retrieved or continued afterwards."))
     background: bool | None = Field(None, description="Answer at once with status `queued`; poll it.")
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
-    include: list[str] | None = Field(None, max_length=0, description="Nothing extra can be included.")
-    truncation: Literal["disabled"] | None = None
+    include: list[str] | None = Field(None, description=(
+        "Served by a provider that speaks the Responses API natively only."))
+    truncation: Literal["disabled", "auto"] | None = Field(None, description=(
+        "auto: served by a provider that speaks the Responses API natively only."))
     user: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None

@@ -6,6 +6,10 @@ item `response.output_item.added` … its deltas … `response.output_item.done`
 part and text in between; a function call's arguments), and last `response.completed` (or
 `response.incomplete`) with the whole response and its usage; every event numbered by
 `sequence_number`. A stream that fails after it started ends with `response.failed`.
+
+A provider that speaks the Responses API natively streams its own typed events (`StreamPart.event`
+names each): they are relayed as they are, the response in them shown as this response
+(`native_of`: its id, tidegate's settings), its own `response.completed` ending the stream.
 """
 
 from __future__ import annotations
@@ -19,13 +23,20 @@ import orjson
 
 from tidegate.ai import AIResult, Finish, StreamPart, TextDelta, ToolCallDelta, Usage, UsageReport
 from tidegate.gateway.dialects.base import StreamRenderer
-from tidegate.gateway.dialects.responses_output import answered_status, assistant_message, response_usage
+from tidegate.gateway.dialects.responses_output import (
+    answered_status,
+    assistant_message,
+    is_native,
+    response_usage,
+)
 from tidegate.gateway.errors import ApiError
 
 __all__ = ["ResponsesStream"]
 
 ResponseOf = Callable[..., dict[str, Any]]
 """Builds the response object from keyword fields (`response_object` bound to one call)."""
+NativeOf = Callable[[dict[str, Any]], dict[str, Any]]
+"""Shows a native upstream's Response as this response (`native_response` bound to one call)."""
 
 
 @dataclass
@@ -40,10 +51,12 @@ class _Item:
 class ResponsesStream(StreamRenderer):
     """Renders one response's stream; `response_of` makes the response object around it."""
 
-    def __init__(self, job_id: str, response_of: ResponseOf) -> None:
+    def __init__(self, job_id: str, response_of: ResponseOf, native_of: NativeOf) -> None:
         super().__init__()
         self._job_id = job_id
         self._response_of = response_of
+        self._native_of = native_of
+        self._native = False  # the upstream streams its own events
         self._sequence = 0
         self._started = False
         self._items: list[_Item] = []
@@ -136,6 +149,8 @@ class ResponsesStream(StreamRenderer):
         if error is not None:
             return self.error_frame(ApiError(502, error.message or "the stream failed",
                                              code=error.code or "stream_failed"))
+        if part.event is not None:
+            return self._relayed(part)
         self._model = part.model or self._model
         self._tier = part.service_tier or self._tier
         frames = self._start()
@@ -152,6 +167,19 @@ class ResponsesStream(StreamRenderer):
                 self._usage = event.usage
         return b"".join(frames) or None
 
+    def _relayed(self, part: StreamPart) -> bytes:
+        """A native event as it is, the response in it shown as this one; numbered on from it."""
+        self._native = self._started = True
+        event = orjson.loads(part.raw)
+        if isinstance(event.get("response"), dict):
+            event["response"] = self._native_of(event["response"])
+        number = event.get("sequence_number")
+        if isinstance(number, int):
+            self._sequence = number + 1
+        if any(isinstance(found, TextDelta) for found in part.events):
+            self.saw_content = True
+        return b"event: " + str(part.event).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
     def error_frame(self, error: ApiError) -> bytes:
         """`response.failed`, with what is known of the output and the error."""
         self.failed = True
@@ -163,7 +191,10 @@ class ResponsesStream(StreamRenderer):
 
     def end_frame(self) -> bytes:
         """Every open item done, then `response.completed` (`response.incomplete` when the
-        output was cut at max_output_tokens) with the whole response."""
+        output was cut at max_output_tokens) with the whole response. A native stream has
+        already relayed its own end."""
+        if self._native:
+            return b""
         status, incomplete = answered_status(self._finish)
         frames = [*self._start(), *self._close_all(status)]
         usage = None if self._usage is None else response_usage(self._usage.to_json())
@@ -174,7 +205,14 @@ class ResponsesStream(StreamRenderer):
 
     def whole_answer(self, result: AIResult, job_id: str) -> list[StreamPart]:
         """A stored chat completion as the chunks of a stream: its text, its tool calls, its
-        finish and its usage."""
+        finish and its usage; a native upstream's Response as its own start and end events."""
+        if is_native(result.response):
+            assert result.response is not None
+            started = {**result.response, "status": "in_progress", "output": [], "usage": None}
+            ended = "incomplete" if result.response.get("status") == "incomplete" else "completed"
+            events = [{"type": "response.created", "sequence_number": 0, "response": started},
+                      {"type": f"response.{ended}", "sequence_number": 1, "response": result.response}]
+            return [StreamPart.decode(orjson.dumps(event)) for event in events]
         message = assistant_message(result.response)
         # The tier is named in every chunk, as a relayed stream's are.
         head = {"object": "chat.completion.chunk", "model": result.model,

@@ -12,6 +12,9 @@ function; `parallel_tool_calls: false` → `disable_parallel_tool_use`), `user` 
 `metadata.user_id`, `service_tier` → Anthropic's (see `_REQUEST_TIERS`). Embeddings: Anthropic has
 none, and such a job fails as a client error.
 
+A job made from an Anthropic Messages request (its `origin`) is sent as the client wrote it, and
+its Message or events come back as they are (tidegate.providers.adapters.native).
+
 The answer's `usage.service_tier` comes back as the completion's `service_tier` in OpenAI's
 names (standard → default, priority → priority, batch → flex), so the job is billed at that tier.
 """
@@ -26,6 +29,7 @@ from tidegate.ai import AIRequest, Usage
 from tidegate.costs import DEFAULT_MAX_OUTPUT_TOKENS
 from tidegate.errors import UpstreamError
 from tidegate.providers.adapters.base import Answer, PartSink, ProviderAdapter
+from tidegate.providers.adapters.native import call_native, native_origin, refuse_native_only
 
 __all__ = ["AnthropicAdapter", "MessagesDecoder", "answered_tier", "chat_completion", "messages_body"]
 
@@ -47,7 +51,11 @@ class AnthropicAdapter(ProviderAdapter):
     """POST /messages of an Anthropic Messages API, for chat jobs."""
 
     async def complete(self, request: AIRequest, model: str) -> Answer:
-        """The Message of one call, as a chat.completion."""
+        """The Message of one call, as a chat.completion (as it is, for a Messages request)."""
+        origin = native_origin(request, self.client)
+        if origin is not None:
+            return await call_native(self.client, request, origin, model, None)
+        refuse_native_only(request, self.client)
         body = messages_body(_chat(request), model)
         response = await self.client.post(MESSAGES_PATH, body, expect="content")
         document = chat_completion(response.body)
@@ -56,7 +64,11 @@ class AnthropicAdapter(ProviderAdapter):
 
     async def stream(self, request: AIRequest, model: str, on_part: PartSink) -> Answer:
         """Each event relayed as the chat chunks it amounts to; the answer is the stream as one
-        chat.completion."""
+        chat.completion (relayed and kept as they are, for a Messages request)."""
+        origin = native_origin(request, self.client)
+        if origin is not None:
+            return await call_native(self.client, request, origin, model, on_part)
+        refuse_native_only(request, self.client)
         body = {**messages_body(_chat(request), model), "stream": True}
         decoder = MessagesDecoder()
         async with self.client.stream(MESSAGES_PATH, body, decoder) as stream:

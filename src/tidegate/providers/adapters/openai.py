@@ -1,5 +1,7 @@
 """The adapter of OpenAI-compatible upstreams (OpenAI, and the many APIs shaped like it): the job's
-body goes as it came, with the routed model; answers and chunks already are in the job's form."""
+body goes as it came, with the routed model; answers and chunks already are in the job's form.
+A job made from a Responses request goes to POST /responses as the client wrote it when the
+provider serves that API natively (`native_apis`; tidegate.providers.adapters.native)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any
 
 from tidegate.ai import AIRequest
 from tidegate.providers.adapters.base import Answer, PartSink, ProviderAdapter
+from tidegate.providers.adapters.native import call_native, native_origin, refuse_native_only
 
 __all__ = ["OpenAIAdapter"]
 
@@ -18,6 +21,10 @@ class OpenAIAdapter(ProviderAdapter):
 
     async def complete(self, request: AIRequest, model: str) -> Answer:
         """The answer of one call; a stream the caller asked for is dropped, as nobody listens."""
+        origin = native_origin(request, self.client)
+        if origin is not None:
+            return await call_native(self.client, request, origin, model, None)
+        refuse_native_only(request, self.client)
         body = {key: value for key, value in _body(request, model).items() if key not in _STREAM_FIELDS}
         if request.kind == "chat":
             response = await self.client.chat(body)
@@ -26,7 +33,12 @@ class OpenAIAdapter(ProviderAdapter):
         return Answer(response.body, response.usage, response.latency_ms, response.rate_limit)
 
     async def stream(self, request: AIRequest, model: str, on_part: PartSink) -> Answer:
-        """Relay each chunk as it arrives; the answer is the stream as one chat.completion."""
+        """Relay each chunk as it arrives; the answer is the stream as one chat.completion (or,
+        native, the upstream's own events and document)."""
+        origin = native_origin(request, self.client)
+        if origin is not None:
+            return await call_native(self.client, request, origin, model, on_part)
+        refuse_native_only(request, self.client)
         tier: object = None
         async with self.client.chat_stream(_body(request, model)) as stream:
             async for chunk in stream:

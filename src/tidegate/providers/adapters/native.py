@@ -1,0 +1,220 @@
+"""Native pass-through: a job made from a Responses or Messages request (its `origin`, see
+tidegate.ai) sent to an upstream that speaks that API itself, as the client wrote it.
+
+The body sent is the origin's, with the routed model, minus what is tidegate's own:
+- Responses: `priority`, `background` (the queue runs it in the background), `previous_response_id`
+  (tidegate owns the response ids: the conversation it continues is resolved by the gateway and
+  sent as input items, the origin's `context`, before the request's input) and `store`, sent as
+  false: the response is kept by tidegate, as its job, and the upstream need not keep a copy
+  nobody can reach. `stream` and `stream_options` go only when the job streams.
+- Messages: `priority`; `stream` only when the job streams.
+A `service_tier` the origin does not name is the one the provider's tier policy picked.
+
+The answer is the upstream's own document, its usage read from it; a stream is relayed as the
+upstream's own events (one JSON object each), decoded here only to know its end and to put the
+whole answer together: a Response is in `response.completed` (or `response.incomplete`), a
+Message is built from its events. An error event, or `response.failed`, becomes the `{"error":
+...}` chunk that fails the stream.
+
+A job whose origin is `native_only` (the chat body cannot carry it) routed to a provider that does
+not speak its API fails as a client error (code `native_api_required`): it is never answered from
+the chat summary, which would answer another question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import orjson
+
+from tidegate.ai import AIRequest, Origin, Usage
+from tidegate.errors import ProviderErrorBody, UpstreamError
+from tidegate.providers.adapters.base import Answer, PartSink
+from tidegate.providers.client import UpstreamClient
+
+__all__ = ["MessageAssembler", "ResponsesDecoder", "call_native", "native_origin", "refuse_native_only",
+           "usage_of"]
+
+RESPONSES_PATH: Final = "/responses"
+MESSAGES_PATH: Final = "/messages"
+_RESPONSES_TIDEGATE_ONLY: Final = frozenset({"priority", "background", "previous_response_id", "store",
+                                             "stream", "stream_options"})
+_MESSAGES_TIDEGATE_ONLY: Final = frozenset({"priority", "stream"})
+_RESPONSE_ENDS: Final = frozenset({"response.completed", "response.incomplete"})
+# OpenAI's tiers (the policy's, in the job's body) as Anthropic's request field names them.
+_MESSAGES_TIERS: Final = {"auto": "auto", "priority": "auto", "default": "standard_only",
+                          "flex": "standard_only"}
+
+
+def native_origin(request: AIRequest, client: UpstreamClient) -> Origin | None:
+    """The origin to send as it is, when the client's provider speaks its API; None otherwise."""
+    origin = request.origin
+    return origin if origin is not None and client.provider.speaks(origin.api) else None
+
+
+def refuse_native_only(request: AIRequest, client: UpstreamClient) -> None:
+    """Fail a job that only a provider speaking its origin's API may serve (see the module)."""
+    origin = request.origin
+    if origin is not None and origin.native_only:
+        message = (f"this request uses what only the {origin.api} API itself serves, and it was routed to "
+                   f"provider {client.provider.name!r}, which does not speak that API natively: name a "
+                   "model of a provider that does, or leave those fields out")
+        raise UpstreamError(message, kind="client", status=400,
+                            body=ProviderErrorBody(message, "invalid_request_error", "native_api_required"))
+
+
+async def call_native(client: UpstreamClient, request: AIRequest, origin: Origin, model: str,
+                      on_part: PartSink | None) -> Answer:
+    """Send the origin's body to its API's path; stream it to `on_part` when given."""
+    if origin.api == "responses":
+        path, body, expect = RESPONSES_PATH, _responses_body(request, origin, model), "output"
+    else:
+        path, body, expect = MESSAGES_PATH, _messages_body(request, origin, model), "content"
+    if on_part is None:
+        response = await client.post(path, body, expect=expect)
+        return Answer(response.body, usage_of(response.body), response.latency_ms, response.rate_limit)
+    decoder = ResponsesDecoder() if origin.api == "responses" else MessageAssembler()
+    async with client.stream(path, {**body, "stream": True}, decoder) as stream:
+        async for chunk in stream:
+            await on_part(chunk.part)
+    summary = stream.summary
+    assert summary is not None  # set once the terminal event was read, and the loop ends only then
+    document = decoder.document
+    return Answer(document, usage_of(document), summary.latency_ms, summary.rate_limit, summary.ttft_ms)
+
+
+def _responses_body(request: AIRequest, origin: Origin, model: str) -> dict[str, Any]:
+    body = {key: value for key, value in origin.body.items() if key not in _RESPONSES_TIDEGATE_ONLY}
+    body["model"] = model
+    body["store"] = False
+    if origin.context:
+        given = origin.body.get("input")
+        items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else given
+        body["input"] = [*origin.context, *(items or [])]
+    if request.stream and isinstance(origin.body.get("stream_options"), dict):
+        body["stream_options"] = origin.body["stream_options"]
+    tier = request.body.get("service_tier")
+    if "service_tier" not in body and isinstance(tier, str):
+        body["service_tier"] = tier
+    return body
+
+
+def _messages_body(request: AIRequest, origin: Origin, model: str) -> dict[str, Any]:
+    body = {key: value for key, value in origin.body.items() if key not in _MESSAGES_TIDEGATE_ONLY}
+    body["model"] = model
+    tier = _MESSAGES_TIERS.get(str(request.body.get("service_tier")))
+    if "service_tier" not in body and tier is not None:
+        body["service_tier"] = tier
+    return body
+
+
+def usage_of(document: Mapping[str, Any]) -> Usage:
+    """The tokens a Response or a Message counts (`input_tokens`, `output_tokens`)."""
+    usage = document.get("usage")
+    counts = usage if isinstance(usage, dict) else {}
+    given = [counts.get(name) for name in ("input_tokens", "output_tokens")]
+    spent = [value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+             for value in given]
+    return Usage(spent[0], spent[1], spent[0] + spent[1])
+
+
+def _event_of(data: bytes) -> dict[str, Any] | None:
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+class ResponsesDecoder:
+    """Reads the Responses API's typed events (a `StreamDecoder`): each relayed as it is, the
+    stream ending at `response.completed` or `response.incomplete`, whose response is `document`."""
+
+    def __init__(self) -> None:
+        self.document: dict[str, Any] = {}
+
+    def __call__(self, data: bytes) -> tuple[list[bytes], bool]:
+        """The chunk of one event, and whether it ends the stream."""
+        event = _event_of(data)
+        if event is None:
+            return [data], False  # the client refuses it as malformed
+        kind = event.get("type")
+        if kind == "error":
+            said = {key: event.get(key) for key in ("message", "code", "param")}
+            return [orjson.dumps({"error": {**said, "type": "upstream_error"}})], False
+        if kind == "response.failed":
+            response = event.get("response")
+            error = response.get("error") if isinstance(response, dict) else None
+            return [orjson.dumps({"error": error or {"message": "the response failed"}})], False
+        if kind in _RESPONSE_ENDS and isinstance(event.get("response"), dict):
+            self.document = event["response"]
+            return [data], True
+        return [data], False
+
+
+class MessageAssembler:
+    """Reads Anthropic's Messages events (a `StreamDecoder`): each relayed as it is, the stream
+    ending at `message_stop`; the Message they make, every block put together, is `document`."""
+
+    def __init__(self) -> None:
+        self.document: dict[str, Any] = {}
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+
+    def __call__(self, data: bytes) -> tuple[list[bytes], bool]:
+        """The chunk of one event, and whether it ends the stream."""
+        event = _event_of(data)
+        if event is None:
+            return [data], False
+        kind = event.get("type")
+        index = event.get("index")
+        position = index if isinstance(index, int) else 0
+        if kind == "message_start" and isinstance(event.get("message"), dict):
+            self.document = {**event["message"], "content": []}
+        elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+            self._blocks[position] = dict(event["content_block"])
+        elif kind == "content_block_delta" and isinstance(event.get("delta"), dict):
+            self._delta(position, event["delta"])
+        elif kind == "message_delta":
+            self._finish(event)
+        elif kind == "message_stop":
+            self.document["content"] = [self._block(at) for at in sorted(self._blocks)]
+            return [data], True
+        return [data], False
+
+    def _delta(self, position: int, delta: dict[str, Any]) -> None:
+        block = self._blocks.setdefault(position, {})
+        kind = delta.get("type")
+        if kind == "input_json_delta":
+            self._json.setdefault(position, []).append(str(delta.get("partial_json") or ""))
+        elif kind == "signature_delta":
+            block["signature"] = delta.get("signature")
+        elif kind == "citations_delta":
+            block.setdefault("citations", []).append(delta.get("citation"))
+        else:  # text_delta, thinking_delta: the text of the field named like the delta
+            for name in ("text", "thinking"):
+                if isinstance(delta.get(name), str):
+                    block[name] = str(block.get(name) or "") + delta[name]
+
+    def _block(self, position: int) -> dict[str, Any]:
+        block = self._blocks[position]
+        pieces = self._json.get(position)
+        if pieces:
+            try:
+                block["input"] = orjson.loads("".join(pieces))
+            except orjson.JSONDecodeError:
+                block["input"] = {"_raw": "".join(pieces)}
+        return block
+
+    def _finish(self, event: dict[str, Any]) -> None:
+        delta = event.get("delta")
+        for name in ("stop_reason", "stop_sequence"):
+            if isinstance(delta, dict) and name in delta:
+                self.document[name] = delta[name]
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            # message_delta's counts are cumulative: the latest stands.
+            known = self.document.get("usage")
+            self.document["usage"] = {**(known if isinstance(known, dict) else {}),
+                                      **{key: value for key, value in usage.items() if value is not None}}

@@ -1,0 +1,346 @@
+"""Native pass-through, with the official SDKs against a real gateway, a worker and the simulator
+on both queue backends: a Responses request to a provider that speaks the Responses API itself,
+and a Messages request to an Anthropic upstream, go as the client wrote them, and their answers
+and events come back as the upstream gave them. What only the API itself can carry is taken when
+every provider that may serve the model speaks it, and refused with a 400 otherwise.
+
+The simulator is three providers here: `sim-responses` serves gpt-4.1 and speaks the Responses API
+natively (`native_apis`), `sim-messages` serves claude-sonnet-4.5 over Anthropic's Messages API
+(`api = "anthropic"`), and `sim` serves every other model over chat completions only. What the
+simulator received (`Simulator.received`) shows what each upstream was sent."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import openai
+import orjson
+import pytest
+import pytest_asyncio
+from anthropic.types import MessageParam
+from openai import AsyncOpenAI
+from openai.types.responses import Response, ResponseStreamEvent, ToolParam
+from pydantic import TypeAdapter
+
+from conftest import BACKENDS, factory_for
+from dispatch_support import PROVIDER, wait_final
+from gateway_support import Gateway, open_gateway
+from tidegate.ai import AIResult
+from tidegate.config import TidegateConfig
+from tidegate.gateway.dialects import ANTHROPIC, RESPONSES, StreamRenderer
+from tidegate.gateway.dialects.anthropic_schemas import MessagesRequest
+from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
+from tidegate.jobs import JobState
+from tidegate.simulator.server import InjectedFault
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+RESPONSES_MODEL = "gpt-4.1"
+MESSAGES_MODEL = "claude-sonnet-4.5"
+CHAT_ONLY_MODEL = "deepseek-v3.2"
+SEARCH: ToolParam = {"type": "web_search_preview"}
+HELLO: list[MessageParam] = [{"role": "user", "content": "Say hello"}]
+THINKING: dict[str, Any] = {"type": "enabled", "budget_tokens": 1024}
+STREAM_EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
+
+
+def three_providers(config: TidegateConfig) -> TidegateConfig:
+    """The simulator as a Responses-native provider, an Anthropic one and a chat-only one."""
+    [sim] = config.providers
+    models = {model.name: model for model in sim.models}
+    responses = sim.model_copy(update={"name": "sim-responses", "native_apis": ("responses",),
+                                       "models": (models[RESPONSES_MODEL],)})
+    messages = sim.model_copy(update={"name": "sim-messages", "api": "anthropic",
+                                      "models": (models[MESSAGES_MODEL],)})
+    chat = sim.model_copy(update={"models": tuple(model for name, model in models.items()
+                                                  if name not in (RESPONSES_MODEL, MESSAGES_MODEL))})
+    return config.model_copy(update={"providers": (responses, messages, chat)})
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=BACKENDS)
+async def gw(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]:
+    """One gateway, worker and simulator per backend, shared by the module's tests."""
+    async with (factory_for(request, tmp_path_factory.mktemp("native")) as factory,
+                open_gateway(factory, configure=three_providers) as gateway):
+        yield gateway
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def acme(gw: Gateway) -> AsyncIterator[AsyncOpenAI]:
+    async with gw.openai("acme") as client:
+        yield client
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def claude(gw: Gateway) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    async with anthropic.AsyncAnthropic(base_url=gw.url, api_key=None, max_retries=0,
+                                        default_headers={"x-api-key": gw.keys["acme"]}) as client:
+        yield client
+
+
+def last_sent(gw: Gateway, path: str) -> dict[str, Any]:
+    """The body the simulator last accepted at `path`."""
+    return gw.sim.received(path)[-1]
+
+
+# ---------------------------------------------------------------------- the Responses API
+
+
+async def test_a_built_in_tool_and_reasoning_reach_a_responses_native_provider_as_sent(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    raw = await acme.responses.with_raw_response.create(
+        model=RESPONSES_MODEL, input="Find today's news", tools=[SEARCH], metadata={"ticket": "t-1"},
+        reasoning={"effort": "low", "summary": "auto"}, include=["reasoning.encrypted_content"],
+        extra_body={"priority": "high"})
+    response = raw.parse()
+    Response.model_validate_json(raw.content)  # every field the SDK's model requires, strictly
+
+    # The upstream was sent the request as written: the model routed, tidegate's own fields out.
+    sent = last_sent(gw, "/v1/responses")
+    assert sent["tools"] == [SEARCH] and sent["reasoning"] == {"effort": "low", "summary": "auto"}
+    assert sent["include"] == ["reasoning.encrypted_content"] and sent["metadata"] == {"ticket": "t-1"}
+    assert (sent["model"], sent["store"]) == (RESPONSES_MODEL, False)
+    assert "priority" not in sent and "background" not in sent
+    # Its Response is the answer, under tidegate's id, with the reasoning item it gave.
+    job_id = raw.headers["X-Tidegate-Job-Id"]
+    assert response.id == f"resp_{job_id}" and response.status == "completed"
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.output_text and raw.http_response.json()["store"] is True
+    assert response.usage is not None and response.usage.output_tokens_details.reasoning_tokens > 0
+    # The job is billed by the Response's usage, and retrieving it shows the same response.
+    job = await gw.queue.get(job_id)
+    assert job is not None and job.state is JobState.SUCCEEDED and job.priority.name == "HIGH"
+    assert job.payload["origin"]["native_only"] is True
+    assert job.result["provider"] == "sim-responses" and job.result["cost_micros"] > 0
+    assert job.result["usage"]["prompt_tokens"] == response.usage.input_tokens
+    assert job.result["usage"]["completion_tokens"] == response.usage.output_tokens
+    retrieved = await acme.responses.retrieve(response.id)
+    assert retrieved.id == response.id and retrieved.output_text == response.output_text
+
+
+async def test_a_translatable_request_to_a_native_provider_goes_natively_too(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    response = await acme.responses.create(model=RESPONSES_MODEL, input="Say hello", instructions="Be brief.")
+
+    sent = last_sent(gw, "/v1/responses")
+    assert (sent["input"], sent["instructions"]) == ("Say hello", "Be brief.")
+    assert response.id.startswith("resp_") and response.instructions == "Be brief."
+    job = await gw.queue.get(response.id.removeprefix("resp_"))
+    assert job is not None and "native_only" not in job.payload["origin"]
+
+
+async def test_a_native_only_request_for_a_chat_only_model_is_refused_and_nothing_is_queued(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    received = len(gw.sim.received("/v1/chat/completions"))
+    for model in (CHAT_ONLY_MODEL, "auto"):  # auto may be routed to a chat-only provider
+        with pytest.raises(openai.BadRequestError) as refused:
+            await acme.responses.create(model=model, input="Find today's news", tools=[SEARCH])
+        error = refused.value.body
+        assert isinstance(error, dict) and (error["code"], error["param"]) == ("unsupported_tool",
+                                                                             "tools[0].type")
+    with pytest.raises(openai.BadRequestError) as summary:
+        await acme.responses.create(model=CHAT_ONLY_MODEL, input="Hi", reasoning={"summary": "auto"})
+    assert isinstance(summary.value.body, dict) and summary.value.body["code"] == "unsupported_parameter"
+    assert len(gw.sim.received("/v1/chat/completions")) == received
+
+
+async def test_a_native_stream_relays_the_upstreams_typed_events(gw: Gateway, acme: AsyncOpenAI) -> None:
+    async with acme.responses.stream(model=RESPONSES_MODEL, input="Say hello", tools=[SEARCH],
+                                     reasoning={"effort": "low"}) as stream:
+        events = [event async for event in stream]
+        final = await stream.get_final_response()
+    raw = await acme.responses.create(model=RESPONSES_MODEL, input="Say hello", stream=True,
+                                      reasoning={"effort": "low"})
+    created = [event async for event in raw]
+
+    assert last_sent(gw, "/v1/responses")["stream"] is True
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "response.output_item.added" in kinds and "response.output_text.delta" in kinds
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    # The ids the client sees are tidegate's, the one it may retrieve.
+    assert final.id.startswith("resp_") and events[0].response.id == final.id  # type: ignore[union-attr]
+    text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert text and text == final.output_text
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert (await acme.responses.retrieve(final.id)).output_text == text
+    # Each event of a plain `stream: true` parses strictly as the SDK's own type.
+    for event in created:
+        STREAM_EVENT.validate_python(event.model_dump(exclude_unset=True))
+    assert created[-1].type == "response.completed" and created[-1].response.id.startswith("resp_")
+
+
+async def test_a_continued_native_response_sends_the_earlier_items_upstream(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    first = await acme.responses.create(model=RESPONSES_MODEL, input="Find the news", tools=[SEARCH],
+                                        reasoning={"effort": "low"})
+    second = await acme.responses.create(model=RESPONSES_MODEL, input="And tomorrow?", tools=[SEARCH],
+                                         previous_response_id=first.id)
+
+    sent = last_sent(gw, "/v1/responses")
+    assert "previous_response_id" not in sent  # the upstream never saw tidegate's ids
+    assert [item.get("type") for item in sent["input"]] == ["message", "reasoning", "message", "message"]
+    assert sent["input"][0]["content"] == "Find the news" and sent["input"][-1]["content"] == "And tomorrow?"
+    assert second.previous_response_id == first.id and second.status == "completed"
+
+
+async def test_a_native_only_job_routed_to_a_chat_only_provider_fails_saying_why(gw: Gateway) -> None:
+    # Given a job that only a Responses-native provider may serve, routed to a chat-only model
+    # (as when the configuration changed after it was queued)
+    payload = {"kind": "chat",
+               "body": {"model": CHAT_ONLY_MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+               "origin": {"api": "responses", "native_only": True,
+                          "body": {"model": CHAT_ONLY_MODEL, "input": "Hi", "tools": [SEARCH]}}}
+    job_id = await gw.queue.enqueue(payload, tenant="acme")
+
+    [job] = await wait_final(gw.queue, [job_id])
+
+    # Then it fails at once, naming why, rather than be answered without what it asked for
+    assert job.state is JobState.DEAD and job.attempts == 1
+    assert job.failure is not None and job.failure["code"] == "native_api_required"
+    assert "does not speak" in job.failure["message"]
+
+
+# ---------------------------------------------------------------------- Anthropic's Messages API
+
+
+async def test_top_k_and_thinking_reach_an_anthropic_provider_and_the_thinking_comes_back(
+    gw: Gateway, claude: anthropic.AsyncAnthropic,
+) -> None:
+    raw = await claude.messages.with_raw_response.create(
+        model=MESSAGES_MODEL, max_tokens=2048, messages=HELLO, extra_body={"top_k": 5},
+        thinking={"type": "enabled", "budget_tokens": 1024})
+    message = await raw.parse()
+
+    sent = last_sent(gw, "/v1/messages")
+    assert (sent["top_k"], sent["thinking"], sent["model"]) == (5, THINKING, MESSAGES_MODEL)
+    assert sent["messages"] == HELLO and "priority" not in sent
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    thinking = message.content[0]
+    assert thinking.type == "thinking" and thinking.thinking and thinking.signature
+    assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
+    job = await gw.queue.get(raw.headers["X-Tidegate-Job-Id"])
+    assert job is not None and job.result["provider"] == "sim-messages"
+    assert job.result["usage"]["completion_tokens"] == message.usage.output_tokens
+
+    # A conversation sent back with its thinking block goes on as it is.
+    answered = await claude.messages.create(
+        model=MESSAGES_MODEL, max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024},
+        messages=[*HELLO, {"role": "assistant", "content": message.content},
+                  {"role": "user", "content": "Again"}])
+    assert answered.content[-1].type == "text"
+    assert last_sent(gw, "/v1/messages")["messages"][1]["content"][0]["type"] == "thinking"
+
+
+async def test_top_k_for_a_chat_only_model_is_refused_in_anthropics_shape(
+    claude: anthropic.AsyncAnthropic,
+) -> None:
+    for extra in ({"top_k": 5}, {"thinking": THINKING}):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await claude.messages.create(model=CHAT_ONLY_MODEL, max_tokens=2048, messages=HELLO,
+                                         extra_body=extra)
+        body = refused.value.response.json()
+        assert (body["error"]["type"], body["error"]["code"]) == ("invalid_request_error",
+                                                                  "unsupported_parameter")
+
+
+async def test_a_native_message_stream_relays_anthropics_events(
+    gw: Gateway, claude: anthropic.AsyncAnthropic,
+) -> None:
+    async with claude.messages.stream(model=MESSAGES_MODEL, max_tokens=2048, messages=HELLO,
+                                      thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_message()
+
+    assert last_sent(gw, "/v1/messages")["stream"] is True
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "thinking" in kinds and "signature" in kinds and "text" in kinds  # the SDK's own events
+    assert [block.type for block in final.content] == ["thinking", "text"]
+    assert final.content[1].type == "text" and final.content[1].text
+    assert final.usage.output_tokens > 0
+
+
+async def test_a_translated_path_is_unchanged_for_a_chat_only_model(
+    gw: Gateway, claude: anthropic.AsyncAnthropic, acme: AsyncOpenAI,
+) -> None:
+    message = await claude.messages.create(model=CHAT_ONLY_MODEL, max_tokens=32, messages=HELLO)
+    response = await acme.responses.create(model=CHAT_ONLY_MODEL, input="Say hello")
+
+    sent = gw.sim.received("/v1/chat/completions")[-2:]
+    assert all(body["model"] == CHAT_ONLY_MODEL and "messages" in body for body in sent)
+    assert message.content[0].type == "text" and response.output_text
+    job = await gw.queue.get(response.id.removeprefix("resp_"))
+    assert job is not None and job.result["provider"] == PROVIDER
+
+
+async def test_a_native_stream_cut_off_by_the_provider_ends_with_response_failed(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    # Given a Responses-native provider that resets the connection half way through its stream
+    gw.sim.inject(RESPONSES_MODEL, InjectedFault("reset"))
+    stream = await acme.responses.create(model=RESPONSES_MODEL, input="Say hello", stream=True,
+                                         max_output_tokens=40)
+    events = [event async for event in stream]
+
+    # Then the client had the upstream's first events, then tidegate's response.failed, numbered on
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
+    assert kinds[-1] == "response.failed" and "response.completed" not in kinds
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.error is not None
+    assert failed.response.id == events[0].response.id  # type: ignore[union-attr]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+
+
+def sse_data(body: bytes) -> list[dict[str, Any]]:
+    """The data of each server-sent event in `body`."""
+    return [orjson.loads(line.removeprefix(b"data: ")) for line in body.split(b"\n")
+            if line.startswith(b"data: ")]
+
+
+def whole_stream(renderer: StreamRenderer, result: AIResult) -> bytes:
+    """What a stream renders of a stored answer (a worker without a relay stored it whole)."""
+    frames = [renderer.frame(part) for part in renderer.whole_answer(result, "job1")]
+    return b"".join(frame for frame in frames if frame is not None) + renderer.end_frame()
+
+
+async def test_a_stored_native_answer_streams_as_its_own_events() -> None:
+    request = RESPONSES.translate(ResponseCreateRequest(input="Hi", stream=True, tools=[dict(SEARCH)]),
+                                  native=True)
+    response = {"id": "resp_upstream", "object": "response", "created_at": 1, "status": "completed",
+                "model": RESPONSES_MODEL, "output": [{"id": "msg_1", "type": "message", "role": "assistant",
+                                                     "status": "completed", "content": [
+                                                         {"type": "output_text", "text": "Hello",
+                                                          "annotations": []}]}],
+                "parallel_tool_calls": True, "tool_choice": "auto", "tools": [SEARCH], "error": None,
+                "incomplete_details": None, "instructions": None, "metadata": {}, "temperature": 1.0,
+                "top_p": 1.0, "store": False}
+    message = {"id": "msg_upstream", "type": "message", "role": "assistant", "model": MESSAGES_MODEL,
+               "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                           {"type": "text", "text": "Hello"}],
+               "stop_reason": "end_turn", "stop_sequence": None,
+               "usage": {"input_tokens": 3, "output_tokens": 2}, "service_tier": "default"}
+
+    responses = sse_data(whole_stream(RESPONSES.call("job1", request, 1).stream(request),
+                                      AIResult(response, model=RESPONSES_MODEL)))
+    messages = sse_data(whole_stream(ANTHROPIC.stream(ANTHROPIC.translate(MessagesRequest.model_validate(
+        {"model": MESSAGES_MODEL, "max_tokens": 2048, "messages": HELLO, "stream": True}))),
+        AIResult(message, model=MESSAGES_MODEL)))
+
+    events = [STREAM_EVENT.validate_python(event) for event in responses]
+    assert [event.type for event in events] == ["response.created", "response.completed"]
+    final = events[-1]
+    assert final.type == "response.completed" and final.response.id == "resp_job1"
+    assert final.response.output_text == "Hello" and responses[-1]["response"]["store"] is True
+    assert [event["type"] for event in messages] == [
+        "message_start", "content_block_start", "content_block_stop", "content_block_start",
+        "content_block_stop", "message_delta", "message_stop"]
+    assert messages[1]["content_block"] == message["content"][0]  # type: ignore[index]
+    assert "service_tier" not in messages[0]["message"]
