@@ -379,3 +379,5 @@ def test_a_batch_section_needs_an_openai_compatible_api_and_names_priorities_as_
         ProviderConfig(name="claude", base_url="https://api.anthropic.com/v1", api="anthropic", batch=batch)
     with pytest.raises(ValidationError):
         ProviderBatchConfig(priorities=("urgent",))
+    with pytest.raises(ValidationError, match="always served live"):
+        ProviderBatchConfig(priorities=("bulk", "high"))

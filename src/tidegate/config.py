@@ -108,7 +108,11 @@ class ProviderBatchConfig(BaseModel):
     @field_validator("priorities")
     @classmethod
     def _levels_by_name(cls, priorities: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(Priority.parse(name).name.lower() for name in priorities)
+        levels = tuple(Priority.parse(name) for name in priorities)
+        urgent = [level.name.lower() for level in levels if level <= Priority.HIGH]
+        if urgent:  # a day's wait is never what an urgent job is for
+            raise ValueError(f"{', '.join(urgent)} jobs are always served live, not by a provider batch")
+        return tuple(level.name.lower() for level in levels)
 
     def admits(self, priority: Priority) -> bool:
         """Whether jobs at `priority` may go to a provider batch."""
