@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from bench.common import BenchmarkError
+from bench.dispatch_cost import CostResult, cost_report, run_costs
 from bench.dispatch_report import (
     depth_block,
     generator_lag,
@@ -51,6 +52,7 @@ from bench.servers import private_redis
 # --quick: the same scenario, shorter (about 40 s in all on 2 cores).
 QUICK = {"nominal_s": 6.0, "overload_s": 6.0, "drain_s": 3.0}
 QUICK_CEILING = {"ceiling_s": 3.0, "ceiling_warmup_s": 1.0, "ceiling_jobs": 10000}
+_LOAD_MODES: tuple[Mode, ...] = ("priority", "fifo")
 FULL_CEILING = {"ceiling_s": 8.0, "ceiling_warmup_s": 2.0, "ceiling_jobs": 30000}
 
 
@@ -61,6 +63,9 @@ class Options:
     queue: str
     sim: SimPlacement
     modes: tuple[Mode, ...]
+    cost: bool  # the cost scenario: always premium vs priority tiers vs provider batches
+    cost_jobs: int
+    cost_rate_per_s: float
     ceiling: bool
     ceiling_s: float
     ceiling_warmup_s: float
@@ -77,7 +82,12 @@ def parser(description: str | None) -> argparse.ArgumentParser:
                    help="queue backend; redis starts a private redis-server (default: sqlite)")
     p.add_argument("--sim", choices=("subprocess", "inproc"), default="subprocess",
                    help="run the simulated provider in a subprocess or on the benchmark's loop")
-    p.add_argument("--modes", default="priority,fifo", help="priority, fifo or both (default both)")
+    p.add_argument("--modes", default="priority,fifo,cost",
+                   help="priority, fifo and/or cost (default all three); cost compares always-premium, "
+                        "priority tiers and provider batches for BULK")
+    p.add_argument("--cost-jobs", type=int, help="jobs per cost run (default 1200; --quick 400)")
+    p.add_argument("--cost-rate", type=float, default=40.0, help="arrivals per second of the cost runs "
+                                                                  "(default 40)")
     p.add_argument("--users", type=int, help="virtual users (default 1000)")
     p.add_argument("--tenants", type=int, help="tenants the users belong to (default 10)")
     p.add_argument("--rate-per-min", type=float, help="nominal requests per minute (default 10000)")
@@ -124,12 +134,17 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
 
 def options_from(args: argparse.Namespace) -> Options:
     """Backend, simulator placement, modes and the ceiling run."""
-    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    if not modes or any(m not in ("priority", "fifo") for m in modes):
-        raise BenchmarkError(f"--modes takes priority and/or fifo, not {args.modes!r}")
+    named = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not named or any(m not in ("priority", "fifo", "cost") for m in named):
+        raise BenchmarkError(f"--modes takes priority, fifo and/or cost, not {args.modes!r}")
+    modes = tuple(mode for mode in _LOAD_MODES if mode in named)
+    cost_jobs = args.cost_jobs or (400 if args.quick else 1200)
+    if cost_jobs < 1 or args.cost_rate <= 0:
+        raise BenchmarkError("--cost-jobs and --cost-rate must be > 0")
     ceiling = QUICK_CEILING if args.quick else FULL_CEILING
     return Options(
-        queue=args.queue, sim=args.sim, modes=modes, ceiling=not args.no_ceiling,
+        queue=args.queue, sim=args.sim, modes=modes, cost="cost" in named, cost_jobs=cost_jobs,
+        cost_rate_per_s=args.cost_rate, ceiling=not args.no_ceiling,
         ceiling_s=ceiling["ceiling_s"], ceiling_warmup_s=ceiling["ceiling_warmup_s"],
         ceiling_jobs=int(ceiling["ceiling_jobs"]), ceiling_concurrency=args.ceiling_concurrency,
         output=args.output,
@@ -148,7 +163,7 @@ class Backend:
 @contextlib.asynccontextmanager
 async def backend(kind: str) -> AsyncIterator[Backend]:
     """A fresh queue per run: its own SQLite file, or its own queue name on a private Redis."""
-    names = ("priority", "fifo", "ceiling")
+    names = ("priority", "fifo", "ceiling", "cost-premium", "cost-tiers", "cost-batches")
     if kind == "sqlite":
         with tempfile.TemporaryDirectory(prefix="tidegate-bench-dispatch-") as folder:
             yield Backend({name: f"sqlite:///{Path(folder) / name}.db" for name in names})
@@ -160,7 +175,7 @@ async def backend(kind: str) -> AsyncIterator[Backend]:
 
 
 async def run_all(scenario: Scenario, options: Options) -> tuple[dict[str, ModeResult], CeilingResult | None,
-                                                               dict[str, str]]:
+                                                               list[CostResult], dict[str, str]]:
     """Every requested run against one simulator and one backend."""
     async with backend(options.queue) as where, simulated_provider(scenario, options.sim) as sim:
         helpers = _helpers(sim, where)
@@ -179,10 +194,16 @@ async def run_all(scenario: Scenario, options: Options) -> tuple[dict[str, ModeR
                 warmup_s=options.ceiling_warmup_s, window_s=options.ceiling_s,
                 concurrency=options.ceiling_concurrency,
             )
+        costs = []
+        if options.cost:
+            print(f"… cost: 3 runs of {options.cost_jobs} jobs at {options.cost_rate_per_s:g}/s",
+                  file=sys.stderr, flush=True)
+            costs = await run_costs(scenario, where.urls, sim, jobs=options.cost_jobs,
+                                    rate_per_s=options.cost_rate_per_s)
         meter.stop()
         facts = {"redis-server": where.redis_version or "not used",
                  "CPU used by other processes during the run": meter.describe()}
-    return runs, ceiling, facts
+    return runs, ceiling, costs, facts
 
 
 def _helpers(sim: SimHandle, where: Backend) -> dict[str, int]:
@@ -195,11 +216,14 @@ def _helpers(sim: SimHandle, where: Backend) -> dict[str, int]:
 
 
 def render(scenario: Scenario, options: Options, runs: dict[str, ModeResult], ceiling: CeilingResult | None,
-           facts: dict[str, str], command: str, elapsed_s: float) -> str:
+           costs: list[CostResult], facts: dict[str, str], command: str, elapsed_s: float) -> str:
     """The whole markdown report."""
-    out = [f"## Dispatch under load: priority vs FIFO ({options.queue}, simulator {options.sim})\n",
-           f"`{command}` — {elapsed_s:.0f} s\n", _facts_table(scenario, options, facts),
-           _setup(scenario, options)]
+    named = [mode.upper() if mode == "fifo" else mode for mode in runs] + (["cost"] if costs else [])
+    what = " vs ".join(named)
+    out = [f"## Dispatch under load: {what} ({options.queue}, simulator {options.sim})\n",
+           f"`{command}` — {elapsed_s:.0f} s\n", _facts_table(scenario, options, facts)]
+    if runs or ceiling is not None:
+        out.append(_setup(scenario, options))
     for mode, run in runs.items():
         fifo_note = f" (everything enqueued at {FIFO_LEVEL.name})" if mode == "fifo" else ""
         out.append(f"### {mode}{fifo_note}\n")
@@ -218,8 +242,13 @@ def render(scenario: Scenario, options: Options, runs: dict[str, ModeResult], ce
                 phase_table(runs["priority"], phase), phase_table(runs["fifo"], phase)))
     if ceiling is not None:
         out.append(_ceiling_text(ceiling))
-    out.append("### Verdicts\n\n" + "\n".join(verdicts(scenario, runs, ceiling)) + "\n")
-    out.append(_notes(scenario, options))
+    if costs:
+        out.append(cost_report(costs, rate_per_s=options.cost_rate_per_s))
+    judged = verdicts(scenario, runs, ceiling)
+    if judged:
+        out.append("### Verdicts\n\n" + "\n".join(judged) + "\n")
+    if runs:
+        out.append(_notes(scenario, options))
     return "\n".join(out)
 
 
@@ -319,12 +348,12 @@ def main(description: str | None = None, argv: Sequence[str] | None = None) -> i
         scenario, options = scenario_from(args), options_from(args)
         load_before = load_average()
         started = time.monotonic()
-        runs, ceiling, facts = asyncio.run(run_all(scenario, options))
+        runs, ceiling, costs, facts = asyncio.run(run_all(scenario, options))
         facts["load before"] = load_before
     except BenchmarkError as exc:
         print(f"dispatch benchmark FAILED: {exc}", file=sys.stderr)
         return 1
-    report = render(scenario, options, runs, ceiling, facts, command, time.monotonic() - started)
+    report = render(scenario, options, runs, ceiling, costs, facts, command, time.monotonic() - started)
     print(report)
     if options.output is not None:
         options.output.write_text(report)

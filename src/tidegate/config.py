@@ -87,6 +87,41 @@ class ModelConfig(BaseModel):
     tier_prices: dict[PricedTier, TierPrice] = Field(default_factory=dict)
 
 
+class ProviderBatchConfig(BaseModel):
+    """When a provider's own batch API (OpenAI's Files + Batch: half the price, answered within
+    24 h) serves a job instead of a live call (`tidegate.dispatch.provider_batches`).
+
+    A job goes there when its priority is in `priorities`, its kind in `kinds`, it does not
+    stream, and its deadline is set and at least `min_deadline_s` away when it is claimed. A
+    worker gathers such jobs for up to `gather_s` (or `max_lines` of them) into one provider batch,
+    then looks at the batch every `poll_s` until it ended. `discount` is the batch's price factor.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    discount: Decimal = Field(Decimal("0.5"), ge=0)
+    min_deadline_s: float = Field(86_400.0, ge=0)
+    priorities: tuple[str, ...] = ("bulk",)
+    kinds: tuple[Literal["chat", "embeddings"], ...] = ("chat", "embeddings")
+    max_lines: int = Field(1000, ge=1, le=50_000)  # OpenAI takes up to 50,000 lines a batch
+    gather_s: float = Field(2.0, gt=0)
+    poll_s: float = Field(60.0, gt=0)
+    completion_window: str = "24h"
+
+    @field_validator("priorities")
+    @classmethod
+    def _levels_by_name(cls, priorities: tuple[str, ...]) -> tuple[str, ...]:
+        levels = tuple(Priority.parse(name) for name in priorities)
+        urgent = [level.name.lower() for level in levels if level <= Priority.HIGH]
+        if urgent:  # a day's wait is never what an urgent job is for
+            raise ValueError(f"{', '.join(urgent)} jobs are always served live, not by a provider batch")
+        return tuple(level.name.lower() for level in levels)
+
+    def admits(self, priority: Priority) -> bool:
+        """Whether jobs at `priority` may go to a provider batch."""
+        return priority.name.lower() in self.priorities
+
+
 class ProviderConfig(BaseModel):
     """An upstream: OpenAI-compatible (`api = "openai"`, the default) or Anthropic's Messages API
     (`api = "anthropic"`, its base_url e.g. https://api.anthropic.com/v1).
@@ -108,6 +143,7 @@ class ProviderConfig(BaseModel):
     service_tiers: dict[str, ServiceTier] = Field(default_factory=dict)
     tier_price_factors: dict[PricedTier, Decimal] = Field(default_factory=dict)
     native_apis: tuple[NativeApi, ...] = ()
+    batch: ProviderBatchConfig | None = None  # None: this provider's batch API is not used
 
     @model_validator(mode="after")
     def _native_apis_of_openai(self) -> ProviderConfig:
@@ -134,6 +170,13 @@ class ProviderConfig(BaseModel):
             if factor < 0:
                 raise ValueError(f"the price factor of tier {tier!r} must be >= 0, not {factor}")
         return factors
+
+    @model_validator(mode="after")
+    def _batch_api_known(self) -> ProviderConfig:
+        if self.batch is not None and self.api != "openai":
+            raise ValueError(f"provider {self.name!r}: a `batch` section needs an OpenAI-compatible "
+                             f"batch API (api = \"openai\"), not api = {self.api!r}")
+        return self
 
     def tier_for(self, priority: Priority) -> ServiceTier | None:
         """The tier the policy sends for a job at `priority` whose caller named none."""

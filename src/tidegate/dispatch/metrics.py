@@ -12,7 +12,8 @@ _LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 
 
 class DispatchMetrics:
-    """Jobs by outcome, queue wait and upstream latency, tokens, cost, 429s, in-flight, limiter."""
+    """Jobs by outcome, queue wait and upstream latency, tokens, cost, 429s, in-flight, limiter,
+    and the jobs sent through providers' own batch APIs."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -52,6 +53,14 @@ class DispatchMetrics:
         self.concurrency_limit = Labelled(Gauge(
             "tidegate_concurrency_limit", "Adaptive (AIMD) concurrency limit per model",
             ["model"], registry=r,
+        ))
+        self.provider_batches = Labelled(Counter(
+            "tidegate_provider_batches", "Batches submitted to a provider's own batch API",
+            ["provider"], registry=r,
+        ))
+        self.provider_batch_jobs = Labelled(Counter(
+            "tidegate_provider_batch_jobs", "Jobs sent through a provider's own batch API, by what became "
+            "of them (submitted, collected, served_live)", ["provider", "outcome"], registry=r,
         ))
         self.paused_until = Labelled(Gauge(
             "tidegate_limiter_paused_until_seconds",

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import date
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidegate.config import BudgetConfig
 from tidegate.coord.budget import BudgetLedger, Reservation
@@ -21,7 +22,7 @@ from tidegate.jobs import Job, Priority
 if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gateway layer
     from tidegate.coord.tenants import TenantStore
 
-__all__ = ["TENANT_CACHE_S", "Hold", "Limits", "Spending", "Unlimited"]
+__all__ = ["TENANT_CACHE_S", "Hold", "Limits", "Spending", "Unlimited", "hold_from_json", "hold_to_json"]
 
 TENANT_CACHE_S = 5.0  # how long a tenant's budget is reused before it is read again
 
@@ -38,6 +39,28 @@ class Unlimited:
 
 Hold = Reservation | Unlimited
 """What a job's call holds on the ledger while it runs."""
+
+
+def hold_to_json(hold: Hold | None) -> dict[str, Any] | None:
+    """A hold as JSON, for a job whose call outlives its claim (a provider batch): whichever
+    worker collects the job settles the hold from it. The ledger keeps a reservation pending by
+    its id, so a settle from the stored copy is the same, once-only settle."""
+    if hold is None:
+        return None
+    if isinstance(hold, Unlimited):
+        return {"tenant": hold.tenant}
+    return {"id": hold.id, "tenant": hold.tenant, "amount_micros": hold.amount_micros,
+            "day": hold.day.isoformat(), "enforced": hold.enforced}
+
+
+def hold_from_json(data: dict[str, Any] | None) -> Hold | None:
+    """The hold `hold_to_json` wrote."""
+    if data is None:
+        return None
+    if "id" not in data:
+        return Unlimited(str(data["tenant"]))
+    return Reservation(str(data["id"]), str(data["tenant"]), int(data["amount_micros"]),
+                       date.fromisoformat(data["day"]), bool(data["enforced"]))
 
 
 class Spending:

@@ -20,7 +20,7 @@ from tidegate.config import ModelConfig, ProviderConfig
 from tidegate.costs import at_tier, billed_tier
 from tidegate.jobs import Priority
 
-__all__ = ["answered_with_tier", "priced", "tier_of", "with_tier"]
+__all__ = ["answered_with_tier", "batch_priced", "priced", "tier_of", "with_tier"]
 
 FIELD = "service_tier"
 
@@ -43,6 +43,16 @@ def with_tier(request: AIRequest, tier: str | None) -> AIRequest:
 def priced(model: ModelConfig, provider: ProviderConfig, tier: str | None) -> ModelConfig:
     """`model` with its prices at `tier` on `provider`."""
     return at_tier(model, tier, provider.tier_price_factors)
+
+
+def batch_priced(model: ModelConfig, provider: ProviderConfig) -> ModelConfig:
+    """`model` at the prices of `provider`'s own batch API: the default prices times its batch
+    `discount` (the model itself when the provider has no batch section)."""
+    if provider.batch is None:
+        return model
+    factor = provider.batch.discount
+    return model.model_copy(update={"input_usd_per_1m": model.input_usd_per_1m * factor,
+                                    "output_usd_per_1m": model.output_usd_per_1m * factor})
 
 
 def answered_with_tier(response: dict[str, Any], sent: str | None) -> tuple[dict[str, Any], str]:

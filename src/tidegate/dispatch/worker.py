@@ -7,6 +7,8 @@ Rules it keeps (DESIGN.md, "Dispatch"):
   budget or a 429's Retry-After parks the job in the queue as a delayed job instead.
 - Every job ends in a final state or goes back to the queue; on shutdown in-flight calls get a
   grace period and the rest are released at once.
+- A job that can wait (BULK with a distant deadline, where the provider has a `batch` section)
+  goes to the provider's own batch API instead of a live call (tidegate.dispatch.provider_batches).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tidegate.coord.budget import (
     budget_outcome,
 )
 from tidegate.coord.limiter import AdaptiveConcurrency, RateLimiter, rate_limiter_for
+from tidegate.coord.provider_batches import provider_batch_store_for
 from tidegate.coord.relay import ChunkRelay
 from tidegate.costs import (
     cost_micros,
@@ -44,6 +47,7 @@ from tidegate.dispatch import failures
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.provider_batches import ProviderBatches
 from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
 from tidegate.dispatch.spending import Hold, Spending
 from tidegate.dispatch.tiers import answered_with_tier, priced, tier_of, with_tier
@@ -52,6 +56,7 @@ from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
 from tidegate.providers.adapters import Answer, PartSink, ProviderAdapter, adapter_for
+from tidegate.providers.batch_api import ProviderBatchClient
 from tidegate.providers.client import UpstreamClient, UpstreamError
 from tidegate.providers.ratelimit import RateLimitInfo
 from tidegate.queue import Queue
@@ -118,6 +123,7 @@ class Worker:
         self._turnstiles: dict[str, PriorityTurnstile] = {}  # per provider/model key
         self._health = ModelHealth(config.routing.fallback_after_failures, self.settings.model_cooldown_s)
         self._adapters: dict[str, ProviderAdapter] = {}  # per provider, over its pooled client
+        self._provider_batches: ProviderBatches | None = None  # set when a provider has a `batch` section
         self._active: dict[str, tuple[asyncio.Task[None], _Call]] = {}
         self._slot_freed = asyncio.Event()
         served = self.settings.priorities or tuple(int(level) for level in Priority)
@@ -147,7 +153,24 @@ class Worker:
         if self._spending.ledger is None and self.config.budgets.limited:
             ledger = self._spending.ledger = budget_ledger_for(self.config.queue_url)
             close_bounded(self._stack, ledger.close, "the worker's budget ledger")
+        if any(provider.batch is not None for provider in self.config.providers):
+            self._open_provider_batches()
         return self
+
+    def _open_provider_batches(self) -> None:
+        store = provider_batch_store_for(self.config.queue_url)
+        close_bounded(self._stack, store.close, "the worker's provider-batch store")
+        providers = {provider.name: provider for provider in self.config.providers}
+        batches = self._provider_batches = ProviderBatches(
+            providers,
+            {name: ProviderBatchClient(self._adapters[name].client) for name, provider in providers.items()
+             if provider.batch is not None},
+            queue=self.queue, store=store, spending=self._spending, metrics=self.metrics,
+            worker_id=self.worker_id, lease_s=self.settings.lease_s,
+            succeeded=lambda job, result: self._callback(job, JobState.SUCCEEDED, result=result),
+        )
+        # Closed first: the jobs it still gathers go back to the queue before the pools close.
+        self._stack.push_async_callback(batches.close)
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._stack.aclose()
@@ -330,6 +353,9 @@ class Worker:
                 route = self._route(request, job, estimated_input, fraction_left, frozenset())
         except RoutingError as exc:
             await self._settle_failure(call, str(exc), retry=False, failure=failures.routing_refused(exc))
+            return
+        batches = self._provider_batches
+        if batches is not None and await batches.place(job, request, route, call.queue_wait_ms):
             return
         reserved = await self._reserve_budget(call, route, request)
         if reserved is None:

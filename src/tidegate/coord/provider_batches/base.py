@@ -1,0 +1,151 @@
+"""The provider-batch store's contract: per batch submitted to a provider's own batch API, its
+provider, id, model, endpoint, jobs and submission time; per job, the batch it waits in (or why
+it is served live instead) and the budget it holds until it is collected.
+
+The record is what makes a provider batch survive a worker: a job is released to the queue while
+its batch runs, and whichever worker claims it next finds it here and collects it rather than
+submitting it again. A batch and its jobs are written in one atomic step (one SQLite transaction,
+one Redis MULTI), so a job is never recorded without its batch. Records expire after KEEP_S (a
+batch ends within its 24 h window), so nothing grows without bound.
+
+`ProviderBatchStore` checks the lifecycle and converts records once around the `_hooks` that
+`sqlite.SqliteProviderBatchStore` and `redis.RedisProviderBatchStore` implement;
+`provider_batch_store_for(queue_url)` picks one by the queue's URL.
+
+- SQLite (`sqlite:///path`): the queue's file, tables `provider_batches` and
+  `provider_batch_jobs`, rows under the store's name.
+- Redis (`redis://…?name=X`): one string per batch (`tidegate:{X}:pbatch:<provider>/<id>`) and
+  per job (`tidegate:{X}:pbatch_job:<job id>`), JSON, with a TTL and the queue's hash tag.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of, without_query
+from tidegate.errors import DispatchClosed
+
+__all__ = ["KEEP_S", "BatchedJob", "ProviderBatchRecord", "ProviderBatchStore", "provider_batch_store_for"]
+
+KEEP_S = 7 * 86_400  # a batch ends within its 24 h window; a week leaves room for late collection
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderBatchRecord:
+    """One batch submitted to a provider: its jobs are its lines, by job id (the custom_id)."""
+
+    provider: str
+    batch_id: str
+    model: str
+    endpoint: str
+    job_ids: tuple[str, ...]
+    submitted_at: datetime
+
+    def to_json(self) -> bytes:
+        """The record as stored."""
+        return orjson.dumps({**asdict(self), "submitted_at": self.submitted_at.isoformat()})
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ProviderBatchRecord:
+        """A stored record."""
+        data = orjson.loads(raw)
+        return cls(data["provider"], data["batch_id"], data["model"], data["endpoint"],
+                   tuple(data["job_ids"]), datetime.fromisoformat(data["submitted_at"]))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchedJob:
+    """A job's place in a provider batch. `hold` is the budget it holds until collected, in the
+    worker's own form (opaque here); `live_reason`, once set, says why the job is served by a live
+    call instead (its line failed, its batch could not be submitted or ended without it)."""
+
+    job_id: str
+    provider: str
+    batch_id: str
+    hold: dict[str, Any] | None = None
+    live_reason: str | None = None
+
+    def served_live(self, reason: str) -> BatchedJob:
+        """This entry, the job to be served live for `reason`, its hold given back."""
+        return replace(self, hold=None, live_reason=reason)
+
+    def to_json(self) -> bytes:
+        """The entry as stored."""
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> BatchedJob:
+        """A stored entry."""
+        data = orjson.loads(raw)
+        return cls(data["job_id"], data["provider"], data["batch_id"], data.get("hold"),
+                   data.get("live_reason"))
+
+
+class ProviderBatchStore(OpensOnFirstUse):
+    """Provider batches and their jobs, kept in the queue's backend. Opens on first use; a closed
+    store raises DispatchClosed."""
+
+    unavailable_error = DispatchClosed
+    what = "this provider-batch store"
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    async def record(self, batch: ProviderBatchRecord, jobs: Sequence[BatchedJob]) -> None:
+        """Store a submitted batch and the entries of its jobs, in one atomic step."""
+        await self._ready()
+        await self._record(batch.provider, batch.batch_id, batch.to_json(),
+                           [(job.job_id, job.to_json()) for job in jobs])
+
+    async def put_jobs(self, jobs: Sequence[BatchedJob]) -> None:
+        """Store (or replace) job entries: a job to be served live, say."""
+        if jobs:
+            await self._ready()
+            await self._put_jobs([(job.job_id, job.to_json()) for job in jobs])
+
+    async def job(self, job_id: str) -> BatchedJob | None:
+        """The job's entry, or None when it never went to a provider batch."""
+        await self._ready()
+        raw = await self._get_job(job_id)
+        return None if raw is None else BatchedJob.from_json(raw)
+
+    async def batch(self, provider: str, batch_id: str) -> ProviderBatchRecord | None:
+        """The batch, or None."""
+        await self._ready()
+        raw = await self._get_batch(provider, batch_id)
+        return None if raw is None else ProviderBatchRecord.from_json(raw)
+
+    # -- storage hooks, implemented by each backend (the store open)
+
+    @abc.abstractmethod
+    async def _record(self, provider: str, batch_id: str, batch: bytes,
+                      jobs: list[tuple[str, bytes]]) -> None: ...
+
+    @abc.abstractmethod
+    async def _put_jobs(self, jobs: list[tuple[str, bytes]]) -> None: ...
+
+    @abc.abstractmethod
+    async def _get_job(self, job_id: str) -> str | bytes | None: ...
+
+    @abc.abstractmethod
+    async def _get_batch(self, provider: str, batch_id: str) -> str | bytes | None: ...
+
+
+def provider_batch_store_for(queue_url: str) -> ProviderBatchStore:
+    """The provider-batch store of a queue: the same SQLite file (its own tables) or the same
+    Redis server (keys under the queue's `?name=`, "default" when not given)."""
+    name = queue_name_of(queue_url)
+    if backend_of(queue_url) == "redis":
+        from tidegate.coord.provider_batches.redis import RedisProviderBatchStore
+
+        return RedisProviderBatchStore(without_query(queue_url), name)
+    from tidegate.coord.provider_batches.sqlite import SqliteProviderBatchStore
+
+    return SqliteProviderBatchStore(sqlite_path_of(queue_url), name)

@@ -1,0 +1,87 @@
+"""The provider-batch store in Redis, every key with the queue's hash tag and a TTL of KEEP_S:
+one string per batch (`tidegate:{name}:pbatch:<provider>/<id>`) and per job
+(`tidegate:{name}:pbatch_job:<job id>`), each JSON. A batch and its jobs are written in one
+MULTI, so the keys sharing one Redis Cluster slot is what lets them go together."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from tidegate._redis import RedisClient, key_prefix, require_redis
+from tidegate._urls import redact_url
+from tidegate.coord.provider_batches.base import KEEP_S, ProviderBatchStore
+from tidegate.errors import QueueUnavailable
+
+require_redis("the Redis provider-batch store")
+
+__all__ = ["RedisProviderBatchStore"]
+
+T = TypeVar("T")
+
+
+class RedisProviderBatchStore(ProviderBatchStore):
+    """Provider batches in Redis, hash-tagged by the queue's name so they sit on one Redis
+    Cluster slot with it. Connects on first use."""
+
+    def __init__(self, url: str, name: str = "default") -> None:
+        super().__init__(name)
+        self.url = url
+        prefix = key_prefix(name)
+        self._batch_prefix = prefix + "pbatch:"
+        self._job_prefix = prefix + "pbatch_job:"
+        self._redis: RedisClient | None = None
+
+    def __repr__(self) -> str:
+        return f"RedisProviderBatchStore(url={redact_url(self.url)!r}, name={self.name!r})"
+
+    def batch_key(self, provider: str, batch_id: str) -> str:
+        """The key of one batch's record."""
+        return f"{self._batch_prefix}{provider}/{batch_id}"
+
+    def job_key(self, job_id: str) -> str:
+        """The key of one job's entry."""
+        return self._job_prefix + job_id
+
+    async def _open(self) -> None:
+        self._redis = RedisClient(self.url, what="Redis provider-batch store", unavailable=QueueUnavailable,
+                                  component="provider_batch_store")
+
+    async def _close(self) -> None:
+        assert self._redis is not None
+        await self._redis.aclose()
+
+    async def _call(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """`fn(client)`, sent again across a lost connection (every write here is harmless twice),
+        driver errors translated."""
+        redis = self._redis
+        assert redis is not None
+        return await redis.run(lambda: fn(redis.client), retry=True)
+
+    async def _record(self, provider: str, batch_id: str, batch: bytes,
+                      jobs: list[tuple[str, bytes]]) -> None:
+        async def write(r: Any) -> None:
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.set(self.batch_key(provider, batch_id), batch, ex=KEEP_S)
+                for job_id, entry in jobs:
+                    pipe.set(self.job_key(job_id), entry, ex=KEEP_S)
+                await pipe.execute()
+
+        await self._call(write)
+
+    async def _put_jobs(self, jobs: list[tuple[str, bytes]]) -> None:
+        async def write(r: Any) -> None:
+            async with r.pipeline(transaction=True) as pipe:
+                for job_id, entry in jobs:
+                    pipe.set(self.job_key(job_id), entry, ex=KEEP_S)
+                await pipe.execute()
+
+        await self._call(write)
+
+    async def _get_job(self, job_id: str) -> bytes | None:
+        raw: bytes | None = await self._call(lambda r: r.get(self.job_key(job_id)))
+        return raw
+
+    async def _get_batch(self, provider: str, batch_id: str) -> bytes | None:
+        raw: bytes | None = await self._call(lambda r: r.get(self.batch_key(provider, batch_id)))
+        return raw

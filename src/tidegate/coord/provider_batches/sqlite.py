@@ -1,0 +1,91 @@
+"""The provider-batch store in a SQLite file, usually the queue's own: tables `provider_batches`
+and `provider_batch_jobs` (rows under the store's name), every change one transaction. Rows older
+than KEEP_S are deleted as new batches are recorded."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from tidegate._sqlite import SqliteThread
+from tidegate.coord.provider_batches.base import KEEP_S, ProviderBatchStore
+from tidegate.errors import QueueUnavailable
+
+__all__ = ["SqliteProviderBatchStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS provider_batches (
+    store TEXT NOT NULL,                  -- the store's name, so several can share a file
+    provider TEXT NOT NULL,
+    batch_id TEXT NOT NULL,
+    record TEXT NOT NULL,                 -- the ProviderBatchRecord as JSON
+    written_ms INTEGER NOT NULL,
+    PRIMARY KEY (store, provider, batch_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS provider_batch_jobs (
+    store TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    entry TEXT NOT NULL,                  -- the BatchedJob as JSON
+    written_ms INTEGER NOT NULL,
+    PRIMARY KEY (store, job_id)
+) WITHOUT ROWID;
+"""
+
+_PUT_JOB = ("INSERT INTO provider_batch_jobs (store, job_id, entry, written_ms) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (store, job_id) DO UPDATE SET entry = excluded.entry,"
+            " written_ms = excluded.written_ms")
+
+
+class SqliteProviderBatchStore(ProviderBatchStore):
+    """Provider batches in a SQLite file (WAL), usually the queue's own; safe across processes on
+    one host."""
+
+    def __init__(self, path: str, name: str = "default") -> None:
+        super().__init__(name)
+        self.path = path
+        self._db = SqliteThread(path, _SCHEMA, error=lambda exc: QueueUnavailable(
+            f"SQLite provider-batch store at {path}: {exc}"))
+
+    def __repr__(self) -> str:
+        return f"SqliteProviderBatchStore(path={self.path!r}, name={self.name!r})"
+
+    async def _open(self) -> None:
+        pass  # the connection opens on its thread at the first statement
+
+    async def _close(self) -> None:
+        await self._db.close()
+
+    async def _record(self, provider: str, batch_id: str, batch: bytes,
+                      jobs: list[tuple[str, bytes]]) -> None:
+        now_ms = int(time.time() * 1000)
+        expired_ms = now_ms - KEEP_S * 1000
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM provider_batches WHERE store = ? AND written_ms < ?",
+                         (self.name, expired_ms))
+            conn.execute("DELETE FROM provider_batch_jobs WHERE store = ? AND written_ms < ?",
+                         (self.name, expired_ms))
+            conn.execute("INSERT INTO provider_batches (store, provider, batch_id, record, written_ms)"
+                         " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                         (self.name, provider, batch_id, batch.decode(), now_ms))
+            conn.executemany(_PUT_JOB, [(self.name, job_id, entry.decode(), now_ms)
+                                        for job_id, entry in jobs])
+
+        await self._db.write(body)
+
+    async def _put_jobs(self, jobs: list[tuple[str, bytes]]) -> None:
+        now_ms = int(time.time() * 1000)
+        await self._db.write(lambda conn: conn.executemany(
+            _PUT_JOB, [(self.name, job_id, entry.decode(), now_ms) for job_id, entry in jobs]))
+
+    async def _get_job(self, job_id: str) -> str | None:
+        row = await self._db.run(lambda conn: conn.execute(
+            "SELECT entry FROM provider_batch_jobs WHERE store = ? AND job_id = ?",
+            (self.name, job_id)).fetchone())
+        return None if row is None else str(row[0])
+
+    async def _get_batch(self, provider: str, batch_id: str) -> str | None:
+        row = await self._db.run(lambda conn: conn.execute(
+            "SELECT record FROM provider_batches WHERE store = ? AND provider = ? AND batch_id = ?",
+            (self.name, provider, batch_id)).fetchone())
+        return None if row is None else str(row[0])

@@ -1,0 +1,67 @@
+"""The provider-batch store's contract, one suite on every backend of the queue (the same SQLite
+file, Redis, Redis Cluster): a batch and its jobs are seen by another worker's store, a job's entry
+can be replaced (to be served live), and a closed store refuses use."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from conftest import QueueFactory
+from dispatch_support import queue_url_of
+from tidegate.coord.provider_batches import (
+    BatchedJob,
+    ProviderBatchRecord,
+    ProviderBatchStore,
+    provider_batch_store_for,
+)
+from tidegate.errors import DispatchClosed
+
+HOLD = {"id": "r-1", "tenant": "acme", "amount_micros": 120, "day": "2026-12-03", "enforced": True}
+
+
+@pytest.fixture
+async def stores(queue_factory: QueueFactory) -> AsyncIterator[tuple[ProviderBatchStore, ProviderBatchStore]]:
+    """Two stores of the test's queue, as two workers would hold."""
+    url = queue_url_of(queue_factory)
+    first, second = provider_batch_store_for(url), provider_batch_store_for(url)
+    async with first, second:
+        yield first, second
+
+
+async def test_a_recorded_batch_and_its_jobs_are_seen_by_another_worker(
+    stores: tuple[ProviderBatchStore, ProviderBatchStore]
+) -> None:
+    first, second = stores
+    submitted_at = datetime(2026, 12, 3, 20, 0, tzinfo=UTC)
+    batch = ProviderBatchRecord("sim", "batch_1", "deepseek-v3.2", "/v1/chat/completions", ("j-1", "j-2"),
+                                submitted_at)
+    jobs = [BatchedJob("j-1", "sim", "batch_1", HOLD), BatchedJob("j-2", "sim", "batch_1")]
+    await first.record(batch, jobs)
+    assert await second.batch("sim", "batch_1") == batch
+    assert await second.job("j-1") == BatchedJob("j-1", "sim", "batch_1", HOLD)
+    assert await second.job("j-2") == BatchedJob("j-2", "sim", "batch_1")
+    assert await second.job("j-3") is None
+    assert await second.batch("other", "batch_1") is None
+
+
+async def test_a_job_to_be_served_live_keeps_its_batch_and_gives_its_hold_back(
+    stores: tuple[ProviderBatchStore, ProviderBatchStore]
+) -> None:
+    first, second = stores
+    batch = ProviderBatchRecord("sim", "batch_2", "deepseek-v3.2", "/v1/embeddings", ("j-4",),
+                                datetime.now(UTC))
+    await first.record(batch, [BatchedJob("j-4", "sim", "batch_2", HOLD)])
+    live = (await second.job("j-4") or pytest.fail("not recorded")).served_live("its line failed")
+    await second.put_jobs([live])
+    assert await first.job("j-4") == BatchedJob("j-4", "sim", "batch_2", None, "its line failed")
+
+
+async def test_a_closed_store_refuses_use(queue_factory: QueueFactory) -> None:
+    store = provider_batch_store_for(queue_url_of(queue_factory))
+    await store.job("j-1")
+    await store.close()
+    with pytest.raises(DispatchClosed):
+        await store.job("j-1")
