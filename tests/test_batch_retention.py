@@ -215,7 +215,7 @@ async def test_an_expired_upload_is_deleted_by_the_sweep_unless_a_batch_in_progr
     async with gw.openai("globex") as client:
         with slow(gw, SLOW_MODEL, 3_000):
             # Given two uploads that expire in an hour, one of them read by a batch in progress,
-            # and one kept until deleted
+            # and one kept the default 30 days
             lapsing = await client.files.create(file=("a.jsonl", jsonl([chat_line("a")])), purpose="batch",
                                                 expires_after=expiring(3600))
             read = await client.files.create(file=("b.jsonl", jsonl([chat_line("s", model=SLOW_MODEL)])),
@@ -228,21 +228,24 @@ async def test_an_expired_upload_is_deleted_by_the_sweep_unless_a_batch_in_progr
             report = await sweep_once(gw.state, now_s=time.time() + 2 * 3600)
 
             # Then the lapsed file is gone; the one the batch reads and the one kept stay
-            assert lapsing.expires_at == lapsing.created_at + 3600 and kept.expires_at is None
+            assert lapsing.expires_at == lapsing.created_at + 3600
+            assert kept.expires_at == kept.created_at + 30 * DAY_S
             assert report.deleted_files >= 1
             await gone(client, lapsing.id)
             assert (await client.files.retrieve(read.id)).expires_at == read.created_at + 3600
             assert (await client.files.retrieve(kept.id)).id == kept.id
             done = await ended(client, batch.id)
 
-        # Once the batch has ended, its input goes at the next sweep; its output 30 days on
+        # Once the batch has ended, its input goes at the next sweep; its output and the upload
+        # kept by default 30 days on
         await sweep_once(gw.state, now_s=time.time() + 2 * 3600)
         await gone(client, read.id)
         output = await client.files.retrieve(done.output_file_id or "")
         assert output.expires_at == output.created_at + 30 * DAY_S
+        assert (await client.files.retrieve(kept.id)).id == kept.id
         await sweep_once(gw.state, now_s=time.time() + 31 * DAY_S)
         await gone(client, output.id)
-        assert (await client.files.retrieve(kept.id)).id == kept.id
+        await gone(client, kept.id)
 
 
 async def test_an_expiry_out_of_bounds_or_from_another_anchor_is_refused(gw: Gateway) -> None:

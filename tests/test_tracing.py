@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from conftest import QueueFactory
-from gateway_support import open_gateway
+from gateway_support import open_gateway, with_legacy_models
 from tidegate._otel import OtelTracing
 from tidegate.ai import AIRequest
 from tidegate.config import TracingSettings
@@ -141,6 +141,20 @@ async def test_a_streamed_request_makes_the_same_tree_in_the_callers_trace(
         check_tree(spans, job_id, "gpt-4.1", job.result["usage"])
         server = one(spans, "POST /v1/chat/completions")
         assert server.context is not None and f"{server.context.trace_id:032x}" == CALLER_TRACE
+
+
+async def test_a_streamed_call_of_another_endpoint_names_its_own_url(
+    queue_factory: QueueFactory, exporter: InMemorySpanExporter,
+) -> None:
+    async with open_gateway(queue_factory, configure=with_legacy_models) as gw, gw.openai("acme") as client:
+        stream = await client.completions.create(model="gpt-3.5-turbo-instruct", prompt="Say hello",
+                                                 max_tokens=4, stream=True)
+        assert [chunk async for chunk in stream]
+        spans = await finished(exporter, "worker.process")
+
+        http = one(spans, "POST")
+        assert http.attributes is not None and str(http.attributes["url.full"]).endswith("/v1/completions")
+        assert http.attributes["http.response.status_code"] == 200
 
 
 async def test_a_failed_call_marks_its_spans_failed(

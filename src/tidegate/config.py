@@ -368,6 +368,9 @@ class GatewaySettings(Section):
     batch_sweep_limit: int = Field(100, gt=0)
     # How long a batch's output and error files are kept (OpenAI's: 30 days); None: until deleted.
     batch_output_retention_s: int | None = Field(30 * 86_400, gt=0)
+    # How long a `batch` upload without `expires_after` is kept (OpenAI's: 30 days); None: until
+    # deleted. A batch in progress keeps its input past it (tidegate.gateway.batch_sweep).
+    batch_upload_retention_s: int | None = Field(30 * 86_400, gt=0)
     allow_unauthenticated_local: bool = True
     # How many recent results feed the p50/p99 figures of GET /v1/stats.
     stats_window: int = Field(2_000, gt=0)
@@ -602,6 +605,11 @@ def legacy_models() -> tuple[ModelConfig, ...]:
     )
 
 
+def simulated_models() -> tuple[ModelConfig, ...]:
+    """What the simulated provider serves: the shipped table and the legacy endpoints' models."""
+    return (*default_models(), *legacy_models())
+
+
 class TidegateConfig(BaseSettings):
     """Everything a tidegate process needs; see the module docstring for where it comes from."""
 
@@ -645,9 +653,10 @@ class TidegateConfig(BaseSettings):
             raise ConfigError(f"invalid configuration ({path} and TIDEGATE_* variables): {exc}") from None
 
     def with_simulator(self, base_url: str) -> TidegateConfig:
-        """This config with the simulated provider serving the default models, for when no real
-        provider is configured (demo, tests, benchmarks)."""
-        simulated = ProviderConfig(name=SIMULATED_PROVIDER, base_url=base_url, models=default_models())
+        """This config with the simulated provider serving the default models and those of the
+        legacy endpoints, as the simulator does, for when no real provider is configured (demo,
+        tests, benchmarks)."""
+        simulated = ProviderConfig(name=SIMULATED_PROVIDER, base_url=base_url, models=simulated_models())
         return self.model_copy(update={"providers": (simulated,)})
 
     def find_model(self, name: str) -> tuple[ProviderConfig, ModelConfig] | None:

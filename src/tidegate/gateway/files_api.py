@@ -8,8 +8,9 @@ A tenant sees only its own files: another tenant's answers 404, like an unknown 
 every file, as they see every job.
 
 Retention, as OpenAI's: an upload may say `expires_after[anchor]=created_at` and
-`expires_after[seconds]` (an hour to 30 days); a batch's output and error files expire after the
-gateway's `batch_output_retention_s` (30 days). `expires_at` shows when; the gateways' sweep
+`expires_after[seconds]` (an hour to 30 days), and without it expires after the gateway's
+`batch_upload_retention_s` (30 days); a batch's output and error files expire after its
+`batch_output_retention_s` (30 days). `expires_at` shows when; the gateways' sweep
 (tidegate.gateway.batch_sweep) deletes a file past it, unless a batch in progress reads it.
 """
 
@@ -67,14 +68,17 @@ async def create_file(
         "What the expiry counts from: `created_at` (the only anchor)."))] = None,
     seconds: Annotated[int | None, Form(alias="expires_after[seconds]", description=(
         f"Seconds after the anchor the file expires and is deleted, {EXPIRES_AFTER_S[0]} to "
-        f"{EXPIRES_AFTER_S[1]}; without it the file is kept until deleted."))] = None,
+        f"{EXPIRES_AFTER_S[1]}; without it a `batch` file is kept the gateway's "
+        "`batch_upload_retention_s` (30 days)."))] = None,
 ) -> FileView:
     """Store a file for the tenant, at most the gateway's `max_file_bytes`, until it is deleted
-    or (with `expires_after`) expires."""
+    or expires (`expires_after`, or the gateway's retention of batch uploads)."""
     if purpose not in UPLOAD_PURPOSES:
         raise ApiError(400, f"purpose {purpose!r} is not served: use one of {', '.join(UPLOAD_PURPOSES)}",
                        code="invalid_purpose", param="purpose")
     expires_after_s = _expires_after(anchor, seconds)
+    if expires_after_s is None and purpose == "batch":
+        expires_after_s = state.settings.batch_upload_retention_s
     limit = state.settings.max_file_bytes
     # One byte past the limit is enough to know: a file over it is never read in full.
     content = await file.read(limit + 1)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from tidegate.callback_urls import check_callback_url
-from tidegate.config import ModelConfig, TidegateConfig, default_models
+from tidegate.config import ModelConfig, TidegateConfig, simulated_models
 from tidegate.coord.batches import BatchStore
 from tidegate.coord.budget import BudgetLedger
 from tidegate.coord.limiter import RateLimiter
@@ -67,11 +67,11 @@ class GatewayState:
         # Read on every request, and the settings hold for the state's life.
         self._may_serve_without_keys = (
             self.settings.allow_unauthenticated_local and is_loopback_host(self.settings.host))
-        # Without configured providers the workers serve the price table through the simulator
-        # (TidegateConfig.with_simulator), so that is what the gateway offers too.
+        # Without configured providers the workers serve through the simulator
+        # (TidegateConfig.with_simulator), so what it serves is what the gateway offers too.
         served = [model for provider in self.config.providers for model in provider.models]
         self.models = {}
-        for model in served or default_models():
+        for model in served or simulated_models():
             self.models.setdefault(model.name, model)  # the first provider serving a name wins
 
     def offers(self, kind: str) -> bool:

@@ -546,20 +546,24 @@ class UpstreamStream:
             return
         if self._closed:
             raise ClientClosed("this stream was closed; start a new one")
-        self._span = self._client._start_http_span(self._client._chat_url)
+        client = self._client
+        # The chat URL is built once per client; another endpoint's (a legacy completion's, a
+        # native API's) per stream.
+        url = client._chat_url if self._path == CHAT_PATH else client._url(self._path)
+        self._span = client._start_http_span(url)
         try:
-            self._chunks = await self._send()
+            self._chunks = await self._send(url)
         except BaseException as exc:
             self._span.fail(type(exc).__name__)
             await self.aclose()  # a failed start is final: iterating again must not resend
             raise
 
-    async def _send(self) -> AsyncGenerator[StreamChunk, None]:
+    async def _send(self, url: URL) -> AsyncGenerator[StreamChunk, None]:
         client = self._client
         session = client._require_session()
         progress = _StreamProgress(started=time.perf_counter())
         try:
-            response = await session.post(client._url(self._path), data=orjson.dumps(self._body),
+            response = await session.post(url, data=orjson.dumps(self._body),
                                           timeout=client._stream_timeout, allow_redirects=False)
         except _TRANSPORT_ERRORS as exc:
             raise client._transport_error(self._path, exc) from exc
