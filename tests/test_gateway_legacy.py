@@ -196,3 +196,26 @@ async def test_without_a_provider_offering_them_the_legacy_endpoints_answer_404(
             await client.batches.create(input_file_id="file-unread", endpoint="/v1/completions",
                                         completion_window="24h")
         assert batch.value.code == "unsupported_endpoint"
+
+
+async def test_asynchronous_jobs_of_the_legacy_kinds_while_a_provider_offers_them(
+    queue_factory: QueueFactory,
+) -> None:
+    jobs = {"jobs": [{"kind": "completion", "body": {"model": INSTRUCT, "prompt": "Say hello"}},
+                     {"kind": "moderation", "priority": "bulk", "body": {"input": "a calm lake"}}]}
+    async with open_gateway(queue_factory, configure=with_legacy_models) as gw:
+        accepted = await gw.http.post("/v1/jobs", json=jobs, headers=gw.auth("acme"))
+        assert accepted.status_code == 202, accepted.text
+        completion, moderation = [await gw.queue.wait(job_id, 5) for job_id in accepted.json()["ids"]]
+
+        assert completion.state is moderation.state is JobState.SUCCEEDED
+        assert Completion.model_validate(completion.result["response"]).choices[0].text
+        assert ModerationCreateResponse.model_validate(moderation.result["response"]).results
+        assert moderation.priority is Priority.BULK
+
+    async with open_gateway(queue_factory, worker=False) as gw:
+        refused = await gw.http.post("/v1/jobs", json=jobs, headers=gw.auth("acme"))
+        assert refused.status_code == 400
+        assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == (
+            "unsupported_kind", "jobs.0.kind")
+        assert await gw.depth() == 0

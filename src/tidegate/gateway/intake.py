@@ -232,7 +232,12 @@ def draft_from_job_request(
 ) -> JobDraft:
     """A job of POST /v1/jobs: its body validated as `dialect`'s endpoint validates it, its
     priority from the job, then its body's `priority`, then X-Priority. Errors name the job of a
-    batch (`where`, e.g. "jobs.3"; empty for a single job)."""
+    batch (`where`, e.g. "jobs.3"; empty for a single job). A legacy kind no provider offers
+    is refused, as its endpoint would be."""
+    if job.kind not in ("chat", "embeddings") and not state.offers(job.kind):
+        param = f"{where}.kind" if where else "kind"
+        raise ApiError(400, f"{param}: no provider offers {job.kind!r} jobs", code="unsupported_kind",
+                       param=param)
     request = dialect.parse(job.kind, job.body, f"{where}.body" if where else "body")
     try:
         priority = resolve_priority(tenant, job.priority, request.body.get("priority"), fallback_priority)

@@ -62,7 +62,9 @@ class JobRequest(BaseModel):
         }]},
     )
 
-    kind: Literal["chat", "embeddings"]
+    kind: Literal["chat", "embeddings", "completion", "moderation"] = Field(description=(
+        "The endpoint the body is for: chat, embeddings, or the legacy completion and moderation "
+        "(while a provider offers them)."))
     body: dict[str, Any]
     priority: PriorityValue | None = None
     callback_url: str | None = Field(None, max_length=2048, description=(
