@@ -23,8 +23,8 @@ from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig, T
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, provider_batch_store_for
 from tidegate.costs import cost_micros, estimate_cost_micros, micros_to_usd, usd_to_micros
+from tidegate.dispatch.batch_submission import ENDPOINTS, PENDING, SUBMISSION
 from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.provider_batches import ENDPOINTS, PENDING, SUBMISSION
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.jobs import Job, JobState, Priority
