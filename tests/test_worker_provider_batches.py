@@ -81,6 +81,17 @@ def in_a_batch(job: Job) -> bool:
     return str(job.result["route"]).startswith("provider batch ")
 
 
+async def waiting_in_a_batch(queue: Queue, ids: list[str]) -> None:
+    """Return once every job of `ids` was released to wait in its provider batch."""
+    for _ in range(500):
+        waiting = [await queue.get(job_id) for job_id in ids]
+        if all(job is not None and (job.last_error or "").startswith("waiting in provider batch")
+               for job in waiting):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the jobs never waited in a provider batch")
+
+
 async def test_bulk_jobs_with_a_long_deadline_go_through_one_provider_batch_at_its_discount(
     queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str]
 ) -> None:
@@ -304,14 +315,7 @@ async def test_a_job_cancelled_while_its_batch_runs_ends_cancelled_and_the_other
         ids = await bulk_jobs(queue, 3)
         async with running_worker(queue, batch_config(base_url, queue_url_of(queue_factory))):
             # Given the jobs waiting in their provider batch
-            for _ in range(500):
-                waiting = [await queue.get(job_id) for job_id in ids]
-                if all(job is not None and (job.last_error or "").startswith("waiting in provider batch")
-                       for job in waiting):
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError("the jobs never waited in a provider batch")
+            await waiting_in_a_batch(queue, ids)
             # When one is cancelled
             assert await queue.cancel(ids[0])
             jobs = await wait_final(queue, ids)
@@ -319,6 +323,28 @@ async def test_a_job_cancelled_while_its_batch_runs_ends_cancelled_and_the_other
     # Then it stays cancelled, and the others are answered from the batch
     assert [job.state for job in jobs] == [JobState.CANCELLED, JobState.SUCCEEDED, JobState.SUCCEEDED]
     assert all(in_a_batch(job) for job in jobs[1:])
+    assert (seen["created"], seen["lines"]) == (1, 3)
+
+
+async def test_a_job_in_a_provider_batch_is_collected_though_routing_would_now_refuse_it(
+    queue: Queue, queue_factory: QueueFactory
+) -> None:
+    sim = Simulator(SimulatorSettings(seed=19, batch_latency_s=1.0))
+    async with sim.running() as base_url:
+        config = batch_config(base_url, queue_url_of(queue_factory))
+        ids = await bulk_jobs(queue, 3)
+        # Given jobs submitted in a provider batch by a worker that stopped while the batch runs
+        async with running_worker(queue, config):
+            await waiting_in_a_batch(queue, ids)
+        # When the config changes so that routing refuses them: their model left the BULK tier
+        tiers = {**config.routing.tiers, "bulk": ("retired-model",)}
+        changed = config.model_copy(update={"routing": config.routing.model_copy(update={"tiers": tiers})})
+        async with running_worker(queue, changed):
+            jobs = await wait_final(queue, ids)
+        seen = batches_seen(sim)
+    # Then they are collected from their batch, answered by the model they were submitted to
+    assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 3, [job.last_error for job in jobs]
+    assert all(in_a_batch(job) and job.result["model"] == BULK_MODEL for job in jobs)
     assert (seen["created"], seen["lines"]) == (1, 3)
 
 

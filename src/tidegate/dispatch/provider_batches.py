@@ -1,16 +1,19 @@
 """Provider batches: jobs that can wait (BULK with a deadline a day or more away, by default) go
 to the provider's own batch API at its discount instead of a live call.
 
-A worker hands every routed job a provider batch might hold to `ProviderBatches.place`, which
-looks it up in the store first:
+A worker hands every job a provider batch might hold to `ProviderBatches.collect` before it
+routes it, which looks it up in the store:
 
-- a job in no batch yet is gathered if eligible (see `ProviderBatchConfig`) and submitted with
-  the others routed to the same provider, model and endpoint (`batch_submission`); a refusal of
-  its budget at the batch price leaves it to the live path, which meets the budget the normal way.
-- a job found in the store is collected (`batch_collection`): released while its batch runs,
-  completed with its line's answer once the batch ended. A line that failed, or a batch that
-  failed, expired or cannot be submitted, leaves the job to a live call, the reason recorded in
-  the store and the log: nothing is lost and nothing ends mutely.
+- a job found there is collected (`batch_collection`) with the provider and model it was
+  submitted to, not routed again: a config changed since (its model gone from the tiers, its
+  tenant's models narrowed) does not fail a job whose answer may be paid for already. It is
+  released while its batch runs, completed with its line's answer once the batch ended. A line
+  that failed, or a batch that failed, expired or cannot be submitted, leaves the job to a live
+  call, the reason recorded in the store and the log: nothing is lost and nothing ends mutely.
+- a job in no batch yet is routed, then gathered (`ProviderBatches.gather`) if eligible (see
+  `ProviderBatchConfig`) and submitted with the others routed to the same provider, model and
+  endpoint (`batch_submission`); a refusal of its budget at the batch price leaves it to the live
+  path, which meets the budget the normal way.
 
 The reservation made at submission lives on the ledger until collection (pending, counted
 against the day's budget, as any call in flight is), and its identity lives in the store with the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from enum import Enum
 
 from tidegate.ai import AIRequest
 from tidegate.config import ProviderConfig
@@ -42,7 +46,19 @@ from tidegate.jobs import Job
 from tidegate.providers.batch_api import ProviderBatchClient
 from tidegate.queue import Queue
 
-__all__ = ["ProviderBatches"]
+__all__ = ["Found", "ProviderBatches"]
+
+
+class Found(Enum):
+    """What `ProviderBatches.collect` found of a job."""
+
+    SERVED = "served"  # completed from its batch, or released to the queue while the batch runs
+    LIVE = "live"  # to be served by a live call
+    NOTHING = "nothing"  # in no batch: `gather` it once routed
+
+
+def _found(served: bool) -> Found:
+    return Found.SERVED if served else Found.LIVE
 
 
 class ProviderBatches:
@@ -79,46 +95,53 @@ class ProviderBatches:
         return any(p.batch is not None and p.batch.admits(job.priority) and request.kind in p.batch.kinds
                    for p in self._providers.values())
 
-    async def place(self, job: Job, request: AIRequest, route: RouteDecision, queue_wait_ms: float) -> bool:
-        """Serve a routed job by a provider batch if it is in one or may join one: True when it
-        was (completed, released while its batch runs, or gathered); False leaves it to the live
-        path (it is not eligible, its budget refuses the batch price, or it is to be served live)."""
+    async def collect(self, job: Job, request: AIRequest, queue_wait_ms: float) -> Found:
+        """Look a job a provider batch might hold up in the store, before it is routed: a job in
+        a batch is collected with the provider and model it was submitted to, whatever routing
+        would choose now (its answer may be paid for already). `Found.SERVED` when it was
+        (completed, or released while its batch runs); `Found.LIVE` leaves it to the live path;
+        `Found.NOTHING` when it is in no batch, to be `gather`ed once routed."""
         if not self._may_hold(job, request):
-            return False
+            return Found.LIVE
         entry = await self._store.job(job.id)
         if entry is None:
-            return await self._submission.gather(job, request, route)
+            return Found.NOTHING
         if entry.live_reason is not None:
-            return False
+            return Found.LIVE
         if entry.batch_id.startswith(PENDING):
-            return await self._resume(job, request, route, entry, queue_wait_ms)
-        return await self._collection.collect(job, entry, queue_wait_ms)
+            return await self._resume(job, entry, queue_wait_ms)
+        return _found(await self._collection.collect(job, entry, queue_wait_ms))
 
-    async def _resume(self, job: Job, request: AIRequest, route: RouteDecision, entry: BatchedJob,
-                      queue_wait_ms: float) -> bool:
+    async def gather(self, job: Job, request: AIRequest, route: RouteDecision) -> bool:
+        """Take a routed job that `collect` found in no batch into the next batch of its route;
+        False leaves it to the live path (it is not eligible, or its budget refuses the batch
+        price)."""
+        return await self._submission.gather(job, request, route)
+
+    async def _resume(self, job: Job, entry: BatchedJob, queue_wait_ms: float) -> Found:
         """A job whose worker died while it submitted the job's batch: the batch is asked of the
-        provider by its metadata; found, it is recorded and collected, else the job is gathered
-        anew."""
+        provider by its metadata; found, it is recorded and collected, else the job is to be
+        gathered anew."""
         client = self._clients.get(entry.provider)
         provider = self._providers.get(entry.provider)
         pending = await self._store.batch(entry.provider, entry.batch_id)
         if client is None or provider is None or provider.batch is None or pending is None:
             reason = f"its provider batch to {entry.provider} is no longer known"
             await self._collection.serve_live(entry, reason)
-            return False
+            return Found.LIVE
         try:
             batch = await client.find({SUBMISSION: entry.batch_id.removeprefix(PENDING)})
         except TidegateError as exc:
             await self._queue.release(job, delay_s=provider.batch.poll_s, reason=(
                 f"looking for its provider batch at {provider.name} failed ({exc}); trying again"))
-            return True
+            return Found.SERVED
         if batch is None:  # never created: gathered again, with a hold of its own anew
             await self._spending.release(hold_from_json(entry.hold))
             await self._store.put_jobs([entry.served_live("its provider batch was never created")])
-            return await self._submission.gather(job, request, route)
+            return Found.NOTHING
         found = BatchedJob(job.id, entry.provider, batch.id, entry.hold)
         await self._store.record(replace(pending, batch_id=batch.id), [found])
-        return await self._collection.collect(job, found, queue_wait_ms)
+        return _found(await self._collection.collect(job, found, queue_wait_ms))
 
     async def close(self) -> None:
         """Give back every job still gathered, let submissions under way finish within a bound,
