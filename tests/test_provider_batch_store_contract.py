@@ -1,6 +1,7 @@
 """The provider-batch store's contract, one suite on every backend of the queue (the same SQLite
 file, Redis, Redis Cluster): a batch and its jobs are seen by another worker's store, a job's entry
-can be replaced (to be served live), a closed store refuses use; and the SQLite store forgets
+can be replaced (to be served live), each step of a batch's upkeep goes to one worker, a closed
+store refuses use; and the SQLite store forgets
 records older than KEEP_S, as Redis lets them expire."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import pytest
 from conftest import QueueFactory
 from dispatch_support import queue_url_of
 from tidegate.coord.provider_batches import (
+    CANCEL,
+    CLEAN_UP,
     KEEP_S,
     BatchedJob,
     ProviderBatchRecord,
@@ -103,3 +106,25 @@ async def test_the_sqlite_store_forgets_records_older_than_a_week_as_new_batches
                 for table in tables}
     assert left == {"provider_batches": 1, "provider_batch_jobs": 1} | {
         table: 0 for table in tables if table not in ("provider_batches", "provider_batch_jobs")}
+
+
+async def test_each_step_of_a_batchs_upkeep_is_claimed_once_and_clean_up_retires_it(
+    stores: tuple[ProviderBatchStore, ProviderBatchStore]
+) -> None:
+    first, second = stores
+    now = datetime.now(UTC)
+    older = ProviderBatchRecord("sim", "batch_3", "deepseek-v3.2", "/v1/embeddings", ("j-7",), now)
+    newer = replace(older, batch_id="batch_4", job_ids=("j-8",))
+    await first.record(older, [BatchedJob("j-7", "sim", "batch_3")])
+    await first.record(newer, [BatchedJob("j-8", "sim", "batch_4")])
+    assert await second.open_batches(10) == [older, newer]
+    assert await second.open_batches(1) == [older]
+    # Each step goes to one worker only
+    assert await first.claim("sim", "batch_3", CANCEL)
+    assert not await second.claim("sim", "batch_3", CANCEL)
+    assert await second.open_batches(10) == [older, newer]  # cancelled, it still has files
+    assert await second.claim("sim", "batch_3", CLEAN_UP)
+    assert not await first.claim("sim", "batch_3", CLEAN_UP)
+    # and the batch cleaned up is open no more; its records stay for its jobs
+    assert await first.open_batches(10) == [newer]
+    assert await first.batch("sim", "batch_3") == older

@@ -348,6 +348,33 @@ async def test_a_job_in_a_provider_batch_is_collected_though_routing_would_now_r
     assert (seen["created"], seen["lines"]) == (1, 3)
 
 
+async def test_a_batch_all_of_whose_jobs_were_cancelled_is_cancelled_at_the_provider(
+    queue: Queue, queue_factory: QueueFactory
+) -> None:
+    sim = Simulator(SimulatorSettings(seed=23, batch_latency_s=120.0))
+    async with sim.running() as base_url:
+        url = queue_url_of(queue_factory)
+        config = batch_config(base_url, url)
+        ids = await bulk_jobs(queue, 3)
+        # Two workers, either of which may see it
+        async with running_worker(queue, config), running_worker(queue, config):
+            # Given the jobs waiting in a batch that would run for minutes
+            await waiting_in_a_batch(queue, ids)
+            # When every one is cancelled
+            for job_id in ids:
+                assert await queue.cancel(job_id)
+            # Then the batch is cancelled at the provider
+            for _ in range(250):
+                if batches_seen(sim)["ended"]:
+                    break
+                await asyncio.sleep(0.04)
+            assert batches_seen(sim)["ended"] == {"cancelled": 1}
+        seen = batches_seen(sim)
+    jobs = [await queue.get(job_id) for job_id in ids]
+    assert all(job is not None and job.state is JobState.CANCELLED for job in jobs), jobs
+    assert (seen["created"], seen["lines"]) == (1, 0)
+
+
 async def test_a_worker_stopped_while_it_gathers_gives_the_jobs_back_unsubmitted(
     queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str]
 ) -> None:

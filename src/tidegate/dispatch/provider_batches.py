@@ -25,6 +25,9 @@ pending under a token the batch carries in its metadata, so one killed between t
 its record leaves jobs whose claimant asks the provider for that batch (`find`) and collects it if
 it was created, or gathers them anew if not (`_resume` here). A second submission is left only
 where the provider does not list the batch among its latest (`ProviderBatchClient.find`'s depth).
+
+Every worker also takes its share of the upkeep (`batch_upkeep`), from the moment it is made: a
+batch all of whose jobs were cancelled is cancelled at the provider.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from tidegate.config import ProviderConfig
 from tidegate.coord.provider_batches import BatchedJob, ProviderBatchStore
 from tidegate.dispatch.batch_collection import BatchCollection, BatchServices, Succeeded
 from tidegate.dispatch.batch_submission import PENDING, SUBMISSION, BatchSubmission
+from tidegate.dispatch.batch_upkeep import BatchUpkeep
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.router import RouteDecision
 from tidegate.dispatch.spending import Spending, hold_from_json
@@ -86,6 +90,8 @@ class ProviderBatches:
         services = BatchServices(self._providers, clients, queue, store, spending, metrics, worker_id)
         self._submission = BatchSubmission(services, lease_s)
         self._collection = BatchCollection(services, succeeded)
+        self._upkeep = BatchUpkeep(services)
+        self._upkeep.start()
 
     def _may_hold(self, job: Job, request: AIRequest) -> bool:
         """Whether any provider's batch could hold this job: only those are looked up (a job
@@ -144,7 +150,8 @@ class ProviderBatches:
         return _found(await self._collection.collect(job, found, queue_wait_ms))
 
     async def close(self) -> None:
-        """Give back every job still gathered, let submissions under way finish within a bound,
-        and cancel the polls under way."""
+        """Stop the upkeep, give back every job still gathered, let submissions under way finish
+        within a bound, and cancel the polls under way."""
+        await self._upkeep.close()
         await self._submission.close()
         await self._collection.close()
