@@ -27,6 +27,7 @@ from tidegate.dispatch.batch_submission import ENDPOINTS, PENDING, SUBMISSION
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.dispatch.worker import WorkerSettings
+from tidegate.errors import UpstreamError
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.providers.batch_api import BatchLineRequest, ProviderBatchClient
 from tidegate.providers.client import UpstreamClient
@@ -90,6 +91,41 @@ async def waiting_in_a_batch(queue: Queue, ids: list[str]) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("the jobs never waited in a provider batch")
+
+
+async def files_of_batch(queue_url: str, provider: ProviderConfig, job_id: str) -> list[str]:
+    """The input, output and error files at the provider of the batch the job was submitted in."""
+    store = provider_batch_store_for(queue_url)
+    async with store:
+        entry = await store.job(job_id)
+    assert entry is not None, f"job {job_id} is in no provider batch"
+    async with UpstreamClient(provider) as upstream:
+        batch = (await upstream.send("GET", f"/batches/{entry.batch_id}")).body
+    return [batch[name] for name in ("input_file_id", "output_file_id", "error_file_id") if batch.get(name)]
+
+
+async def files_left(provider: ProviderConfig, file_ids: list[str]) -> list[str]:
+    """Those of `file_ids` still at the provider."""
+    left = []
+    async with UpstreamClient(provider) as upstream:
+        for file_id in file_ids:
+            try:
+                await upstream.send("GET", f"/files/{file_id}")
+            except UpstreamError as exc:
+                if exc.status != 404:
+                    raise
+                continue
+            left.append(file_id)
+    return left
+
+
+async def until_deleted(provider: ProviderConfig, file_ids: list[str]) -> None:
+    """Return once none of `file_ids` is left at the provider."""
+    for _ in range(250):
+        if not await files_left(provider, file_ids):
+            return
+        await asyncio.sleep(0.04)
+    raise AssertionError(f"files left at the provider: {await files_left(provider, file_ids)}")
 
 
 async def test_bulk_jobs_with_a_long_deadline_go_through_one_provider_batch_at_its_discount(
@@ -348,27 +384,47 @@ async def test_a_job_in_a_provider_batch_is_collected_though_routing_would_now_r
     assert (seen["created"], seen["lines"]) == (1, 3)
 
 
-async def test_a_batch_all_of_whose_jobs_were_cancelled_is_cancelled_at_the_provider(
+async def test_the_files_of_a_batch_whose_jobs_were_all_collected_are_deleted_at_the_provider(
+    queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str]
+) -> None:
+    url = queue_url_of(queue_factory)
+    config = batch_config(simulator[1], url)
+    ids = await bulk_jobs(queue, 3)
+    async with running_worker(queue, config):
+        # Given every job of a batch collected
+        jobs = await wait_final(queue, ids)
+        assert all(job.state is JobState.SUCCEEDED and in_a_batch(job) for job in jobs)
+        files = await files_of_batch(url, config.providers[0], ids[0])
+        assert len(files) == 2  # its input and its output
+        # Then its files are deleted at the provider, the answers kept
+        await until_deleted(config.providers[0], files)
+    assert [(await queue.get(job_id)) for job_id in ids] == jobs
+
+
+async def test_a_batch_all_of_whose_jobs_were_cancelled_is_cancelled_at_the_provider_then_cleaned_up(
     queue: Queue, queue_factory: QueueFactory
 ) -> None:
     sim = Simulator(SimulatorSettings(seed=23, batch_latency_s=120.0))
     async with sim.running() as base_url:
         url = queue_url_of(queue_factory)
         config = batch_config(base_url, url)
+        provider = config.providers[0]
         ids = await bulk_jobs(queue, 3)
         # Two workers, either of which may see it
         async with running_worker(queue, config), running_worker(queue, config):
             # Given the jobs waiting in a batch that would run for minutes
             await waiting_in_a_batch(queue, ids)
+            files = await files_of_batch(url, provider, ids[0])
             # When every one is cancelled
             for job_id in ids:
                 assert await queue.cancel(job_id)
-            # Then the batch is cancelled at the provider
+            # Then the batch is cancelled at the provider, and its files deleted once it ended
             for _ in range(250):
                 if batches_seen(sim)["ended"]:
                     break
                 await asyncio.sleep(0.04)
             assert batches_seen(sim)["ended"] == {"cancelled": 1}
+            await until_deleted(provider, files)
         seen = batches_seen(sim)
     jobs = [await queue.get(job_id) for job_id in ids]
     assert all(job is not None and job.state is JobState.CANCELLED for job in jobs), jobs

@@ -1,11 +1,18 @@
 """Upkeep of provider batches, shared by every worker: every `poll_s` (the shortest of the
-providers'), a worker looks at the batches the store lists as open, the oldest first, and cancels
-at the provider a batch that still runs and all of whose jobs were cancelled meanwhile (`tidegate
-job cancel`), once across workers (the store's CANCEL claim); a batch that ended in the meantime
-is left as it is (the client reads the provider's refusal as such).
+providers'), a worker looks at the batches the store lists as open, the oldest first, and
 
-A job still to be collected keeps its batch running, and the look at a batch stops at the first
-such job, so a batch that runs costs a read or two per look.
+- cancels at the provider a batch that still runs and all of whose jobs were cancelled meanwhile
+  (`tidegate job cancel`), once across workers (the store's CANCEL claim); a batch that ended in
+  the meantime is left as it is (the client reads the provider's refusal as such);
+- deletes at the provider the input, output and error files of a batch that ended and that none
+  of its jobs needs any more: each is final (succeeded, dead, cancelled, expired) or forgotten,
+  will be served live, or waits in another batch. Once across workers (the CLEAN_UP claim, which
+  retires the batch from the open ones).
+
+A job still to be collected keeps its batch open, and the look at a batch stops at the first such
+job, so a batch that runs costs a read or two per look. The claim is taken before the files are
+deleted, and only once every job is final, so a worker killed in between leaves at worst files at
+the provider, never an answer lost; a deletion that fails is logged, not tried again.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from tidegate.coord.provider_batches import CANCEL, ProviderBatchRecord
+from tidegate.coord.provider_batches import CANCEL, CLEAN_UP, ProviderBatchRecord
 from tidegate.dispatch.batch_collection import BatchPart, BatchServices
 from tidegate.dispatch.batch_submission import PENDING
 from tidegate.errors import TidegateError
@@ -52,7 +59,7 @@ class BatchUpkeep(BatchPart):
                 log.exception("provider batch upkeep failed unexpectedly")
 
     async def look(self) -> None:
-        """One round: cancel each open batch that needs it."""
+        """One round: cancel or clean up each open batch that needs it."""
         for record in await self._store.open_batches(OPEN_LOOKED_AT):
             client = self._clients.get(record.provider)
             if client is None or record.batch_id.startswith(PENDING):
@@ -63,11 +70,20 @@ class BatchUpkeep(BatchPart):
                 log.warning("provider batch %s/%s: upkeep failed: %s", record.provider, record.batch_id, exc)
 
     async def _look_at(self, record: ProviderBatchRecord, client: ProviderBatchClient) -> None:
-        if await self._unneeded(record) is not True:  # still needed, or not all its jobs cancelled
+        all_cancelled = await self._unneeded(record)
+        if all_cancelled is None:
             return
         where = f"provider batch {record.provider}/{record.batch_id}"
         batch = await client.retrieve(record.batch_id)
-        if not batch.ended and await self._store.claim(record.provider, record.batch_id, CANCEL):
+        if batch.ended:
+            if await self._store.claim(record.provider, record.batch_id, CLEAN_UP):
+                try:
+                    deleted = await client.delete_files(record.batch_id)
+                except TidegateError as exc:
+                    log.warning("%s: its files stay at the provider, their deletion failed: %s", where, exc)
+                    return
+                log.info("%s (%s): its %d files deleted at the provider", where, batch.status, deleted)
+        elif all_cancelled and await self._store.claim(record.provider, record.batch_id, CANCEL):
             cancelled = await client.cancel(record.batch_id)
             log.info("%s: every job of it was cancelled, so it was cancelled at the provider (%s)", where,
                      cancelled.status)

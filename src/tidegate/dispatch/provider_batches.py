@@ -27,7 +27,8 @@ it was created, or gathers them anew if not (`_resume` here). A second submissio
 where the provider does not list the batch among its latest (`ProviderBatchClient.find`'s depth).
 
 Every worker also takes its share of the upkeep (`batch_upkeep`), from the moment it is made: a
-batch all of whose jobs were cancelled is cancelled at the provider.
+batch all of whose jobs were cancelled is cancelled at the provider, and an ended batch none of
+whose jobs needs it any more has its files deleted there.
 """
 
 from __future__ import annotations
