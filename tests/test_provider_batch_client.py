@@ -1,6 +1,7 @@
 """The provider batch client against the simulated provider's Batch API: a batch submitted,
 polled until it ended and collected, a result for every line asked for (answered, refused, or not
-run because the batch expired, was cancelled or failed), and failures as UpstreamError."""
+run because the batch expired, was cancelled or failed), an ended batch's files deleted, and
+failures as UpstreamError."""
 
 from __future__ import annotations
 
@@ -182,3 +183,20 @@ async def test_a_batch_is_found_again_by_its_metadata_newest_first(batches: Prov
     assert newest is not None and newest.id == last.id
     assert await batches.find({"run": "r-404"}) is None
     assert await batches.find({"run": "r-0"}, newest=50) is None
+
+
+async def test_an_ended_batchs_files_are_deleted_at_the_provider_once(batches: ProviderBatchClient) -> None:
+    submitted = await batches.submit([line("a"), line("b", model="no-such-model")], endpoint=CHAT)
+    # Not while the batch runs: its files are in use
+    with pytest.raises(ValueError, match="ended"):
+        await batches.delete_files(submitted.id)
+    batch = await ended(batches, submitted.id)
+    assert batch.output_file_id is not None and batch.error_file_id is not None
+
+    # Its input, output and error files go; a second time there is nothing left to delete
+    assert await batches.delete_files(batch.id) == 3
+    assert await batches.delete_files(batch.id) == 0
+    assert not await batches.delete_file(batch.output_file_id)
+    with pytest.raises(UpstreamError) as gone:
+        await batches.results(batch, ["a"])
+    assert gone.value.status == 404

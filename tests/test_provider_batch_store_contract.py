@@ -1,20 +1,31 @@
 """The provider-batch store's contract, one suite on every backend of the queue (the same SQLite
 file, Redis, Redis Cluster): a batch and its jobs are seen by another worker's store, a job's entry
-can be replaced (to be served live), and a closed store refuses use."""
+can be replaced (to be served live), each step of a batch's upkeep goes to one worker, a closed
+store refuses use; and the SQLite store forgets
+records older than KEEP_S, as Redis lets them expire."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from conftest import QueueFactory
 from dispatch_support import queue_url_of
 from tidegate.coord.provider_batches import (
+    CANCEL,
+    CLEAN_UP,
+    KEEP_S,
     BatchedJob,
     ProviderBatchRecord,
     ProviderBatchStore,
+    SqliteProviderBatchStore,
     provider_batch_store_for,
 )
 from tidegate.errors import DispatchClosed
@@ -65,3 +76,55 @@ async def test_a_closed_store_refuses_use(queue_factory: QueueFactory) -> None:
     await store.close()
     with pytest.raises(DispatchClosed):
         await store.job("j-1")
+
+
+async def test_the_sqlite_store_forgets_records_older_than_a_week_as_new_batches_are_recorded(
+    tmp_path: Path
+) -> None:
+    path = str(tmp_path / "queue.db")
+    old = ProviderBatchRecord("sim", "batch_old", "deepseek-v3.2", "/v1/embeddings", ("j-5",),
+                              datetime.now(UTC) - timedelta(days=8))
+    async with SqliteProviderBatchStore(path) as store:
+        await store.record(old, [BatchedJob("j-5", "sim", "batch_old", HOLD)])
+    # Given a batch and its job written more than KEEP_S ago (as Redis would have let them expire)
+    written_ms = int((time.time() - KEEP_S - 60) * 1000)
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        tables = [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'provider_batch%'")]
+        for table in tables:
+            conn.execute(f"UPDATE {table} SET written_ms = ?", (written_ms,))
+    # When another batch is recorded
+    new = replace(old, batch_id="batch_new", job_ids=("j-6",), submitted_at=datetime.now(UTC))
+    async with SqliteProviderBatchStore(path) as store:
+        await store.record(new, [BatchedJob("j-6", "sim", "batch_new")])
+        # Then the old records are gone, and the new ones kept
+        assert await store.batch("sim", "batch_old") is None and await store.job("j-5") is None
+        assert await store.batch("sim", "batch_new") == new
+        assert await store.job("j-6") == BatchedJob("j-6", "sim", "batch_new")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        left = {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                for table in tables}
+    assert left == {"provider_batches": 1, "provider_batch_jobs": 1} | {
+        table: 0 for table in tables if table not in ("provider_batches", "provider_batch_jobs")}
+
+
+async def test_each_step_of_a_batchs_upkeep_is_claimed_once_and_clean_up_retires_it(
+    stores: tuple[ProviderBatchStore, ProviderBatchStore]
+) -> None:
+    first, second = stores
+    now = datetime.now(UTC)
+    older = ProviderBatchRecord("sim", "batch_3", "deepseek-v3.2", "/v1/embeddings", ("j-7",), now)
+    newer = replace(older, batch_id="batch_4", job_ids=("j-8",))
+    await first.record(older, [BatchedJob("j-7", "sim", "batch_3")])
+    await first.record(newer, [BatchedJob("j-8", "sim", "batch_4")])
+    assert await second.open_batches(10) == [older, newer]
+    assert await second.open_batches(1) == [older]
+    # Each step goes to one worker only
+    assert await first.claim("sim", "batch_3", CANCEL)
+    assert not await second.claim("sim", "batch_3", CANCEL)
+    assert await second.open_batches(10) == [older, newer]  # cancelled, it still has files
+    assert await second.claim("sim", "batch_3", CLEAN_UP)
+    assert not await first.claim("sim", "batch_3", CLEAN_UP)
+    # and the batch cleaned up is open no more; its records stay for its jobs
+    assert await first.open_batches(10) == [newer]
+    assert await first.batch("sim", "batch_3") == older

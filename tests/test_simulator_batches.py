@@ -1,6 +1,6 @@
 """The simulated provider's Files and Batch APIs, spoken to with the official OpenAI SDK: a batch's
-life and files in OpenAI's shapes, failing lines, whole-batch faults, cancellation, listing, the
-bounds of an upload, and the counts a test reads to see what was submitted."""
+life and files in OpenAI's shapes, failing lines, whole-batch faults, cancellation, listing, file
+deletion, the bounds of an upload, and the counts a test reads to see what was submitted."""
 
 from __future__ import annotations
 
@@ -234,3 +234,20 @@ async def test_uploads_and_listings_refuse_what_is_not_theirs(simulator: Simulat
     assert refused_json == (400, "invalid_request")
     assert refused_form == (400, "purpose")
     assert refused_limit == (400, "invalid_value")
+
+
+async def test_a_deleted_file_is_gone_and_deleting_it_again_is_refused_with_a_code(
+    sdk: openai.AsyncOpenAI,
+) -> None:
+    batch = await ended(sdk, (await start(sdk, [chat_line("a")])).id)
+
+    deleted = await sdk.files.delete(batch.input_file_id)
+
+    assert (deleted.id, deleted.object, deleted.deleted) == (batch.input_file_id, "file", True)
+    for again in (sdk.files.retrieve, sdk.files.delete):
+        with pytest.raises(openai.NotFoundError) as gone:
+            await again(batch.input_file_id)
+        assert gone.value.code == "file_not_found"
+    # The batch that ran on it keeps its record and its output
+    assert (await sdk.batches.retrieve(batch.id)).input_file_id == batch.input_file_id
+    assert list(await records(sdk, batch.output_file_id)) == ["a"]

@@ -23,10 +23,11 @@ from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig, T
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, provider_batch_store_for
 from tidegate.costs import cost_micros, estimate_cost_micros, micros_to_usd, usd_to_micros
+from tidegate.dispatch.batch_submission import ENDPOINTS, PENDING, SUBMISSION
 from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.provider_batches import ENDPOINTS, PENDING, SUBMISSION
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.dispatch.worker import WorkerSettings
+from tidegate.errors import UpstreamError
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.providers.batch_api import BatchLineRequest, ProviderBatchClient
 from tidegate.providers.client import UpstreamClient
@@ -79,6 +80,52 @@ async def bulk_jobs(queue: Queue, count: int, **options: Any) -> list[str]:
 
 def in_a_batch(job: Job) -> bool:
     return str(job.result["route"]).startswith("provider batch ")
+
+
+async def waiting_in_a_batch(queue: Queue, ids: list[str]) -> None:
+    """Return once every job of `ids` was released to wait in its provider batch."""
+    for _ in range(500):
+        waiting = [await queue.get(job_id) for job_id in ids]
+        if all(job is not None and (job.last_error or "").startswith("waiting in provider batch")
+               for job in waiting):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the jobs never waited in a provider batch")
+
+
+async def files_of_batch(queue_url: str, provider: ProviderConfig, job_id: str) -> list[str]:
+    """The input, output and error files at the provider of the batch the job was submitted in."""
+    store = provider_batch_store_for(queue_url)
+    async with store:
+        entry = await store.job(job_id)
+    assert entry is not None, f"job {job_id} is in no provider batch"
+    async with UpstreamClient(provider) as upstream:
+        batch = (await upstream.send("GET", f"/batches/{entry.batch_id}")).body
+    return [batch[name] for name in ("input_file_id", "output_file_id", "error_file_id") if batch.get(name)]
+
+
+async def files_left(provider: ProviderConfig, file_ids: list[str]) -> list[str]:
+    """Those of `file_ids` still at the provider."""
+    left = []
+    async with UpstreamClient(provider) as upstream:
+        for file_id in file_ids:
+            try:
+                await upstream.send("GET", f"/files/{file_id}")
+            except UpstreamError as exc:
+                if exc.status != 404:
+                    raise
+                continue
+            left.append(file_id)
+    return left
+
+
+async def until_deleted(provider: ProviderConfig, file_ids: list[str]) -> None:
+    """Return once none of `file_ids` is left at the provider."""
+    for _ in range(250):
+        if not await files_left(provider, file_ids):
+            return
+        await asyncio.sleep(0.04)
+    raise AssertionError(f"files left at the provider: {await files_left(provider, file_ids)}")
 
 
 async def test_bulk_jobs_with_a_long_deadline_go_through_one_provider_batch_at_its_discount(
@@ -304,14 +351,7 @@ async def test_a_job_cancelled_while_its_batch_runs_ends_cancelled_and_the_other
         ids = await bulk_jobs(queue, 3)
         async with running_worker(queue, batch_config(base_url, queue_url_of(queue_factory))):
             # Given the jobs waiting in their provider batch
-            for _ in range(500):
-                waiting = [await queue.get(job_id) for job_id in ids]
-                if all(job is not None and (job.last_error or "").startswith("waiting in provider batch")
-                       for job in waiting):
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError("the jobs never waited in a provider batch")
+            await waiting_in_a_batch(queue, ids)
             # When one is cancelled
             assert await queue.cancel(ids[0])
             jobs = await wait_final(queue, ids)
@@ -320,6 +360,75 @@ async def test_a_job_cancelled_while_its_batch_runs_ends_cancelled_and_the_other
     assert [job.state for job in jobs] == [JobState.CANCELLED, JobState.SUCCEEDED, JobState.SUCCEEDED]
     assert all(in_a_batch(job) for job in jobs[1:])
     assert (seen["created"], seen["lines"]) == (1, 3)
+
+
+async def test_a_job_in_a_provider_batch_is_collected_though_routing_would_now_refuse_it(
+    queue: Queue, queue_factory: QueueFactory
+) -> None:
+    sim = Simulator(SimulatorSettings(seed=19, batch_latency_s=1.0))
+    async with sim.running() as base_url:
+        config = batch_config(base_url, queue_url_of(queue_factory))
+        ids = await bulk_jobs(queue, 3)
+        # Given jobs submitted in a provider batch by a worker that stopped while the batch runs
+        async with running_worker(queue, config):
+            await waiting_in_a_batch(queue, ids)
+        # When the config changes so that routing refuses them: their model left the BULK tier
+        tiers = {**config.routing.tiers, "bulk": ("retired-model",)}
+        changed = config.model_copy(update={"routing": config.routing.model_copy(update={"tiers": tiers})})
+        async with running_worker(queue, changed):
+            jobs = await wait_final(queue, ids)
+        seen = batches_seen(sim)
+    # Then they are collected from their batch, answered by the model they were submitted to
+    assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 3, [job.last_error for job in jobs]
+    assert all(in_a_batch(job) and job.result["model"] == BULK_MODEL for job in jobs)
+    assert (seen["created"], seen["lines"]) == (1, 3)
+
+
+async def test_the_files_of_a_batch_whose_jobs_were_all_collected_are_deleted_at_the_provider(
+    queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str]
+) -> None:
+    url = queue_url_of(queue_factory)
+    config = batch_config(simulator[1], url)
+    ids = await bulk_jobs(queue, 3)
+    async with running_worker(queue, config):
+        # Given every job of a batch collected
+        jobs = await wait_final(queue, ids)
+        assert all(job.state is JobState.SUCCEEDED and in_a_batch(job) for job in jobs)
+        files = await files_of_batch(url, config.providers[0], ids[0])
+        assert len(files) == 2  # its input and its output
+        # Then its files are deleted at the provider, the answers kept
+        await until_deleted(config.providers[0], files)
+    assert [(await queue.get(job_id)) for job_id in ids] == jobs
+
+
+async def test_a_batch_all_of_whose_jobs_were_cancelled_is_cancelled_at_the_provider_then_cleaned_up(
+    queue: Queue, queue_factory: QueueFactory
+) -> None:
+    sim = Simulator(SimulatorSettings(seed=23, batch_latency_s=120.0))
+    async with sim.running() as base_url:
+        url = queue_url_of(queue_factory)
+        config = batch_config(base_url, url)
+        provider = config.providers[0]
+        ids = await bulk_jobs(queue, 3)
+        # Two workers, either of which may see it
+        async with running_worker(queue, config), running_worker(queue, config):
+            # Given the jobs waiting in a batch that would run for minutes
+            await waiting_in_a_batch(queue, ids)
+            files = await files_of_batch(url, provider, ids[0])
+            # When every one is cancelled
+            for job_id in ids:
+                assert await queue.cancel(job_id)
+            # Then the batch is cancelled at the provider, and its files deleted once it ended
+            for _ in range(250):
+                if batches_seen(sim)["ended"]:
+                    break
+                await asyncio.sleep(0.04)
+            assert batches_seen(sim)["ended"] == {"cancelled": 1}
+            await until_deleted(provider, files)
+        seen = batches_seen(sim)
+    jobs = [await queue.get(job_id) for job_id in ids]
+    assert all(job is not None and job.state is JobState.CANCELLED for job in jobs), jobs
+    assert (seen["created"], seen["lines"]) == (1, 0)
 
 
 async def test_a_worker_stopped_while_it_gathers_gives_the_jobs_back_unsubmitted(

@@ -47,7 +47,7 @@ from tidegate.dispatch import failures
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.provider_batches import ProviderBatches
+from tidegate.dispatch.provider_batches import Found, ProviderBatches
 from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
 from tidegate.dispatch.spending import Hold, Spending
 from tidegate.dispatch.tiers import answered_with_tier, priced, tier_of, with_tier
@@ -339,6 +339,10 @@ class Worker:
             error = f"invalid AI job: {exc}"
             await self._settle_failure(call, error, retry=False, failure=failures.invalid_job(error))
             return
+        batches = self._provider_batches
+        found = Found.LIVE if batches is None else await batches.collect(job, request, call.queue_wait_ms)
+        if found is Found.SERVED:
+            return
         estimated_input = estimate_input_tokens(request.kind, request.body)
         fraction_left = await self._spending.fraction_left(job.tenant)
         failing = self._health.failing()
@@ -354,8 +358,7 @@ class Worker:
         except RoutingError as exc:
             await self._settle_failure(call, str(exc), retry=False, failure=failures.routing_refused(exc))
             return
-        batches = self._provider_batches
-        if batches is not None and await batches.place(job, request, route, call.queue_wait_ms):
+        if found is Found.NOTHING and batches is not None and await batches.gather(job, request, route):
             return
         reserved = await self._reserve_budget(call, route, request)
         if reserved is None:

@@ -5,7 +5,8 @@ suits BULK jobs with a long deadline. `ProviderBatchClient` speaks OpenAI's shap
 provider's pooled `UpstreamClient`: the lines go up as one JSONL file (purpose `batch`), a batch is
 created on it, polled until it ended, and its output and error files are read back into one
 `BatchLineResult` per line. A creation whose answer was lost may still have created the batch:
-`find` looks it up by the metadata it was given, so that it is not submitted twice.
+`find` looks it up by the metadata it was given, so that it is not submitted twice. Files stay at
+the provider until deleted: `delete_files` removes an ended batch's input, output and error files.
 
 Failures leave as `UpstreamError` (tidegate.errors), whose `kind` and `retryable` tell the caller
 what to do, as the other provider calls do.
@@ -33,6 +34,7 @@ FILES_PATH: Final = "/files"
 BATCHES_PATH: Final = "/batches"
 UPLOAD_NAME: Final = "tidegate-batch.jsonl"
 CONFLICT: Final = 409
+NOT_FOUND: Final = 404
 MISSING_CODES: Final = {"expired": "batch_expired", "cancelled": "batch_cancelled", "failed": "batch_failed"}
 """The error code of a line in neither file of a batch that ended so."""
 MESSAGE_ERRORS: Final = 3  # of a failed batch's errors, quoted in its lines' message
@@ -160,6 +162,30 @@ class ProviderBatchClient:
                 raise
             return await self.retrieve(batch_id)
         return self._batch("POST", path, answer.body)
+
+    async def delete_file(self, file_id: str) -> bool:
+        """Delete one file at the provider ({base_url}/files/{id}): True when it was, False when it
+        was gone already."""
+        path = f"{FILES_PATH}/{quote(file_id, safe='')}"
+        try:
+            answer = await self.client.send("DELETE", path)
+        except UpstreamError as exc:
+            if exc.status != NOT_FOUND:
+                raise
+            return False
+        return answer.body.get("deleted") is True
+
+    async def delete_files(self, batch_id: str) -> int:
+        """Delete the input, output and error files of an ended batch at the provider; how many
+        were deleted (one gone already is not counted). Raises ValueError for a batch that has not
+        ended: its files are still in use."""
+        path = f"{BATCHES_PATH}/{quote(batch_id, safe='')}"
+        body = (await self.client.send("GET", path)).body
+        batch = self._batch("GET", path, body)
+        if not batch.ended:
+            raise ValueError(f"batch {batch.id} is {batch.status}: its files are deleted once it ended")
+        files = (_text(body, "input_file_id"), batch.output_file_id, batch.error_file_id)
+        return sum([await self.delete_file(file_id) for file_id in files if file_id is not None])
 
     async def find(self, metadata: Mapping[str, str], *, newest: int = FIND_DEPTH) -> ProviderBatch | None:
         """The newest batch whose metadata holds every pair of `metadata`, among the `newest`

@@ -64,7 +64,7 @@ CONNECT_TIMEOUT_CAP_S: Final = 10.0
 _DONE: Final = b"[DONE]"
 ANTHROPIC_VERSION: Final = "2023-06-01"  # the Messages API version tidegate's Anthropic adapter speaks
 
-Method = Literal["GET", "POST"]
+Method = Literal["GET", "POST", "DELETE"]
 """The HTTP methods the client sends: POST for calls, GET to read a provider's files and batches."""
 
 StreamDecoder = Callable[[bytes], tuple[list[bytes], bool]]

@@ -16,7 +16,8 @@ to the error file, both as `{"id", "custom_id", "response": {"status_code", "req
 "error": null}`. `BatchStats` counts files, batches and lines, so a test can see that nothing was
 submitted twice.
 
-Files and batches live in memory until the simulator stops; an upload is bounded by
+Files live in memory until deleted (`DELETE /v1/files/{id}`) or the simulator stops, batches
+until it stops; an upload is bounded by
 `batch_max_file_bytes` and `batch_max_lines`.
 """
 
@@ -234,6 +235,13 @@ class BatchService:
         """GET /v1/files/{file_id}/content: the file's bytes."""
         stored = self._file(request.match_info["file_id"], "file_id")
         return web.Response(status=200, body=stored.content, content_type="application/octet-stream")
+
+    @_endpoint
+    async def delete_file(self, request: web.Request) -> web.StreamResponse:
+        """DELETE /v1/files/{file_id}: forget the file (a batch that ran on it keeps its id)."""
+        stored = self._file(request.match_info["file_id"], "file_id")
+        del self._files[stored.id]
+        return _json(200, {"id": stored.id, "object": "file", "deleted": True})
 
     async def _upload(self, request: web.Request) -> tuple[str, str, bytes]:
         if not request.content_type.startswith("multipart/"):

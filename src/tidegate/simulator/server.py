@@ -231,6 +231,7 @@ class Simulator:
         app.router.add_post("/v1/files", batches.create_file)
         app.router.add_get("/v1/files/{file_id}", batches.get_file)
         app.router.add_get("/v1/files/{file_id}/content", batches.file_content)
+        app.router.add_delete("/v1/files/{file_id}", batches.delete_file)
         app.router.add_post("/v1/batches", batches.create_batch)
         app.router.add_get("/v1/batches", batches.list_batches)
         app.router.add_get("/v1/batches/{batch_id}", batches.get_batch)

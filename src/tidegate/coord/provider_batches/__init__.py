@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from tidegate.coord._store import imported_when_named
 from tidegate.coord.provider_batches.base import (
+    CANCEL,
+    CLEAN_UP,
     KEEP_S,
     BatchedJob,
     ProviderBatchRecord,
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
     from tidegate.coord.provider_batches.redis import RedisProviderBatchStore
 
 __all__ = [
+    "CANCEL",
+    "CLEAN_UP",
     "KEEP_S",
     "BatchedJob",
     "ProviderBatchRecord",

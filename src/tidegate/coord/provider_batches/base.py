@@ -8,14 +8,19 @@ submitting it again. A batch and its jobs are written in one atomic step (one SQ
 one Redis MULTI), so a job is never recorded without its batch. Records expire after KEEP_S (a
 batch ends within its 24 h window), so nothing grows without bound.
 
+A batch is open until its upkeep is done: `open_batches` lists them, and `claim` lets one worker
+only take a step of it (`CANCEL` it at the provider, `CLEAN_UP` its files there, which retires it
+from the open ones), so that each step is done once across workers.
+
 `ProviderBatchStore` checks the lifecycle and converts records once around the `_hooks` that
 `sqlite.SqliteProviderBatchStore` and `redis.RedisProviderBatchStore` implement;
 `provider_batch_store_for(queue_url)` picks one by the queue's URL.
 
-- SQLite (`sqlite:///path`): the queue's file, tables `provider_batches` and
-  `provider_batch_jobs`, rows under the store's name.
-- Redis (`redis://…?name=X`): one string per batch (`tidegate:{X}:pbatch:<provider>/<id>`) and
-  per job (`tidegate:{X}:pbatch_job:<job id>`), JSON, with a TTL and the queue's hash tag.
+- SQLite (`sqlite:///path`): the queue's file, tables `provider_batches`, `provider_batch_jobs`
+  and `provider_batch_claims`, rows under the store's name.
+- Redis (`redis://…?name=X`): one string per batch (`tidegate:{X}:pbatch:<provider>/<id>`), per
+  job (`tidegate:{X}:pbatch_job:<job id>`) and per claim, JSON, with a TTL and the queue's hash
+  tag; the open batches in one sorted set by time recorded.
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ import orjson
 from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of, without_query
 from tidegate.errors import DispatchClosed
 
-__all__ = ["KEEP_S", "BatchedJob", "ProviderBatchRecord", "ProviderBatchStore", "provider_batch_store_for"]
+__all__ = ["CANCEL", "CLEAN_UP", "KEEP_S", "BatchedJob", "ProviderBatchRecord", "ProviderBatchStore",
+           "provider_batch_store_for"]
 
 KEEP_S = 7 * 86_400  # a batch ends within its 24 h window; a week leaves room for late collection
+CANCEL = "cancel"  # the step of cancelling a batch at the provider
+CLEAN_UP = "clean_up"  # the step of deleting a batch's files at the provider: it retires the batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +130,18 @@ class ProviderBatchStore(OpensOnFirstUse):
         raw = await self._get_batch(provider, batch_id)
         return None if raw is None else ProviderBatchRecord.from_json(raw)
 
+    async def open_batches(self, most: int) -> list[ProviderBatchRecord]:
+        """The batches recorded within KEEP_S whose CLEAN_UP nobody claimed yet, the oldest
+        first, at most `most`."""
+        await self._ready()
+        return [ProviderBatchRecord.from_json(raw) for raw in await self._open_batches(most)]
+
+    async def claim(self, provider: str, batch_id: str, step: str) -> bool:
+        """Take `step` of the batch's upkeep (CANCEL, CLEAN_UP): True for the first caller only.
+        Claiming CLEAN_UP retires the batch from `open_batches`."""
+        await self._ready()
+        return await self._claim(provider, batch_id, step)
+
     # -- storage hooks, implemented by each backend (the store open)
 
     @abc.abstractmethod
@@ -136,6 +156,12 @@ class ProviderBatchStore(OpensOnFirstUse):
 
     @abc.abstractmethod
     async def _get_batch(self, provider: str, batch_id: str) -> str | bytes | None: ...
+
+    @abc.abstractmethod
+    async def _open_batches(self, most: int) -> Sequence[str | bytes]: ...
+
+    @abc.abstractmethod
+    async def _claim(self, provider: str, batch_id: str, step: str) -> bool: ...
 
 
 def provider_batch_store_for(queue_url: str) -> ProviderBatchStore:

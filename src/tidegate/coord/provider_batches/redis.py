@@ -1,16 +1,20 @@
 """The provider-batch store in Redis, every key with the queue's hash tag and a TTL of KEEP_S:
 one string per batch (`tidegate:{name}:pbatch:<provider>/<id>`) and per job
-(`tidegate:{name}:pbatch_job:<job id>`), each JSON. A batch and its jobs are written in one
-MULTI, so the keys sharing one Redis Cluster slot is what lets them go together."""
+(`tidegate:{name}:pbatch_job:<job id>`), each JSON, and per step of a batch's upkeep claimed
+(`tidegate:{name}:pbatch_claim:<step>:<provider>/<id>`). A batch and its jobs are written in one
+MULTI, so the keys sharing one Redis Cluster slot is what lets them go together. The open batches
+are one sorted set (`tidegate:{name}:pbatch_open`, `<provider>/<id>` by the time recorded),
+trimmed of those older than KEEP_S as it is read."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from tidegate._redis import RedisClient, key_prefix, require_redis
 from tidegate._urls import redact_url
-from tidegate.coord.provider_batches.base import KEEP_S, ProviderBatchStore
+from tidegate.coord.provider_batches.base import CLEAN_UP, KEEP_S, ProviderBatchStore
 from tidegate.errors import QueueUnavailable
 
 require_redis("the Redis provider-batch store")
@@ -30,6 +34,8 @@ class RedisProviderBatchStore(ProviderBatchStore):
         prefix = key_prefix(name)
         self._batch_prefix = prefix + "pbatch:"
         self._job_prefix = prefix + "pbatch_job:"
+        self._claim_prefix = prefix + "pbatch_claim:"
+        self._open_key = prefix + "pbatch_open"
         self._redis: RedisClient | None = None
 
     def __repr__(self) -> str:
@@ -63,6 +69,7 @@ class RedisProviderBatchStore(ProviderBatchStore):
         async def write(r: Any) -> None:
             async with r.pipeline(transaction=True) as pipe:
                 pipe.set(self.batch_key(provider, batch_id), batch, ex=KEEP_S)
+                pipe.zadd(self._open_key, {f"{provider}/{batch_id}": time.time()})
                 for job_id, entry in jobs:
                     pipe.set(self.job_key(job_id), entry, ex=KEEP_S)
                 await pipe.execute()
@@ -85,3 +92,27 @@ class RedisProviderBatchStore(ProviderBatchStore):
     async def _get_batch(self, provider: str, batch_id: str) -> bytes | None:
         raw: bytes | None = await self._call(lambda r: r.get(self.batch_key(provider, batch_id)))
         return raw
+
+    async def _open_batches(self, most: int) -> list[bytes]:
+        async def read(r: Any) -> list[bytes]:
+            await r.zremrangebyscore(self._open_key, "-inf", time.time() - KEEP_S)
+            members: list[bytes] = await r.zrange(self._open_key, 0, most - 1)
+            if not members:
+                return []
+            async with r.pipeline(transaction=True) as pipe:
+                for member in members:
+                    pipe.get(self._batch_prefix + member.decode())
+                records: list[bytes | None] = await pipe.execute()
+            return [record for record in records if record is not None]
+
+        return await self._call(read)
+
+    async def _claim(self, provider: str, batch_id: str, step: str) -> bool:
+        async def take(r: Any) -> bool:
+            taken = bool(await r.set(f"{self._claim_prefix}{step}:{provider}/{batch_id}", b"1", nx=True,
+                                     ex=KEEP_S))
+            if step == CLEAN_UP:  # retired whoever took it: a worker killed in between leaves none open
+                await r.zrem(self._open_key, f"{provider}/{batch_id}")
+            return taken
+
+        return await self._call(take)

@@ -1,6 +1,7 @@
-"""The provider-batch store in a SQLite file, usually the queue's own: tables `provider_batches`
-and `provider_batch_jobs` (rows under the store's name), every change one transaction. Rows older
-than KEEP_S are deleted as new batches are recorded."""
+"""The provider-batch store in a SQLite file, usually the queue's own: tables `provider_batches`,
+`provider_batch_jobs` and `provider_batch_claims` (rows under the store's name), every change one
+transaction. Rows older than KEEP_S are deleted as new batches are recorded, so no table grows
+without bound (as Redis lets its keys expire)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sqlite3
 import time
 
 from tidegate._sqlite import SqliteThread
-from tidegate.coord.provider_batches.base import KEEP_S, ProviderBatchStore
+from tidegate.coord.provider_batches.base import CLEAN_UP, KEEP_S, ProviderBatchStore
 from tidegate.errors import QueueUnavailable
 
 __all__ = ["SqliteProviderBatchStore"]
@@ -29,7 +30,16 @@ CREATE TABLE IF NOT EXISTS provider_batch_jobs (
     written_ms INTEGER NOT NULL,
     PRIMARY KEY (store, job_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS provider_batch_claims (
+    store TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    batch_id TEXT NOT NULL,
+    step TEXT NOT NULL,                   -- the step of the batch's upkeep claimed (cancel, clean_up)
+    written_ms INTEGER NOT NULL,
+    PRIMARY KEY (store, provider, batch_id, step)
+) WITHOUT ROWID;
 """
+_TABLES = ("provider_batches", "provider_batch_jobs", "provider_batch_claims")
 
 _PUT_JOB = ("INSERT INTO provider_batch_jobs (store, job_id, entry, written_ms) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (store, job_id) DO UPDATE SET entry = excluded.entry,"
@@ -61,10 +71,9 @@ class SqliteProviderBatchStore(ProviderBatchStore):
         expired_ms = now_ms - KEEP_S * 1000
 
         def body(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM provider_batches WHERE store = ? AND written_ms < ?",
-                         (self.name, expired_ms))
-            conn.execute("DELETE FROM provider_batch_jobs WHERE store = ? AND written_ms < ?",
-                         (self.name, expired_ms))
+            for table in _TABLES:
+                conn.execute(f"DELETE FROM {table} WHERE store = ? AND written_ms < ?",
+                             (self.name, expired_ms))
             conn.execute("INSERT INTO provider_batches (store, provider, batch_id, record, written_ms)"
                          " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                          (self.name, provider, batch_id, batch.decode(), now_ms))
@@ -89,3 +98,20 @@ class SqliteProviderBatchStore(ProviderBatchStore):
             "SELECT record FROM provider_batches WHERE store = ? AND provider = ? AND batch_id = ?",
             (self.name, provider, batch_id)).fetchone())
         return None if row is None else str(row[0])
+
+    async def _open_batches(self, most: int) -> list[str]:
+        expired_ms = int(time.time() * 1000) - KEEP_S * 1000
+        rows = await self._db.run(lambda conn: conn.execute(
+            "SELECT record FROM provider_batches AS b WHERE store = ? AND written_ms >= ? AND NOT EXISTS"
+            " (SELECT 1 FROM provider_batch_claims AS c WHERE c.store = b.store AND c.provider = b.provider"
+            " AND c.batch_id = b.batch_id AND c.step = ?) ORDER BY written_ms LIMIT ?",
+            (self.name, expired_ms, CLEAN_UP, most)).fetchall())
+        return [str(row[0]) for row in rows]
+
+    async def _claim(self, provider: str, batch_id: str, step: str) -> bool:
+        now_ms = int(time.time() * 1000)
+        inserted: int = await self._db.write(lambda conn: conn.execute(
+            "INSERT INTO provider_batch_claims (store, provider, batch_id, step, written_ms)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (self.name, provider, batch_id, step, now_ms)).rowcount)
+        return inserted == 1
