@@ -55,7 +55,7 @@ from tidegate.dispatch.spending import Hold, Spending, hold_from_json, hold_to_j
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.errors import BudgetExhausted, LeaseLost, TidegateError
 from tidegate.jobs import Job
-from tidegate.providers.batch_api import BatchLineRequest, BatchLineResult, ProviderBatch, ProviderBatchClient
+from tidegate.providers.batch_api import BatchClient, BatchLineRequest, BatchLineResult, ProviderBatch
 from tidegate.queue import Queue
 
 __all__ = ["ENDPOINTS", "ProviderBatches"]
@@ -101,7 +101,7 @@ class ProviderBatches:
     def __init__(
         self,
         providers: Mapping[str, ProviderConfig],
-        clients: Mapping[str, ProviderBatchClient],
+        clients: Mapping[str, BatchClient],
         *,
         queue: Queue,
         store: ProviderBatchStore,
