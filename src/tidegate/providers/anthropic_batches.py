@@ -19,7 +19,8 @@ submission: the custom_ids, the only thing of a request that comes back. So the 
 custom_id carries a tag of each metadata pair (`{custom_id}--{8 hex digits a pair}`, the pair's
 BLAKE2b digest; Anthropic's custom_ids have at most 64 characters, room for tidegate's job ids and
 a few pairs), which `results` strips again. `find` reads the results of the ended batches the
-provider lists, newest first, for a custom_id whose tags hold those of every pair asked for.
+provider lists, newest first (the latest 100 by default, each ended one costing a download of its
+results the first time), for a custom_id whose tags hold those of every pair asked for.
 Results exist only once a batch ended: a batch still running cannot be recognised, so `find`
 answers None for it, and a creation whose answer was lost while its batch still runs may be sent
 again (the jobs are served once; the copy costs its price).
@@ -28,6 +29,7 @@ again (the jobs are served once; the copy costs its price).
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import quote
@@ -37,7 +39,6 @@ import orjson
 from tidegate.errors import UpstreamError
 from tidegate.providers.adapters.anthropic import chat_completion, messages_body
 from tidegate.providers.batch_api import (
-    FIND_DEPTH,
     BatchLineRequest,
     BatchLineResult,
     ProviderBatch,
@@ -55,6 +56,8 @@ MAX_CUSTOM_ID: Final = 64
 TAG_MARK: Final = "--"  # between a custom_id and the tags of the batch's metadata
 TAG_BYTES: Final = 4  # of a pair's digest: 8 hex digits
 LIST_PAGE: Final = 100
+FIND_DEPTH: Final = 100  # batches `find` looks through by default: each ended one costs a download
+TAGS_CACHED: Final = 4096  # ended batches whose tags are kept (they change no more)
 _STATUSES: Final = {"in_progress": "in_progress", "canceling": "cancelling"}
 # The HTTP status of an errored request's error type (Anthropic's errors API).
 _ERROR_STATUSES: Final = {
@@ -72,6 +75,7 @@ class AnthropicBatchClient:
 
     def __init__(self, client: UpstreamClient) -> None:
         self.client = client
+        self._tagged: OrderedDict[str, tuple[frozenset[str], ...]] = OrderedDict()
 
     async def submit(self, lines: Sequence[BatchLineRequest], *, endpoint: str,
                      completion_window: str = WINDOW,
@@ -134,9 +138,22 @@ class AnthropicBatchClient:
         wanted = {_tag(key, value) for key, value in metadata.items()}
         async for path, item in self._listing(newest):
             batch = self._batch("GET", path, item)
-            if batch.ended and any(wanted <= _tags(sent) for sent, _ in await self._records(batch.id)):
+            if batch.ended and any(wanted <= tags for tags in await self._tags_of(batch.id)):
                 return batch
         return None
+
+    async def _tags_of(self, batch_id: str) -> tuple[frozenset[str], ...]:
+        """The tags of each tagged custom_id of an ended batch, read once per batch: the jobs of
+        one submission each ask `find` for it."""
+        tags = self._tagged.get(batch_id)
+        if tags is None:
+            records = await self._records(batch_id)
+            tags = tuple(frozenset(found) for sent, _ in records if (found := _tags(sent)))
+            self._tagged[batch_id] = tags
+            while len(self._tagged) > TAGS_CACHED:
+                self._tagged.popitem(last=False)
+        self._tagged.move_to_end(batch_id)
+        return tags
 
     async def _listing(self, most: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """The provider's batches, newest first, at most `most`, each with the path of its page."""
