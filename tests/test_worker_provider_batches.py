@@ -1,6 +1,7 @@
 """Provider batches: BULK jobs with a long deadline go through the simulator's own batch API at its
-discount, everything else is served live, and nothing is lost or submitted twice when a worker is
-killed, a batch fails, or a budget runs short; on both queue backends."""
+discount (OpenAI's Batch API, or Anthropic's Message Batches for an Anthropic provider),
+everything else is served live, and nothing is lost or submitted twice when a worker is killed, a
+batch fails, or a budget runs short; on both queue backends."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from tidegate.dispatch.tiers import batch_priced
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.errors import UpstreamError
 from tidegate.jobs import Job, JobState, Priority
-from tidegate.providers.batch_api import BatchLineRequest, ProviderBatchClient
+from tidegate.providers.batch_api import BatchLineRequest
+from tidegate.providers.batch_clients import batch_client
 from tidegate.providers.client import UpstreamClient
 from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator
@@ -38,6 +40,7 @@ from tidegate.simulator.settings import SimulatorSettings
 ROOT = Path(__file__).resolve().parent.parent
 BULK_MODEL = "deepseek-v3.2"  # where the default tiers route BULK chat jobs
 TWO_DAYS_S = 48 * 3600.0
+APIS = ("openai", "anthropic")
 
 
 @pytest.fixture
@@ -53,12 +56,16 @@ async def simulator(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Simul
         yield sim, base_url
 
 
-def batch_config(base_url: str, queue_url: str, *, budgets: BudgetConfig | None = None) -> TidegateConfig:
-    """The simulator as the one provider, its batch API used with short gather and poll times;
-    `queue_url` is where the workers keep the provider batches (and the budget ledger)."""
+def batch_config(base_url: str, queue_url: str, *, budgets: BudgetConfig | None = None,
+                 api: str = "openai") -> TidegateConfig:
+    """The simulator as the one provider (called through its `api`), its batch API used with
+    short gather and poll times; `queue_url` is where the workers keep the provider batches (and
+    the budget ledger)."""
     config = sim_config(base_url, queue_url=queue_url, budgets=budgets)
-    batch = ProviderBatchConfig(gather_s=0.3, poll_s=0.2)
-    providers = tuple(provider.model_copy(update={"batch": batch}) for provider in config.providers)
+    kinds = ("chat",) if api == "anthropic" else ("chat", "embeddings")
+    batch = ProviderBatchConfig(gather_s=0.3, poll_s=0.2, kinds=kinds)
+    providers = tuple(provider.model_copy(update={"batch": batch, "api": api})
+                      for provider in config.providers)
     return config.model_copy(update={"providers": providers})
 
 
@@ -161,6 +168,39 @@ async def test_bulk_jobs_with_a_long_deadline_go_through_one_provider_batch_at_i
     assert sample("tidegate_provider_batch_jobs_total", {"provider": "sim", "outcome": "collected"}) == 6
 
 
+async def test_an_anthropic_provider_serves_bulk_jobs_through_message_batches_as_chat_completions(
+    queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str]
+) -> None:
+    sim, base_url = simulator
+    config = batch_config(base_url, queue_url_of(queue_factory), api="anthropic")
+    ids = await bulk_jobs(queue, 4)
+    async with running_worker(queue, config):
+        jobs = await wait_final(queue, ids)
+    assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 4, [job.last_error for job in jobs]
+    # One Message Batch of four requests (no file uploaded: not OpenAI's Batch API), no live call
+    seen = batches_seen(sim)
+    assert (seen["files"], seen["created"], seen["lines"], seen["ended"]) == (0, 1, 4, {"completed": 1})
+    assert live_calls(sim) == 0
+    provider = config.providers[0]
+    [model] = [model for model in provider.models if model.name == BULK_MODEL]
+    for job in jobs:
+        result = job.result
+        assert in_a_batch(job) and result["model"] == BULK_MODEL
+        # The Message answered as the chat.completion a live call gives, usage included
+        response = result["response"]
+        assert response["object"] == "chat.completion" and response["id"].startswith("chatcmpl-")
+        assert response["choices"][0]["message"]["content"] and response["choices"][0]["finish_reason"]
+        usage = result["usage"]
+        assert usage == {key: response["usage"][key] for key in usage}
+        tokens = usage["prompt_tokens"], usage["completion_tokens"]
+        assert tokens[0] > 0 and tokens[1] > 0
+        # Charged the batch price: half of a live call's
+        spent = cost_micros(batch_priced(model, provider), *tokens)
+        assert result["cost_micros"] == spent and Decimal(result["cost_usd"]) == micros_to_usd(spent)
+        live = (tokens[0] * model.input_usd_per_1m + tokens[1] * model.output_usd_per_1m)
+        assert spent - 1 < live / 2 <= spent
+
+
 async def test_urgent_jobs_and_bulk_jobs_without_a_long_deadline_are_served_live(
     queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str]
 ) -> None:
@@ -178,6 +218,24 @@ async def test_urgent_jobs_and_bulk_jobs_without_a_long_deadline_are_served_live
     assert not any(in_a_batch(job) for job in jobs)
     assert batches_seen(sim)["created"] == 0
     assert live_calls(sim) == 5
+
+
+async def test_a_bulk_job_only_its_origins_api_can_carry_is_served_live_natively(
+    queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str]
+) -> None:
+    sim, base_url = simulator
+    # A Messages request with top_k: its chat body is only a summary, so no batch line may carry it
+    native = {"model": BULK_MODEL, "max_tokens": 40, "top_k": 5,
+              "messages": [{"role": "user", "content": "Say hello"}]}
+    payload = {**chat(max_tokens=40), "origin": {"api": "anthropic", "body": native, "native_only": True}}
+    job_id = await queue.enqueue(payload, priority="bulk", timeout_s=TWO_DAYS_S)
+    async with running_worker(queue, batch_config(base_url, queue_url_of(queue_factory), api="anthropic")):
+        [job] = await wait_final(queue, [job_id])
+
+    assert job.state is JobState.SUCCEEDED, job.last_error
+    assert not in_a_batch(job) and job.result["response"]["type"] == "message"
+    assert batches_seen(sim)["created"] == 0
+    assert [body.get("top_k") for body in sim.received("/v1/messages")] == [5]
 
 
 @pytest.mark.parametrize("simulator", [{"batch_fault": "failed"}, {"batch_fault": "expired"}],
@@ -241,16 +299,18 @@ async def test_a_budget_that_allows_part_of_the_jobs_is_never_overspent(
     assert usd_to_micros(budgets.tenant_daily_usd["acme"]) == limit_micros
 
 
-def _config_file(tmp_path: Path, base_url: str) -> Path:
+def _config_file(tmp_path: Path, base_url: str, api: str = "openai") -> Path:
     path = tmp_path / "tidegate.toml"
     path.write_text(f"""
 [[providers]]
 name = "sim"
 base_url = "{base_url}"
+api = "{api}"
 
 [providers.batch]
 gather_s = 0.3
 poll_s = 0.3
+kinds = ["chat"]
 
 [[providers.models]]
 name = "{BULK_MODEL}"
@@ -272,8 +332,9 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.communicate(timeout=30)
 
 
+@pytest.mark.parametrize("api", APIS)
 async def test_a_worker_killed_after_submitting_leaves_its_jobs_to_another_that_collects_them(
-    queue: Queue, queue_factory: QueueFactory, tmp_path: Path
+    queue: Queue, queue_factory: QueueFactory, tmp_path: Path, api: str
 ) -> None:
     # A batch that runs long enough for its worker to die before it ends
     sim = Simulator(SimulatorSettings(seed=13, batch_latency_s=2.0))
@@ -281,7 +342,7 @@ async def test_a_worker_killed_after_submitting_leaves_its_jobs_to_another_that_
         url = queue_url_of(queue_factory)
         ids = await bulk_jobs(queue, 4)
         # Given a worker process that submitted the jobs as one provider batch
-        proc = _worker_process(url, _config_file(tmp_path, base_url))
+        proc = _worker_process(url, _config_file(tmp_path, base_url, api))
         store = provider_batch_store_for(url)
         try:
             for _ in range(1500):
@@ -297,7 +358,7 @@ async def test_a_worker_killed_after_submitting_leaves_its_jobs_to_another_that_
             _kill(proc)
         assert batches_seen(sim)["created"] == 1
         # Then another worker finds the jobs in the store and collects them from that batch
-        config = batch_config(base_url, url)
+        config = batch_config(base_url, url, api=api)
         async with running_worker(queue, config, WorkerSettings(claim_wait_s=0.2, lease_s=5.0)):
             jobs = await wait_final(queue, ids, timeout_s=40)
     assert [job.state for job in jobs] == [JobState.SUCCEEDED] * 4, [job.last_error for job in jobs]
@@ -307,13 +368,14 @@ async def test_a_worker_killed_after_submitting_leaves_its_jobs_to_another_that_
     assert live_calls(sim) == 0
 
 
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("created", [True, False], ids=["created", "never-created"])
 async def test_jobs_left_pending_by_a_worker_killed_mid_submission_are_neither_lost_nor_submitted_twice(
-    queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str], created: bool
+    queue: Queue, queue_factory: QueueFactory, simulator: tuple[Simulator, str], created: bool, api: str
 ) -> None:
     sim, base_url = simulator
     url = queue_url_of(queue_factory)
-    config = batch_config(base_url, url)
+    config = batch_config(base_url, url, api=api)
     provider = config.providers[0]
     ids = await bulk_jobs(queue, 3)
     # Given jobs recorded as pending under a submission token, as a worker killed between sending
@@ -330,8 +392,12 @@ async def test_jobs_left_pending_by_a_worker_killed_mid_submission_are_neither_l
         lines = [BatchLineRequest(job.id, ENDPOINTS["chat"], {**job.payload["body"], "model": BULK_MODEL})
                  for job in jobs if job is not None]
         async with UpstreamClient(provider) as upstream:
-            await ProviderBatchClient(upstream).submit(lines, endpoint=ENDPOINTS["chat"],
-                                                       metadata={SUBMISSION: token})
+            client = batch_client(upstream)
+            batch = await client.submit(lines, endpoint=ENDPOINTS["chat"], metadata={SUBMISSION: token})
+            # ended by the time it is looked for (an Anthropic batch can be recognised only then)
+            while not batch.ended:
+                await asyncio.sleep(0.05)
+                batch = await client.retrieve(batch.id)
     # When a worker claims them
     async with running_worker(queue, config):
         finished = await wait_final(queue, ids)
@@ -480,12 +546,15 @@ async def test_bulk_embeddings_go_through_a_batch_of_their_own_endpoint(
         assert job.result["cost_micros"] == cost_micros(batch_priced(model, provider), tokens, 0)
 
 
-def test_a_batch_section_needs_an_openai_compatible_api_and_names_priorities_as_levels() -> None:
+def test_a_batch_section_of_an_anthropic_provider_is_for_chat_and_priorities_are_named_as_levels() -> None:
     batch = ProviderBatchConfig(priorities=("BULK", "3"))
     assert batch.priorities == ("bulk", "low")
     assert batch.admits(Priority.LOW) and not batch.admits(Priority.HIGH)
-    with pytest.raises(ValidationError, match="batch"):
+    with pytest.raises(ValidationError, match="no embeddings"):
         ProviderConfig(name="claude", base_url="https://api.anthropic.com/v1", api="anthropic", batch=batch)
+    chat_only = batch.model_copy(update={"kinds": ("chat",)})
+    assert ProviderConfig(name="claude", base_url="https://api.anthropic.com/v1", api="anthropic",
+                          batch=chat_only).batch == chat_only
     with pytest.raises(ValidationError):
         ProviderBatchConfig(priorities=("urgent",))
     with pytest.raises(ValidationError, match="always served live"):

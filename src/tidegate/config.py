@@ -88,8 +88,9 @@ class ModelConfig(BaseModel):
 
 
 class ProviderBatchConfig(BaseModel):
-    """When a provider's own batch API (OpenAI's Files + Batch: half the price, answered within
-    24 h) serves a job instead of a live call (`tidegate.dispatch.provider_batches`).
+    """When a provider's own batch API (OpenAI's Files + Batch, or Anthropic's Message Batches
+    for an `api = "anthropic"` provider: half the price, answered within 24 h) serves a job
+    instead of a live call (`tidegate.dispatch.provider_batches`).
 
     A job goes there when its priority is in `priorities`, its kind in `kinds`, it does not
     stream, and its deadline is set and at least `min_deadline_s` away when it is claimed. A
@@ -172,10 +173,16 @@ class ProviderConfig(BaseModel):
         return factors
 
     @model_validator(mode="after")
-    def _batch_api_known(self) -> ProviderConfig:
-        if self.batch is not None and self.api != "openai":
-            raise ValueError(f"provider {self.name!r}: a `batch` section needs an OpenAI-compatible "
-                             f"batch API (api = \"openai\"), not api = {self.api!r}")
+    def _batch_api_serves(self) -> ProviderConfig:
+        # Anthropic's Message Batches answer Messages requests only, within 24 h.
+        if self.batch is None or self.api != "anthropic":
+            return self
+        if "embeddings" in self.batch.kinds:
+            raise ValueError(f"provider {self.name!r}: Anthropic has no embeddings, so its `batch` section "
+                             "needs kinds = [\"chat\"]")
+        if self.batch.completion_window != "24h":
+            raise ValueError(f"provider {self.name!r}: Anthropic's Message Batches end within 24h, not "
+                             f"completion_window = {self.batch.completion_window!r}")
         return self
 
     def tier_for(self, priority: Priority) -> ServiceTier | None:

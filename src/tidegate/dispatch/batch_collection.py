@@ -30,7 +30,7 @@ from tidegate.dispatch.spending import Spending, hold_from_json
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.errors import LeaseLost, TidegateError
 from tidegate.jobs import Job
-from tidegate.providers.batch_api import BatchLineResult, ProviderBatch, ProviderBatchClient
+from tidegate.providers.batch_api import BatchClient, BatchLineResult, ProviderBatch
 from tidegate.queue import Queue
 
 __all__ = ["BatchCollection", "BatchPart", "BatchServices", "Succeeded"]
@@ -50,7 +50,7 @@ class BatchServices:
     a batch section, their batch clients, and the worker's queue, store, spending and metrics."""
 
     providers: Mapping[str, ProviderConfig]
-    clients: Mapping[str, ProviderBatchClient]
+    clients: Mapping[str, BatchClient]
     queue: Queue
     store: ProviderBatchStore
     spending: Spending

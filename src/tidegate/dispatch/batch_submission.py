@@ -78,9 +78,13 @@ class BatchSubmission(BatchPart):
         self._renewals: asyncio.Task[None] | None = None
 
     def eligible(self, job: Job, request: AIRequest, provider: ProviderConfig) -> bool:
-        """Whether a job routed to `provider` goes to its batch API now (see ProviderBatchConfig)."""
+        """Whether a job routed to `provider` goes to its batch API now (see ProviderBatchConfig).
+        A job that only its origin's own API can carry (`native_only`: a built-in tool, `top_k`,
+        …) never does: a batch line is its chat body, which would answer another question."""
         policy = provider.batch
         if policy is None or provider.name not in self._clients or request.stream or job.deadline is None:
+            return False
+        if request.origin is not None and request.origin.native_only:
             return False
         if not policy.admits(job.priority) or request.kind not in policy.kinds:
             return False

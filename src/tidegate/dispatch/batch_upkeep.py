@@ -25,7 +25,7 @@ from tidegate.dispatch.batch_collection import BatchPart, BatchServices
 from tidegate.dispatch.batch_submission import PENDING
 from tidegate.errors import TidegateError
 from tidegate.jobs import FINAL_STATES, JobState
-from tidegate.providers.batch_api import ProviderBatchClient
+from tidegate.providers.batch_api import BatchClient
 
 __all__ = ["BatchUpkeep"]
 
@@ -69,7 +69,7 @@ class BatchUpkeep(BatchPart):
             except TidegateError as exc:  # looked at again next round
                 log.warning("provider batch %s/%s: upkeep failed: %s", record.provider, record.batch_id, exc)
 
-    async def _look_at(self, record: ProviderBatchRecord, client: ProviderBatchClient) -> None:
+    async def _look_at(self, record: ProviderBatchRecord, client: BatchClient) -> None:
         all_cancelled = await self._unneeded(record)
         if all_cancelled is None:
             return

@@ -48,7 +48,7 @@ from tidegate.dispatch.router import RouteDecision
 from tidegate.dispatch.spending import Spending, hold_from_json
 from tidegate.errors import TidegateError
 from tidegate.jobs import Job
-from tidegate.providers.batch_api import ProviderBatchClient
+from tidegate.providers.batch_api import BatchClient
 from tidegate.queue import Queue
 
 __all__ = ["Found", "ProviderBatches"]
@@ -73,7 +73,7 @@ class ProviderBatches:
     def __init__(
         self,
         providers: Mapping[str, ProviderConfig],
-        clients: Mapping[str, ProviderBatchClient],
+        clients: Mapping[str, BatchClient],
         *,
         queue: Queue,
         store: ProviderBatchStore,

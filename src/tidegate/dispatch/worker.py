@@ -56,7 +56,7 @@ from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
 from tidegate.providers.adapters import Answer, PartSink, ProviderAdapter, adapter_for
-from tidegate.providers.batch_api import ProviderBatchClient
+from tidegate.providers.batch_clients import batch_client
 from tidegate.providers.client import UpstreamClient, UpstreamError
 from tidegate.providers.ratelimit import RateLimitInfo
 from tidegate.queue import Queue
@@ -163,7 +163,7 @@ class Worker:
         providers = {provider.name: provider for provider in self.config.providers}
         batches = self._provider_batches = ProviderBatches(
             providers,
-            {name: ProviderBatchClient(self._adapters[name].client) for name, provider in providers.items()
+            {name: batch_client(self._adapters[name].client) for name, provider in providers.items()
              if provider.batch is not None},
             queue=self.queue, store=store, spending=self._spending, metrics=self.metrics,
             worker_id=self.worker_id, lease_s=self.settings.lease_s,

@@ -1,7 +1,9 @@
 """A provider's own batch API (OpenAI's Files + Batch): submit many requests at once, collect later.
 
 OpenAI and Anthropic answer a batch within a window (24 h) at half the price of single calls, which
-suits BULK jobs with a long deadline. `ProviderBatchClient` speaks OpenAI's shape over the
+suits BULK jobs with a long deadline. `BatchClient` is what a caller needs of either (Anthropic's
+is `tidegate.providers.anthropic_batches.AnthropicBatchClient`; `batch_client` picks one by the
+provider's `api`). `ProviderBatchClient` speaks OpenAI's shape over the
 provider's pooled `UpstreamClient`: the lines go up as one JSONL file (purpose `batch`), a batch is
 created on it, polled until it ended, and its output and error files are read back into one
 `BatchLineResult` per line. A creation whose answer was lost may still have created the batch:
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import quote
 
 import aiohttp
@@ -25,7 +27,8 @@ import orjson
 from tidegate.errors import UpstreamError
 from tidegate.providers.client import UpstreamClient
 
-__all__ = ["ENDED_STATUSES", "BatchLineRequest", "BatchLineResult", "ProviderBatch", "ProviderBatchClient"]
+__all__ = ["ENDED_STATUSES", "BatchClient", "BatchLineRequest", "BatchLineResult", "ProviderBatch",
+           "ProviderBatchClient", "check_lines", "missing_line"]
 
 ENDED_STATUSES: Final = frozenset({"completed", "failed", "expired", "cancelled"})
 """The statuses after which a batch changes no more."""
@@ -94,6 +97,37 @@ class BatchLineResult:
     body: dict[str, Any]
 
 
+class BatchClient(Protocol):
+    """Submits, polls and collects one provider's batches (see ProviderBatchClient for what each
+    call does; a provider's client says how it maps its API to these)."""
+
+    async def submit(self, lines: Sequence[BatchLineRequest], *, endpoint: str,
+                     completion_window: str = "24h",
+                     metadata: Mapping[str, str] | None = None) -> ProviderBatch:
+        """Create a batch of `lines`, all for `endpoint`, tagged with `metadata` for `find`."""
+        ...
+
+    async def retrieve(self, batch_id: str) -> ProviderBatch:
+        """The batch as the provider describes it now."""
+        ...
+
+    async def results(self, batch: ProviderBatch, custom_ids: Iterable[str]) -> dict[str, BatchLineResult]:
+        """A result for every one of `custom_ids` of an ended batch."""
+        ...
+
+    async def cancel(self, batch_id: str) -> ProviderBatch:
+        """Ask the provider to cancel the batch."""
+        ...
+
+    async def delete_files(self, batch_id: str) -> int:
+        """Delete what an ended batch left at the provider (its files); how many were deleted."""
+        ...
+
+    async def find(self, metadata: Mapping[str, str], *, newest: int = FIND_DEPTH) -> ProviderBatch | None:
+        """The newest batch submitted with every pair of `metadata`, or None."""
+        ...
+
+
 class ProviderBatchClient:
     """Submits, polls and collects one provider's batches over its pooled UpstreamClient."""
 
@@ -147,7 +181,7 @@ class ProviderBatchClient:
                 for result in self._records(path, await self.client.download(path)):
                     if result.custom_id in wanted:
                         found[result.custom_id] = result
-        missing = _missing(batch)
+        missing = missing_line(batch)
         return {custom_id: found.get(custom_id) or BatchLineResult(custom_id, 0, missing)
                 for custom_id in wanted}
 
@@ -249,10 +283,17 @@ class ProviderBatchClient:
 
 def _jsonl(lines: Sequence[BatchLineRequest], endpoint: str) -> bytes:
     """The input file: one `{"custom_id", "method", "url", "body"}` line each."""
+    check_lines(lines, endpoint)
+    return b"".join(orjson.dumps({"custom_id": line.custom_id, "method": "POST", "url": line.url,
+                                  "body": line.body}) + b"\n" for line in lines)
+
+
+def check_lines(lines: Sequence[BatchLineRequest], endpoint: str) -> None:
+    """Raise ValueError when there are no lines, two share a custom_id or one is not for
+    `endpoint`: a provider would refuse the whole batch."""
     if not lines:
         raise ValueError("a batch needs at least one line")
     seen: set[str] = set()
-    encoded: list[bytes] = []
     for line in lines:
         if line.custom_id in seen:
             raise ValueError(f"two lines of the batch have the custom_id {line.custom_id!r}")
@@ -260,9 +301,6 @@ def _jsonl(lines: Sequence[BatchLineRequest], endpoint: str) -> bytes:
             raise ValueError(f"line {line.custom_id!r} is for {line.url}, not the batch's endpoint "
                              f"{endpoint}")
         seen.add(line.custom_id)
-        encoded.append(orjson.dumps({"custom_id": line.custom_id, "method": "POST", "url": line.url,
-                                     "body": line.body}))
-    return b"\n".join(encoded) + b"\n"
 
 
 def _line_result(record: dict[str, Any]) -> BatchLineResult | None:
@@ -281,8 +319,8 @@ def _line_result(record: dict[str, Any]) -> BatchLineResult | None:
     return None
 
 
-def _missing(batch: ProviderBatch) -> dict[str, Any]:
-    """The error of a line in neither file of the ended `batch`."""
+def missing_line(batch: ProviderBatch) -> dict[str, Any]:
+    """The error body of a line the ended `batch` gave no result for."""
     code = MISSING_CODES.get(batch.status, "batch_line_missing")
     message = f"The batch {batch.id} ended {batch.status} without answering this request"
     if batch.errors:

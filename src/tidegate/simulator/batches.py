@@ -88,6 +88,15 @@ class BatchStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
+    def count(self, answer: LineAnswer) -> None:
+        """Count one answered line (of an OpenAI batch or an Anthropic Message Batch)."""
+        self.lines += 1
+        self.lines_by_status[answer.status] += 1
+        if answer.model is not None:
+            self.lines_by_model[answer.model] += 1
+        self.prompt_tokens += answer.prompt_tokens
+        self.completion_tokens += answer.completion_tokens
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (status codes become strings, as JSON keys must be)."""
         return {
@@ -379,7 +388,7 @@ class BatchService:
                 if batch.cancel.is_set():
                     break
             answer = self._answer(line.url, line.body)
-            self._count(answer)
+            self.stats.count(answer)
             record = orjson.dumps({"id": self._new_id("batch_req_"), "custom_id": line.custom_id,
                                    "response": {"status_code": answer.status,
                                                 "request_id": self._new_id("req_"), "body": answer.body},
@@ -391,15 +400,6 @@ class BatchService:
         batch.output_file_id = self._output(batch, "output", outputs)
         batch.error_file_id = self._output(batch, "error", errors)
         self._end(batch, "cancelled" if batch.cancel.is_set() else "completed")
-
-    def _count(self, answer: LineAnswer) -> None:
-        stats = self.stats
-        stats.lines += 1
-        stats.lines_by_status[answer.status] += 1
-        if answer.model is not None:
-            stats.lines_by_model[answer.model] += 1
-        stats.prompt_tokens += answer.prompt_tokens
-        stats.completion_tokens += answer.completion_tokens
 
     def _output(self, batch: _Batch, kind: str, records: list[bytes]) -> str | None:
         """Store the output or error file of `batch` (none when it would be empty)."""

@@ -3,8 +3,9 @@
 It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings`, OpenAI's
 legacy `/v1/completions` and `/v1/moderations` (see legacy.py), Anthropic's `/v1/messages` (plain
 and streamed, in Anthropic's shapes: see messages.py), OpenAI's `/v1/responses` (plain and
-streamed typed events: see responses.py), and OpenAI's Files and Batch APIs (`/v1/files`,
-`/v1/batches`: see batches.py) for the
+streamed typed events: see responses.py), OpenAI's Files and Batch APIs (`/v1/files`,
+`/v1/batches`: see batches.py) and Anthropic's Message Batches (`/v1/messages/batches`: see
+message_batches.py) for the
 price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
 choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
 see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
@@ -65,6 +66,7 @@ from tidegate.simulator.legacy import (
     text_completion_frames,
 )
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
+from tidegate.simulator.message_batches import MESSAGES_URL, MessageBatchService
 from tidegate.simulator.messages import (
     MessageEvents,
     anthropic_error_body,
@@ -159,6 +161,8 @@ class Simulator:
         self._received: deque[tuple[str, dict[str, Any]]] = deque(maxlen=REQUEST_LOG_SIZE)
         self._started = time.monotonic()
         self._batches = BatchService(lambda: self._settings, self._authorized, self._answer_line)
+        self._message_batches = MessageBatchService(lambda: self._settings, self._authorized,
+                                                    self._answer_line, lambda: self._batches.stats)
 
     # -- control (the Python API; /_sim/ calls these)
 
@@ -191,6 +195,7 @@ class Simulator:
         self._rngs.clear()
         self._injected.clear()
         self._batches.reset()
+        self._message_batches.reset()
         self._started = time.monotonic()
 
     def inject(self, model: str, fault: InjectedFault) -> None:
@@ -237,6 +242,13 @@ class Simulator:
         app.router.add_get("/v1/batches/{batch_id}", batches.get_batch)
         app.router.add_post("/v1/batches/{batch_id}/cancel", batches.cancel_batch)
         app.on_cleanup.append(lambda _: batches.close())
+        messages = self._message_batches
+        app.router.add_post("/v1/messages/batches", messages.create)
+        app.router.add_get("/v1/messages/batches", messages.list_batches)
+        app.router.add_get("/v1/messages/batches/{batch_id}", messages.retrieve)
+        app.router.add_get("/v1/messages/batches/{batch_id}/results", messages.results)
+        app.router.add_post("/v1/messages/batches/{batch_id}/cancel", messages.cancel)
+        app.on_cleanup.append(lambda _: messages.close())
         if control:
             app.router.add_get("/_sim/stats", self._get_stats)
             app.router.add_get("/_sim/settings", self._get_settings)
@@ -331,7 +343,7 @@ class Simulator:
         # too (its SDKs send either).
         secret = key.get_secret_value().encode()
         bearer = hmac.compare_digest(request.headers.get("Authorization", "").encode(), b"Bearer " + secret)
-        if bearer or request.path != "/v1/messages":
+        if bearer or not request.path.startswith(MESSAGES_URL):
             return bearer
         return hmac.compare_digest(request.headers.get("x-api-key", "").encode(), secret)
 
@@ -457,7 +469,9 @@ class Simulator:
 
     def _answer_line(self, url: str, body: dict[str, Any]) -> LineAnswer:
         """One line of a provider batch, answered as its endpoint answers a request, but without
-        the rate limit, faults or latency of live traffic: the batch has its own."""
+        the rate limit, faults or latency of live traffic: the batch has its own. A Message
+        (MESSAGES_URL: Anthropic's Message Batches) names the batch tier in its usage, as
+        Anthropic's do, and a refusal of one is Anthropic-shaped."""
         try:
             parsed: ChatRequest | EmbeddingsRequest
             if url == EMBEDDINGS_URL:
@@ -466,7 +480,7 @@ class Simulator:
                 _check_dimensions(parsed, served)
                 completion, finish = 0, "stop"
             else:
-                parsed = parse_chat(body)
+                parsed = (parse_messages if url == MESSAGES_URL else parse_chat)(body)
                 if parsed.stream:
                     raise InvalidRequest("A batch request cannot stream.", param="stream",
                                          code="invalid_value")
@@ -474,8 +488,11 @@ class Simulator:
                 completion, finish = _completion_tokens(self._rng(served.name), served.behaviour,
                                                         parsed.max_tokens)
         except InvalidRequest as exc:
-            return LineAnswer(exc.status, orjson.loads(exc.body()))
+            refusal = anthropic_error_body(exc.status, exc.message) if url == MESSAGES_URL else exc.body()
+            return LineAnswer(exc.status, orjson.loads(refusal))
         answer, tokens = self._generated(served, parsed, completion, finish)
+        if url == MESSAGES_URL:
+            answer["usage"]["service_tier"] = "batch"
         return LineAnswer(200, answer, served.name, parsed.prompt_tokens, tokens)
 
     def _rate_limited(self, served: ServedModel, admission: Admission,
