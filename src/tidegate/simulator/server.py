@@ -26,14 +26,12 @@ Control and observation endpoints live under `/_sim/` and are served only on a l
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import hmac
 import ipaddress
 import math
 import random
 import signal
-import struct
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -48,13 +46,20 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from tidegate.errors import ConfigError
+from tidegate.simulator.answers import (
+    FRAMES,
+    Frames,
+    Reply,
+    Wire,
+    check_dimensions,
+    completion_body,
+    completion_id,
+    draw_completion_tokens,
+    embeddings_body,
+)
 from tidegate.simulator.batches import EMBEDDINGS_URL, BatchService, LineAnswer
 from tidegate.simulator.content import (
-    embedding_vector,
-    estimate_text_tokens,
-    generate_words,
     sample_lognormal,
-    stop_at,
 )
 from tidegate.simulator.legacy import (
     CompletionRequest,
@@ -68,23 +73,19 @@ from tidegate.simulator.legacy import (
 from tidegate.simulator.limits import Admission, ModelStats, SlidingWindow
 from tidegate.simulator.message_batches import MESSAGES_URL, MessageBatchService
 from tidegate.simulator.messages import (
-    MessageEvents,
     anthropic_error_body,
-    message_body,
     parse_messages,
-    thinking_blocks,
 )
 from tidegate.simulator.requests import (
     ChatRequest,
     EmbeddingsRequest,
     InvalidRequest,
-    ToolCallPlan,
     error_body,
     parse_chat,
     parse_embeddings,
     parse_json_object,
 )
-from tidegate.simulator.responses import ResponseEvents, parse_responses, response_body
+from tidegate.simulator.responses import parse_responses
 from tidegate.simulator.settings import (
     FAULT_RATES,
     ModelBehaviour,
@@ -107,7 +108,6 @@ MAX_BODY_BYTES: Final = 32 * 1024 * 1024  # long-context prompts are large
 JSON: Final = "application/json"
 
 _R = TypeVar("_R", ChatRequest, EmbeddingsRequest, ModerationRequest)
-Wire = Literal["openai", "anthropic", "responses", "completions"]
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_LOG_SIZE: Final = 256  # request bodies kept for `Simulator.received`
 _UNLIMITED: Final = Admission(True, None, None, None, 0.0, 0.0)
@@ -378,7 +378,7 @@ class Simulator:
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         try:
             embed, served = await self._accept(request, "embeddings", parse_embeddings)
-            _check_dimensions(embed, served)
+            check_dimensions(embed, served)
         except InvalidRequest as exc:
             return _error_response(exc)
         return await self._answer(request, served, embed)
@@ -424,7 +424,7 @@ class Simulator:
                       parsed: ChatRequest | EmbeddingsRequest | ModerationRequest) -> web.StreamResponse:
         rng = self._rng(served.name)
         stats = self._model_stats(served.name)
-        completion, finish = (_completion_tokens(rng, served.behaviour, parsed.max_tokens)
+        completion, finish = (draw_completion_tokens(rng, served.behaviour, parsed.max_tokens)
                               if isinstance(parsed, ChatRequest) else (0, "stop"))
         wire = parsed.wire if isinstance(parsed, ChatRequest) else "openai"
         admission, headers = self._admit(served, parsed.prompt_tokens + completion)
@@ -452,16 +452,16 @@ class Simulator:
         rng = self._rng(served.name)
         tokens = 0
         if isinstance(parsed, CompletionRequest):
-            answers = [_Reply.draw(rng, parsed, completion, finish) for _ in parsed.prompts]
-            body = text_completion_body(_completion_id(rng), served.name, parsed,
+            answers = [Reply.draw(rng, parsed, completion, finish) for _ in parsed.prompts]
+            body = text_completion_body(completion_id(rng), served.name, parsed,
                                         [(reply.words, reply.finish, reply.stop) for reply in answers])
             tokens = body["usage"]["completion_tokens"]
         elif isinstance(parsed, ChatRequest):
-            body, tokens = _completion_body(rng, served.name, parsed, completion, finish)
+            body, tokens = completion_body(rng, served.name, parsed, completion, finish)
         elif isinstance(parsed, ModerationRequest):
-            body = moderation_body(_completion_id(rng), served.name, parsed)
+            body = moderation_body(completion_id(rng), served.name, parsed)
         else:
-            body = _embeddings_body(served, parsed)
+            body = embeddings_body(served, parsed)
         wire = parsed.wire if isinstance(parsed, ChatRequest) else "openai"
         if parsed.service_tier is not None and wire == "openai":  # a Message names it in its usage
             body["service_tier"] = parsed.service_tier
@@ -477,7 +477,7 @@ class Simulator:
             if url == EMBEDDINGS_URL:
                 parsed = parse_embeddings(body)
                 served = self._serving(parsed.model, "embeddings")
-                _check_dimensions(parsed, served)
+                check_dimensions(parsed, served)
                 completion, finish = 0, "stop"
             else:
                 parsed = (parse_messages if url == MESSAGES_URL else parse_chat)(body)
@@ -485,7 +485,7 @@ class Simulator:
                     raise InvalidRequest("A batch request cannot stream.", param="stream",
                                          code="invalid_value")
                 served = self._serving(parsed.model, "chat")
-                completion, finish = _completion_tokens(self._rng(served.name), served.behaviour,
+                completion, finish = draw_completion_tokens(self._rng(served.name), served.behaviour,
                                                         parsed.max_tokens)
         except InvalidRequest as exc:
             refusal = anthropic_error_body(exc.status, exc.message) if url == MESSAGES_URL else exc.body()
@@ -540,14 +540,14 @@ class Simulator:
         rng = self._rng(served.name)
         behaviour = served.behaviour
         stats = self._model_stats(served.name)
-        reply = _Reply.draw(rng, chat, completion, finish)
+        reply = Reply.draw(rng, chat, completion, finish)
         ttft_ms = behaviour.ttft_ms if behaviour.ttft_ms is not None else sample_lognormal(
             rng, behaviour.latency_ms, behaviour.latency_p99_ms)
         if isinstance(chat, CompletionRequest):
-            frames = _Frames(*text_completion_frames(_completion_id(rng), served.name, chat,
+            frames = Frames(*text_completion_frames(completion_id(rng), served.name, chat,
                                                      (reply.words, reply.finish, reply.stop)))
         else:
-            frames = _FRAMES[chat.wire](rng, served.name, chat, reply)
+            frames = FRAMES[chat.wire](rng, served.name, chat, reply)
         response = web.StreamResponse(status=200, headers={**headers, "Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
@@ -632,208 +632,6 @@ def _injected_fault(body: dict[str, Any]) -> InjectedFault:
     if unknown:
         raise InvalidRequest(f"unknown fields: {sorted(unknown)}")
     return InjectedFault(cast(FaultName, fault), times, status, message)
-
-
-def _completion_tokens(rng: random.Random, behaviour: ModelBehaviour,
-                       max_tokens: int | None) -> tuple[int, str]:
-    """How many tokens to answer with, and the finish reason ("length" when the cap cut it)."""
-    cap = max_tokens or behaviour.max_completion_tokens
-    drawn = max(1, round(sample_lognormal(rng, behaviour.completion_tokens, behaviour.completion_tokens_p99)))
-    return (cap, "length") if drawn >= cap else (drawn, "stop")
-
-
-def _completion_id(rng: random.Random) -> str:
-    return f"chatcmpl-{rng.getrandbits(96):024x}"
-
-
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    """What a chat answer says: words (cut at a stop sequence met, named in `stop`), or a call of
-    the function the request's tools lead to; with its finish reason and completion tokens."""
-
-    words: list[str]
-    finish: str
-    tokens: int
-    stop: str | None = None
-    call: ToolCallPlan | None = None
-
-    @classmethod
-    def draw(cls, rng: random.Random, chat: ChatRequest, completion: int, finish: str) -> _Reply:
-        if chat.tool_call is not None:
-            return cls([], "tool_calls", estimate_text_tokens(chat.tool_call.arguments), call=chat.tool_call)
-        words, stop = stop_at(generate_words(rng, completion), chat.stop)
-        if stop is None:
-            return cls(words, finish, completion)
-        return cls(words, "stop", len(words), stop)
-
-    def message(self, rng: random.Random) -> dict[str, Any]:
-        """The answer's message, whole."""
-        if self.call is None:
-            return {"role": "assistant", "content": " ".join(self.words)}
-        return {"role": "assistant", "content": None, "tool_calls": [
-            {"id": _call_id(rng), "type": "function",
-             "function": {"name": self.call.name, "arguments": self.call.arguments}}]}
-
-    def deltas(self, rng: random.Random) -> list[dict[str, Any]]:
-        """The answer as the deltas of a stream: a word each, or the call's name then its
-        arguments in two pieces."""
-        if self.call is None:
-            return [{"content": word if i == 0 else " " + word} for i, word in enumerate(self.words)]
-        arguments, half = self.call.arguments, len(self.call.arguments) // 2
-        head = {"index": 0, "id": _call_id(rng), "type": "function",
-                "function": {"name": self.call.name, "arguments": ""}}
-        return [{"tool_calls": [head]},
-                *({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
-                  for piece in (arguments[:half], arguments[half:]) if piece)]
-
-
-def _call_id(rng: random.Random) -> str:
-    return f"call_{rng.getrandbits(96):024x}"
-
-
-def _completion_body(rng: random.Random, model: str, chat: ChatRequest, completion: int,
-                     finish: str) -> tuple[dict[str, Any], int]:
-    """The whole answer in the request's wire format, and its completion tokens."""
-    identifier = _completion_id(rng)
-    reply = _Reply.draw(rng, chat, completion, finish)
-    message = reply.message(rng)
-    if chat.wire == "responses":
-        return response_body(identifier.removeprefix("chatcmpl-"), model, chat, message, reply.finish,
-                             reply.tokens), reply.tokens
-    if chat.wire == "anthropic":
-        return message_body(_message_id(identifier), model, thinking_blocks(chat) + _blocks(message),
-                            reply.finish, reply.stop,
-                            (chat.prompt_tokens, reply.tokens), chat.service_tier), reply.tokens
-    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                              "finish_reason": reply.finish}
-    if reply.stop is not None:
-        choice["stop_reason"] = reply.stop  # the sequence met, named as vLLM names it
-    return {
-        "id": identifier, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [choice], "usage": _usage(chat.prompt_tokens, reply.tokens),
-    }, reply.tokens
-
-
-def _message_id(completion_id: str) -> str:
-    return "msg_" + completion_id.removeprefix("chatcmpl-")
-
-
-def _tool_use_id(call_id: str) -> str:
-    return "toolu_" + call_id.removeprefix("call_")
-
-
-def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """A chat message's content as a Message's content blocks."""
-    text = message["content"]
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
-    for call in message.get("tool_calls") or ():
-        function = call["function"]
-        blocks.append({"type": "tool_use", "id": _tool_use_id(call["id"]),
-                       "name": function["name"], "input": orjson.loads(function["arguments"])})
-    return blocks
-
-
-@dataclass(frozen=True, slots=True)
-class _Frames:
-    """A streamed answer's bytes: what opens it, one piece per token (the pacing's unit), what
-    closes it, and the torn frame a fault half way sends instead of the rest."""
-
-    head: bytes
-    pieces: list[bytes]
-    tail: bytes
-    broken: bytes
-
-
-def _chunk_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
-    """OpenAI's chat.completion.chunk events, then `[DONE]`."""
-    chunk = _ChunkWriter(_completion_id(rng), model, chat.service_tier)
-    tail = chunk.event({}, finish_reason=reply.finish, stop_reason=reply.stop)
-    if chat.include_usage:
-        tail += chunk.usage(chat.prompt_tokens, reply.tokens)
-    return _Frames(chunk.event({"role": "assistant", "content": ""}),
-                   [chunk.event(delta) for delta in reply.deltas(rng)], tail + b"data: [DONE]\n\n",
-                   b'data: {"id": "chatcmpl-broken", "choi\n\n')
-
-
-def _message_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
-    """Anthropic's events: message_start, one content block (text, or the tool call), message_delta
-    and message_stop."""
-    events = MessageEvents(_message_id(_completion_id(rng)), model, chat.prompt_tokens, chat.service_tier,
-                           thinks=chat.reasons)
-    pieces: list[bytes] = []
-    for delta in reply.deltas(rng):
-        if "content" in delta:
-            text = events.text(delta["content"])
-            pieces.append(events.block_start({"type": "text", "text": ""}) + text if not pieces else text)
-            continue
-        [call] = delta["tool_calls"]
-        if "id" in call:
-            pieces.append(events.block_start({"type": "tool_use", "id": _tool_use_id(call["id"]),
-                                              "name": call["function"]["name"], "input": {}}))
-        else:
-            pieces.append(events.json(call["function"]["arguments"]))
-    tail = events.end(reply.finish, reply.stop, reply.tokens, opened=bool(pieces))
-    torn = b'event: content_block_delta\ndata: {"type": "content_blo\n\n'
-    return _Frames(events.start(), pieces, tail, torn)
-
-
-def _response_frames(rng: random.Random, model: str, chat: ChatRequest, reply: _Reply) -> _Frames:
-    """The Responses API's typed events (see responses.ResponseEvents)."""
-    events = ResponseEvents(_completion_id(rng).removeprefix("chatcmpl-"), model, chat)
-    head = events.start()
-    pieces, close = events.pieces(reply.deltas(rng))
-    torn = b'event: response.output_text.delta\ndata: {"type": "response.outp\n\n'
-    return _Frames(head, pieces, close + events.end(reply.finish, reply.tokens), torn)
-
-
-_FRAMES: Final[Mapping[Wire, Callable[[random.Random, str, ChatRequest, _Reply], _Frames]]] = {
-    "openai": _chunk_frames, "anthropic": _message_frames, "responses": _response_frames}
-
-
-def _check_dimensions(embed: EmbeddingsRequest, served: ServedModel) -> None:
-    """Like OpenAI: a vector may be shortened, never made longer than the model's own."""
-    largest = served.behaviour.embedding_dimensions
-    if embed.dimensions is not None and embed.dimensions > largest:
-        raise InvalidRequest(f"Invalid 'dimensions': {embed.dimensions} is above the {largest} dimensions "
-                             f"of `{served.name}`.", param="dimensions", code="invalid_value")
-
-
-def _embeddings_body(served: ServedModel, embed: EmbeddingsRequest) -> dict[str, Any]:
-    dimensions = embed.dimensions or served.behaviour.embedding_dimensions
-    data: list[dict[str, Any]] = []
-    for index, key in enumerate(embed.keys):
-        vector = embedding_vector(key, dimensions)
-        encoded: list[float] | str = (vector if embed.encoding_format == "float" else
-                                      base64.b64encode(struct.pack(f"<{dimensions}f", *vector)).decode())
-        data.append({"object": "embedding", "index": index, "embedding": encoded})
-    return {"object": "list", "data": data, "model": served.name,
-            "usage": {"prompt_tokens": embed.prompt_tokens, "total_tokens": embed.prompt_tokens}}
-
-
-class _ChunkWriter:
-    """Encodes the `data:` events of one streamed completion in OpenAI's chunk format."""
-
-    def __init__(self, identifier: str, model: str, service_tier: str | None = None) -> None:
-        self._head: dict[str, Any] = {"id": identifier, "object": "chat.completion.chunk",
-                                      "created": int(time.time()), "model": model}
-        if service_tier is not None:
-            self._head["service_tier"] = service_tier
-
-    def event(self, delta: dict[str, Any], *, finish_reason: str | None = None,
-              stop_reason: str | None = None) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                  "finish_reason": finish_reason}
-        if stop_reason is not None:
-            choice["stop_reason"] = stop_reason
-        return b"data: " + orjson.dumps({**self._head, "choices": [choice]}) + b"\n\n"
-
-    def usage(self, prompt: int, completion: int) -> bytes:
-        body = {**self._head, "choices": [], "usage": _usage(prompt, completion)}
-        return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
 def _limit_headers(behaviour: ModelBehaviour, admission: Admission) -> dict[str, str]:
