@@ -97,8 +97,9 @@ async def list_provider_batches(
     if store is None:
         return ProviderBatchPage(data=[], enabled=False)
     # A batch is recorded twice when submitted: under a placeholder id first, then under the
-    # provider's, where its jobs then point; each placeholder so superseded is skipped, so twice
-    # `limit` records always fill a page.
+    # provider's, where its jobs then point. Each placeholder so superseded is skipped (one whose
+    # submission failed keeps its jobs, and is shown), so twice `limit` records fill a page when
+    # the store holds that many; `has_more` may then announce a page of placeholders only.
     records, has_more = await store.recent(2 * limit, after=cursor)
     views: list[ProviderBatchView] = []
     last_id = None
