@@ -2,7 +2,8 @@
 fills its tables from the admin API with the numbers the API gives, redrives a dead letter with a
 click, and asks for an admin key when the gateway is not in embedded mode. Its recommendations
 panel shows a user's top items with their reasons and the change flow's commit → updated
-latency, and follows an interaction as soon as it is recorded.
+latency, and follows an interaction as soon as it is recorded. Its provider-batches panel lists
+what the worker sent to the simulator's own batch API, with its jobs' progress.
 
 The gateway runs as in `tidegate up`: one process with a worker and the simulated provider. The
 browser tests run on SQLite and on Redis, where the API's numbers come from another backend's
@@ -30,6 +31,7 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from conftest import QueueFactory
 from dispatch_support import queue_url_of, running_worker, sim_config
 from gateway_support import CHAT, Gateway, add_tenants, serving
+from provider_batch_support import bulk_jobs, gateway_sending_batches, waiting_in_a_batch
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import BudgetConfig
 from tidegate.coord.relay import relay_for
@@ -545,4 +547,52 @@ async def test_the_batches_panel_lists_batches_with_their_status_and_counts(
         assert await cell(page, row, "total") == "3"
         assert await cell(page, done, "completed") == "2"
         assert await page.locator("#batches-empty").is_hidden()
+        assert opened.errors == []
+
+
+# ---------------------------------------------------------------------- provider batches
+
+
+@needs_chromium
+async def test_the_provider_batches_panel_lists_a_provider_batch_with_its_counts(
+    queue_factory: QueueFactory, browser: Browser
+) -> None:
+    async with gateway_sending_batches(queue_factory, batch_latency_s=1.5, tenants=False) as gw:
+        # Given BULK jobs with a two days' deadline in a provider batch, one of them cancelled
+        ids = await bulk_jobs(gw.queue, 3)
+        await waiting_in_a_batch(gw.queue, ids)
+        assert await gw.queue.cancel(ids[0])
+        jobs = await asyncio.gather(*(gw.queue.wait(job_id, 20) for job_id in ids))
+        assert [job.state for job in jobs] == [JobState.CANCELLED, JobState.SUCCEEDED, JobState.SUCCEEDED]
+        [batch] = (await admin_json(gw, "/v1/admin/provider-batches"))["data"]
+
+        # When the page is opened
+        opened = await open_page(browser, f"{gw.url}/dashboard")
+        page = opened.page
+        row = f'#provider-batches tr[data-provider-batch-id="{batch["id"]}"]'
+        await expect(page.locator("#provider-batches tbody tr")).to_have_count(1)
+
+        # Then its row shows the batch and what became of its jobs, as the API counts them
+        assert (await cell(page, row, "provider"), await cell(page, row, "model")) == ("sim", batch["model"])
+        assert await page.locator(f'{row} td[data-col="batch"]').get_attribute("title") == batch["batch_id"]
+        assert batch["progress"] == {"sampled": 3, "waiting": 0, "collected": 2, "served_live": 0,
+                                     "cancelled": 1, "other": 0}
+        assert await cell(page, row, "lines") == "3"
+        for col in ("waiting", "collected", "served_live", "cancelled"):
+            assert await cell(page, row, col) == str(batch["progress"][col])
+        assert await page.locator("#provider-batches-empty").is_hidden()
+        assert opened.errors == []
+
+
+@needs_chromium
+@pytest.mark.sqlite_only  # no store is read
+async def test_the_provider_batches_panel_says_when_no_provider_has_a_batch_section(
+    queue_factory: QueueFactory, browser: Browser
+) -> None:
+    async with gateway_with_worker(queue_factory, tenants=False, budgets=BudgetConfig()) as gw:
+        opened = await open_page(browser, f"{gw.url}/dashboard")
+
+        page = opened.page
+        await expect(page.locator("#provider-batches-empty")).to_contain_text("No provider has a batch")
+        assert await page.locator("#provider-batches tbody tr").count() == 0
         assert opened.errors == []

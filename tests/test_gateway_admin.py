@@ -22,6 +22,7 @@ ADMIN_ROUTES = [
     ("GET", "/v1/stats"), ("GET", "/v1/dlq"), ("POST", "/v1/dlq/redrive"), ("DELETE", "/v1/dlq"),
     ("GET", "/v1/admin/tenants"), ("GET", "/v1/admin/tenants/acme"), ("PUT", "/v1/admin/tenants/x"),
     ("POST", "/v1/admin/tenants/acme/keys"), ("GET", "/v1/admin/keys"), ("DELETE", "/v1/admin/keys/abc"),
+    ("GET", "/v1/admin/provider-batches"),
 ]
 
 
@@ -175,7 +176,8 @@ async def test_the_openapi_document_describes_the_api(queue_factory: QueueFactor
         for path in ("/v1/chat/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
                      "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens", "/v1/files",
                      "/v1/batches", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/stats", "/v1/dlq",
-                     "/v1/dlq/redrive", "/v1/admin/tenants/{name}/keys", "/metrics", "/healthz", "/readyz"):
+                     "/v1/dlq/redrive", "/v1/admin/tenants/{name}/keys", "/v1/admin/provider-batches",
+                     "/metrics", "/healthz", "/readyz"):
             assert path in paths, path
         chat = paths["/v1/chat/completions"]["post"]
         assert chat["tags"] == ["OpenAI-compatible"]

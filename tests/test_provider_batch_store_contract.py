@@ -128,3 +128,39 @@ async def test_each_step_of_a_batchs_upkeep_is_claimed_once_and_clean_up_retires
     # and the batch cleaned up is open no more; its records stay for its jobs
     assert await first.open_batches(10) == [newer]
     assert await first.batch("sim", "batch_3") == older
+
+
+async def test_recent_batches_are_paged_newest_first_retired_ones_included(
+    stores: tuple[ProviderBatchStore, ProviderBatchStore]
+) -> None:
+    first, second = stores
+    now = datetime.now(UTC)
+    batches = [ProviderBatchRecord("sim", f"batch_r{n}", "deepseek-v3.2", "/v1/chat/completions",
+                                   (f"j-r{n}",), now + timedelta(seconds=n)) for n in range(3)]
+    for batch in batches:
+        await first.record(batch, [BatchedJob(batch.job_ids[0], "sim", batch.batch_id)])
+    # Given the oldest retired from the open batches
+    assert await first.claim("sim", "batch_r0", CLEAN_UP)
+    newest_first = batches[::-1]
+    # Then every batch is listed, the newest first, a page at a time
+    assert await second.recent(10) == (newest_first, False)
+    assert await second.recent(2) == (newest_first[:2], True)
+    assert await second.recent(2, after=("sim", "batch_r1")) == (newest_first[2:], False)
+    assert await second.recent(2, after=("sim", "batch_r0")) == ([], False)
+    # and after a batch it never recorded, none
+    assert await second.recent(2, after=("sim", "batch_unknown")) == ([], False)
+    assert await second.recent(2, after=("other", "batch_r1")) == ([], False)
+
+
+async def test_the_entries_of_many_jobs_are_read_at_once(
+    stores: tuple[ProviderBatchStore, ProviderBatchStore]
+) -> None:
+    first, second = stores
+    batch = ProviderBatchRecord("sim", "batch_m", "deepseek-v3.2", "/v1/chat/completions",
+                                ("j-m1", "j-m2"), datetime.now(UTC))
+    entries = [BatchedJob("j-m1", "sim", "batch_m", HOLD), BatchedJob("j-m2", "sim", "batch_m")]
+    await first.record(batch, entries)
+    await first.put_jobs([entries[1].served_live("its line failed")])
+    assert await second.jobs(["j-m2", "j-none", "j-m1"]) == {
+        "j-m1": entries[0], "j-m2": BatchedJob("j-m2", "sim", "batch_m", None, "its line failed")}
+    assert await second.jobs([]) == {}

@@ -19,8 +19,9 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final
-from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig, TidegateConfig
+from dispatch_support import chat, queue_url_of, running_worker, wait_final
+from provider_batch_support import TWO_DAYS_S, batch_config, bulk_jobs, waiting_in_a_batch
+from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, provider_batch_store_for
 from tidegate.costs import cost_micros, estimate_cost_micros, micros_to_usd, usd_to_micros
@@ -39,7 +40,6 @@ from tidegate.simulator.settings import SimulatorSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 BULK_MODEL = "deepseek-v3.2"  # where the default tiers route BULK chat jobs
-TWO_DAYS_S = 48 * 3600.0
 APIS = ("openai", "anthropic")
 
 
@@ -56,19 +56,6 @@ async def simulator(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Simul
         yield sim, base_url
 
 
-def batch_config(base_url: str, queue_url: str, *, budgets: BudgetConfig | None = None,
-                 api: str = "openai") -> TidegateConfig:
-    """The simulator as the one provider (called through its `api`), its batch API used with
-    short gather and poll times; `queue_url` is where the workers keep the provider batches (and
-    the budget ledger)."""
-    config = sim_config(base_url, queue_url=queue_url, budgets=budgets)
-    kinds = ("chat",) if api == "anthropic" else ("chat", "embeddings")
-    batch = ProviderBatchConfig(gather_s=0.3, poll_s=0.2, kinds=kinds)
-    providers = tuple(provider.model_copy(update={"batch": batch, "api": api})
-                      for provider in config.providers)
-    return config.model_copy(update={"providers": providers})
-
-
 def batches_seen(sim: Simulator) -> dict[str, Any]:
     """What the simulator's batch API received."""
     seen: dict[str, Any] = sim.stats_dict()["batches"]
@@ -79,25 +66,8 @@ def live_calls(sim: Simulator) -> int:
     return sum(stats.received for stats in sim.stats().values())
 
 
-async def bulk_jobs(queue: Queue, count: int, **options: Any) -> list[str]:
-    return await queue.enqueue_many(
-        {"payload": chat(f"Summarise item {n}", max_tokens=40), "priority": "bulk",
-         "timeout_s": TWO_DAYS_S, **options} for n in range(count))
-
-
 def in_a_batch(job: Job) -> bool:
     return str(job.result["route"]).startswith("provider batch ")
-
-
-async def waiting_in_a_batch(queue: Queue, ids: list[str]) -> None:
-    """Return once every job of `ids` was released to wait in its provider batch."""
-    for _ in range(500):
-        waiting = [await queue.get(job_id) for job_id in ids]
-        if all(job is not None and (job.last_error or "").startswith("waiting in provider batch")
-               for job in waiting):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the jobs never waited in a provider batch")
 
 
 async def files_of_batch(queue_url: str, provider: ProviderConfig, job_id: str) -> list[str]:

@@ -1,7 +1,7 @@
 """The one place a process opens its parts from configuration: the queue, the tenant store, the
-budget ledger, the chunk relay, and as asked the rate limiter, the callback sender, the entity
-cache and the recommender. `tidegate up`, `tidegate gateway` and `tidegate worker` all open them
-here, each with the parts it needs:
+budget ledger, the chunk relay, and as asked the rate limiter, the batch stores, the callback
+sender, the entity cache and the recommender. `tidegate up`, `tidegate gateway` and `tidegate
+worker` all open them here, each with the parts it needs:
 
     async with Components.open(config, callbacks=True) as parts:
         worker = Worker(parts.queue, config, settings, tenants=parts.tenants, ...)
@@ -26,6 +26,7 @@ from tidegate.coord import queue_name_of
 from tidegate.coord.batches import BatchStore, batch_store_for
 from tidegate.coord.budget import BudgetLedger, budget_ledger_for
 from tidegate.coord.limiter import RateLimiter, rate_limiter_for
+from tidegate.coord.provider_batches import ProviderBatchStore, provider_batch_store_for
 from tidegate.coord.relay import ChunkRelay, relay_for
 from tidegate.coord.tenants import TenantStore, tenant_store_for
 from tidegate.queue import Queue
@@ -49,6 +50,8 @@ class Components:
     relay: ChunkRelay  # streamed chunks: workers publish, gateways subscribe
     limiter: RateLimiter | None = None  # the gateways' per-tenant RPM
     batches: BatchStore | None = None  # the gateways' files and batches (Files and Batch APIs)
+    # What the workers sent to providers' own batch APIs; None when no provider has a `batch` section.
+    provider_batches: ProviderBatchStore | None = None
     callbacks: CallbackSender | None = None  # None: no signing secret in the environment
     cache: EntityCache | None = None  # the change flow's entity cache
     recommender: Recommender | None = None
@@ -65,13 +68,15 @@ class Components:
         relay: ChunkRelay | None = None,
         limiter: RateLimiter | bool = False,
         batches: bool = False,
+        provider_batches: bool = False,
         callbacks: bool = False,
         cache: bool = False,
         recommender: Recommender | str | None = None,
     ) -> AsyncIterator[Components]:
         """Open on `config.queue_url` what was not given: the queue, tenants, ledger and relay
         always; the rate limiter when `limiter` is True; the batch store when `batches` is True;
-        the callback sender when `callbacks` is
+        the provider-batch store when `provider_batches` is True and a provider of `config` has a
+        `batch` section (it connects on first use); the callback sender when `callbacks` is
         True and the secret named by `config.callbacks.secret_env` is set; the entity cache of
         `config.sync` when `cache` is True; and a recommender on the store at `recommender` when
         that is a URL (under `config.sync.prefix`, its settings `config.recs`). Close on exit only
@@ -95,6 +100,10 @@ class Components:
                 relay = relay_for(url)  # connects on first use: only a close to arrange
                 close_bounded(stack, relay.close, "the relay")
             files = await enter_bounded(stack, batch_store_for(url), "the batch store") if batches else None
+            sent = None
+            if provider_batches and any(provider.batch is not None for provider in config.providers):
+                sent = provider_batch_store_for(url)  # opens on first use: only a close to arrange
+                close_bounded(stack, sent.close, "the provider-batch store")
             sender = await _open_callbacks(stack, config) if callbacks else None
             entity_cache = None
             # The change flow's parts are imported only by the processes that ask for them: a
@@ -108,8 +117,8 @@ class Components:
 
                 recommender = await open_recommender(stack, config, recommender)
             yield cls(config=config, queue=queue, tenants=tenants, ledger=ledger, relay=relay,
-                      limiter=rates, batches=files, callbacks=sender, cache=entity_cache,
-                      recommender=recommender)
+                      limiter=rates, batches=files, provider_batches=sent, callbacks=sender,
+                      cache=entity_cache, recommender=recommender)
 
 
 async def _open_callbacks(stack: contextlib.AsyncExitStack, config: TidegateConfig) -> CallbackSender | None:

@@ -70,7 +70,8 @@ def gateway_state(
         raise ValueError("a gateway needs a batch store: open the parts with batches=True")
     return GatewayState(config=parts.config, settings=settings or parts.config.gateway, queue=parts.queue,
                         tenants=parts.tenants, limiter=parts.limiter, ledger=parts.ledger, relay=parts.relay,
-                        batches=parts.batches, metrics=metrics or GatewayMetrics(),
+                        batches=parts.batches, provider_batches=parts.provider_batches,
+                        metrics=metrics or GatewayMetrics(),
                         extra_registries=tuple(extra_registries),
                         recommender=parts.recommender, recs_monitor=recs_monitor)
 
@@ -104,7 +105,7 @@ async def open_gateway_state(
     another process's memory, so a gateway on its own serves no recommendations."""
     async with Components.open(
         config, queue=queue, tenants=tenants, ledger=ledger, relay=relay,
-        limiter=True if limiter is None else limiter, batches=True,
+        limiter=True if limiter is None else limiter, batches=True, provider_batches=True,
         recommender=_recs_url(config, recs_url) if recommender is None else recommender,
     ) as parts:
         state = gateway_state(parts, settings=settings, metrics=metrics, extra_registries=extra_registries,

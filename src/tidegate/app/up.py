@@ -106,8 +106,8 @@ async def _run(
         # One set of parts for the worker and the gateway: the relay especially, since the worker
         # publishes what the gateway streams.
         parts = await stack.enter_async_context(Components.open(
-            config, limiter=True, batches=True, callbacks=True, cache=settings.change_flow,
-            recommender=config.sync.cache_url))
+            config, limiter=True, batches=True, provider_batches=True, callbacks=True,
+            cache=settings.change_flow, recommender=config.sync.cache_url))
         queue, tenants = parts.queue, parts.tenants
         sync_metrics = SyncMetrics()
         recs = await open_recommendations(stack, config, queue=queue, cache=parts.cache,

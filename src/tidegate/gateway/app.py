@@ -28,6 +28,7 @@ from tidegate.gateway import (
     jobs_api,
     openai_api,
     ops,
+    provider_batches_api,
     recs_api,
     responses_api,
 )
@@ -96,7 +97,7 @@ def create_app(state: GatewayState) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
     modules = (openai_api, responses_api, anthropic_api, files_api, batches_api, jobs_api, recs_api,
-               admin_api, ops, dashboard)
+               admin_api, provider_batches_api, ops, dashboard)
     for module in modules:
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413; the fast path runs

@@ -1,11 +1,11 @@
 """GET /dashboard: a live page of the queue for a person to keep open.
 
 The page (static/dashboard.html, .css, .js) is plain HTML, CSS and JavaScript that polls the admin
-API (GET /v1/stats, GET /v1/dlq) and the batches (GET /v1/batches) and redrives dead letters
-through it; it draws its own charts and loads nothing from outside this gateway. Serving the
-files needs no key, since they hold no data: the API calls do, with the admin key the page asks
-for (kept in the tab's sessionStorage and sent as `Authorization: Bearer`), or none in embedded
-mode.
+API (GET /v1/stats, GET /v1/dlq, GET /v1/admin/provider-batches) and the batches (GET /v1/batches)
+and redrives dead letters through it; it draws its own charts and loads nothing from outside this
+gateway. Serving the files needs no key, since they hold no data: the API calls do, with the admin
+key the page asks for (kept in the tab's sessionStorage and sent as `Authorization: Bearer`), or
+none in embedded mode.
 """
 
 from __future__ import annotations

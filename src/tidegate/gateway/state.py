@@ -1,7 +1,7 @@
 """What a gateway holds while it runs: the queue, the tenant store, the shared limiter, budget
-ledger, chunk relay and batch store, the recommender, its metrics and settings. `create_app` takes one, so
-tests (and `tidegate up`, which shares a queue and relay with in-process workers) can build the
-app around components of their own."""
+ledger, chunk relay, batch store and provider-batch store, the recommender, its metrics and
+settings. `create_app` takes one, so tests (and `tidegate up`, which shares a queue and relay with
+in-process workers) can build the app around components of their own."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tidegate.config import ModelConfig, TidegateConfig, simulated_models
 from tidegate.coord.batches import BatchStore
 from tidegate.coord.budget import BudgetLedger
 from tidegate.coord.limiter import RateLimiter
+from tidegate.coord.provider_batches import ProviderBatchStore
 from tidegate.coord.relay import ChunkRelay
 from tidegate.coord.tenants import TenantStore
 from tidegate.errors import CallbackRefused
@@ -47,6 +48,8 @@ class GatewayState:
     ledger: BudgetLedger  # spend today, as the workers record it
     relay: ChunkRelay  # streamed chunks, published by workers
     batches: BatchStore  # the Files and Batch APIs' files and batches
+    # What the workers sent to providers' own batch APIs (None: no provider has a `batch` section).
+    provider_batches: ProviderBatchStore | None = None
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     # Registries exported by /metrics besides the gateway's own (e.g. DispatchMetrics of
     # workers running in the same process).

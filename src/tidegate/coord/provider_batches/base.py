@@ -12,6 +12,9 @@ A batch is open until its upkeep is done: `open_batches` lists them, and `claim`
 only take a step of it (`CANCEL` it at the provider, `CLEAN_UP` its files there, which retires it
 from the open ones), so that each step is done once across workers.
 
+Every batch recorded within KEEP_S, open or not, is listed by `recent`, the newest first, a page at
+a time, for the admin API to show; `jobs` reads the entries of many jobs in one step.
+
 `ProviderBatchStore` checks the lifecycle and converts records once around the `_hooks` that
 `sqlite.SqliteProviderBatchStore` and `redis.RedisProviderBatchStore` implement;
 `provider_batch_store_for(queue_url)` picks one by the queue's URL.
@@ -20,7 +23,7 @@ from the open ones), so that each step is done once across workers.
   and `provider_batch_claims`, rows under the store's name.
 - Redis (`redis://…?name=X`): one string per batch (`tidegate:{X}:pbatch:<provider>/<id>`), per
   job (`tidegate:{X}:pbatch_job:<job id>`) and per claim, JSON, with a TTL and the queue's hash
-  tag; the open batches in one sorted set by time recorded.
+  tag; the open batches in one sorted set by time recorded, and every batch in another.
 """
 
 from __future__ import annotations
@@ -136,6 +139,23 @@ class ProviderBatchStore(OpensOnFirstUse):
         await self._ready()
         return [ProviderBatchRecord.from_json(raw) for raw in await self._open_batches(most)]
 
+    async def recent(self, limit: int, *, after: tuple[str, str] | None = None
+                     ) -> tuple[list[ProviderBatchRecord], bool]:
+        """Up to `limit` batches recorded within KEEP_S, the newest first, after the batch `after`
+        (provider, batch id; none when there is no such batch), and whether more follow."""
+        await self._ready()
+        raws = await self._recent(after, limit + 1)
+        return [ProviderBatchRecord.from_json(raw) for raw in raws[:limit]], len(raws) > limit
+
+    async def jobs(self, job_ids: Sequence[str]) -> dict[str, BatchedJob]:
+        """The entries of those of `job_ids` that have one, by job id, read in one step."""
+        if not job_ids:
+            return {}
+        await self._ready()
+        raws = await self._get_jobs(list(job_ids))
+        return {job_id: BatchedJob.from_json(raw) for job_id, raw in zip(job_ids, raws, strict=True)
+                if raw is not None}
+
     async def claim(self, provider: str, batch_id: str, step: str) -> bool:
         """Take `step` of the batch's upkeep (CANCEL, CLEAN_UP): True for the first caller only.
         Claiming CLEAN_UP retires the batch from `open_batches`."""
@@ -155,10 +175,19 @@ class ProviderBatchStore(OpensOnFirstUse):
     async def _get_job(self, job_id: str) -> str | bytes | None: ...
 
     @abc.abstractmethod
+    async def _get_jobs(self, job_ids: list[str]) -> Sequence[str | bytes | None]:
+        """The entry of each of `job_ids` (None: none), in their order."""
+
+    @abc.abstractmethod
     async def _get_batch(self, provider: str, batch_id: str) -> str | bytes | None: ...
 
     @abc.abstractmethod
     async def _open_batches(self, most: int) -> Sequence[str | bytes]: ...
+
+    @abc.abstractmethod
+    async def _recent(self, after: tuple[str, str] | None, count: int) -> Sequence[str | bytes]:
+        """Up to `count` batch records, the most recently recorded first, after `after` when
+        given (none when it is unknown)."""
 
     @abc.abstractmethod
     async def _claim(self, provider: str, batch_id: str, step: str) -> bool: ...

@@ -4,7 +4,8 @@ one string per batch (`tidegate:{name}:pbatch:<provider>/<id>`) and per job
 (`tidegate:{name}:pbatch_claim:<step>:<provider>/<id>`). A batch and its jobs are written in one
 MULTI, so the keys sharing one Redis Cluster slot is what lets them go together. The open batches
 are one sorted set (`tidegate:{name}:pbatch_open`, `<provider>/<id>` by the time recorded),
-trimmed of those older than KEEP_S as it is read."""
+trimmed of those older than KEEP_S as it is read; every batch recorded is in another
+(`tidegate:{name}:pbatch_recent`), trimmed as each batch is recorded, which `recent` pages through."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class RedisProviderBatchStore(ProviderBatchStore):
         self._job_prefix = prefix + "pbatch_job:"
         self._claim_prefix = prefix + "pbatch_claim:"
         self._open_key = prefix + "pbatch_open"
+        self._recent_key = prefix + "pbatch_recent"
         self._redis: RedisClient | None = None
 
     def __repr__(self) -> str:
@@ -69,7 +71,10 @@ class RedisProviderBatchStore(ProviderBatchStore):
         async def write(r: Any) -> None:
             async with r.pipeline(transaction=True) as pipe:
                 pipe.set(self.batch_key(provider, batch_id), batch, ex=KEEP_S)
-                pipe.zadd(self._open_key, {f"{provider}/{batch_id}": time.time()})
+                now = time.time()
+                pipe.zadd(self._open_key, {f"{provider}/{batch_id}": now})
+                pipe.zremrangebyscore(self._recent_key, "-inf", now - KEEP_S)
+                pipe.zadd(self._recent_key, {f"{provider}/{batch_id}": now}, nx=True)
                 for job_id, entry in jobs:
                     pipe.set(self.job_key(job_id), entry, ex=KEEP_S)
                 await pipe.execute()
@@ -89,6 +94,11 @@ class RedisProviderBatchStore(ProviderBatchStore):
         raw: bytes | None = await self._call(lambda r: r.get(self.job_key(job_id)))
         return raw
 
+    async def _get_jobs(self, job_ids: list[str]) -> list[bytes | None]:
+        keys = [self.job_key(job_id) for job_id in job_ids]
+        raws: list[bytes | None] = await self._call(lambda r: r.mget(keys))
+        return raws
+
     async def _get_batch(self, provider: str, batch_id: str) -> bytes | None:
         raw: bytes | None = await self._call(lambda r: r.get(self.batch_key(provider, batch_id)))
         return raw
@@ -97,15 +107,31 @@ class RedisProviderBatchStore(ProviderBatchStore):
         async def read(r: Any) -> list[bytes]:
             await r.zremrangebyscore(self._open_key, "-inf", time.time() - KEEP_S)
             members: list[bytes] = await r.zrange(self._open_key, 0, most - 1)
-            if not members:
-                return []
-            async with r.pipeline(transaction=True) as pipe:
-                for member in members:
-                    pipe.get(self._batch_prefix + member.decode())
-                records: list[bytes | None] = await pipe.execute()
-            return [record for record in records if record is not None]
+            return await self._records(r, members)
 
         return await self._call(read)
+
+    async def _recent(self, after: tuple[str, str] | None, count: int) -> list[bytes]:
+        async def read(r: Any) -> list[bytes]:
+            await r.zremrangebyscore(self._recent_key, "-inf", time.time() - KEEP_S)
+            start = 0
+            if after is not None:
+                rank = await r.zrevrank(self._recent_key, "/".join(after))
+                if rank is None:
+                    return []
+                start = rank + 1
+            members: list[bytes] = await r.zrevrange(self._recent_key, start, start + count - 1)
+            return await self._records(r, members)
+
+        return await self._call(read)
+
+    async def _records(self, r: Any, members: list[bytes]) -> list[bytes]:
+        """The records of the batches `members` (`<provider>/<id>`) still kept, in their order."""
+        if not members:
+            return []
+        keys = [self._batch_prefix + member.decode() for member in members]
+        records: list[bytes | None] = await r.mget(keys)
+        return [record for record in records if record is not None]
 
     async def _claim(self, provider: str, batch_id: str, step: str) -> bool:
         async def take(r: Any) -> bool:

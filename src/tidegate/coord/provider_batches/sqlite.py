@@ -23,6 +23,7 @@ CREATE TABLE IF NOT EXISTS provider_batches (
     written_ms INTEGER NOT NULL,
     PRIMARY KEY (store, provider, batch_id)
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS provider_batches_by_time ON provider_batches (store, written_ms);
 CREATE TABLE IF NOT EXISTS provider_batch_jobs (
     store TEXT NOT NULL,
     job_id TEXT NOT NULL,
@@ -41,6 +42,7 @@ CREATE TABLE IF NOT EXISTS provider_batch_claims (
 """
 _TABLES = ("provider_batches", "provider_batch_jobs", "provider_batch_claims")
 
+_IN_ONE_READ = 500  # job ids per SELECT, well below SQLite's limit of bound parameters
 _PUT_JOB = ("INSERT INTO provider_batch_jobs (store, job_id, entry, written_ms) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (store, job_id) DO UPDATE SET entry = excluded.entry,"
             " written_ms = excluded.written_ms")
@@ -93,6 +95,19 @@ class SqliteProviderBatchStore(ProviderBatchStore):
             (self.name, job_id)).fetchone())
         return None if row is None else str(row[0])
 
+    async def _get_jobs(self, job_ids: list[str]) -> list[str | None]:
+        def read(conn: sqlite3.Connection) -> dict[str, str]:
+            found: dict[str, str] = {}
+            for start in range(0, len(job_ids), _IN_ONE_READ):
+                chunk = job_ids[start:start + _IN_ONE_READ]
+                found.update(conn.execute(
+                    f"SELECT job_id, entry FROM provider_batch_jobs WHERE store = ? AND job_id IN"
+                    f" ({', '.join('?' * len(chunk))})", (self.name, *chunk)).fetchall())
+            return found
+
+        entries = await self._db.run(read)
+        return [entries.get(job_id) for job_id in job_ids]
+
     async def _get_batch(self, provider: str, batch_id: str) -> str | None:
         row = await self._db.run(lambda conn: conn.execute(
             "SELECT record FROM provider_batches WHERE store = ? AND provider = ? AND batch_id = ?",
@@ -106,6 +121,18 @@ class SqliteProviderBatchStore(ProviderBatchStore):
             " (SELECT 1 FROM provider_batch_claims AS c WHERE c.store = b.store AND c.provider = b.provider"
             " AND c.batch_id = b.batch_id AND c.step = ?) ORDER BY written_ms LIMIT ?",
             (self.name, expired_ms, CLEAN_UP, most)).fetchall())
+        return [str(row[0]) for row in rows]
+
+    async def _recent(self, after: tuple[str, str] | None, count: int) -> list[str]:
+        expired_ms = int(time.time() * 1000) - KEEP_S * 1000
+        query = "SELECT record FROM provider_batches WHERE store = ? AND written_ms >= ?"
+        params: tuple[object, ...] = (self.name, expired_ms)
+        if after is not None:  # an unknown batch compares as NULL: an empty page
+            query += (" AND (written_ms, provider, batch_id) < (SELECT written_ms, provider, batch_id"
+                      " FROM provider_batches WHERE store = ? AND provider = ? AND batch_id = ?)")
+            params += (self.name, *after)
+        query += " ORDER BY written_ms DESC, provider DESC, batch_id DESC LIMIT ?"
+        rows = await self._db.run(lambda conn: conn.execute(query, (*params, count)).fetchall())
         return [str(row[0]) for row in rows]
 
     async def _claim(self, provider: str, batch_id: str, step: str) -> bool:

@@ -1,5 +1,5 @@
-// tidegate dashboard: polls the gateway's admin API (GET v1/stats, GET v1/dlq), its batches
-// (GET v1/batches: an admin sees every tenant's) and its
+// tidegate dashboard: polls the gateway's admin API (GET v1/stats, GET v1/dlq, GET
+// v1/admin/provider-batches), its batches (GET v1/batches: an admin sees every tenant's) and its
 // recommendations API (GET v1/health, GET v1/recommendations/{user}) and draws what they
 // answer. Plain JavaScript with no library and no request beyond this gateway, because the page
 // must work on machines without internet access. Every value from the server is written with
@@ -14,6 +14,7 @@
   const KEY_STORAGE = "tidegate.adminKey";
   const DLQ_LIMIT = 100;
   const BATCHES_LIMIT = 20;
+  const PROVIDER_BATCHES_LIMIT = 10;
   const PRIORITIES = ["critical", "high", "normal", "low", "bulk"];
 
   const state = {
@@ -26,6 +27,7 @@
     dlq: null,
     dlqSignature: "",
     batches: null,
+    providerBatches: null,
     timer: 0,
     polling: false,
     pollAgain: false,
@@ -162,9 +164,10 @@
     if ((state.paused && !force) || !$("login").hidden) return;
     state.polling = true;
     try {
-      const [stats, dlq, batches] = await Promise.all([
-        api("v1/stats"), api(`v1/dlq?limit=${DLQ_LIMIT}`), api(`v1/batches?limit=${BATCHES_LIMIT}`)]);
-      onData(stats, dlq, batches);
+      const [stats, dlq, batches, providerBatches] = await Promise.all([
+        api("v1/stats"), api(`v1/dlq?limit=${DLQ_LIMIT}`), api(`v1/batches?limit=${BATCHES_LIMIT}`),
+        api(`v1/admin/provider-batches?limit=${PROVIDER_BATCHES_LIMIT}`)]);
+      onData(stats, dlq, batches, providerBatches);
     } catch (exc) {
       onFailure(exc);
     } finally {
@@ -183,10 +186,11 @@
     state.timer = setTimeout(() => poll(true), 0);
   }
 
-  function onData(stats, dlq, batches) {
+  function onData(stats, dlq, batches, providerBatches) {
     state.stats = stats;
     state.dlq = dlq;
     state.batches = batches;
+    state.providerBatches = providerBatches;
     state.lastOk = Date.now();
     state.failing = false;
     hideBanner();
@@ -317,6 +321,7 @@
     renderTenants(stats);
     renderDlq(state.dlq, stats.dead);
     renderBatches(state.batches);
+    renderProviderBatches(state.providerBatches);
     renderCharts();
     updateClock();
   }
@@ -458,6 +463,32 @@
     });
     document.querySelector("#batches tbody").replaceChildren(...rows);
     $("batches-empty").hidden = batches.length > 0;
+  }
+
+  // ---------------------------------------------------------------- provider batches
+
+  function renderProviderBatches(page) {
+    const batches = page.data;
+    $("provider-batches-count").textContent = page.has_more ? `the ${batches.length} most recent` : `${batches.length}`;
+    const rows = batches.map((batch) => {
+      const progress = batch.progress;
+      // Counted over a sample of a large batch's jobs: the cells say over how many.
+      const title = progress.sampled < batch.lines ? `of ${progress.sampled} jobs sampled` : undefined;
+      const count = (col) => cell(fmtCount(progress[col]), { num: true, col, title });
+      return el("tr", { data: { providerBatchId: batch.id } },
+        cell(batch.provider, { col: "provider" }),
+        cell(batch.batch_id.slice(0, 24), { cls: "mono", col: "batch", title: batch.batch_id }),
+        cell(batch.model, { col: "model" }),
+        cell(fmtCount(batch.lines), { num: true, col: "lines" }),
+        count("waiting"), count("collected"), count("served_live"), count("cancelled"),
+        cell(fmtTime(batch.submitted_at), { col: "submitted" }));
+    });
+    document.querySelector("#provider-batches tbody").replaceChildren(...rows);
+    const empty = $("provider-batches-empty");
+    empty.hidden = batches.length > 0;
+    empty.textContent = page.enabled
+      ? "No provider batch sent yet."
+      : "No provider has a batch section: every job is served by a live call.";
   }
 
   // ---------------------------------------------------------------- dead letters
