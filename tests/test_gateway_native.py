@@ -11,6 +11,7 @@ simulator received (`Simulator.received`) shows what each upstream was sent."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 import pytest_asyncio
 from anthropic.types import MessageParam
 from openai import AsyncOpenAI
+from openai.types import Batch
 from openai.types.responses import Response, ResponseStreamEvent, ToolParam
 from pydantic import TypeAdapter
 
@@ -32,7 +34,7 @@ from tidegate.config import TidegateConfig
 from tidegate.gateway.dialects import ANTHROPIC, RESPONSES, StreamRenderer
 from tidegate.gateway.dialects.anthropic_schemas import MessagesRequest
 from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
-from tidegate.jobs import JobState
+from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -205,6 +207,80 @@ async def test_a_native_only_job_routed_to_a_chat_only_provider_fails_saying_why
     assert job.state is JobState.DEAD and job.attempts == 1
     assert job.failure is not None and job.failure["code"] == "native_api_required"
     assert "does not speak" in job.failure["message"]
+
+
+async def batch_of(client: AsyncOpenAI, lines: dict[str, dict[str, Any]]) -> Batch:
+    """A `/v1/responses` batch of `lines` (bodies by custom_id), polled as a client would until it ended."""
+    content = b"".join(orjson.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
+                                     "body": body}) + b"\n" for custom_id, body in lines.items())
+    file = await client.files.create(file=("requests.jsonl", content), purpose="batch")
+    batch = await client.batches.create(input_file_id=file.id, endpoint="/v1/responses",
+                                        completion_window="24h")
+    async with asyncio.timeout(30):
+        while batch.status not in ("completed", "failed", "expired", "cancelled"):
+            await asyncio.sleep(0.1)
+            batch = await client.batches.retrieve(batch.id)
+    return batch
+
+
+def sent_asking(gw: Gateway, text: str) -> dict[str, Any]:
+    """The last body the simulator accepted at /v1/responses whose input ends with `text`."""
+    def last_text(body: dict[str, Any]) -> Any:
+        given = body["input"]
+        return given if isinstance(given, str) else given[-1].get("content")
+    return [body for body in gw.sim.received("/v1/responses") if last_text(body) == text][-1]
+
+
+async def file_lines(client: AsyncOpenAI, file_id: str | None) -> dict[str, dict[str, Any]]:
+    """The lines of a batch's output or error file, by custom_id."""
+    if file_id is None:
+        return {}
+    content = (await client.files.content(file_id)).content
+    return {line["custom_id"]: line for line in map(orjson.loads, content.splitlines())}
+
+
+async def test_a_batch_line_is_taken_natively_or_refused_as_the_route_would(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    earlier = await acme.responses.create(model=RESPONSES_MODEL, input="Remember the word tide.")
+    news = {"input": "Find the batch news", "tools": [SEARCH]}
+    batch = await batch_of(acme, {
+        "native": {**news, "model": RESPONSES_MODEL, "reasoning": {"effort": "low", "summary": "auto"},
+                   "include": ["reasoning.encrypted_content"]},
+        "continued": {"model": RESPONSES_MODEL, "input": "Which word, searched?", "tools": [SEARCH],
+                      "previous_response_id": earlier.id},
+        "chat-only": {**news, "model": CHAT_ONLY_MODEL},
+        "auto": {**news, "model": "auto"},  # auto may be routed to a chat-only provider
+        "summary": {"model": CHAT_ONLY_MODEL, "input": "Hi", "reasoning": {"summary": "auto"}},
+    })
+
+    # The lines for a model only Responses-native providers serve ran natively; the others are
+    # the error file's, with the code the route answers them with.
+    assert batch.status == "completed" and batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 3)
+    errors = await file_lines(acme, batch.error_file_id)
+    assert {custom_id: line["error"]["code"] for custom_id, line in errors.items()} == {
+        "chat-only": "unsupported_tool", "auto": "unsupported_tool", "summary": "unsupported_parameter"}
+    output = await file_lines(acme, batch.output_file_id)
+    assert list(output) == ["native", "continued"]
+    # The upstream was sent each line as written, the continued one after the earlier items.
+    native, continued = (sent_asking(gw, text) for text in ("Find the batch news", "Which word, searched?"))
+    assert native["tools"] == [SEARCH] and native["reasoning"] == {"effort": "low", "summary": "auto"}
+    assert native["include"] == ["reasoning.encrypted_content"] and native["model"] == RESPONSES_MODEL
+    assert continued["tools"] == [SEARCH] and "previous_response_id" not in continued
+    assert continued["input"][0]["content"] == "Remember the word tide."
+    # Each answer is the upstream's own Response under tidegate's id, retrievable like any other.
+    for custom_id, line in output.items():
+        body = Response.model_validate(line["response"]["body"])
+        job_id = line["response"]["request_id"]
+        assert body.id == f"resp_{job_id}" and body.status == "completed" and body.output_text
+        assert (await acme.responses.retrieve(body.id)).model_dump() == body.model_dump()
+        job = await gw.queue.get(job_id)
+        assert job is not None and job.payload["origin"]["native_only"] is True, custom_id
+        assert job.priority is Priority.BULK and job.result["provider"] == "sim-responses"
+    assert [item.type for item in Response.model_validate(output["native"]["response"]["body"]).output] == [
+        "reasoning", "message"]
+    assert Response.model_validate(output["continued"]["response"]["body"]).previous_response_id == earlier.id
 
 
 # ---------------------------------------------------------------------- Anthropic's Messages API

@@ -6,13 +6,16 @@ output and error files from those answers, in OpenAI's batch file formats.
 A malformed line never fails the batch: it becomes a line of the error file, its number and the
 reason given, and the other lines run.
 
-A `/v1/responses` line is read as POST /v1/responses reads its body (the Responses dialect's
-`parse`, then its translation into a chat job that keeps the request as its `origin`), so what
-that route refuses (a built-in tool, an untranslatable field) is the line's error with the same
-code; `background` and `stream` are refused too (code `unsupported_parameter`): a batch line
-already runs in the background, and its answer is a line of the output file. Its answer is the
-Response object GET /v1/responses/{id} renders for its job, which stays retrievable there (it is
-a response of the batch's tenant, `resp_<job id>`, unless the line said `store: false`).
+A `/v1/responses` line is read as POST /v1/responses reads its body (validated, then translated
+into a chat job that keeps the request as its `origin`), so what that route refuses is the line's
+error with the same code, and what it takes is taken: a field with no chat translation (a built-in
+tool, `reasoning`, `include`, …) when every provider that may serve the line's model speaks the
+Responses API (tidegate.gateway.native), the job then `native_only` and sent as written, and
+refused (`unsupported_tool`, `unsupported_parameter`) otherwise. `background` and `stream` are
+refused too (code `unsupported_parameter`): a batch line already runs in the background, and its
+answer is a line of the output file. Its answer is the Response object GET /v1/responses/{id}
+renders for its job (the upstream's own Response for a native one), which stays retrievable there
+(it is a response of the batch's tenant, `resp_<job id>`, unless the line said `store: false`).
 
 A line's `previous_response_id` names a response of the batch's tenant that has its answer when
 the batch is created: its conversation is read then, once, and the line continues it. A response
@@ -34,10 +37,12 @@ from tidegate.ai import AIRequest, Kind, result_of
 from tidegate.coord.batches import BatchLine, LineAnswer, LineError
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.dialects import OPENAI, RESPONSES
+from tidegate.gateway.dialects.base import validated
 from tidegate.gateway.dialects.responses_output import render
 from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.intake import JobDraft, draft_job
+from tidegate.gateway.native import served_natively
 from tidegate.gateway.responses_lookup import conversation, origin_of
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.views import failure_view
@@ -124,19 +129,17 @@ async def _parse_line(state: GatewayState, tenant: Tenant, raw: bytes, number: i
 
 
 async def _responses_request(state: GatewayState, tenant: Tenant, body: dict[str, Any]) -> AIRequest:
-    """The chat job of a `/v1/responses` line, continuing its `previous_response_id` if it names one."""
-    request = RESPONSES.parse("chat", body, "body")
-    given = request.origin.body if request.origin is not None else {}
+    """The chat job of a `/v1/responses` line, continuing its `previous_response_id` if it names
+    one, its native-only fields taken or refused as the route takes or refuses them."""
+    request = validated(ResponseCreateRequest, body, "body")
     for field in ("background", "stream"):
-        if given.get(field):
+        if getattr(request, field):
             raise ApiError(400, f"{field} is not served in a batch line: the batch runs the request "
                            "and its output file holds the response", code="unsupported_parameter",
                            param=field)
-    previous = given.get("previous_response_id")
-    if previous is None:
-        return request
-    history = await conversation(state, tenant, previous)
-    return RESPONSES.translate(ResponseCreateRequest.model_validate(body), history)
+    previous = request.previous_response_id
+    history = None if previous is None else await conversation(state, tenant, previous)
+    return RESPONSES.translate(request, history, native=served_natively(state, "responses", request.model))
 
 
 def _bad(custom_id: str | None, number: int, code: str, message: str, param: str | None = None) -> ParsedLine:
