@@ -1,11 +1,18 @@
 # tidegate developer tasks (GNU make).
 #
-#   make demo     install the base package and run the demo (tidegate up + load through its HTTP API)
-#   make test     install dev extras and test servers, run the whole test suite, then lint
-#   make lint     ruff + mypy (strict, over src, tests and bench)
-#   make bench    install bench extras and peers (Portkey's gateway, with npm) and run the queue,
-#                 dispatch, HTTP client, gateway and change-flow benchmarks
-#   make clean    remove the virtualenv, caches and local data
+#   make demo         install the base package from the lock and run the demo (tidegate up + load)
+#   make test         install the dev environment from the lock and the test servers, run the whole
+#                     test suite, then lint
+#   make lint         ruff + mypy (strict, over src, tests and bench)
+#   make bench        install the bench environment from the lock and peers (Portkey's gateway, with
+#                     npm) and run the queue, dispatch, HTTP client, gateway and change-flow benchmarks
+#   make lock         re-resolve uv.lock after a change to pyproject.toml (pins kept where they fit)
+#   make lock-upgrade re-resolve uv.lock to the newest releases the ranges admit
+#   make lock-check   fail when uv.lock is out of date with pyproject.toml (CI runs it)
+#   make test-lowest  the test suite on the lowest versions pyproject.toml admits (own venv)
+#   make test-latest  the test suite on the newest releases, ignoring the lock (own venv): a canary
+#   make dist         build the wheel and sdist into dist/ and check them with twine
+#   make clean        remove the virtualenvs, caches and local data
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -27,32 +34,66 @@ CHROMIUM_PKG := chromium
 PEERS_DIR := bench/.peers
 PORTKEY_VERSION := 1.15.2
 
-.PHONY: help venv servers peers test lint demo bench clean
+.PHONY: help servers peers test test-lowest test-latest lint dist demo bench clean lock lock-upgrade lock-check FORCE
 
 help:
-	@echo "make demo | test | lint | bench | servers | peers | venv | clean"
+	@sed -n '3,16s/^#//p' $(firstword $(MAKEFILE_LIST))
 
-# ---------------------------------------------------------------- virtualenv
+# ---------------------------------------------------------------- environments
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+# Every environment is installed from uv.lock, the one lock of all extras (exact versions and
+# hashes), so a fresh machine runs the combination CI ran. uv itself is pinned and bootstrapped
+# with pip into a folder of its own; it never downloads a Python (the machine's $(PYTHON) is used).
+UV_VERSION := 0.13.9
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+UV_SYNC := $(UV) sync --locked --quiet --python $(PYTHON)
 
-# One stamp per install flavour: each re-runs only when pyproject.toml changes, so repeated
-# `make test` calls do not hit the package index.
-$(VENV)/.stamp-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet uv==$(UV_VERSION)
+
+# `uv sync` makes .venv exactly the named flavour (it removes what the flavour does not list), and
+# costs a fraction of a second when nothing changed, so each target syncs on every run.
+.PHONY: venv venv-base venv-bench
+venv: | $(UV)
+	$(UV_SYNC) --extra dev
+
+venv-base: | $(UV)
+	$(UV_SYNC)
+
+venv-bench: | $(UV)
+	$(UV_SYNC) --extra dev --extra bench
+
+lock: | $(UV)
+	$(UV) lock --python $(PYTHON)
+
+lock-upgrade: | $(UV)
+	$(UV) lock --upgrade --python $(PYTHON)
+
+lock-check: | $(UV)
+	@$(UV) lock --check --python $(PYTHON) || { \
+		echo "uv.lock is out of date with pyproject.toml: run 'make lock' and commit uv.lock" >&2; exit 1; }
+
+# The ranges in pyproject.toml are the package's promise to its users, so both ends are tested,
+# each in a venv of its own resolved afresh (uv.lock is neither read nor written): the lowest
+# version of every direct dependency, and the newest release of everything.
+ALT_VENVS := .venv-lowest .venv-latest
+
+.venv-lowest/.resolved: RESOLUTION := lowest-direct
+.venv-latest/.resolved: RESOLUTION := highest
+.venv-latest/.resolved: FORCE
+$(addsuffix /.resolved,$(ALT_VENVS)): pyproject.toml | $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(@D)
+	$(UV) pip compile --quiet pyproject.toml --extra dev --resolution $(RESOLUTION) \
+		--python $(@D)/bin/python --output-file $(@D)/requirements.txt
+	$(UV) pip sync --quiet --python $(@D)/bin/python $(@D)/requirements.txt
+	$(UV) pip install --quiet --python $(@D)/bin/python --no-deps -e .
 	@touch $@
 
-$(VENV)/.stamp-base: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
-	@touch $@
-
-$(VENV)/.stamp-bench: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
-	@touch $@
-
-venv: $(VENV)/.stamp-dev
+FORCE:
 
 # ---------------------------------------------------------------- server binaries
 
@@ -98,23 +139,40 @@ peers: $(PEERS_DIR)/.stamp-portkey-$(PORTKEY_VERSION)
 # ---------------------------------------------------------------- checks
 
 # pytest exit code 5 means "no tests collected": that is a broken suite, never a pass, so it is
-# named here and the exit code goes through unchanged.
-test: venv servers
-	@rc=0; $(BIN)/python -m pytest -q --durations=25 || rc=$$?; \
+# named here and the exit code goes through unchanged. $(1) is the venv's bin folder.
+define run_pytest
+	@rc=0; $(1)/python -m pytest -q --durations=25 || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; \
 	exit $$rc
+endef
+
+test: venv servers
+	$(call run_pytest,$(BIN))
 	$(MAKE) --no-print-directory lint
+
+# Lint runs on the locked tools only: ruff and mypy releases change what they report, which says
+# nothing about the package's ranges.
+test-lowest: .venv-lowest/.resolved servers
+	$(call run_pytest,.venv-lowest/bin)
+
+test-latest: .venv-latest/.resolved servers
+	$(call run_pytest,.venv-latest/bin)
 
 lint: venv
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 
+dist: venv
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+	$(BIN)/twine check --strict dist/*
+
 # ---------------------------------------------------------------- running
 
-demo: $(VENV)/.stamp-base
+demo: venv-base
 	$(BIN)/tidegate demo
 
-bench: $(VENV)/.stamp-bench servers peers
+bench: venv-bench servers peers
 	$(BIN)/python bench/queue.py
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/http_client.py
@@ -124,5 +182,5 @@ bench: $(VENV)/.stamp-bench servers peers
 	$(BIN)/python bench/recs_quality.py --months 3
 
 clean:
-	rm -rf $(VENV) $(PEERS_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist
+	rm -rf $(VENV) $(ALT_VENVS) $(TOOLS) $(PEERS_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
