@@ -286,7 +286,7 @@ def _hiredis_packing(connection_class: type) -> type:
     import hiredis
     from redis.connection import HiredisRespSerializer
 
-    fallback = HiredisRespSerializer()
+    fallback = HiredisRespSerializer()  # type: ignore[no-untyped-call]  # redis-py 8.2 types all but this
 
     def pack_command(self: Any, *args: Any) -> list[bytes]:
         # A command name of several words ("SCRIPT LOAD") is sent as separate arguments.
@@ -322,8 +322,8 @@ def _cluster_client(url: str, options: dict[str, Any]) -> Any:
     """A Redis Cluster client seeded with the node `url` names, its connections packing with
     hiredis. Query options of the URL (`?socket_timeout=…`) reach every node's connections."""
     from redis.asyncio.cluster import RedisCluster
+    from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
-    from redis.retry import Retry
 
     if not hasattr(RedisCluster, "pubsub"):  # asyncio cluster pub/sub came with redis-py 8.0
         raise MissingDependency(f"a Redis Cluster ({redact_url(url)}) needs redis-py 8 or later: "

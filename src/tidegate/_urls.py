@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-__all__ = ["redact_url"]
+__all__ = ["redact_url", "without_query"]
 
 
 def redact_url(url: str) -> str:
@@ -14,3 +14,9 @@ def redact_url(url: str) -> str:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
         return parts._replace(netloc=netloc).geturl()
     return url
+
+
+def without_query(url: str) -> str:
+    """The URL without `?options` (a queue's or bus's settings, not the connection's), otherwise
+    as written: a rebuilt URL would lose the `//` of `unix:///path`, which redis-py refuses."""
+    return url.partition("?")[0]

@@ -29,11 +29,6 @@ def backend_of(queue_url: str) -> Backend:
     )
 
 
-def without_query(url: str) -> str:
-    """The URL without `?options`: those are the queue's settings, not the connection's."""
-    return urlsplit(url)._replace(query="").geturl()
-
-
 def queue_name_of(queue_url: str) -> str:
     """The queue's `?name=`, "default" without one: coordination state is kept under it, so
     queues sharing a server never share their tenants, limits or spend."""

@@ -22,7 +22,7 @@ from tidegate._lifecycle import Lifecycle
 from tidegate._redis import is_redis_url
 from tidegate._shutdown import bounded, cancel_bounded
 from tidegate._sqlite import sqlite_path
-from tidegate._urls import redact_url
+from tidegate._urls import redact_url, without_query
 from tidegate.errors import (
     ConfigError,
     InvalidJob,
@@ -157,7 +157,7 @@ class Queue(Lifecycle):
                 f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
             )
             raise ConfigError(f"invalid queue settings for {redact_url(url)}: {problems}") from None
-        base_url = parts._replace(query="").geturl()
+        base_url = without_query(url)
         if parts.scheme == "sqlite":
             from tidegate.queue.sqlite import SqliteQueue
 

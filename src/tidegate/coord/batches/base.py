@@ -27,7 +27,8 @@ from typing import Final
 
 from pydantic import TypeAdapter
 
-from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of, without_query
+from tidegate._urls import without_query
+from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of
 from tidegate.coord.batches.models import BatchLine, BatchRecord, BatchStatus, LineAnswer, StoredFile
 from tidegate.errors import QueueClosed
 

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of, without_query
+from tidegate._urls import without_query
+from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of
 from tidegate.costs import micros_to_usd
 from tidegate.errors import BudgetExhausted, BudgetScope, DispatchClosed
 

@@ -30,7 +30,8 @@ import abc
 from dataclasses import dataclass
 from datetime import datetime
 
-from tidegate.coord._store import OpensOnFirstUse, backend_of, without_query
+from tidegate._urls import without_query
+from tidegate.coord._store import OpensOnFirstUse, backend_of
 from tidegate.errors import DispatchClosed
 
 __all__ = [

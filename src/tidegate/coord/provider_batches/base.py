@@ -36,7 +36,8 @@ from typing import Any
 
 import orjson
 
-from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of, without_query
+from tidegate._urls import without_query
+from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of
 from tidegate.errors import DispatchClosed
 
 __all__ = ["CANCEL", "CLEAN_UP", "KEEP_S", "BatchedJob", "ProviderBatchRecord", "ProviderBatchStore",

@@ -15,7 +15,8 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from tidegate._redis import is_redis_url
-from tidegate.coord._store import OpensOnFirstUse, queue_name_of, without_query
+from tidegate._urls import without_query
+from tidegate.coord._store import OpensOnFirstUse, queue_name_of
 from tidegate.errors import QueueUnavailable
 
 __all__ = ["CHANNEL_TTL_S", "END", "MAX_CHUNKS", "ChunkRelay", "relay_for"]

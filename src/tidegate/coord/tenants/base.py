@@ -42,7 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of, without_query
+from tidegate._urls import without_query
+from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of
 from tidegate.coord.tenants.models import ApiKeyInfo, Tenant
 from tidegate.errors import ConfigError, QueueClosed, QueueUnavailable, TenantNotFound
 

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tidegate._lifecycle import Lifecycle
 from tidegate._redis import is_redis_url
-from tidegate._urls import redact_url
+from tidegate._urls import redact_url, without_query
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange
 from tidegate.sync.changes import Change, changes_from_json
 from tidegate.sync.contracts import Bus, Delivery
@@ -110,7 +110,7 @@ def bus_for(url: str, *, prefix: str | None = None, settings: BusSettings | None
             for error in exc.errors()
         )
         raise ConfigError(f"invalid bus settings for {redact_url(url)}: {problems}") from None
-    base_url = parts._replace(query="").geturl()
+    base_url = without_query(url)
     if parts.scheme == "memory":
         if parts.netloc or parts.path.strip("/"):
             raise ConfigError(f"memory:// takes no host or path, got {redact_url(url)!r}")
