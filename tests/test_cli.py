@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tidegate import JobState, Priority, Queue, __version__
@@ -64,8 +67,17 @@ def test_tidegate_errors_are_one_line_and_exit_2() -> None:
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_version() -> None:
-    result = runner.invoke(app, ["version"])
+@pytest.mark.parametrize("args", [["--version"], ["version"], ["--version", "queue", "stats"]])
+def test_version(args: list[str]) -> None:
+    # `--version` is eager: it answers before a command (and its required options) is looked at.
+    result = runner.invoke(app, args)
 
-    assert result.exit_code == 0
-    assert result.output.strip() == f"tidegate {__version__}"
+    assert result.exit_code == 0, result.output
+    assert result.output == f"tidegate {__version__}\n"
+
+
+def test_version_is_the_packages_metadata() -> None:
+    # One source: the wheel's metadata is read from tidegate/__init__.py at build time, so the
+    # installed distribution and the module agree (and the version is semantic, 0.x.y).
+    assert importlib.metadata.version("tidegate") == __version__
+    assert re.fullmatch(r"0\.\d+\.\d+", __version__), __version__

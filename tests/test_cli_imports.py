@@ -31,8 +31,8 @@ def test_importing_the_command_line_loads_no_heavy_module() -> None:
     assert _heavy_modules_after("import tidegate.cli.main") == []
 
 
-@pytest.mark.parametrize("args", [["--help"], ["queue", "--help"], ["worker", "--help"], ["up", "--help"],
-                                  ["sync", "status", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["queue", "--help"], ["worker", "--help"],
+                                  ["up", "--help"], ["sync", "status", "--help"]])
 def test_help_loads_no_heavy_module(args: list[str]) -> None:
     # The help text goes elsewhere: stdout carries the probe's answer.
     body = f"""

@@ -48,4 +48,7 @@ __all__ = [
     "Unavailable",
 ]
 
-__version__ = "0.1.0"
+# The one place the version is written: pyproject.toml reads it from here (hatchling's dynamic
+# version). Semantic: 0.MINOR.PATCH while the API settles, a new minor for new features or a new
+# storage format, a patch for fixes only; CHANGELOG.md says what each release changed.
+__version__ = "0.2.0"

@@ -10,6 +10,8 @@ with status 2; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from tidegate import __version__
@@ -24,10 +26,28 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool | None) -> None:
+    """Print the version and stop: eager, so it runs before any command or required option."""
+    if value:
+        typer.echo(f"tidegate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    _version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="Print the installed version and exit."),
+    ] = None,
+) -> None:
+    """tidegate: a durable priority queue for AI API traffic."""
+
+
 @app.command()
 def version() -> None:
-    """Print the installed version."""
-    typer.echo(f"tidegate {__version__}")
+    """Print the installed version (the same as `tidegate --version`)."""
+    _print_version(True)
 
 
 # Registered in the order `tidegate --help` lists them.
