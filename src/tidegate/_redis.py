@@ -115,16 +115,13 @@ RECONNECTS = Counter(
 
 def connection_options() -> dict[str, Any]:
     """Keyword arguments for every pool or client tidegate opens (see the module doc)."""
-    options: dict[str, Any] = {
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    return {
         "socket_timeout": SOCKET_TIMEOUT_S,
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
     }
-    try:
-        from redis.maint_notifications import MaintNotificationsConfig
-    except ImportError:  # redis-py before 6.4: no notifications, the pool always checks
-        return options
-    options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
-    return options
 
 
 def is_redis_url(url: str) -> bool:
