@@ -81,3 +81,23 @@ def test_version_is_the_packages_metadata() -> None:
     # installed distribution and the module agree (and the version is semantic, 0.x.y).
     assert importlib.metadata.version("tidegate") == __version__
     assert re.fullmatch(r"0\.\d+\.\d+", __version__), __version__
+
+
+def test_up_never_prints_a_urls_password() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from tidegate.app.up import UpInfo
+    from tidegate.cli.serve import _show_up
+
+    out = StringIO()
+    info = UpInfo(api_url="http://127.0.0.1:1/v1", dashboard_url="http://127.0.0.1:1/",
+                  metrics_url="http://127.0.0.1:1/metrics", simulator_url=None, admin_key="tg-admin",
+                  queue_url="redis://:s3cret@127.0.0.1:6399/0",
+                  change_source="postgresql://shop:hunter2@127.0.0.1:5499/shop")
+    _show_up(Console(file=out, width=200), info)
+    printed = out.getvalue()
+    assert "s3cret" not in printed and "hunter2" not in printed
+    assert "redis://:***@127.0.0.1:6399/0" in printed
+    assert "postgresql://shop:***@127.0.0.1:5499/shop" in printed

@@ -208,12 +208,15 @@ def _show_up(console: Console, info: UpInfo) -> None:
     """What `tidegate up` prints once everything listens."""
     from rich.table import Table
 
+    from tidegate._urls import redact_url
+
     table = Table(show_header=False, box=None)
     table.add_row("API (OpenAI base_url)", info.api_url)
     table.add_row("Dashboard", info.dashboard_url)
     table.add_row("Metrics", info.metrics_url)
-    table.add_row("Queue", info.queue_url)
-    table.add_row("Change flow", info.change_source or "off")
+    # Printed to a terminal and often to a log: a URL's password never is.
+    table.add_row("Queue", redact_url(info.queue_url))
+    table.add_row("Change flow", redact_url(info.change_source) if info.change_source else "off")
     table.add_row("Provider", (info.simulator_url and f"simulated, {info.simulator_url}")
                   or "as configured")
     console.print(table)
