@@ -49,7 +49,7 @@ def test_a_result_is_stored_in_the_job_result_format_and_reads_back_the_same() -
     stored = _result().to_json()
 
     assert stored == {
-        "response": COMPLETION, "provider": "openai", "model": "gpt-4.1", "route": "named",
+        "v": 1, "response": COMPLETION, "provider": "openai", "model": "gpt-4.1", "route": "named",
         "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
         "cost_usd": "0.000123", "cost_micros": 123, "queue_wait_ms": 1.235, "upstream_latency_ms": 80.0,
         "attempts": 1, "worker_id": "worker-1", "ttft_ms": 20.5,

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_lifecycle",
         "_redis",
         "_sqlite",
+        "_formats",
         "_eventloop",
         "_shutdown",
         "_batching",

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
-from tidegate.errors import ConfigError
+from tidegate._formats import MigrateMode, StoreFormat, migrate_mode, open_sqlite_store
+from tidegate.errors import ConfigError, StoreFormatError
 
 T = TypeVar("T")
 
@@ -63,8 +64,11 @@ def ensure_sqlite_folder(url: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
 
 
-def connect(path: str, schema: str) -> sqlite3.Connection:
-    """A connection in autocommit mode (callers issue BEGIN IMMEDIATE) with `schema` applied."""
+def connect(path: str, schema: str, fmt: StoreFormat | None = None, *,
+            migrate: MigrateMode = "auto", owns_file: bool = True) -> sqlite3.Connection:
+    """A connection in autocommit mode (callers issue BEGIN IMMEDIATE) with `schema` applied:
+    for a store that declares its format `fmt`, in the one transaction that checks and migrates
+    it (`tidegate._formats.open_sqlite_store`)."""
     if path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
@@ -72,17 +76,30 @@ def connect(path: str, schema: str) -> sqlite3.Connection:
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     try:
         _retried_while_locked(lambda: (conn.execute("PRAGMA journal_mode=WAL"),
-                                       conn.execute("PRAGMA synchronous=NORMAL"),
-                                       conn.executescript(schema)))
-    except sqlite3.Error:
+                                       conn.execute("PRAGMA synchronous=NORMAL")))
+        apply_schema(conn, schema, fmt, migrate=migrate, owns_file=owns_file)
+    except BaseException:
         conn.close()
         raise
     return conn
 
 
-def apply_schema(conn: sqlite3.Connection, schema: str) -> None:
-    """Run `schema` (CREATE … IF NOT EXISTS statements) on a connection made by `connect`."""
-    _retried_while_locked(lambda: conn.executescript(schema))
+def apply_schema(conn: sqlite3.Connection, schema: str, fmt: StoreFormat | None = None, *,
+                 migrate: MigrateMode = "auto", owns_file: bool = True) -> None:
+    """Run `schema` (CREATE … IF NOT EXISTS statements) on a connection made by `connect`; for a
+    store with a format `fmt`, with its check and migrations, in one transaction."""
+    if fmt is None:
+        _retried_while_locked(lambda: conn.executescript(schema))
+        return
+    where = conn_path(conn)
+    _retried_while_locked(lambda: open_sqlite_store(conn, fmt, schema, where=where, mode=migrate,
+                                                    owns_file=owns_file))
+
+
+def conn_path(conn: sqlite3.Connection) -> str:
+    """The file a connection is on, as error messages name it (":memory:" for none)."""
+    row = conn.execute("PRAGMA database_list").fetchone()
+    return str(row[2]) if row is not None and row[2] else ":memory:"
 
 
 def _retried_while_locked(setup: Callable[[], object]) -> None:
@@ -164,9 +181,15 @@ class SqliteThread:
     def __init__(
         self, path: str, schema: str, *, error: Callable[[sqlite3.Error], Exception],
         row_factory: type[sqlite3.Row] | None = None, on_loop: bool = False,
+        fmt: StoreFormat | None = None, owns_file: bool = True,
     ) -> None:
         self.path = path
         self.schema = schema
+        # The store's format: checked and migrated with its schema, at the first call. The mode
+        # is the one of the context it is built in (see tidegate._formats.migrating).
+        self.fmt = fmt
+        self.migrate = migrate_mode()
+        self.owns_file = owns_file
         self.row_factory = row_factory
         self.on_loop = on_loop
         self._error = error
@@ -308,7 +331,7 @@ class _SharedFile:
         for call in batch:
             try:
                 conn = self._connection(call.handle)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, StoreFormatError) as exc:  # the caller's, not the thread's
                 call.error = exc
                 continue
             if call.writes:
@@ -390,13 +413,17 @@ class _SharedFile:
     def _connection(self, handle: SqliteThread) -> sqlite3.Connection:
         # On the thread: connecting and applying a schema may wait for other connections.
         if self._conn is None:
-            self._conn = connect(self.path, handle.schema)
+            self._conn = connect(self.path, handle.schema, handle.fmt, migrate=handle.migrate,
+                                 owns_file=handle.owns_file)
             # Checkpoints are this file's own (see _checkpoint), whichever way its calls run.
             self._conn.execute("PRAGMA wal_autocheckpoint=0")
             self._busy_ms = BUSY_TIMEOUT_MS
             self._applied.add(handle.schema)
         elif handle.schema not in self._applied:
-            apply_schema(self._conn, handle.schema)
+            # A store refused (newer, or pending under "check") is not marked applied: every
+            # call of it is refused in turn, and the other stores of the file go on working.
+            apply_schema(self._conn, handle.schema, handle.fmt, migrate=handle.migrate,
+                         owns_file=handle.owns_file)
             self._applied.add(handle.schema)
         self._conn.row_factory = handle.row_factory
         return self._conn

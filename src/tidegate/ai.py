@@ -51,6 +51,15 @@ gateway dialect renders them in its own API's shape.
 
 Stored records are read, not trusted: `AIResult.from_json` takes what it can use and leaves the
 rest at its empty value, as the readers of job results always did.
+
+Formats: a payload and a result document say which format they are in with a top-level `"v"`,
+and one newer than this code is refused with PayloadFormatError (a worker leaves such a job to a
+newer worker), never misread. A result carries `"v": RESULT_FORMAT`; 0.1.0 wrote none (the same
+layout) and its readers skip fields they do not know. A payload without `"v"` is format 1, 0.1.0's
+layout: 0.1.0's workers refuse any field they do not know, so while the payload format stays 1
+it is written without `"v"`, and a 0.1.0 worker serves what this release's gateway enqueued
+during a rolling upgrade. The first release that changes the payload writes `"v": 2`, which this
+release's workers already leave alone.
 """
 
 from __future__ import annotations
@@ -61,13 +70,15 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from tidegate.errors import InvalidJob
+from tidegate.errors import InvalidJob, PayloadFormatError
 from tidegate.jobs import Job
 
 __all__ = [
     "AUTO",
     "KINDS",
     "NO_USAGE",
+    "PAYLOAD_FORMAT",
+    "RESULT_FORMAT",
     "AIRequest",
     "AIResult",
     "Finish",
@@ -89,6 +100,21 @@ __all__ = [
 Kind = Literal["chat", "embeddings", "completion", "moderation"]
 KINDS: Final[tuple[Kind, ...]] = ("chat", "embeddings", "completion", "moderation")
 AUTO = "auto"
+PAYLOAD_FORMAT: Final = 1  # the AI job payload's format this code writes and reads (see above)
+RESULT_FORMAT: Final = 1  # the result document's
+
+
+def _format_of(document: Mapping[str, Any], what: str, readable: int, absent: int) -> int:
+    """The format a stored document says in `"v"` (`absent` when it says none), refused with
+    PayloadFormatError when newer than `readable`, the newest this code reads."""
+    version = document.get("v", absent)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise InvalidJob(f"{what} format 'v' must be a whole number, got {version!r}")
+    if version > readable:
+        raise PayloadFormatError(
+            f"{what} in format {version}, newer than this tidegate reads (format {readable}): "
+            f"a release that reads format {version} serves it", found=version, readable=readable)
+    return version
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +141,8 @@ class AIRequest:
         return bool(self.body.get("stream"))
 
     def to_payload(self) -> dict[str, Any]:
-        """The job payload for this request."""
+        """The job payload for this request, in format PAYLOAD_FORMAT (1: without `"v"`, so that
+        0.1.0's workers take it; see the module's docstring)."""
         payload: dict[str, Any] = {"kind": self.kind, "body": self.body}
         if self.allowed_models is not None:
             payload["allowed_models"] = sorted(self.allowed_models)
@@ -127,8 +154,10 @@ class AIRequest:
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> AIRequest:
-        """Parse a job payload; anything malformed is an InvalidJob naming the field."""
-        unknown = set(payload) - {"kind", "body", "allowed_models", "origin", "trace"}
+        """Parse a job payload; anything malformed is an InvalidJob naming the field, a payload
+        of a newer format a PayloadFormatError."""
+        _format_of(payload, "AI job payload", PAYLOAD_FORMAT, absent=1)
+        unknown = set(payload) - {"v", "kind", "body", "allowed_models", "origin", "trace"}
         if unknown:
             raise InvalidJob(f"unknown AI job field(s): {', '.join(sorted(unknown))}")
         kind = payload.get("kind")
@@ -325,8 +354,9 @@ class AIResult:
         return first if isinstance(first, dict) else {}
 
     def to_json(self) -> dict[str, Any]:
-        """The stored result document (see the module's docstring); unknown fields are left out."""
-        document: dict[str, Any] = {"response": self.response, "provider": self.provider,
+        """The stored result document (see the module's docstring), in format RESULT_FORMAT;
+        unknown fields are left out."""
+        document: dict[str, Any] = {"v": RESULT_FORMAT, "response": self.response, "provider": self.provider,
                                     "model": self.model, "route": self.route,
                                     "usage": None if self.usage is None else self.usage.to_json(),
                                     "cost_usd": self.cost_usd, "cost_micros": self.cost_micros,
@@ -339,11 +369,16 @@ class AIResult:
 
     @classmethod
     def from_json(cls, document: object) -> AIResult | None:
-        """A stored result, or None when it is not a result document at all. A field of the wrong
-        type reads as unknown. Timings missing at the top are looked for in the response, where
-        early workers kept a stream's `ttft_ms`."""
+        """A stored result, or None when it is not a result document at all; one of a newer
+        format than RESULT_FORMAT is a PayloadFormatError (one without `"v"` was written by 0.1.0,
+        in format 1's layout). A field of the wrong type reads as unknown. Timings missing at the
+        top are looked for in the response, where early workers kept a stream's `ttft_ms`."""
         if not isinstance(document, dict):
             return None
+        try:
+            _format_of(document, "a job result", RESULT_FORMAT, absent=1)
+        except InvalidJob:
+            return None  # a "v" that is no format: not a result document
         stored = document.get("response")
         response = stored if isinstance(stored, dict) else None
 

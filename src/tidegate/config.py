@@ -2,7 +2,7 @@
 TIDEGATE_CONFIG) overlaid by `TIDEGATE_*` environment variables (nested with `__`).
 
 Every settings object of a process lives here as a section of `TidegateConfig`, so each can be set
-from the file and the environment: `[worker]`, `[gateway]`, `[up]`, `[recs]`, `[tracing]`,
+from the file and the environment: `[worker]`, `[gateway]`, `[up]`, `[recs]`, `[tracing]`, `[storage]`,
 `[sync.pipeline]` and `[sync.verify]` beside the providers, routing, budgets, callbacks and change
 flow. A command's flags go over a section with `Section.given`.
 
@@ -405,6 +405,15 @@ class UpSettings(Section):
     change_flow: bool = True
 
 
+class StorageSettings(Section):
+    """`[storage]`: how stores in an older format are opened. "auto" migrates them forward when
+    they open (in one transaction); "check" refuses them, naming the store and both formats, for
+    operators who run `tidegate migrate --apply` themselves. A store newer than the code is
+    refused either way (TIDEGATE_STORAGE__MIGRATE)."""
+
+    migrate: Literal["auto", "check"] = "auto"
+
+
 class TracingSettings(Section):
     """OpenTelemetry traces (`[tracing]`, or TIDEGATE_TRACING__ENABLED=true): off by default, and
     then nothing of OpenTelemetry is imported. On, each process exports its spans with OTLP over
@@ -635,6 +644,7 @@ class TidegateConfig(BaseSettings):
     up: UpSettings = Field(default_factory=UpSettings)
     recs: RecsSettings = Field(default_factory=RecsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -5,6 +5,7 @@ the leaves say which part raised.
 
     TidegateError
     ├── ConfigError                 settings or URLs that cannot work
+    │   └── StoreFormatError        a store newer than the code, or with migrations left to run
     ├── MissingDependency           an optional extra is not installed
     ├── InvalidInput                input tidegate refuses; nothing of it was written
     │   ├── InvalidJob              a job description the queue refuses
@@ -50,6 +51,33 @@ class TidegateError(Exception):
 
 class ConfigError(TidegateError):
     """A setting or URL that cannot work."""
+
+
+class StoreFormatError(ConfigError):
+    """A store this code must not open as it is: newer than the code (an upgrade of tidegate is
+    needed), or with migrations pending while `[storage] migrate = "check"` (run `tidegate
+    migrate --apply`). Nothing in the store was changed. `store` names it ("queue", "tenants", …,
+    "file" for a SQLite file's layout), `where` says where (its URL without the password),
+    `found` is its format and `readable` the newest this code reads."""
+
+    def __init__(self, message: str, *, store: str, where: str, found: int, readable: int) -> None:
+        super().__init__(message)
+        self.store = store
+        self.where = where
+        self.found = found
+        self.readable = readable
+
+
+class PayloadFormatError(TidegateError):
+    """A job's payload or result says it is in a format newer than this code reads: written by a
+    newer release during a rolling upgrade. Not an invalid job: a newer worker can serve it, so a
+    worker leaves such a job in the queue instead of failing it. `found` is the format it says,
+    `readable` the newest this code reads."""
+
+    def __init__(self, message: str, *, found: int, readable: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.readable = readable
 
 
 class MissingDependency(TidegateError):

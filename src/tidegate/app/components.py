@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tidegate._formats import migrating
 from tidegate._shutdown import close_bounded, enter_bounded
 from tidegate.config import TidegateConfig
 from tidegate.coord import queue_name_of
@@ -83,42 +84,46 @@ class Components:
         what was opened here."""
         url = config.queue_url
         async with contextlib.AsyncExitStack() as stack:
-            if queue is None:
-                queue = await enter_bounded(stack, Queue.from_url(url), "the queue")
-            if tenants is None:
-                tenants = await enter_bounded(stack, tenant_store_for(url), "the tenant store")
-            rates = None if isinstance(limiter, bool) else limiter
-            if limiter is True:
-                # Named after the queue, so gateways of one queue share their tenants' counts and
-                # gateways of another queue on the same Redis do not.
-                rates = await enter_bounded(stack, rate_limiter_for(url, queue_name_of(url)),
-                                            "the rate limiter")
-            if ledger is None:
-                # The default name: every worker and gateway of the queue reads and records one spend.
-                ledger = await enter_bounded(stack, budget_ledger_for(url), "the budget ledger")
-            if relay is None:
-                relay = relay_for(url)  # connects on first use: only a close to arrange
-                close_bounded(stack, relay.close, "the relay")
-            files = await enter_bounded(stack, batch_store_for(url), "the batch store") if batches else None
-            sent = None
-            if provider_batches and any(provider.batch is not None for provider in config.providers):
-                sent = provider_batch_store_for(url)  # opens on first use: only a close to arrange
-                close_bounded(stack, sent.close, "the provider-batch store")
-            sender = await _open_callbacks(stack, config) if callbacks else None
-            entity_cache = None
-            # The change flow's parts are imported only by the processes that ask for them: a
-            # worker or a gateway on its own never loads numpy or the cache backends.
-            if cache:
-                from tidegate.sync.cache import open_cache
+            # Every store built here opens in the configured migrate mode ([storage]).
+            with migrating(config.storage.migrate):
+                if queue is None:
+                    queue = await enter_bounded(stack, Queue.from_url(url), "the queue")
+                if tenants is None:
+                    tenants = await enter_bounded(stack, tenant_store_for(url), "the tenant store")
+                rates = None if isinstance(limiter, bool) else limiter
+                if limiter is True:
+                    # Named after the queue, so gateways of one queue share their tenants' counts and
+                    # gateways of another queue on the same Redis do not.
+                    rates = await enter_bounded(stack, rate_limiter_for(url, queue_name_of(url)),
+                                                "the rate limiter")
+                if ledger is None:
+                    # The default name: every worker and gateway of the queue reads and records one spend.
+                    ledger = await enter_bounded(stack, budget_ledger_for(url), "the budget ledger")
+                if relay is None:
+                    relay = relay_for(url)  # connects on first use: only a close to arrange
+                    close_bounded(stack, relay.close, "the relay")
+                files = (await enter_bounded(stack, batch_store_for(url), "the batch store")
+                         if batches else None)
+                sent = None
+                if provider_batches and any(provider.batch is not None for provider in config.providers):
+                    sent = provider_batch_store_for(url)  # opens on first use: only a close to arrange
+                    close_bounded(stack, sent.close, "the provider-batch store")
+                sender = await _open_callbacks(stack, config) if callbacks else None
+                entity_cache = None
+                # The change flow's parts are imported only by the processes that ask for them: a
+                # worker or a gateway on its own never loads numpy or the cache backends.
+                if cache:
+                    from tidegate.sync.cache import open_cache
 
-                entity_cache = await enter_bounded(stack, open_cache(config.sync), "the entity cache")
-            if isinstance(recommender, str):
-                from tidegate.app.recs import open_recommender
+                    entity_cache = await enter_bounded(stack, open_cache(config.sync), "the entity cache")
+                if isinstance(recommender, str):
+                    from tidegate.app.recs import open_recommender
 
-                recommender = await open_recommender(stack, config, recommender)
-            yield cls(config=config, queue=queue, tenants=tenants, ledger=ledger, relay=relay,
-                      limiter=rates, batches=files, provider_batches=sent, callbacks=sender,
-                      cache=entity_cache, recommender=recommender)
+                    recommender = await open_recommender(stack, config, recommender)
+                parts = cls(config=config, queue=queue, tenants=tenants, ledger=ledger, relay=relay,
+                            limiter=rates, batches=files, provider_batches=sent, callbacks=sender,
+                            cache=entity_cache, recommender=recommender)
+            yield parts
 
 
 async def _open_callbacks(stack: contextlib.AsyncExitStack, config: TidegateConfig) -> CallbackSender | None:

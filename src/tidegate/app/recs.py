@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from tidegate._formats import migrating
 from tidegate._shutdown import enter_bounded
 from tidegate.config import TidegateConfig
 from tidegate.queue import Queue
@@ -36,8 +37,9 @@ class RecsWiring:
 async def open_recommender(stack: contextlib.AsyncExitStack, config: TidegateConfig, url: str) -> Recommender:
     """A recommender (its settings `config.recs`) on the store at `url` under the change flow's
     prefix, the store opened on `stack` (its close bounded)."""
-    store = recs_store_for(url, prefix=config.sync.prefix)
-    store = await enter_bounded(stack, store, "the recommender's store")
+    with migrating(config.storage.migrate):  # built in the configured migrate mode
+        built = recs_store_for(url, prefix=config.sync.prefix)
+    store = await enter_bounded(stack, built, "the recommender's store")
     return Recommender(store, config.recs)
 
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from tidegate._formats import migrating
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.errors import BusUnavailable, CacheUnavailable, ConfigError, SourceError
 from tidegate.queue import Queue
@@ -77,13 +78,17 @@ async def open_sync(
     metrics = metrics or SyncMetrics()
     async with contextlib.AsyncExitStack() as stack:
         if cache is None:
-            cache = await stack.enter_async_context(open_cache(sync))
+            with migrating(config.storage.migrate):  # built in the configured migrate mode
+                built = open_cache(sync)
+            cache = await stack.enter_async_context(built)
         bus = await stack.enter_async_context(bus_for(sync.bus_url, prefix=sync.prefix))
         source = await stack.enter_async_context(source_for(sync, cache))
         all_sinks = list(sinks)
         if sync.refresh:
             if queue is None:
-                queue = await stack.enter_async_context(Queue.from_url(config.queue_url))
+                with migrating(config.storage.migrate):
+                    opened = Queue.from_url(config.queue_url)
+                queue = await stack.enter_async_context(opened)
             refresh = RefreshSink(queue, sync.refresh, embedding_model=config.routing.embedding_model,
                                   metrics=metrics, on_enqueued=on_refresh)
             all_sinks.insert(0, refresh)

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from tidegate import __version__
-from tidegate.cli import demo, queue, serve, sync, tenants
+from tidegate.cli import demo, migrate, queue, serve, sync, tenants
 
 __all__ = ["app"]
 
@@ -60,3 +60,4 @@ app.add_typer(queue.queue_app, name="queue")
 app.add_typer(tenants.tenants_app, name="tenants")
 app.add_typer(tenants.keys_app, name="keys")
 app.add_typer(sync.sync_app, name="sync")
+app.command()(migrate.migrate)

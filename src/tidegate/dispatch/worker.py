@@ -53,7 +53,7 @@ from tidegate.dispatch.spending import Hold, Spending
 from tidegate.dispatch.tiers import answered_with_tier, priced, tier_of, with_tier
 from tidegate.dispatch.traces import answered, charged, model_call, processing
 from tidegate.dispatch.turnstile import PriorityTurnstile
-from tidegate.errors import InvalidJob, LeaseLost, QueueUnavailable, TidegateError
+from tidegate.errors import InvalidJob, LeaseLost, PayloadFormatError, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
 from tidegate.providers.adapters import Answer, PartSink, ProviderAdapter, adapter_for
 from tidegate.providers.batch_clients import batch_client
@@ -68,6 +68,9 @@ if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gat
 log = logging.getLogger("tidegate.worker")
 
 QUEUE_RETRY_S = 1.0  # pause before claiming again after the queue failed to answer
+# How long a job whose payload a newer release wrote waits before a worker looks at it again: a
+# newer worker of a rolling upgrade serves it meanwhile; this one must neither fail nor misread it.
+NEWER_PAYLOAD_DEFER_S = 60.0
 PARK_S = 0.05  # shortest park, and the re-check interval while a model's slots are all taken
 
 
@@ -335,6 +338,12 @@ class Worker:
         job = call.job
         try:
             request = AIRequest.from_payload(job.payload)
+        except PayloadFormatError as exc:
+            self.metrics.deferred.labels("newer_payload").inc()
+            log.warning("job %s: %s; released for %.0f s, for a newer worker", job.id, exc,
+                        NEWER_PAYLOAD_DEFER_S)
+            await self.queue.release(job, delay_s=NEWER_PAYLOAD_DEFER_S, reason=str(exc))
+            return
         except InvalidJob as exc:
             error = f"invalid AI job: {exc}"
             await self._settle_failure(call, error, retry=False, failure=failures.invalid_job(error))

@@ -34,6 +34,7 @@ import msgpack
 import orjson
 
 from tidegate._batching import GroupCall
+from tidegate._formats import FormatCheck, RedisStore, StoreFormat
 from tidegate._redis import (
     BLOCK_MAX_S,
     CLOSE_TIMEOUT_S,
@@ -78,6 +79,17 @@ _DRIVER_ERRORS = driver_errors()
 
 log = logging.getLogger("tidegate.queue")
 
+# The queue's keys' format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded.
+REDIS_FORMAT = StoreFormat.initial("queue")
+
+
+def redis_store(name: str) -> RedisStore:
+    """Where the queue called `name` keeps its format: the field "queue" of the hash
+    `tidegate:{name}:formats`, shared with the coordination stores of the same name. A queue that
+    ever held a job has its sequence counter."""
+    prefix = key_prefix(name)
+    return RedisStore(REDIS_FORMAT, prefix + "formats", (prefix + "seq", prefix + "jobs"))
+
 
 @dataclass(slots=True)
 class _EmptyClaim:
@@ -106,6 +118,7 @@ class RedisQueue(Queue):
         self._enqueues: GroupCall[NewJob, str] = GroupCall(self._enqueue_group)
         self._completes: GroupCall[tuple[str, int, bytes], str] = GroupCall(self._complete_each)
         self._done_outage = Outage("queue", url)
+        self._format = FormatCheck(redis_store(self.settings.name))
         self._wakeup_outage = Outage("queue_wakeup", url)
 
     # ------------------------------------------------------------------ plumbing
@@ -120,6 +133,11 @@ class RedisQueue(Queue):
             scripts={name: script.source for name, script in scripts.items()},
             wait_replicas=self.settings.wait_replicas, wait_timeout_s=self.settings.wait_timeout_s)
         await client.ping()
+        try:
+            await self._format.ready(client)  # refuses a newer queue before anything reads it
+        except BaseException:
+            await client.aclose()
+            raise
         self._client, self._redis, self._scripts = client, client.client, client.scripts
 
     async def _close(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from tidegate._formats import Migration, StoreFormat
 from tidegate._sqlite import SqliteThread
 from tidegate.errors import LeaseLost, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority, now_ms
@@ -33,7 +34,7 @@ UPKEEP_BATCH = 5_000  # rows one maintenance step touches, so a pass never holds
 RECOVER_PER_CLAIM = 100  # expired leases one claim recovers; maintenance takes a larger backlog
 _ACTIVE = ("queued", "delayed", "failed", "leased")
 
-_SCHEMA = """
+SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,   -- server-assigned FIFO order, never reused
     id TEXT NOT NULL UNIQUE,
@@ -85,9 +86,23 @@ _JOB_COLUMNS = (
     "deadline_ms, finished_ms, attempts, max_attempts, lease_token, worker_id, lease_expires_ms, "
     "idempotency_key, callback_url, last_error, errors, failure, level, rr_round, seq"
 )
-# Columns added after the first release, with their definitions: a file made before gets them
-# when it is opened (CREATE TABLE IF NOT EXISTS leaves an existing table as it is).
+# Columns added before versions were recorded, with their definitions: a file made before gets
+# them with its migration to format 1 (CREATE TABLE IF NOT EXISTS leaves an existing table as it is).
 _ADDED_COLUMNS = (("failure", "BLOB"),)
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    present = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    for name, kind in _ADDED_COLUMNS:
+        if name not in present:
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+
+
+# The queue's tables' format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded.
+SQLITE_FORMAT = StoreFormat("queue", 1, (
+    Migration(1, "record the queue's format (0.1.0's layout; a file older than 0.1.0 gets the "
+                 "jobs' failure column)", _add_missing_columns),
+))
 
 
 class SqliteQueue(Queue):
@@ -97,8 +112,9 @@ class SqliteQueue(Queue):
         super().__init__(settings)
         self.path = path
         self._db = SqliteThread(
-            path, _SCHEMA, row_factory=sqlite3.Row,
+            path, SQLITE_SCHEMA, row_factory=sqlite3.Row,
             error=lambda exc: QueueUnavailable(f"SQLite queue at {path}: {exc}"), on_loop=True,
+            fmt=SQLITE_FORMAT,
         )
         self._bell = Doorbell(path)
         self._watcher: asyncio.Task[None] | None = None
@@ -113,9 +129,7 @@ class SqliteQueue(Queue):
         return await self._db.write(body, on_thread=on_thread)
 
     async def _open(self) -> None:
-        await self._db.open()
-        if await self._run(_missing_columns):
-            await self._write(_add_missing_columns)
+        await self._db.open()  # checks the queue's format, and migrates it
 
     async def _close(self) -> None:
         if self._watcher is not None:
@@ -767,18 +781,6 @@ def _job(row: sqlite3.Row) -> Job:
     record = dict(row)
     record["errors"] = orjson.loads(row["errors"]) if row["errors"] else []
     return Job.from_record(record, row["payload"], row["result"])
-
-
-def _missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
-    """Columns of _ADDED_COLUMNS that the jobs table of this file lacks."""
-    present = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
-    return [(name, kind) for name, kind in _ADDED_COLUMNS if name not in present]
-
-
-def _add_missing_columns(conn: sqlite3.Connection) -> None:
-    # Checked again under the write lock: another process may have added them meanwhile.
-    for name, kind in _missing_columns(conn):
-        conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
 
 
 def _final_ids(conn: sqlite3.Connection, ids: list[str]) -> list[str]:

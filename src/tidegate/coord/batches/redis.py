@@ -21,6 +21,7 @@ from typing import Any, Final, TypeVar
 
 import orjson
 
+from tidegate._formats import FormatCheck, RedisStore, StoreFormat
 from tidegate._redis import RedisClient, key_prefix, lua_source, require_redis
 from tidegate._urls import redact_url
 from tidegate.coord.batches.base import ACTIVE, BatchStore
@@ -29,12 +30,23 @@ from tidegate.errors import QueueUnavailable
 
 require_redis("the Redis batch store")
 
-__all__ = ["RedisBatchStore"]
+__all__ = ["REDIS_FORMAT", "RedisBatchStore", "redis_store"]
 
 T = TypeVar("T")
 
 _SCRIPTS = ("swap", "insert", "page", "answer")
 REINDEX_CHUNK: Final = 500  # records read (HSCAN) and indexed per round trip
+
+
+# The files' and batches' format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded.
+REDIS_FORMAT = StoreFormat.initial("batches")
+
+
+def redis_store(name: str) -> RedisStore:
+    """Where the batch store called `name` keeps its format: the field "batches" of the hash
+    `tidegate:{name}:formats` (the queue's, when named after it)."""
+    prefix = key_prefix(name)
+    return RedisStore(REDIS_FORMAT, prefix + "formats", (prefix + "files", prefix + "batches"))
 
 
 class RedisBatchStore(BatchStore):
@@ -51,6 +63,7 @@ class RedisBatchStore(BatchStore):
         self.active_key = prefix + "batches_active"
         self.by_time_key = prefix + "batches_by_time"
         self.indexed_key = prefix + "batch_indexes"
+        self._format = FormatCheck(redis_store(name))
         self._content_prefix = prefix + "file:"
         self._lines_prefix = prefix + "batch_lines:"
         self._answers_prefix = prefix + "batch_answers:"
@@ -84,10 +97,12 @@ class RedisBatchStore(BatchStore):
         are harmless twice), driver errors translated."""
         redis = self._redis
         assert redis is not None
+        await self._format.ready(redis)
         return await redis.run(lambda: fn(redis.client), retry=retry)
 
     async def _script(self, name: str, keys: list[str], args: list[Any], *, retry: bool) -> Any:
         assert self._redis is not None
+        await self._format.ready(self._redis)
         return await self._redis.script(name, keys, args, retry=retry)
 
     async def _indexes(self) -> None:

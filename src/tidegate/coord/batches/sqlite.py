@@ -10,19 +10,20 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
+from tidegate._formats import StoreFormat
 from tidegate._sqlite import SqliteThread
 from tidegate.coord.batches.base import ACTIVE, BatchStore
 from tidegate.coord.batches.models import BatchRecord, StoredFile
 from tidegate.errors import QueueUnavailable
 
-__all__ = ["SqliteBatchStore"]
+__all__ = ["SQLITE_FORMAT", "SQLITE_SCHEMA", "SqliteBatchStore"]
 
 _FILE_CREATED: Final = "json_extract(meta, '$.created_at')"
 _FILE_EXPIRES: Final = "json_extract(meta, '$.expires_at')"
 _BATCH_CREATED: Final = "json_extract(record, '$.created_at')"
 _ACTIVE_SQL: Final = ", ".join(f"'{status}'" for status in sorted(ACTIVE))
 
-_SCHEMA = f"""
+SQLITE_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS batch_files (
     store TEXT NOT NULL,                  -- the store's name, so several can share a file
     id TEXT NOT NULL,
@@ -61,6 +62,8 @@ CREATE TABLE IF NOT EXISTS batch_answers (
     PRIMARY KEY (store, batch, custom_id)
 ) WITHOUT ROWID;
 """
+# The tables' format (see tidegate._formats), recorded in the file next to the queue's.
+SQLITE_FORMAT = StoreFormat.initial("batches")
 
 
 def _before(created: str) -> str:
@@ -77,8 +80,9 @@ class SqliteBatchStore(BatchStore):
     def __init__(self, path: str, name: str = "default") -> None:
         super().__init__(name)
         self.path = path
-        self._db = SqliteThread(path, _SCHEMA,
-                                error=lambda exc: QueueUnavailable(f"SQLite batch store at {path}: {exc}"))
+        self._db = SqliteThread(path, SQLITE_SCHEMA,
+                                error=lambda exc: QueueUnavailable(f"SQLite batch store at {path}: {exc}"),
+                                fmt=SQLITE_FORMAT)
 
     def __repr__(self) -> str:
         return f"SqliteBatchStore(path={self.path!r}, name={self.name!r})"

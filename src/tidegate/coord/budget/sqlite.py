@@ -7,15 +7,16 @@ import sqlite3
 from datetime import date, timedelta
 from typing import TypeVar
 
+from tidegate._formats import StoreFormat
 from tidegate._sqlite import SqliteThread
 from tidegate.coord.budget.base import GLOBAL, KEEP_DAYS, BudgetLedger, Refusal, Reservation, Today, utc_today
 from tidegate.errors import DispatchUnavailable
 
-__all__ = ["SqliteBudgetLedger"]
+__all__ = ["SQLITE_FORMAT", "SQLITE_SCHEMA", "SqliteBudgetLedger"]
 
 T = TypeVar("T")
 
-_SCHEMA = """
+SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS budget_spend (
     ledger TEXT NOT NULL,                 -- the ledger's name, so several can share a file
     day TEXT NOT NULL,                    -- UTC date, YYYY-MM-DD
@@ -32,6 +33,8 @@ CREATE TABLE IF NOT EXISTS budget_pending (  -- reservations not yet settled
 );
 CREATE INDEX IF NOT EXISTS budget_pending_day ON budget_pending(ledger, day);
 """
+# The tables' format (see tidegate._formats), recorded in the file next to the queue's.
+SQLITE_FORMAT = StoreFormat.initial("budget")
 
 _ADD_SPEND = """
 INSERT INTO budget_spend (ledger, day, tenant, spent_micros) VALUES (?, ?, ?, ?)
@@ -48,9 +51,9 @@ class SqliteBudgetLedger(BudgetLedger):
         super().__init__(name, today)
         self.path = path
         self._db = SqliteThread(
-            path, _SCHEMA,
+            path, SQLITE_SCHEMA,
             error=lambda exc: DispatchUnavailable(f"SQLite budget ledger at {path}: {exc}"),
-            on_loop=True,
+            on_loop=True, fmt=SQLITE_FORMAT,
         )
         self._purged_before: str | None = None  # the cutoff of the last purge of old days
 

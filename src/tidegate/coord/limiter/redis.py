@@ -30,6 +30,9 @@ from tidegate.errors import DispatchUnavailable
 
 require_redis("the Redis rate limiter")
 
+# Unversioned on purpose: a limiter's keys are windows of the last minute (and pauses of a few
+# seconds) that expire on their own, so no format outlives a release; a layout change would read
+# a window as empty once, pacing from the provider's headers until it refills.
 __all__ = ["STATE_KEEP_MS", "KnownPauses", "RedisRateLimiter"]
 
 TRUST_S = 1.0  # how long a key's pause, once read, is answered from what was announced

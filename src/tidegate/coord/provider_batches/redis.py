@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from tidegate._formats import FormatCheck, RedisStore, StoreFormat
 from tidegate._redis import RedisClient, key_prefix, require_redis
 from tidegate._urls import redact_url
 from tidegate.coord.provider_batches.base import CLEAN_UP, KEEP_S, ProviderBatchStore
@@ -20,9 +21,21 @@ from tidegate.errors import QueueUnavailable
 
 require_redis("the Redis provider-batch store")
 
-__all__ = ["RedisProviderBatchStore"]
+__all__ = ["REDIS_FORMAT", "RedisProviderBatchStore", "redis_store"]
 
 T = TypeVar("T")
+
+
+# The provider batches' format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded.
+REDIS_FORMAT = StoreFormat.initial("provider_batches")
+
+
+def redis_store(name: str) -> RedisStore:
+    """Where the provider-batch store called `name` keeps its format: the field
+    "provider_batches" of the hash `tidegate:{name}:formats` (the queue's, when named after it).
+    Its records expire within KEEP_S; the open and recent indexes exist while any is kept."""
+    prefix = key_prefix(name)
+    return RedisStore(REDIS_FORMAT, prefix + "formats", (prefix + "pbatch_open", prefix + "pbatch_recent"))
 
 
 class RedisProviderBatchStore(ProviderBatchStore):
@@ -38,6 +51,7 @@ class RedisProviderBatchStore(ProviderBatchStore):
         self._claim_prefix = prefix + "pbatch_claim:"
         self._open_key = prefix + "pbatch_open"
         self._recent_key = prefix + "pbatch_recent"
+        self._format = FormatCheck(redis_store(name))
         self._redis: RedisClient | None = None
 
     def __repr__(self) -> str:
@@ -64,6 +78,7 @@ class RedisProviderBatchStore(ProviderBatchStore):
         driver errors translated."""
         redis = self._redis
         assert redis is not None
+        await self._format.ready(redis)
         return await redis.run(lambda: fn(redis.client), retry=True)
 
     async def _record(self, provider: str, batch_id: str, batch: bytes,

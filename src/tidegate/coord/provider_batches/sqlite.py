@@ -8,13 +8,14 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from tidegate._formats import StoreFormat
 from tidegate._sqlite import SqliteThread
 from tidegate.coord.provider_batches.base import CLEAN_UP, KEEP_S, ProviderBatchStore
 from tidegate.errors import QueueUnavailable
 
-__all__ = ["SqliteProviderBatchStore"]
+__all__ = ["SQLITE_FORMAT", "SQLITE_SCHEMA", "SqliteProviderBatchStore"]
 
-_SCHEMA = """
+SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS provider_batches (
     store TEXT NOT NULL,                  -- the store's name, so several can share a file
     provider TEXT NOT NULL,
@@ -40,6 +41,8 @@ CREATE TABLE IF NOT EXISTS provider_batch_claims (
     PRIMARY KEY (store, provider, batch_id, step)
 ) WITHOUT ROWID;
 """
+# The tables' format (see tidegate._formats), recorded in the file next to the queue's.
+SQLITE_FORMAT = StoreFormat.initial("provider_batches")
 _TABLES = ("provider_batches", "provider_batch_jobs", "provider_batch_claims")
 
 _IN_ONE_READ = 500  # job ids per SELECT, well below SQLite's limit of bound parameters
@@ -55,8 +58,8 @@ class SqliteProviderBatchStore(ProviderBatchStore):
     def __init__(self, path: str, name: str = "default") -> None:
         super().__init__(name)
         self.path = path
-        self._db = SqliteThread(path, _SCHEMA, error=lambda exc: QueueUnavailable(
-            f"SQLite provider-batch store at {path}: {exc}"))
+        self._db = SqliteThread(path, SQLITE_SCHEMA, error=lambda exc: QueueUnavailable(
+            f"SQLite provider-batch store at {path}: {exc}"), fmt=SQLITE_FORMAT)
 
     def __repr__(self) -> str:
         return f"SqliteProviderBatchStore(path={self.path!r}, name={self.name!r})"

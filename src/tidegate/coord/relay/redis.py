@@ -20,6 +20,8 @@ from tidegate.errors import QueueUnavailable
 
 require_redis("streaming over Redis")
 
+# Unversioned on purpose: a relay's streams hold the chunks of answers being streamed now and
+# expire within CHANNEL_TTL_S; nothing in them outlives the request they serve.
 __all__ = ["RedisRelay"]
 
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from tidegate._formats import FormatCheck, RedisStore, StoreFormat
 from tidegate._redis import RedisClient, key_prefix, require_redis
 from tidegate._urls import redact_url
 from tidegate.coord.tenants.base import (
@@ -26,9 +27,20 @@ from tidegate.errors import QueueUnavailable
 
 require_redis("the Redis tenant store")
 
-__all__ = ["RedisTenantStore"]
+__all__ = ["REDIS_FORMAT", "RedisTenantStore", "redis_store"]
 
 T = TypeVar("T")
+
+
+# The tenants' and keys' format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded.
+REDIS_FORMAT = StoreFormat.initial("tenants")
+
+
+def redis_store(name: str) -> RedisStore:
+    """Where the tenant store called `name` keeps its format: the field "tenants" of the hash
+    `tidegate:{name}:formats` (the queue's, when named after it)."""
+    prefix = key_prefix(name)
+    return RedisStore(REDIS_FORMAT, prefix + "formats", (prefix + "tenants", prefix + "keys"))
 
 
 def _redis_record(key_id: str, raw: str | bytes) -> KeyRecord:
@@ -61,6 +73,7 @@ class RedisTenantStore(TenantStore):
         self.url = url
         self.tenants_key = key_prefix(name) + "tenants"
         self.keys_key = key_prefix(name) + "keys"
+        self._format = FormatCheck(redis_store(name))
         self._redis: RedisClient | None = None
 
     def __repr__(self) -> str:
@@ -139,4 +152,5 @@ class RedisTenantStore(TenantStore):
         when `retry` (reads, and writes that are harmless twice), driver errors translated."""
         redis = self._redis
         assert redis is not None
+        await self._format.ready(redis)
         return await redis.run(lambda: fn(redis.client), retry=retry)

@@ -8,6 +8,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from tidegate._formats import StoreFormat
 from tidegate._sqlite import SqliteThread
 from tidegate.coord.tenants.base import (
     DEFAULT_AUTH_CACHE_S,
@@ -20,9 +21,9 @@ from tidegate.coord.tenants.base import (
 from tidegate.coord.tenants.models import Tenant
 from tidegate.errors import QueueUnavailable
 
-__all__ = ["SqliteTenantStore"]
+__all__ = ["SQLITE_FORMAT", "SQLITE_SCHEMA", "SqliteTenantStore"]
 
-_SCHEMA = """
+SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (
     store TEXT NOT NULL,                  -- the store's name, so several can share a file
     name TEXT NOT NULL,
@@ -40,6 +41,8 @@ CREATE TABLE IF NOT EXISTS api_keys (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS api_keys_tenant ON api_keys(store, tenant);
 """
+# The tables' format (see tidegate._formats), recorded in the file next to the queue's.
+SQLITE_FORMAT = StoreFormat.initial("tenants")
 
 _KEY_COLUMNS = "key_id, tenant, secret_sha256, created_at, revoked_at"
 
@@ -60,8 +63,9 @@ class SqliteTenantStore(TenantStore):
         super().__init__(name, auth_cache_s, clock)
         self.path = path
         self._db = SqliteThread(
-            path, _SCHEMA,
+            path, SQLITE_SCHEMA,
             error=lambda exc: QueueUnavailable(f"SQLite tenant store at {path}: {exc}"), on_loop=True,
+            fmt=SQLITE_FORMAT,
         )
 
     def __repr__(self) -> str:

@@ -14,7 +14,8 @@ Redis Cluster slot:
   bounded);
 - `{<prefix>:recs:trending}:all` and `…:category:<name>`: trending lists (sorted by log weight,
   bounded), one tag so that one script updates them all;
-- `{<prefix>:recs}:meta`: user count and update times.
+- `{<prefix>:recs}:meta`: user count and update times;
+- `{<prefix>:recs}:formats`: the store's format (see tidegate._formats and `redis_store`).
 
 On a Redis Cluster (`redis+cluster://`) the units spread over the shards. A batch that touches
 many units (users, items' neighbours) is one pipeline: on a cluster one per node at once, each
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from tidegate._formats import FormatCheck, RedisStore, StoreFormat
 from tidegate._redis import RedisClient, driver_errors, is_cluster_url, lua_source
 from tidegate._urls import redact_url
 from tidegate.errors import CacheUnavailable, ConfigError, MissingDependency
@@ -56,7 +58,19 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "the Redis recommendation store needs redis-py and msgpack: pip install 'tidegate[redis]'"
     ) from exc
 
-__all__ = ["RedisRecsStore"]
+__all__ = ["REDIS_FORMAT", "RedisRecsStore", "redis_store"]
+
+# The store's format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded (the
+# per-user sorted sets of an earlier layout are still read and removed by a user's next write).
+REDIS_FORMAT = StoreFormat.initial("recs")
+
+
+def redis_store(prefix: str) -> RedisStore:
+    """Where the recommendation store under `prefix` keeps its format: the field "recs" of the
+    hash `{<prefix>:recs}:formats`. A store with data has its catalogue or its meta hash."""
+    return RedisStore(REDIS_FORMAT, f"{{{prefix}:recs}}:formats",
+                      (f"{{{prefix}:recs:items}}:data", f"{{{prefix}:recs}}:meta"))
+
 
 _SCRIPTS = ("item_put", "item_delete", "items_since", "record", "log_add", "note")
 SCRIPT_CHUNK = 5000  # additions per log_add call
@@ -85,6 +99,7 @@ class RedisRecsStore(RecsStore):
         self._item_keys = [f"{items}:data", f"{items}:log", f"{items}:version"]
         self._trending_tag = f"{{{prefix}:recs:trending}}"
         self._meta_key = f"{{{prefix}:recs}}:meta"
+        self._format = FormatCheck(redis_store(prefix))
         self._client: RedisClient | None = None
         self._redis: Any = None
         self._scripts: dict[str, Any] = {}
@@ -97,6 +112,11 @@ class RedisRecsStore(RecsStore):
             max_connections=self._max_connections,
             scripts={name: lua_source("tidegate.recs.store", name) for name in _SCRIPTS})
         await client.ping()
+        try:
+            await self._format.ready(client)  # refuses a newer store before anything reads it
+        except BaseException:
+            await client.aclose()
+            raise
         self._client, self._redis, self._scripts = client, client.client, client.scripts
 
     async def _close(self) -> None:

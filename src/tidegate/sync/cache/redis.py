@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from tidegate._formats import FormatCheck, RedisStore, StoreFormat
 from tidegate._redis import RedisClient, driver_errors, lua_source, require_redis
 from tidegate._urls import redact_url
 from tidegate.errors import CacheUnavailable, ConfigError
@@ -32,7 +33,21 @@ from tidegate.sync.values import Row
 
 require_redis("the Redis entity cache")
 
-__all__ = ["RedisEntityCache"]
+__all__ = ["REDIS_FORMAT", "RedisEntityCache", "redis_store"]
+
+# The cache's format, its entries and the change flow's positions (see tidegate._formats). Format
+# 1 is 0.1.0's layout, now recorded.
+REDIS_FORMAT = StoreFormat.initial("entity_cache")
+
+
+def redis_store(prefix: str) -> RedisStore:
+    """Where the entity cache under `prefix` keeps its format: the field "entity_cache" of the
+    hash `<prefix>:sync:formats`, next to the positions (`<prefix>:sync:checkpoints`), which a
+    cache the change flow wrote holds. (Entries' keys are spread over one hash tag per entity
+    type, unknown until read: a cache of 0.1.0 holding entries but no positions is taken as new.
+    Its format 1 is 0.1.0's, so that reads it right; a later migration must look further.)"""
+    return RedisStore(REDIS_FORMAT, f"{prefix}:sync:formats", (f"{prefix}:sync:checkpoints",))
+
 
 _SCRIPTS = ("apply", "read", "read_many", "load", "write", "repair", "count")
 _OPS = {Op.INSERT: b"u", Op.UPDATE: b"u", Op.DELETE: b"d", Op.TRUNCATE: b"t"}
@@ -62,6 +77,7 @@ class RedisEntityCache(BaseEntityCache):
         self.prefix = prefix
         self._max_connections = max_connections
         self._checkpoints_key = f"{prefix}:sync:checkpoints"
+        self._format = FormatCheck(redis_store(prefix))
         self._ttl_args = [_ms(self.entry_ttl_s), _ms(self.tombstone_ttl_s)]
         self._type_keys: dict[str, list[str]] = {}
         self._client: RedisClient | None = None
@@ -76,6 +92,11 @@ class RedisEntityCache(BaseEntityCache):
             max_connections=self._max_connections,
             scripts={name: lua_source("tidegate.sync.cache", name, common="_common") for name in _SCRIPTS})
         await client.ping()
+        try:
+            await self._format.ready(client)  # refuses a newer cache before anything reads it
+        except BaseException:
+            await client.aclose()
+            raise
         self._client, self._redis, self._scripts = client, client.client, client.scripts
 
     async def _close(self) -> None:
