@@ -458,13 +458,16 @@ async def test_a_job_that_dies_from_used_attempts_keeps_its_failure_and_redrive_
 
 @pytest.mark.sqlite_only
 async def test_a_sqlite_file_made_before_failures_were_stored_gains_the_column(queue_factory: Any) -> None:
-    # Given a file whose jobs table has no failure column, holding a job
+    # Given a file whose jobs table has no failure column, holding a job, and (as every file made
+    # before 0.2.0) no format recorded: its migration to format 1 adds the column
     old = await queue_factory.open(maintenance_interval_s=None)
     job_id = await old.enqueue({"n": 1})
     await old.close()
     path = queue_factory.url.removeprefix("sqlite:///")
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute("ALTER TABLE jobs DROP COLUMN failure")
+        conn.execute("DROP TABLE tidegate_store_formats")
+        conn.execute("PRAGMA user_version = 0")
 
     # When a queue opens it, then the job is read and can die with a failure
     q = await queue_factory.open(maintenance_interval_s=None)

@@ -564,7 +564,7 @@ async def test_redis_keys_carry_a_hash_tag_per_unit(redis_stores: Stores) -> Non
         f"{{{p}:recs:user:u1}}:state",
         f"{{{p}:recs:item:a}}:neighbours",
         f"{{{p}:recs:trending}}:all", f"{{{p}:recs:trending}}:category:shoes",
-        f"{{{p}:recs}}:meta",
+        f"{{{p}:recs}}:meta", f"{{{p}:recs}}:formats",
     ])
 
 
