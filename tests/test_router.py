@@ -92,6 +92,49 @@ def test_allowed_models_narrow_auto_routing() -> None:
     assert (decision.model.name, decision.fallbacks) == ("gpt-4.1", ("gemini-2.5-flash",))
 
 
+@pytest.mark.parametrize("priority", list(Priority))
+def test_a_tenant_allowed_none_of_the_tier_is_served_by_its_own_models_at_every_priority(
+    priority: Priority,
+) -> None:
+    decision = _auto(_router(), priority, allowed_models=frozenset({"gpt-4.1", "text-embedding-3-small"}))
+
+    assert (decision.model.name, decision.fallbacks) == ("gpt-4.1", ())
+
+
+def test_the_tenants_own_models_go_cheapest_first_when_the_tier_allows_none() -> None:
+    # normal's tier is gemini and deepseek; this tenant may use neither
+    decision = _auto(_router(), Priority.NORMAL,
+                     allowed_models=frozenset({"claude-sonnet-4.5", "gpt-4.1"}))
+
+    # by output price: gpt-4.1 8.00 < claude 15.00
+    assert (decision.model.name, decision.fallbacks) == ("gpt-4.1", ("claude-sonnet-4.5",))
+    assert decision.reason == "tier normal has no model the tenant may use: its own, cheapest first"
+
+
+def test_a_tier_with_an_allowed_model_keeps_to_it() -> None:
+    # critical lists gpt-4.1: the tier, filtered, decides (deepseek is allowed but not in it)
+    decision = _auto(_router(), Priority.CRITICAL, allowed_models=frozenset({"gpt-4.1", "deepseek-v3.2"}))
+
+    assert (decision.model.name, decision.fallbacks) == ("gpt-4.1", ())
+
+
+@pytest.mark.parametrize("allowed", [frozenset(), frozenset({"text-embedding-3-small"}), frozenset({"gpt-9"})])
+def test_a_tenant_that_may_use_no_chat_model_is_refused_as_not_allowed(allowed: frozenset[str]) -> None:
+    with pytest.raises(RoutingError, match="no chat model may serve this tenant") as refused:
+        _auto(_router(), Priority.HIGH, allowed_models=allowed)
+
+    assert refused.value.refusal == "model_not_allowed"
+
+
+def test_the_tenants_own_models_still_must_hold_the_input() -> None:
+    # deepseek holds 128k tokens: the tenant's one model cannot take 200k
+    with pytest.raises(RoutingError, match=r"deepseek-v3\.2 holds") as refused:
+        _auto(_router(RoutingConfig(long_context_model=None)), Priority.CRITICAL, 200_000,
+              allowed_models=frozenset({"deepseek-v3.2"}))
+
+    assert refused.value.refusal == "model_not_available"
+
+
 def test_embeddings_use_the_embedding_model_unless_one_is_named() -> None:
     embedding = ModelConfig(name="embed-large", input_usd_per_1m=Decimal("0.13"),
                             output_usd_per_1m=Decimal("0"), kind="embeddings")

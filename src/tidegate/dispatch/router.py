@@ -8,12 +8,19 @@ and the budget left today.
 - A named chat model is used as named when it is configured and the tenant may use it; it is
   never swapped (not for failures, size or budget): the caller chose it. Its context window is
   not checked either, since the size estimate errs high on purpose and the provider decides.
-- `auto` (or no model) walks the tier named after the priority (`routing.tiers`), best first:
-  models that are failing (`exclude`), not allowed, or whose context window is smaller than the
-  estimated input are dropped; a long input (>= `long_context_tokens`) tries
+- `auto` (or no model) walks the tier named after the priority (`routing.tiers`), best first,
+  over the models the tenant may use: when the tenant may use none of the tier's models, its own
+  allowed chat models take the tier's place, cheapest first (a tenant allowed only gpt-4.1 is
+  served by it at every priority), and a tenant that may use no configured chat model at all is
+  refused (`model_not_allowed`). Models that are failing (`exclude`) or whose context window is
+  smaller than the estimated input are dropped; a long input (>= `long_context_tokens`) tries
   `long_context_model` first; with little budget left (< `low_budget_fraction`) the cheapest
   remaining model by output price goes first, searching all chat models when none of the tier's
   is left. The rest, in order, are the fallbacks.
+
+The gateway routes an `auto` request once at the door with the same rules (no budget, no failing
+models: those only add candidates), so what no model may ever serve is refused before it is
+queued; a job the worker still cannot route (its configuration changed since) ends dead.
 """
 
 from __future__ import annotations
@@ -136,6 +143,11 @@ class Router:
         tier = self.routing.tiers.get(tier_name)
         reasons = [f"tier {tier_name}" if tier is not None else f"no tier {tier_name}: any chat model"]
         preferred = list(tier) if tier is not None else list(self._chat_models)
+        if allowed is not None and not self._eligible(preferred, 0, allowed):
+            # The tier is written for every tenant; one entitled to none of its models is served
+            # by the models it may use rather than refused at some priorities and not others.
+            preferred = self._allowed_chat_models(allowed)
+            reasons = [f"tier {tier_name} has no model the tenant may use: its own, cheapest first"]
         long_model = self.routing.long_context_model
         if long_model is not None and estimated >= self.routing.long_context_tokens:
             preferred = [long_model, *(name for name in preferred if name != long_model)]
@@ -160,6 +172,19 @@ class Router:
             reasons.append(f"fallback after {', '.join(failed_ahead)} failed")
         provider, model = self._served[usable[0]]
         return RouteDecision(provider, model, ", ".join(reasons), tuple(usable[1:]))
+
+    def _allowed_chat_models(self, allowed: frozenset[str]) -> list[str]:
+        """The configured chat models among `allowed`, cheapest first; RoutingError
+        `model_not_allowed` when there is none."""
+        usable = sorted((name for name in self._chat_models if name in allowed), key=self._price)
+        if not usable:
+            named = ", ".join(sorted(allowed)) or "none"
+            raise RoutingError(
+                f"no chat model may serve this tenant: none of the models it may use ({named}) is a "
+                f"chat model this gateway serves (chat models: {', '.join(self._chat_models) or 'none'})",
+                refusal="model_not_allowed",
+            )
+        return usable
 
     def _eligible(self, names: Iterable[str], estimated: int, allowed: frozenset[str] | None) -> list[str]:
         """Configured chat models among `names`, allowed and large enough, in order, once each."""
