@@ -403,6 +403,10 @@ class UpSettings(Section):
     # The change flow of `config.sync` beside the request flow (`tidegate up` points it at the
     # demo shop first: tidegate.demo.embedded).
     change_flow: bool = True
+    # The admin key `up` serves with, given rather than made (TIDEGATE_ADMIN_KEY, or
+    # TIDEGATE_UP__ADMIN_KEY): a tidegate key, tg_<12 hex>_<secret>, stored hashed at start. None:
+    # `up` makes one at its first start and keeps it (tidegate.app.admin_key).
+    admin_key: SecretStr | None = None
 
 
 class StorageSettings(Section):
@@ -656,7 +660,7 @@ class TidegateConfig(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         path = Path(os.environ.get("TIDEGATE_CONFIG", DEFAULT_CONFIG_FILE))
-        return (init_settings, env_settings, _GatewayEnv(settings_cls),
+        return (init_settings, env_settings, _GatewayEnv(settings_cls), _AdminKeyEnv(settings_cls),
                 TomlConfigSettingsSource(settings_cls, toml_file=path))
 
     @classmethod
@@ -701,3 +705,18 @@ class _GatewayEnv(PydanticBaseSettingsSource):
                  if key.lower().startswith(self.PREFIX)}
         given = {name: value for name, value in found.items() if name in names}
         return {"gateway": given} if given else {}
+
+
+class _AdminKeyEnv(PydanticBaseSettingsSource):
+    """`TIDEGATE_ADMIN_KEY`: `up.admin_key` under the short name operators look for. Below
+    TIDEGATE_UP__ADMIN_KEY (the nested spelling), above the file."""
+
+    NAME = "TIDEGATE_ADMIN_KEY"
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        """Unused: `__call__` reads the one variable."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        value = os.environ.get(self.NAME)
+        return {"up": {"admin_key": value}} if value else {}

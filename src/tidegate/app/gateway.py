@@ -18,6 +18,7 @@ from tidegate._redis import is_redis_url
 from tidegate._shutdown import enter_bounded, stop_on_signals
 from tidegate._urls import redact_url
 from tidegate.app.components import Components
+from tidegate.app.ports import bind_port
 from tidegate.config import TidegateConfig
 from tidegate.coord.budget import BudgetLedger
 from tidegate.coord.limiter import RateLimiter
@@ -159,13 +160,9 @@ class GatewayServer(uvicorn.Server):
 
 
 def reusable_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host:port` that other processes may bind too (SO_REUSEPORT)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
-                         socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host.strip("[]"), port))
-    return sock
+    """A TCP socket bound to `host:port` that other processes may bind too (SO_REUSEPORT); a
+    ConfigError when it cannot be bound (see tidegate.app.ports.bind_port)."""
+    return bind_port(host, port, reuse_port=True)
 
 
 async def check_bind(state: GatewayState) -> None:
@@ -194,8 +191,11 @@ async def serve_gateway(
     """Serve the gateway on `settings.host:port` until SIGTERM or SIGINT; then stop accepting,
     give open requests up to `grace_s` to finish, close the state and return. With `reuse_port`
     the port may be shared with other gateway processes, the kernel spreading connections among
-    them (SO_REUSEPORT; see tidegate.app.gateway_processes)."""
+    them (SO_REUSEPORT; see tidegate.app.gateway_processes). The port is bound first: a busy
+    one is a ConfigError naming its likely owner before anything is opened."""
     async with contextlib.AsyncExitStack() as stack:
+        sock = bind_port(settings.host, settings.port, reuse_port=reuse_port)
+        stack.callback(sock.close)
         state = await enter_bounded(
             stack, open_gateway_state(config, settings=settings, extra_registries=extra_registries),
             "the gateway's state")
@@ -207,12 +207,12 @@ async def serve_gateway(
                                               log_level="info", access_log=settings.access_log,
                                               timeout_graceful_shutdown=math.ceil(grace_s),
                                               **UVICORN_OPTIONS))
-        log.info("gateway serving %s on %s:%d", redact_url(config.queue_url), settings.host, settings.port)
+        log.info("gateway serving %s on %s:%d", redact_url(config.queue_url), settings.host,
+                 sock.getsockname()[1])
         def stop() -> None:
             state.begin_drain(grace_s)
             server.request_exit()
 
-        sockets = [reusable_socket(settings.host, settings.port)] if reuse_port else None
         with stop_on_signals(stop, force=server.force, grace_s=grace_s):
-            await server.serve(sockets=sockets)
+            await server.serve(sockets=[sock])
         log.info("gateway stopped")

@@ -1,16 +1,19 @@
 """`tidegate up`: the whole system in one process on embedded defaults — the SQLite queue in
 `./.tidegate/`, a worker, the gateway with its dashboard, the change flow on the demo shop feeding
 the recommender, and the simulated provider when no real provider is configured. It binds
-loopback by default and creates an admin API key at start.
+loopback by default, and serves with an admin API key it keeps across restarts.
 
 One recommender serves the gateway's /v1/recommendations and is fed by the change flow (a
 `RecsSink` after the entity cache); its state lives where the change flow's cache does (memory
 by default, Redis when `sync.cache_url` says so), and item vectors are swapped as the embedding
 refresh jobs the change flow enqueues succeed (`RefreshWatcher`).
 
-That key belongs to a tenant of its own, `UP_TENANT`: each start revokes the keys of that tenant
-(the ones earlier starts printed) before creating the new one, so a key printed by an old run
-stops working, while admin keys created with `tidegate keys create` for any other tenant stay.
+The port is bound first, before anything is opened or changed: a second `up` on a busy port
+stops there with one line naming the port's likely owner (tidegate.app.ports), and the running
+one keeps its key. That key belongs to a tenant of its own, `UP_TENANT`: made at the first start,
+kept (hashed in the tenant store, in plaintext in a 0600 file beside the queue) and reused at
+every later one, replaced only by `tidegate keys rotate-admin` or a key given in
+TIDEGATE_ADMIN_KEY (tidegate.app.admin_key). A start revokes no other key.
 
 Everything here is wiring: each part is the same code that runs on its own with
 `tidegate worker` and `tidegate gateway`.
@@ -25,46 +28,51 @@ import math
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import uvicorn
 
 from tidegate._shutdown import CLOSE_BOUND_S, bounded, enter_bounded, stop_on_signals
+from tidegate.app.admin_key import UP_TENANT, Origin, admin_key_path, ensure_admin_key
 from tidegate.app.components import Components
 from tidegate.app.gateway import GatewayServer, check_bind, gateway_state
+from tidegate.app.ports import bind_port
 from tidegate.app.recs import open_recommendations
 from tidegate.app.sync import supervise_sync
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.config import UpSettings as UpSettings  # its home before it was a section
-from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker
 from tidegate.gateway.app import create_app
 from tidegate.gateway.batch_sweep import sweeping
 from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.state import GatewayState
-from tidegate.jobs import Priority
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import ServedModel, SimulatorSettings
 from tidegate.sync.metrics import SyncMetrics
 from tidegate.tracing import configured
 
-log = logging.getLogger("tidegate.app.up")
+__all__ = ["UP_TENANT", "UpInfo", "UpSettings", "run_up", "with_simulator_limits"]
 
-# The tenant whose key `up` prints: its keys are `up`'s own, revoked at the next start.
-UP_TENANT = "tidegate-up"
+log = logging.getLogger("tidegate.app.up")
 
 
 @dataclass(frozen=True, slots=True)
 class UpInfo:
-    """Where everything listens, and the admin key created for this run."""
+    """Where everything listens, and the admin key this run serves with."""
 
     api_url: str
     dashboard_url: str
     metrics_url: str
     simulator_url: str | None
-    admin_key: str
+    # The full admin key; None only when it was given at an earlier start and is not given now.
+    admin_key: str | None
     queue_url: str
     change_source: str | None = None  # what the change flow captures (None: not running)
+    admin_key_id: str = ""
+    # "created" (made by this start: shown once), "kept" (made before) or "given" (TIDEGATE_ADMIN_KEY)
+    admin_key_origin: Origin = "created"
+    admin_key_file: Path | None = None  # where the admin key (or, when given, its id) is recorded
 
 
 async def run_up(
@@ -74,28 +82,35 @@ async def run_up(
     simulator: SimulatorSettings | None = None,
     on_ready: Callable[[UpInfo], None] | None = None,
     stop: asyncio.Event | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (or, when given, until `stop` is set: the caller then owns the
     signals), then shut down in order within `settings.shutdown_grace_s` (see `_shut_down`).
-    `simulator` is how the simulated provider behaves, started when no provider is configured."""
+    `simulator` is how the simulated provider behaves, started when no provider is configured.
+    `sock` is the gateway's socket when the caller bound it already (`ports.bind_port`, as the
+    command line does before anything else); else `settings.host:port` is bound before anything
+    is opened. Either way it is closed on return."""
     forced = asyncio.Event()
     simulator = simulator or SimulatorSettings()
-    if stop is not None:
-        await _run(config, settings, simulator, on_ready, stop, forced)
-        return
-    stop = asyncio.Event()
-    with stop_on_signals(stop.set, force=forced.set, grace_s=settings.shutdown_grace_s):
-        await _run(config, settings, simulator, on_ready, stop, forced)
+    with contextlib.closing(sock or bind_port(settings.host, settings.port)) as bound:
+        if stop is not None:
+            await _run(config, settings, simulator, on_ready, stop, forced, bound)
+            return
+        stop = asyncio.Event()
+        with stop_on_signals(stop.set, force=forced.set, grace_s=settings.shutdown_grace_s):
+            await _run(config, settings, simulator, on_ready, stop, forced, bound)
     log.info("stopped")
 
 
 async def _run(
     config: TidegateConfig, settings: UpSettings, simulator_settings: SimulatorSettings,
     on_ready: Callable[[UpInfo], None] | None, stop: asyncio.Event, forced: asyncio.Event,
+    sock: socket.socket,
 ) -> None:
     # Entered in dependency order, so the stack closes each part after the parts that use it:
     # the worker, the refresh watcher, then the Components (recommender, entity cache, callback
-    # sender, relay, ledger, limiter, tenants, queue); the simulator last.
+    # sender, relay, ledger, limiter, tenants, queue); the simulator last. The port is bound
+    # already, so nothing here runs for a start that cannot serve.
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(configured(config.tracing))  # exported last, after everything stopped
         simulator_url = None
@@ -125,9 +140,10 @@ async def _run(
             extra_registries=[dispatch_metrics.registry, sync_metrics.registry, recs.sink.monitor.registry],
         )
         await stack.enter_async_context(sweeping(state))
-        admin_key = await _create_admin_key(tenants)
+        given = settings.admin_key.get_secret_value() if settings.admin_key is not None else None
+        admin = await ensure_admin_key(tenants, admin_key_path(config.queue_url), given)
         await check_bind(state)
-        async with _serving(state, settings) as (server, port, serving):
+        async with _serving(state, settings, sock) as (server, port, serving):
             worker_task = asyncio.create_task(worker.run())
             sync_stop = asyncio.Event()
             sync_task = None
@@ -139,8 +155,10 @@ async def _run(
             if on_ready is not None:
                 on_ready(UpInfo(
                     api_url=f"{base}/v1", dashboard_url=f"{base}/dashboard", metrics_url=f"{base}/metrics",
-                    simulator_url=simulator_url, admin_key=admin_key, queue_url=config.queue_url,
+                    simulator_url=simulator_url, queue_url=config.queue_url,
                     change_source=config.sync.source_url if sync_task is not None else None,
+                    admin_key=admin.api_key, admin_key_id=admin.key_id, admin_key_origin=admin.origin,
+                    admin_key_file=admin.path,
                 ))
             await _first_of(stop, server.main_loop_done)
             force = asyncio.create_task(_force_when(forced, server, worker))
@@ -190,14 +208,11 @@ async def _force_when(forced: asyncio.Event, server: GatewayServer, worker: Work
 
 @contextlib.asynccontextmanager
 async def _serving(
-    state: GatewayState, settings: UpSettings,
+    state: GatewayState, settings: UpSettings, sock: socket.socket,
 ) -> AsyncIterator[tuple[GatewayServer, int, asyncio.Task[None]]]:
-    """The gateway serving on its socket: the server, its port and the task that serves until
-    `should_exit` (awaited, and its error raised, on leaving)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET,
-                         socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host.strip("[]"), settings.port))
+    """The gateway serving on its socket (bound and listening; closed by the caller): the
+    server, its port and the task that serves until `should_exit` (awaited, and its error
+    raised, on leaving)."""
     port = int(sock.getsockname()[1])
     server = GatewayServer(uvicorn.Config(create_app(state), lifespan="off", log_level="warning",
                                           timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
@@ -213,7 +228,6 @@ async def _serving(
     finally:
         server.request_exit()
         await bounded(task, "the gateway's shutdown", settings.shutdown_grace_s + CLOSE_BOUND_S)
-        sock.close()
 
 
 def with_simulator_limits(config: TidegateConfig, simulator: SimulatorSettings) -> TidegateConfig:
@@ -231,19 +245,6 @@ def _limited(model: ModelConfig, served: ServedModel | None, window_s: float) ->
         return model
     behaviour = served.behaviour
     return model.model_copy(update={"rpm": behaviour.rpm, "tpm": behaviour.tpm, "rate_window_s": window_s})
-
-
-async def _create_admin_key(tenants: TenantStore) -> str:
-    """A fresh admin key of UP_TENANT, after revoking the keys earlier starts created."""
-    if await tenants.get_tenant(UP_TENANT) is None:
-        await tenants.put_tenant(Tenant(
-            name=UP_TENANT, admin=True, max_priority=Priority.CRITICAL, default_priority=Priority.NORMAL,
-        ))
-    for earlier in await tenants.list_keys(UP_TENANT):
-        if earlier.revoked_at is None:
-            await tenants.revoke_key(earlier.key_id)
-    _, key = await tenants.create_key(UP_TENANT)
-    return key
 
 
 def _url_host(host: str) -> str:

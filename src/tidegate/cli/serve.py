@@ -142,6 +142,7 @@ def gateway(
     from tidegate._sqlite import ensure_sqlite_folder
     from tidegate.app.gateway import serve_gateway
     from tidegate.app.gateway_processes import serve_gateways
+    from tidegate.app.ports import bind_port
 
     log_to_stderr(logging.INFO)
     with errors_as_exit():
@@ -153,6 +154,9 @@ def gateway(
             host=host, port=port, request_timeout_s=timeout_s, max_body_bytes=max_body_bytes,
             max_messages=max_messages, max_batch=max_batch, processes=processes)
         if gateway_settings.processes > 1:
+            # A busy port is one line here, before any gateway process starts (each then binds
+            # it with SO_REUSEPORT, which this plain bind would not have shared).
+            bind_port(gateway_settings.host, gateway_settings.port).close()
             status = serve_gateways(settings, gateway_settings, processes=gateway_settings.processes,
                                     grace_s=grace_s)
             raise typer.Exit(status)
@@ -187,6 +191,7 @@ def up(
     from rich.console import Console
 
     from tidegate._sqlite import ensure_sqlite_folder
+    from tidegate.app.ports import bind_port
     from tidegate.app.up import run_up
     from tidegate.demo.embedded import embedded_sync_config
 
@@ -194,13 +199,16 @@ def up(
     console = Console()
     with errors_as_exit():
         settings = load_config(config)
-        ensure_sqlite_folder(settings.queue_url)
         up_settings = settings.up.given(host=host, port=port, concurrency=concurrency,
                                         change_flow=change_flow, shutdown_grace_s=grace_s)
+        # The port first: a start that cannot serve (another `up` holds it) changes nothing,
+        # neither the data folder nor any key, and says so in one line.
+        sock = bind_port(up_settings.host, up_settings.port)
+        ensure_sqlite_folder(settings.queue_url)
     with contextlib.suppress(KeyboardInterrupt):
         if up_settings.change_flow:
             settings = embedded_sync_config(settings, shop_data=shop_data)
-        run(run_up(settings, up_settings, on_ready=lambda info: _show_up(console, info)))
+        run(run_up(settings, up_settings, sock=sock, on_ready=lambda info: _show_up(console, info)))
     console.print("Stopped.")
 
 
@@ -220,7 +228,27 @@ def _show_up(console: Console, info: UpInfo) -> None:
     table.add_row("Provider", (info.simulator_url and f"simulated, {info.simulator_url}")
                   or "as configured")
     console.print(table)
-    # On a line of its own and never folded, so it can be copied whole.
-    console.print("Admin API key (shown once; the next start revokes it):", highlight=False)
-    console.print(info.admin_key, soft_wrap=True, highlight=False, markup=False)
+    _show_admin_key(console, info)
     console.print("Press Ctrl-C to stop.")
+
+
+def _show_admin_key(console: Console, info: UpInfo) -> None:
+    """The admin key in full only when this start made it; else where it is, by its id (a
+    secret is printed once, never at every start into a log)."""
+    from rich.markup import escape
+
+    where = escape(str(info.admin_key_file))
+    if info.admin_key_origin == "created" and info.admin_key is not None:
+        console.print(f"Admin API key (made now, kept for later starts in {where}; "
+                      "`tidegate keys rotate-admin` replaces it):", highlight=False, soft_wrap=True)
+        # On a line of its own and never folded, so it can be copied whole.
+        console.print(info.admin_key, soft_wrap=True, highlight=False, markup=False)
+    elif info.admin_key_origin == "given":
+        console.print(f"Admin API key: the one TIDEGATE_ADMIN_KEY gives (key id {info.admin_key_id}).",
+                      highlight=False, soft_wrap=True)
+    elif info.admin_key is not None:
+        console.print(f"Admin API key: the one made before, in {where} (key id {info.admin_key_id}).",
+                      highlight=False, soft_wrap=True)
+    else:
+        console.print(f"Admin API key: the one TIDEGATE_ADMIN_KEY gave before (key id {info.admin_key_id}).",
+                      highlight=False, soft_wrap=True)

@@ -172,3 +172,26 @@ def keys_revoke(
         with errors_as_exit():
             raise TidegateError(f"no active key with id {key_id!r} (unknown or already revoked)")
     typer.echo(f"Revoked key {key_id}.")
+
+
+@keys_app.command("rotate-admin")
+def keys_rotate_admin(queue: QueueUrl = DEFAULT_QUEUE_URL) -> None:
+    """Replace the admin key of `tidegate up`: make a new one, keep it in the key file beside the
+    queue (mode 0600) and print it, then revoke the one it replaces. A running `up` takes the new
+    key at once and refuses the old within 1 s; no other key is touched."""
+    from tidegate.app.admin_key import ADMIN_KEY_SETTING, admin_key_path, rotate_admin_key
+    from tidegate.cli._common import load_config
+
+    with errors_as_exit():
+        if load_config(None).up.admin_key is not None:
+            # `up` would store the given key again at its next start, and find it revoked.
+            raise TidegateError(f"the admin key is given by {ADMIN_KEY_SETTING} (up.admin_key): change that "
+                                "setting and restart `tidegate up` instead")
+        path = admin_key_path(queue)
+    info, api_key, replaced = run_with(partial(_tenant_store, queue),
+                                       lambda store: rotate_admin_key(store, path))
+    revoked = f"; revoked key {replaced}" if replaced else ""
+    Console(stderr=True).print(
+        f"New admin key [bold]{info.key_id}[/] for tenant {escape(info.tenant)}, kept in "
+        f"{escape(str(path))}{revoked}.", highlight=False, soft_wrap=True)
+    typer.echo(api_key)  # alone on stdout, unwrapped, so `KEY=$(tidegate keys rotate-admin)` works

@@ -117,6 +117,8 @@ async def run_demo(
         info = await _started(up, ready)
         if on_ready is not None:
             on_ready(info)
+        if info.admin_key is None:  # never: the demo's store is new at each run, so is its admin key
+            raise DemoError("the demo's admin key is unknown")
         run = _Run(info, up, settings, on_snapshot, folder / DEMO_SHOP_DB)
         with _interrupt_on_sigint(run.interrupted):
             async with DemoClient(info.api_url, info.admin_key, run.now) as client:

@@ -40,7 +40,7 @@ def render_ready(info: UpInfo, console: Console) -> None:
     table.add_row("API (OpenAI base_url)", info.api_url)
     table.add_row("Provider", f"simulated, {info.simulator_url}")
     console.print(table)
-    console.print("Admin API key (paste it into the dashboard; valid until the next demo or up):",
+    console.print("Admin API key (paste it into the dashboard; valid until the next demo):",
                   highlight=False)
     # On a line of its own and never folded, so it can be copied whole.
     console.print(info.admin_key, soft_wrap=True, highlight=False, markup=False)

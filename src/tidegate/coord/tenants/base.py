@@ -45,7 +45,14 @@ from datetime import UTC, datetime
 from tidegate._urls import without_query
 from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of
 from tidegate.coord.tenants.models import ApiKeyInfo, Tenant
-from tidegate.errors import ConfigError, QueueClosed, QueueUnavailable, TenantNotFound
+from tidegate.errors import (
+    ConfigError,
+    Conflict,
+    InvalidInput,
+    QueueClosed,
+    QueueUnavailable,
+    TenantNotFound,
+)
 
 __all__ = [
     "DEFAULT_AUTH_CACHE_S",
@@ -187,6 +194,29 @@ class TenantStore(OpensOnFirstUse):
                 log.info("created API key %s for tenant %s", key_id, tenant)
                 return record.info(), f"{KEY_PREFIX}{key_id}_{secret}"
         raise QueueUnavailable(f"tenant store: no free key id after {_ID_ATTEMPTS} attempts")
+
+    async def add_key(self, tenant: str, api_key: str) -> ApiKeyInfo:
+        """Store a key made elsewhere (an operator's TIDEGATE_ADMIN_KEY) for an existing tenant,
+        as create_key stores its own: only the digest of its secret. Adding a key that tenant
+        already has changes nothing. InvalidInput for a malformed key, Conflict when its id
+        names another key or it was revoked, TenantNotFound for an unknown tenant."""
+        await self._ready()
+        parsed = parse_api_key(api_key)
+        if parsed is None:
+            raise InvalidInput("not a tidegate API key: it reads tg_, 12 of 0-9 a-f, _, then 20 to 128 "
+                               "of A-Z a-z 0-9 _ -")
+        key_id, secret = parsed
+        record = KeyRecord(key_id, tenant, _digest(secret), _now())
+        if await self._insert_key(record):
+            log.info("added API key %s for tenant %s", key_id, tenant)
+            return record.info()
+        found = await self._lookup(key_id)
+        if found is None or found[0].tenant != tenant or not hmac.compare_digest(
+                found[0].secret_sha256, record.secret_sha256):
+            raise Conflict(f"key id {key_id} names another key: choose another key")
+        if found[0].revoked_at is not None:
+            raise Conflict(f"key {key_id} was revoked: choose another key")
+        return found[0].info()
 
     async def authenticate(self, api_key: str) -> Tenant | None:
         """The tenant of a valid, unrevoked key of an existing tenant; None for anything else,
