@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from tidegate import __version__
-from tidegate.cli import demo, migrate, queue, serve, sync, tenants
+from tidegate.cli import config, demo, migrate, queue, serve, sync, tenants
 
 __all__ = ["app"]
 
@@ -61,3 +61,4 @@ app.add_typer(tenants.tenants_app, name="tenants")
 app.add_typer(tenants.keys_app, name="keys")
 app.add_typer(sync.sync_app, name="sync")
 app.command()(migrate.migrate)
+app.add_typer(config.config_app, name="config")
