@@ -3,7 +3,8 @@
 #   make demo         install the base package from the lock and run the demo (tidegate up + load)
 #   make test         install the dev environment from the lock and the test servers, run the whole
 #                     test suite, then lint
-#   make lint         ruff + mypy (strict, over src, tests and bench)
+#   make lint         ruff + mypy (strict, over src, tests, bench and docs/hooks) + the docs build
+#   make docs         build the documentation site into site/ (mkdocs build --strict)
 #   make bench        install the bench environment from the lock and peers (Portkey's gateway, with
 #                     npm) and run the queue, dispatch, HTTP client, gateway and change-flow benchmarks
 #   make lock         re-resolve uv.lock after a change to pyproject.toml (pins kept where they fit)
@@ -34,10 +35,10 @@ CHROMIUM_PKG := chromium
 PEERS_DIR := bench/.peers
 PORTKEY_VERSION := 1.15.2
 
-.PHONY: help servers peers test test-lowest test-latest lint dist demo bench clean lock lock-upgrade lock-check FORCE
+.PHONY: help servers peers test test-lowest test-latest lint docs dist demo bench clean lock lock-upgrade lock-check FORCE
 
 help:
-	@sed -n '3,16s/^#//p' $(firstword $(MAKEFILE_LIST))
+	@sed -n '3,17s/^#//p' $(firstword $(MAKEFILE_LIST))
 
 # ---------------------------------------------------------------- environments
 
@@ -159,8 +160,17 @@ test-latest: .venv-latest/.resolved servers
 	$(call run_pytest,.venv-latest/bin)
 
 lint: venv
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench docs/hooks
 	$(BIN)/mypy
+	$(MAKE) --no-print-directory docs
+
+# The site is built with --strict: a broken link or anchor, a page missing from the nav, or a
+# reference the hooks cannot generate fails the build. Its code examples are run by
+# tests/test_docs_examples.py, in the test suite.
+# Material for MkDocs prints a banner about its support horizon on every build; it says nothing
+# about this site, so it is turned off.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 dist: venv
 	rm -rf dist
@@ -182,5 +192,5 @@ bench: venv-bench servers peers
 	$(BIN)/python bench/recs_quality.py --months 3
 
 clean:
-	rm -rf $(VENV) $(ALT_VENVS) $(TOOLS) $(PEERS_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist
+	rm -rf $(VENV) $(ALT_VENVS) $(TOOLS) $(PEERS_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
