@@ -1,5 +1,6 @@
 """`tidegate up`: one process serving the OpenAI-compatible API on the embedded queue with the
-simulated provider, reachable with the admin key it printed (and only the latest one)."""
+simulated provider, reachable with the admin key it made at its first start and keeps (its
+lifecycle as a real process: test_admin_keys.py)."""
 
 from __future__ import annotations
 
@@ -55,21 +56,23 @@ async def _start(config: TidegateConfig) -> tuple[asyncio.Task[None], asyncio.Ev
     return running, stop, info
 
 
-async def _status(info: UpInfo, api_key: str) -> int:
+async def _status(info: UpInfo, api_key: str | None) -> int:
     async with httpx.AsyncClient() as http:
         answer = await http.get(f"{info.api_url}/models", headers={"Authorization": f"Bearer {api_key}"})
     return answer.status_code
 
 
-async def test_each_start_revokes_the_admin_key_of_the_start_before(tmp_path: Path) -> None:
+async def test_each_start_serves_with_the_admin_key_of_the_first(tmp_path: Path) -> None:
     config = TidegateConfig(queue_url=f"sqlite:///{tmp_path}/tidegate.db",
                             sync=SyncConfig(source_url=f"sqlite:///{tmp_path}/shop.db"))
-    # Given a first start, and an admin key created by hand beside it
+    # Given a first start, and admin keys created by hand beside it (for its tenant and another)
     running, stop, first = await _start(config)
     try:
         async with tenant_store_for(config.queue_url) as store:
             await store.put_tenant(Tenant(name="ops", admin=True, max_priority=Priority.CRITICAL))
             _, by_hand = await store.create_key("ops")
+            _, up_by_hand = await store.create_key(UP_TENANT)
+        assert first.admin_key_origin == "created" and first.admin_key is not None
         assert await _status(first, first.admin_key) == 200
     finally:
         stop.set()
@@ -78,18 +81,17 @@ async def test_each_start_revokes_the_admin_key_of_the_start_before(tmp_path: Pa
     # When up starts again on the same queue
     running, stop, second = await _start(config)
     try:
-        # Then the first start's key is refused, the new one and the hand-made one work
-        assert second.admin_key != first.admin_key
-        assert await _status(second, first.admin_key) == 401
-        assert await _status(second, second.admin_key) == 200
-        assert await _status(second, by_hand) == 200
+        # Then it serves with the same key, and the hand-made ones still work
+        assert (second.admin_key_origin, second.admin_key) == ("kept", first.admin_key)
+        for key in (first.admin_key, by_hand, up_by_hand):
+            assert await _status(second, key) == 200
     finally:
         stop.set()
         await asyncio.wait_for(running, 30)
 
     async with tenant_store_for(config.queue_url) as store:
         keys = await store.list_keys(UP_TENANT)
-    assert [key.revoked_at is None for key in keys] == [True, False]  # newest first
+    assert [key.revoked_at for key in keys] == [None, None]  # nothing was revoked
 
 
 def test_the_worker_paces_under_the_limits_the_simulator_enforces() -> None:

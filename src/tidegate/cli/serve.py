@@ -192,8 +192,6 @@ def up(
 
     from tidegate._sqlite import ensure_sqlite_folder
     from tidegate.app.ports import bind_port
-    from tidegate.app.up import run_up
-    from tidegate.demo.embedded import embedded_sync_config
 
     log_to_stderr(logging.WARNING)
     console = Console()
@@ -201,10 +199,14 @@ def up(
         settings = load_config(config)
         up_settings = settings.up.given(host=host, port=port, concurrency=concurrency,
                                         change_flow=change_flow, shutdown_grace_s=grace_s)
-        # The port first: a start that cannot serve (another `up` holds it) changes nothing,
-        # neither the data folder nor any key, and says so in one line.
+        # The port first, even before the heavier imports: a start that cannot serve (another
+        # `up` holds the port) changes nothing, neither the data folder nor any key, and says so
+        # in one line at once.
         sock = bind_port(up_settings.host, up_settings.port)
         ensure_sqlite_folder(settings.queue_url)
+    from tidegate.app.up import run_up
+    from tidegate.demo.embedded import embedded_sync_config
+
     with contextlib.suppress(KeyboardInterrupt):
         if up_settings.change_flow:
             settings = embedded_sync_config(settings, shop_data=shop_data)
