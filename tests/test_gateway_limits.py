@@ -46,10 +46,12 @@ HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hell
 
 @pytest.fixture
 async def gw(queue_factory: QueueFactory) -> AsyncIterator[Gateway]:
-    """A gateway with a worker and the simulator, configured with a body limit above what the
-    queue takes (8 MiB, the old default), which it must lower. Loopback callbacks are allowed: a
-    repeated request may name one (and is refused before anything calls it)."""
+    """A gateway with a worker and the simulator, configured with a body limit above what its
+    queue takes (8 MiB over a queue of 1 MiB jobs, small enough that the oversized bodies these
+    tests send stay cheap), which it must lower. Loopback callbacks are allowed: a repeated
+    request may name one (and is refused before anything calls it)."""
     async with open_gateway(queue_factory, settings=GatewaySettings(max_body_bytes=8 * MIB),
+                            queue_settings={"max_payload_bytes": MIB},
                             config_update={"callbacks": CallbackConfig(allow_private=True)}) as gateway:
         yield gateway
 
@@ -161,11 +163,45 @@ async def test_the_body_limit_is_the_queues_job_size_plus_the_requests_own_field
     big = {"kind": "chat", "body": {"messages": [{"role": "user", "content": "x" * 2_000_000}]}}
     refused = await gw.http.post("/v1/jobs", json=big, headers=gw.auth("acme"))
     error = assert_openai_error(refused, 413, "request_too_large")
+    # The refusal names the limit and the settings that make it, so an operator knows what to raise
     assert str(limit) in error["message"]
+    assert "gateway.max_body_bytes (TIDEGATE_GATEWAY__MAX_BODY_BYTES)" in error["message"]
+    assert "max_payload_bytes" in error["message"]
     # A job just under the queue's own cap still gets through
-    fits = {"kind": "chat", "body": {"messages": [{"role": "user", "content": "x" * (limit - 80 * 1024)}]}}
+    fits = {"kind": "chat", "body": {"model": "auto",
+                                     "messages": [{"role": "user", "content": "x" * (limit - 80 * 1024)}]}}
     accepted = await gw.http.post("/v1/jobs", json=fits, headers=gw.auth("acme"))
     assert accepted.status_code == 202, accepted.text[:300]
+
+
+async def test_the_default_body_limit_holds_a_million_token_context(queue_factory: QueueFactory) -> None:
+    # Given a gateway on the defaults, and a chat of 1,048,576 tokens of English (~4 bytes each),
+    # what gpt-4.1's and gemini-2.5-flash's context windows take
+    async with open_gateway(queue_factory, worker=False) as gateway:
+        context = "word " * 1_048_576
+        body = {"kind": "chat", "body": {"model": "gpt-4.1", "messages": [{"role": "user", "content": context}]}}
+
+        answer = await gateway.http.post("/v1/jobs", json=body, headers=gateway.auth("acme"))
+
+        # Then it is queued as one job, with room to spare (16 MiB holds ~16 bytes a token)
+        assert answer.status_code == 202, answer.text[:300]
+        assert gateway.state.max_body_bytes == 16 * MIB + BODY_ENVELOPE_BYTES
+        assert await gateway.depth() == 1
+
+
+async def test_an_upload_over_its_limit_names_the_file_setting(queue_factory: QueueFactory) -> None:
+    async with open_gateway(queue_factory, worker=False,
+                            settings=GatewaySettings(max_file_bytes=1024)) as gateway:
+        # An upload far over the limit, refused from its Content-Length before any of it is sent
+        head = (f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {gateway.keys['acme']}"
+                "\r\nContent-Type: multipart/form-data; boundary=x\r\nContent-Length: 10000000\r\n\r\n").encode()
+
+        status, _, body = await _raw_exchange(gateway, head, [])
+
+        assert status == 413
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_too_large"
+        assert "gateway.max_file_bytes (TIDEGATE_GATEWAY__MAX_FILE_BYTES)" in error["message"]
 
 
 async def test_a_smaller_configured_body_limit_is_kept(queue_factory: QueueFactory) -> None:

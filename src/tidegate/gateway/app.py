@@ -34,7 +34,7 @@ from tidegate.gateway import (
 )
 from tidegate.gateway.errors import install_error_handlers
 from tidegate.gateway.fast_path import FastPath
-from tidegate.gateway.middleware import BodyLimit, RequestMetrics
+from tidegate.gateway.middleware import UPLOAD_LIMIT_SETTING, BodyCap, BodyLimit, RequestMetrics
 from tidegate.gateway.openapi import install_openapi
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.traces import ServerSpans
@@ -104,7 +104,8 @@ def create_app(state: GatewayState) -> FastAPI:
     # inside the body limit, on the body it lets through.
     app.add_middleware(FastPath, gateway=app)
     # An upload's body holds a whole file: its own limit, the file's plus the multipart envelope.
-    uploads = {files_api.UPLOADS_PATH: state.settings.max_file_bytes + files_api.MULTIPART_ENVELOPE_BYTES}
+    upload_bytes = state.settings.max_file_bytes + files_api.MULTIPART_ENVELOPE_BYTES
+    uploads = {files_api.UPLOADS_PATH: BodyCap(upload_bytes, UPLOAD_LIMIT_SETTING)}
     app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes, paths=uploads,
                        routes=[route for module in modules for route in module.router.routes])
     app.add_middleware(RequestMetrics, metrics=state.metrics)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from fastapi import HTTPException
 from starlette.routing import BaseRoute
@@ -14,7 +15,7 @@ from tidegate.gateway.errors import ApiError, error_response, headers_too_large,
 from tidegate.gateway.http_server import MAX_HEADER_BYTES
 from tidegate.gateway.metrics import GatewayMetrics
 
-__all__ = ["BodyLimit", "RequestMetrics"]
+__all__ = ["BODY_LIMIT_SETTING", "UPLOAD_LIMIT_SETTING", "BodyCap", "BodyLimit", "RequestMetrics"]
 
 
 class BodyLimit:
@@ -26,10 +27,10 @@ class BodyLimit:
     the request was for (`routes`: the app's, as its routers declared them), as the route's own
     would be."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, paths: Mapping[str, int] | None = None,
+    def __init__(self, app: ASGIApp, max_bytes: int, paths: Mapping[str, BodyCap] | None = None,
                  routes: Sequence[BaseRoute] = ()) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.cap = BodyCap(max_bytes, BODY_LIMIT_SETTING)
         self.paths = dict(paths or {})
         self.routes = routes
 
@@ -42,11 +43,12 @@ class BodyLimit:
             await error_response(headers_too_large(MAX_HEADER_BYTES),
                                  shape_before_routing(self.routes, scope))(scope, receive, send)
             return
-        limit = self.paths.get(scope["path"], self.max_bytes)
+        cap = self.paths.get(scope["path"], self.cap)
+        limit = cap.max_bytes
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             shape = shape_before_routing(self.routes, scope)
-            await error_response(_too_large(limit), shape)(scope, receive, send)
+            await error_response(cap.refusal(), shape)(scope, receive, send)
             return
         received = 0
 
@@ -58,15 +60,29 @@ class BodyLimit:
                 if received > limit:
                     # Raised inside the route's body read: FastAPI passes an HTTPException
                     # through to the app's handler, which answers in the route's shape.
-                    raise HTTPException(413, _too_large(limit).message, headers=_CLOSE)
+                    raise HTTPException(413, cap.refusal().message, headers=_CLOSE)
             return message
 
         await self.app(scope, counted, send)
 
 
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the request body is over the limit of {limit} bytes",
-                    code="request_too_large", headers=_CLOSE)
+# The settings behind a body limit, named in its 413 so that an operator whose callers send large
+# contexts knows what to raise (the queue's cap bounds the gateway's: GatewayState.max_body_bytes).
+BODY_LIMIT_SETTING = ("gateway.max_body_bytes (TIDEGATE_GATEWAY__MAX_BODY_BYTES), at most the queue's "
+                      "max_payload_bytes (a queue_url option) plus 64 KiB")
+UPLOAD_LIMIT_SETTING = "gateway.max_file_bytes (TIDEGATE_GATEWAY__MAX_FILE_BYTES)"
+
+
+class BodyCap(NamedTuple):
+    """A body limit and the setting that makes it, named in the 413 that refuses a body over it."""
+
+    max_bytes: int
+    setting: str
+
+    def refusal(self) -> ApiError:
+        """The 413 of a body over this limit."""
+        return ApiError(413, f"the request body is over the limit of {self.max_bytes} bytes, "
+                             f"set by {self.setting}", code="request_too_large", headers=_CLOSE)
 
 
 # On a refused body: the server closes the connection once it has answered, rather than read

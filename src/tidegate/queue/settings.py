@@ -13,7 +13,10 @@ class QueueSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    max_payload_bytes: int = Field(MIB, gt=0)
+    # One job's request. 16 MiB holds a full 1M-token context (gpt-4.1, gemini-2.5-flash) at up
+    # to 16 bytes a token: English text is ~4, and even text JSON-escaped as \uXXXX (~6 bytes a
+    # character) stays below; the gateway's body limit follows it (gateway.max_body_bytes).
+    max_payload_bytes: int = Field(16 * MIB, gt=0)
     max_batch: int = Field(10_000, gt=0)
     default_max_attempts: int = Field(3, ge=1)
     default_lease_s: float = Field(30.0, gt=0)
