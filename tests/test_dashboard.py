@@ -376,6 +376,57 @@ async def test_without_embedded_mode_the_page_asks_for_an_admin_key(
         assert opened.errors == []
 
 
+@needs_chromium
+@pytest.mark.sqlite_only  # the key is the page's own business, whatever the queue's backend
+async def test_the_page_opens_with_the_key_in_its_address_and_takes_it_out(
+    queue_factory: QueueFactory, browser: Browser
+) -> None:
+    async with gateway_with_worker(queue_factory, tenants=True, budgets=BudgetConfig()) as gw:
+        key = gw.keys["ops"]
+        assert key.startswith("tg_")
+
+        # When the page is opened with the admin key in its fragment
+        opened = await open_page(browser, f"{gw.url}/dashboard#key={key}")
+        page = opened.page
+
+        # Then it shows the data without asking, as with a typed key, and no address holds the key:
+        # not the one in the address bar, nor any request's (a fragment is never sent)
+        await expect(page.locator("#levels tbody tr")).to_have_count(5)
+        assert await page.locator("#login").is_hidden()
+        assert await page.locator("#mode").inner_text() == "admin key"
+        assert page.url == f"{gw.url}/dashboard"
+        assert await page.evaluate("sessionStorage.getItem('tidegate.adminKey')") == key
+        assert all(key not in url for url, _ in opened.requests)
+        assert f"Bearer {key}" in {auth for url, auth in opened.requests if "/v1/" in url}
+        assert opened.errors == []
+
+
+@needs_chromium
+@pytest.mark.sqlite_only
+async def test_a_wrong_key_in_the_address_asks_for_one_and_a_pasted_key_is_taken(
+    queue_factory: QueueFactory, browser: Browser
+) -> None:
+    async with gateway_with_worker(queue_factory, tenants=True, budgets=BudgetConfig()) as gw:
+        # When the page is opened with a key the gateway refuses
+        opened = await open_page(browser, f"{gw.url}/dashboard#key=tg_000000000000_wrong")
+        page = opened.page
+
+        # Then it says so and asks for the key, whose field shows what a tidegate key looks like
+        await expect(page.locator("#banner")).to_contain_text("The key was refused")
+        await expect(page.locator("#login")).to_be_visible()
+        assert await page.get_attribute("#key-input", "placeholder") == "tg_…"
+        assert "#" not in page.url
+
+        # When the right key is then given in the address of the open page (no reload)
+        await page.evaluate(f"window.location.hash = 'key={gw.keys['ops']}'")
+
+        # Then the data shows and the address is clean again
+        await expect(page.locator("#levels tbody tr")).to_have_count(5)
+        await expect(page.locator("#login")).to_be_hidden()
+        assert "#" not in page.url
+        assert opened.errors == []
+
+
 # ---------------------------------------------------------------------- recommendations
 
 

@@ -5,7 +5,8 @@ API (GET /v1/stats, GET /v1/dlq, GET /v1/admin/provider-batches) and the batches
 and redrives dead letters through it; it draws its own charts and loads nothing from outside this
 gateway. Serving the files needs no key, since they hold no data: the API calls do, with the admin
 key the page asks for (kept in the tab's sessionStorage and sent as `Authorization: Bearer`), or
-none in embedded mode.
+none in embedded mode. `/dashboard#key=tg_…` opens it with the key (a bookmark, a headless
+screenshot): the fragment never reaches the server, and the page takes it out of the address.
 """
 
 from __future__ import annotations

@@ -17,8 +17,21 @@
   const PROVIDER_BATCHES_LIMIT = 10;
   const PRIORITIES = ["critical", "high", "normal", "low", "bulk"];
 
+  // A key given in the address, /dashboard#key=tg_…, for a bookmark or a headless screenshot.
+  // In the fragment, it never reaches the server (nor its logs); it is kept like a typed key and
+  // taken out of the address bar and history at once, so it is not shared with a copied link.
+  function keyFromAddress() {
+    const given = new URLSearchParams(window.location.hash.slice(1)).get("key");
+    if (given === null) return null;
+    history.replaceState(null, "", window.location.pathname + window.location.search);
+    const key = given.trim();
+    if (!key) return null;
+    sessionStorage.setItem(KEY_STORAGE, key);
+    return key;
+  }
+
   const state = {
-    key: sessionStorage.getItem(KEY_STORAGE),
+    key: keyFromAddress() || sessionStorage.getItem(KEY_STORAGE),
     paused: false,
     lastOk: 0, // Date.now() of the last successful poll
     failing: false,
@@ -794,6 +807,14 @@
       state.key = key;
       sessionStorage.setItem(KEY_STORAGE, key);
       $("key-input").value = "";
+      $("login").hidden = true;
+      refreshNow();
+    });
+    // A #key= pasted into the address of an open page: no reload happens, so take it here.
+    window.addEventListener("hashchange", () => {
+      const key = keyFromAddress();
+      if (!key) return;
+      state.key = key;
       $("login").hidden = true;
       refreshNow();
     });
