@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,6 +112,43 @@ def test_status_of_postgresql_shows_the_slot_position_and_lag(
     assert source["slot_exists"] is True and source["snapshot_done"] is True
     assert isinstance(source["lag_bytes"], int) and source["lag_bytes"] >= 0
     assert "/" in source["confirmed_flush_lsn"]  # PostgreSQL's X/Y notation
+
+
+def test_sync_of_postgresql_warns_once_about_replica_identity_and_logs_positions_as_lsns(
+    tmp_path: Path, pg_dsn: str, redis_server: str,
+) -> None:
+    # Given three ordinary tables (primary key, text columns, REPLICA IDENTITY DEFAULT)
+    with contextlib.closing(psycopg2.connect(pg_dsn)) as conn, conn.cursor() as cur:
+        for table in ("shelves", "books", "readers"):
+            cur.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, name text, notes text)")
+            cur.execute(f"INSERT INTO {table} VALUES (1, 'a', 'b')")
+        conn.commit()
+    suffix = uuid.uuid4().hex[:8]
+    env = {"TIDEGATE_SYNC__SLOT": f"s_{suffix}", "TIDEGATE_SYNC__PUBLICATION": f"p_{suffix}",
+           "TIDEGATE_SYNC__PREFIX": f"t{suffix}"}
+    args = ("--source", pg_url(pg_dsn), "--cache", redis_server, "--tables", "shelves,books,readers",
+            "--no-recommendations")
+    log = tmp_path / "sync.log"
+
+    def written_and_progress_logged() -> bool:
+        with contextlib.closing(psycopg2.connect(pg_dsn)) as conn, conn.cursor() as cur:
+            cur.execute("INSERT INTO books SELECT coalesce(max(id), 0) + 1, 'c', 'd' FROM books")
+            conn.commit()
+        return re.search(r"confirmed position [^n]", log.read_text()) is not None
+
+    # When `tidegate sync` streams changes until a progress line with a confirmed position is
+    # logged (one every 10 s while changes flow)
+    with _syncing(tmp_path, env, *args):
+        _until(written_and_progress_logged, "a progress line with a position", timeout_s=45)
+
+    # Then the tables' replica identity is one line naming all three, not a warning each
+    printed = log.read_text()
+    warnings = [line for line in printed.splitlines() if "REPLICA IDENTITY" in line]
+    assert len(warnings) == 1, printed
+    assert "REPLICA IDENTITY DEFAULT: public.shelves, public.books, public.readers" in warnings[0]
+    # ... and positions read as `sync status` and PostgreSQL print them (0/1955CB0), not integers
+    progress = [line for line in printed.splitlines() if re.search(r"confirmed position [^n]", line)]
+    assert re.search(r"confirmed position [0-9A-F]+/[0-9A-F]+, up", progress[0]), progress
 
 
 def test_a_bad_source_url_is_a_clear_error(tmp_path: Path) -> None:

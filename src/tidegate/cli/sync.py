@@ -111,7 +111,7 @@ async def _sync_until_stopped(config: TidegateConfig, metrics_port: int | None,
         log.info("syncing %s from %s through %s into %s", ", ".join(pipeline.entity_types),
                  _redacted(config.sync.source_url), _redacted(config.sync.bus_url),
                  _redacted(config.sync.cache_url))
-        reporter = asyncio.create_task(_report(pipeline, log))
+        reporter = asyncio.create_task(_report(pipeline, log, config.sync.source_url))
         try:
             await pipeline.run(stop)
         finally:
@@ -119,8 +119,10 @@ async def _sync_until_stopped(config: TidegateConfig, metrics_port: int | None,
     log.info("stopped after applying %d change(s)", pipeline.applied_changes)
 
 
-async def _report(pipeline: Any, log: logging.Logger) -> None:
-    """A progress line every 10 s while changes flow."""
+async def _report(pipeline: Any, log: logging.Logger, source_url: str) -> None:
+    """A progress line every 10 s while changes flow, its position as `sync status` shows it."""
+    from tidegate.sync.sources import position_text
+
     last, started = 0, time.monotonic()
     while True:
         await asyncio.sleep(10)
@@ -128,7 +130,8 @@ async def _report(pipeline: Any, log: logging.Logger) -> None:
             rate = (pipeline.applied_changes - last) / 10
             last = pipeline.applied_changes
             log.info("applied %d change(s) (%.0f/s), confirmed position %s, up %.0f s",
-                     last, rate, pipeline.last_confirmed, time.monotonic() - started)
+                     last, rate, position_text(source_url, pipeline.last_confirmed),
+                     time.monotonic() - started)
 
 
 def _redacted(url: str) -> str:

@@ -163,20 +163,29 @@ def inspect_tables(cur: Any, names: Sequence[str]) -> list[TableInfo]:
     return tables
 
 
-def warn_toast_risk(tables: Iterable[TableInfo]) -> None:
-    """Warn about tables whose unchanged TOASTed columns cannot come from a before-image."""
+def toast_risk(tables: Iterable[TableInfo]) -> str | None:
+    """One line naming the tables whose unchanged TOASTed columns cannot come from a before-image
+    (any table with a text column but REPLICA IDENTITY FULL), or None when there are none."""
+    identities = {"d": "DEFAULT", "n": "NOTHING", "i": "USING INDEX"}
+    by_identity: dict[str, list[str]] = {}
     for table in tables:
         if table.replica_identity != "f" and table.toastable:
-            logger.warning(
-                "table %s.%s has REPLICA IDENTITY %s and TOAST-able columns (%s): an update that "
-                "leaves a large value unchanged does not carry it, so those columns are filled "
-                "from the row's previous image or read back from the table; ALTER TABLE ... "
-                "REPLICA IDENTITY FULL sends whole before-images",
-                table.schema, table.name,
-                {"d": "DEFAULT", "n": "NOTHING", "i": "USING INDEX"}.get(table.replica_identity,
-                                                                          table.replica_identity),
-                ", ".join(table.toastable),
-            )
+            name = identities.get(table.replica_identity, table.replica_identity)
+            by_identity.setdefault(name, []).append(f"{table.schema}.{table.name}")
+    if not by_identity:
+        return None
+    listed = "; ".join(f"REPLICA IDENTITY {identity}: {', '.join(names)}"
+                       for identity, names in by_identity.items())
+    return (f"{listed}. An update leaving a large (TOASTed) value unchanged is completed from the "
+            "row's previous image or the table; REPLICA IDENTITY FULL sends it instead")
+
+
+def warn_toast_risk(tables: Iterable[TableInfo]) -> None:
+    """Warn once, in one line, about the tables `toast_risk` names: an ordinary table with a text
+    column is one, and is served correctly; the line says what an update of it costs."""
+    line = toast_risk(tables)
+    if line is not None:
+        logger.warning("%s", line)
 
 
 def base_types(cur: Any) -> dict[int, int]:
