@@ -342,6 +342,25 @@ async def test_a_second_up_on_a_busy_port_exits_2_at_once_and_the_first_keeps_it
         assert await first.stopped() == 0
 
 
+@pytest.mark.parametrize("processes", ["1", "2"])
+async def test_a_gateway_on_a_busy_port_exits_2_with_one_line_and_opens_nothing(
+    tmp_path: Path, processes: str,
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+
+        status, out, err = await _command(tmp_path, "gateway", "--queue", f"sqlite:///{tmp_path}/q.db",
+                                          "--port", str(port), "--processes", processes)
+
+    assert status == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out + err, out + err
+    assert f"port {port} is already in use by pid {os.getpid()} (" in lines[0]
+    assert not (tmp_path / "q.db").exists()  # the port came first: no store was opened
+
+
 async def test_the_admin_key_and_a_hand_made_one_survive_a_restart(tmp_path: Path) -> None:
     # Given up's first start, and a key an operator made for its tenant
     async with _up(tmp_path, "--port", "0") as first:

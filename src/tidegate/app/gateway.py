@@ -150,6 +150,13 @@ class GatewayServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        if sockets and self.started:
+            # uvicorn names the address it serves only on a socket it bound itself; these are
+            # bound before (tidegate.app.ports), and operators' scripts and tests read the line.
+            host, port = sockets[0].getsockname()[:2]
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
+                f"[{host}]" if ":" in host else host, port)
         self.ready.set()
 
     async def main_loop(self) -> None:
