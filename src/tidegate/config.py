@@ -58,8 +58,8 @@ class TierPrice(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    input_usd_per_1m: Decimal = Field(ge=0)
-    output_usd_per_1m: Decimal = Field(ge=0)
+    input_usd_per_1m: Decimal = Field(ge=0)  # USD per 1M input tokens
+    output_usd_per_1m: Decimal = Field(ge=0)  # USD per 1M output tokens
 
 
 class ModelConfig(BaseModel):
@@ -67,16 +67,16 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1)
-    input_usd_per_1m: Decimal = Field(ge=0)
-    output_usd_per_1m: Decimal = Field(ge=0)
+    name: str = Field(min_length=1)  # what callers and routing tiers name it
+    input_usd_per_1m: Decimal = Field(ge=0)  # USD per 1M input tokens
+    output_usd_per_1m: Decimal = Field(ge=0)  # USD per 1M output tokens
     rpm: int | None = Field(None, gt=0)  # requests per minute; None = no limit known
     tpm: int | None = Field(None, gt=0)  # tokens (input + output) per minute
     # The window rpm and tpm count over. Providers state limits per minute; a shorter window
     # suits a simulator in tests.
     rate_window_s: float = Field(60.0, gt=0)
-    max_concurrency: int = Field(64, gt=0)
-    context_tokens: int = Field(128_000, gt=0)
+    max_concurrency: int = Field(64, gt=0)  # calls in flight to this model, per worker
+    context_tokens: int = Field(128_000, gt=0)  # its context window, in tokens
     # The endpoint it is called at: chat completions, embeddings, or OpenAI's legacy completions
     # (`completion`, e.g. gpt-3.5-turbo-instruct) and moderations (`moderation`). A provider
     # offers /v1/completions or /v1/moderations by serving a model of that kind.
@@ -100,14 +100,14 @@ class ProviderBatchConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    discount: Decimal = Field(Decimal("0.5"), ge=0)
-    min_deadline_s: float = Field(86_400.0, ge=0)
-    priorities: tuple[str, ...] = ("bulk",)
-    kinds: tuple[Literal["chat", "embeddings"], ...] = ("chat", "embeddings")
+    discount: Decimal = Field(Decimal("0.5"), ge=0)  # the batch price, as a share of the default prices
+    min_deadline_s: float = Field(86_400.0, ge=0)  # only jobs whose deadline is at least this far
+    priorities: tuple[str, ...] = ("bulk",)  # levels that may go (never critical or high)
+    kinds: tuple[Literal["chat", "embeddings"], ...] = ("chat", "embeddings")  # job kinds that may go
     max_lines: int = Field(1000, ge=1, le=50_000)  # OpenAI takes up to 50,000 lines a batch
-    gather_s: float = Field(2.0, gt=0)
-    poll_s: float = Field(60.0, gt=0)
-    completion_window: str = "24h"
+    gather_s: float = Field(2.0, gt=0)  # how long a worker gathers jobs into one batch
+    poll_s: float = Field(60.0, gt=0)  # how often a batch is looked at until it ended
+    completion_window: str = "24h"  # the window asked of the provider
 
     @field_validator("priorities")
     @classmethod
@@ -135,15 +135,17 @@ class ProviderConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")  # names it in logs and metrics
     base_url: str = Field(min_length=1)  # e.g. https://api.openai.com/v1
     api: Literal["openai", "anthropic"] = "openai"  # the adapter that calls it (providers.adapters)
     api_key_env: str | None = None  # the environment variable holding the key
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0)  # one upstream call's timeout
     models: tuple[ModelConfig, ...] = ()
+    # The tier sent by priority when the caller names none.
     service_tiers: dict[str, ServiceTier] = Field(default_factory=dict)
+    # A tier's prices as a factor of the default ones.
     tier_price_factors: dict[PricedTier, Decimal] = Field(default_factory=dict)
-    native_apis: tuple[NativeApi, ...] = ()
+    native_apis: tuple[NativeApi, ...] = ()  # client APIs it serves itself, passed through as written
     batch: ProviderBatchConfig | None = None  # None: this provider's batch API is not used
 
     @model_validator(mode="after")
@@ -213,9 +215,10 @@ class RoutingConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # Per priority, the models `auto` tries, best first.
     tiers: dict[str, tuple[str, ...]] = Field(default_factory=_default_tiers)
-    embedding_model: str = "text-embedding-3-small"
-    long_context_model: str | None = "gemini-2.5-flash"
+    embedding_model: str = "text-embedding-3-small"  # what embeddings with model `auto` use
+    long_context_model: str | None = "gemini-2.5-flash"  # tried first for a long input
     long_context_tokens: int = Field(100_000, gt=0)  # estimated input above this → long context
     low_budget_fraction: float = Field(0.2, ge=0, le=1)  # below this share left → cheaper models
     fallback_after_failures: int = Field(2, ge=1)  # consecutive failures of a model before fallback
@@ -232,9 +235,9 @@ class BudgetConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    global_daily_usd: Decimal | None = Field(None, ge=0)
-    tenant_daily_usd: dict[str, Decimal] = Field(default_factory=dict)
-    default_tenant_daily_usd: Decimal | None = Field(None, ge=0)
+    global_daily_usd: Decimal | None = Field(None, ge=0)  # the whole deployment's, per UTC day
+    tenant_daily_usd: dict[str, Decimal] = Field(default_factory=dict)  # by tenant name
+    default_tenant_daily_usd: Decimal | None = Field(None, ge=0)  # for a tenant without one of its own
     # What a job the budget has no room for today does (see tidegate.coord.budget): wait for
     # budget to free up, end dead at once, or first try the cheapest model that fits.
     on_exhausted: Literal["defer", "reject", "step_down"] = "defer"
@@ -262,10 +265,10 @@ class CallbackConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    secret_env: str = "TIDEGATE_CALLBACK_SECRET"
+    secret_env: str = "TIDEGATE_CALLBACK_SECRET"  # the variable holding the signing secret
     allow_private: bool = False  # loopback, private and link-local targets are refused unless set
-    max_attempts: int = Field(5, ge=1)
-    timeout_s: float = Field(10.0, gt=0)
+    max_attempts: int = Field(5, ge=1)  # deliveries tried before giving up
+    timeout_s: float = Field(10.0, gt=0)  # one delivery's timeout
 
 
 class Section(BaseModel):
@@ -289,14 +292,14 @@ class Section(BaseModel):
 class WorkerSettings(Section):
     """How one worker process behaves (`[worker]`)."""
 
-    worker_id: str | None = Field(None, min_length=1)
+    worker_id: str | None = Field(None, min_length=1)  # its name in leases and logs; None: one is made
     priorities: tuple[int, ...] | None = None  # levels served; None = all
-    concurrency: int = Field(16, ge=1)
-    lease_s: float = Field(30.0, gt=0)
+    concurrency: int = Field(16, ge=1)  # calls in flight at most
+    lease_s: float = Field(30.0, gt=0)  # a claimed job's lease, renewed while it runs
     # Longer pacing waits park the job instead of holding a slot. Short enough that jobs waiting
     # for a paced model cannot fill every slot (at 200 req/s, 0.2 s is ~40 waiters).
     pace_wait_max_s: float = Field(0.2, ge=0)
-    shutdown_grace_s: float = Field(30.0, ge=0)
+    shutdown_grace_s: float = Field(30.0, ge=0)  # on SIGTERM, how long calls in flight may finish
     claim_wait_s: float = Field(1.0, gt=0)  # a blocking claim's timeout (a stop ends its wait at once)
     model_cooldown_s: float = Field(30.0, ge=0)  # how long a model that keeps failing is skipped
     # Slots beyond `concurrency` that only jobs at `urgent_level` or more urgent may take. Under
@@ -345,8 +348,8 @@ class GatewaySettings(Section):
     loopback, makes a valid key mandatory.
     """
 
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    host: str = "127.0.0.1"  # the address to bind; beyond loopback a key is required
+    port: int = Field(8080, ge=0, le=65535)  # 0: any free port
     # How long a synchronous call (chat, embeddings) waits for its job before answering 504 with
     # the job id; a client may ask for another wait with X-Tidegate-Timeout, up to the maximum.
     request_timeout_s: float = Field(60.0, gt=0)
@@ -378,10 +381,10 @@ class GatewaySettings(Section):
     # How long a `batch` upload without `expires_after` is kept (OpenAI's: 30 days); None: until
     # deleted. A batch in progress keeps its input past it (tidegate.gateway.batch_sweep).
     batch_upload_retention_s: int | None = Field(30 * 86_400, gt=0)
-    allow_unauthenticated_local: bool = True
+    allow_unauthenticated_local: bool = True  # see the section's description
     # How many recent results feed the p50/p99 figures of GET /v1/stats.
     stats_window: int = Field(2_000, gt=0)
-    readiness_timeout_s: float = Field(2.0, gt=0)
+    readiness_timeout_s: float = Field(2.0, gt=0)  # how long GET /readyz waits for the queue
     # Gateway processes on the one port (SO_REUSEPORT), one per core: each runs one event loop.
     processes: int = Field(1, ge=1)
     # One log line per request (uvicorn's access log). Off by default: it cost a tenth of the
@@ -393,8 +396,8 @@ class UpSettings(Section):
     """What `tidegate up` starts (`[up]`); the simulator it starts when no provider is configured
     is given to `run_up` apart."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    host: str = "127.0.0.1"  # the address to bind; beyond loopback a key is required
+    port: int = Field(8080, ge=0, le=65535)  # the gateway's port; 0: any free port
     concurrency: int = Field(32, ge=1)  # the in-process worker's calls in flight
     # On stop, how long calls still open may finish (the worker serving them meanwhile) before
     # the gateway cuts them (their jobs stay queued), and the worker its own calls before it
@@ -415,7 +418,7 @@ class StorageSettings(Section):
     operators who run `tidegate migrate --apply` themselves. A store newer than the code is
     refused either way (TIDEGATE_STORAGE__MIGRATE)."""
 
-    migrate: Literal["auto", "check"] = "auto"
+    migrate: Literal["auto", "check"] = "auto"  # see the section's description
 
 
 class TracingSettings(Section):
@@ -425,9 +428,9 @@ class TracingSettings(Section):
     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT variables point
     (http://localhost:4318 without either)."""
 
-    enabled: bool = False
+    enabled: bool = False  # export spans (needs the otel extra)
     otlp_endpoint: str | None = Field(None, min_length=1)  # the traces URL: http://host:4318/v1/traces
-    service_name: str = Field("tidegate", min_length=1)
+    service_name: str = Field("tidegate", min_length=1)  # the spans' service.name
     sample_ratio: float = Field(1.0, ge=0, le=1)  # of new traces; a caller's sampled flag is followed
 
 
@@ -454,6 +457,7 @@ class RecsSettings(Section):
 
     dimension: Count = 64  # the size of item and profile vectors
     decay_hours: HalfLife = 24.0  # half-life of profiles and of the recent items' anchor weights
+    # How much each interaction kind weighs.
     kind_weights: Mapping[str, Weight] = Field(default_factory=lambda: dict(DEFAULT_KIND_WEIGHTS))
     session_window_s: Weight = 1800.0  # items touched within this window co-occur
     recent_items: Count = 20  # per user, for co-occurrence and candidates
@@ -462,7 +466,7 @@ class RecsSettings(Section):
     weight_profile: Weight = 0.5
     weight_co_occurrence: Weight = 0.35
     weight_trending: Weight = 0.15
-    max_n: Count = 100
+    max_n: Count = 100  # the most items one query may ask for
     # Bounds of the shared state (added after the first release of this type; defaults keep the
     # earlier behaviour for every catalogue of up to this many items).
     max_trending: Count = 10_000  # items kept per trending list (global, each category)
@@ -512,13 +516,13 @@ class PipelineSettings(Section):
     """How the pipeline batches and how far it lets the source run ahead of the sinks
     (`[sync.pipeline]`; `group` and `batch_size` default to `[sync]`'s)."""
 
-    group: str = Field("tidegate-sync", min_length=1)
-    consumer: str = Field(default_factory=default_consumer_name, min_length=1)
+    group: str = Field("tidegate-sync", min_length=1)  # the consumer group on the bus
+    consumer: str = Field(default_factory=default_consumer_name, min_length=1)  # its name in the group
     # Changes published, and deliveries fetched and applied, together.
     batch_size: int = Field(500, ge=1)
     # Published, not yet applied: the producer waits beyond this.
     max_pending_changes: int = Field(20_000, ge=1)
-    fetch_timeout_s: float = Field(0.5, gt=0)
+    fetch_timeout_s: float = Field(0.5, gt=0)  # the longest wait for deliveries in one fetch
     # On stop: how long to let the consumer apply what is in flight.
     drain_timeout_s: float = Field(10.0, ge=0)
     # How often the source's status (slot, lag) feeds the metrics.
@@ -531,12 +535,12 @@ class PipelineSettings(Section):
 class VerifySettings(Section):
     """How hard and how long `sync verify` looks (`[sync.verify]`)."""
 
-    batch_size: int = Field(1000, ge=1)
+    batch_size: int = Field(1000, ge=1)  # rows read and compared at once
     max_rows_per_s: float | None = Field(20_000.0, gt=0)  # None: as fast as the database answers
     # The longest wait, per round, for the sync to apply a position.
     settle_timeout_s: float = Field(60.0, gt=0)
     rounds: int = Field(3, ge=1)  # looks at a suspect after the pass
-    repair: bool = False
+    repair: bool = False  # write drifted rows as the database holds them
     examples: int = Field(5, ge=0)  # entity ids kept per kind in the report
 
 
@@ -548,12 +552,12 @@ class RefreshRule(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    entity_type: str = Field(min_length=1)
-    columns: tuple[str, ...] = Field(min_length=1)
+    entity_type: str = Field(min_length=1)  # the table whose changes trigger it
+    columns: tuple[str, ...] = Field(min_length=1)  # a change to any of these (or an insert) triggers it
     text: str = Field(min_length=1)  # e.g. "{name}\n{description}"
-    priority: Priority = Priority.LOW
+    priority: Priority = Priority.LOW  # of the embedding jobs
     model: str | None = None  # None: the routing's embedding model
-    tenant: str = "tidegate-sync"
+    tenant: str = "tidegate-sync"  # the jobs' tenant (budgets, metrics)
 
 
 class SyncConfig(BaseModel):
@@ -564,16 +568,16 @@ class SyncConfig(BaseModel):
     source_url: str = "sqlite:///.tidegate/shop.db"  # or postgresql://user@host:port/db
     bus_url: str = "memory://"  # redis://… (Streams) or kafka://host:port
     cache_url: str = "memory://"  # or redis://…
-    tables: tuple[str, ...] = ("products", "users", "interactions")
+    tables: tuple[str, ...] = ("products", "users", "interactions")  # the tables followed
     slot: str = Field("tidegate", pattern=r"^[a-z0-9_]+$")  # PostgreSQL replication slot
-    publication: str = Field("tidegate", pattern=r"^[a-z0-9_]+$")
+    publication: str = Field("tidegate", pattern=r"^[a-z0-9_]+$")  # PostgreSQL publication
     prefix: str = Field("tidegate", pattern=r"^[A-Za-z0-9_.-]+$")  # bus topics and cache keys
     group: str = Field("tidegate-sync", min_length=1)  # the pipeline's consumer group on the bus
     source_timezone: str = "UTC"  # the zone naive timestamps of the source are read in
     heartbeat_s: float | None = Field(10.0, gt=0)  # PostgreSQL: keeps an idle slot from pinning WAL
     tombstone_ttl_s: float = Field(86_400.0, gt=0)  # how late a change may arrive after a delete
-    entry_ttl_s: float | None = Field(None, gt=0)
-    batch_size: int = Field(500, ge=1)
+    entry_ttl_s: float | None = Field(None, gt=0)  # cached rows expire after this; None: never
+    batch_size: int = Field(500, ge=1)  # the default of [sync.pipeline] batch_size
     refresh: tuple[RefreshRule, ...] = ()
     pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
     verify: VerifySettings = Field(default_factory=VerifySettings)
@@ -637,6 +641,8 @@ class TidegateConfig(BaseSettings):
         env_prefix="TIDEGATE_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
 
+    # sqlite:///path/to/file.db, redis://host:port/db or redis+cluster://host:port; the query holds
+    # the queue's own options (tidegate.queue.settings.QueueSettings).
     queue_url: str = "sqlite:///.tidegate/tidegate.db"
     providers: tuple[ProviderConfig, ...] = ()
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
