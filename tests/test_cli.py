@@ -6,6 +6,7 @@ import asyncio
 import importlib.metadata
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -101,3 +102,33 @@ def test_up_never_prints_a_urls_password() -> None:
     assert "s3cret" not in printed and "hunter2" not in printed
     assert "redis://:***@127.0.0.1:6399/0" in printed
     assert "postgresql://shop:***@127.0.0.1:5499/shop" in printed
+
+
+def _command_paths() -> list[list[str]]:
+    """Every command and group of `tidegate`, as the arguments that reach it."""
+    import typer
+
+    # Duck-typed: Typer releases differ in whose Click classes they build on (their own copy or
+    # the installed package).
+    def walk(command: Any, path: list[str]) -> list[list[str]]:
+        found = [path]
+        if hasattr(command, "list_commands"):
+            context = command.context_class(command)
+            for name in command.list_commands(context):
+                found += walk(command.get_command(context, name), [*path, name])
+        return found
+
+    return walk(typer.main.get_command(app), [])
+
+
+@pytest.mark.parametrize("path", _command_paths(), ids=lambda path: " ".join(path) or "tidegate")
+def test_every_commands_help_shows_flags_as_flags_and_no_stray_space(path: list[str]) -> None:
+    result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "100"})
+
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("Usage: ")
+    # A flag takes no value: no `<bool>` (Typer's rich help gives every flag one, --help's too)
+    assert "<bool>" not in result.output
+    # No space before punctuation, as a markup-swallowed "[default: …]" in a help text leaves
+    assert not re.search(r"\S [.,;:)](\s|$)", result.output), result.output
+    assert "--help  " in result.output or "--help\n" in result.output

@@ -15,7 +15,7 @@ __all__ = ["demo"]
 def demo(
     duration: Annotated[float, typer.Option("--duration", "-d", min=2, max=3600,
                                             help="Seconds the whole run takes: the load (its first "
-                                            "80 %), then the drain.")] = 60.0,
+                                            "80%), then the drain.")] = 60.0,
     rate: Annotated[float, typer.Option("--rate", "-r", min=0.5, max=2000,
                                         help="Mean requests per second sent during the load.")] = 40.0,
     concurrency: Annotated[int, typer.Option(min=1, max=1024,

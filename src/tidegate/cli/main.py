@@ -23,6 +23,13 @@ app = typer.Typer(
     help="tidegate: a durable priority queue for AI API traffic.",
     no_args_is_help=True,
     add_completion=False,
+    # Click's plain help: the same on every Typer release, flags shown as flags (`--all`,
+    # `--live / --no-live`). Typer's rich panels name every flag's type (`<bool>`, even --help's)
+    # and pad empty columns.
+    rich_markup_mode=None,
+    # Up to 100 columns where the terminal has them (Click's default stops at 80), so each
+    # command's summary in `tidegate --help` is whole.
+    context_settings={"max_content_width": 100},
 )
 
 

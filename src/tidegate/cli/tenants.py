@@ -82,11 +82,11 @@ def tenants_put(
     default_priority: Annotated[str, typer.Option(
         help="The priority of its requests that name none.")] = "normal",
     rpm: Annotated[int | None, typer.Option(
-        min=1, help="Requests per minute over all its keys [default: no limit].")] = None,
+        min=1, help="Requests per minute over all its keys (default: no limit).")] = None,
     daily_budget_usd: Annotated[str | None, typer.Option(
-        help="Daily spend limit in USD, e.g. 10 or 2.50 [default: no limit].")] = None,
+        help="Daily spend limit in USD, e.g. 10 or 2.50 (default: no limit).")] = None,
     models: Annotated[str | None, typer.Option(
-        help="Comma-separated models it may use [default: every configured model].")] = None,
+        help="Comma-separated models it may use (default: every configured model).")] = None,
     admin: Annotated[bool, typer.Option("--admin", help="May call the admin API.")] = False,
 ) -> None:
     """Create or replace a tenant: settings left out take their defaults, not their old values."""
