@@ -103,6 +103,10 @@ def test_the_queue_numbers_come_from_the_gateway_and_end_empty(
 
 
 def test_demo_command_runs_to_its_summary_and_exits_0(tmp_path: Path) -> None:
+    # Given the shop `tidegate up` follows, in the same folder
+    up_shop = tmp_path / ".tidegate" / "shop.db"
+    up_shop.parent.mkdir()
+    up_shop.write_bytes(b"the shop of tidegate up")
     # No terminal: the live view degrades to progress lines and the summary.
     env = {**os.environ, "COLUMNS": "200"}
     done = subprocess.run(
@@ -118,3 +122,7 @@ def test_demo_command_runs_to_its_summary_and_exits_0(tmp_path: Path) -> None:
     assert "tg_" in done.stdout  # the admin key, to open the dashboard with
     assert (tmp_path / ".tidegate" / "demo.db").exists()
     assert "Traceback" not in done.stderr
+    # The demo wrote to a shop of its own and left up's as it was
+    assert (tmp_path / ".tidegate" / "demo-shop.db").exists()
+    assert "demo-shop.db" in done.stdout
+    assert up_shop.read_bytes() == b"the shop of tidegate up"

@@ -2,7 +2,7 @@
 through the HTTP API, with a live view and a final summary.
 
 It starts what `tidegate up` starts (`up.run_up`): the simulated provider (per-model latency and
-request limits, 1 % of calls answered 503), a fresh SQLite queue in `.tidegate/demo.db`, the
+request limits, 1% of calls answered 503), a fresh SQLite queue in `.tidegate/demo.db`, the
 tenant store, one worker, and the gateway with its dashboard on loopback. Then, as an
 application would, it creates four tenants and their keys through the admin API and sends a mix
 of priorities with their keys: OpenAI-style chat calls (some streamed), embeddings, and batches
@@ -10,7 +10,8 @@ of async jobs (POST /v1/jobs, long-polled to their end), over the worker's capac
 the run so a backlog forms. When the load ends it waits until every request has its final
 outcome. The queue's numbers come from GET /v1/stats with the admin key.
 
-Meanwhile the demo writes to the demo shop's database (`demo_recs.ShopDriver`: ShopLoad's mix of
+Meanwhile the demo writes to the demo shop's database (`.tidegate/demo-shop.db`, not the
+`shop.db` of `tidegate up`; `demo_recs.ShopDriver`: ShopLoad's mix of
 interactions, price and stock changes, and the clicks of one demo user, the shop's most active
 customer). The change flow carries each write to the recommender; the live view and the summary
 show that user's top recommendations changing, and the commit → recommendation-updated latency.
@@ -66,7 +67,9 @@ __all__ = [
 
 DEFAULT_FOLDER = Path(".tidegate")
 DEMO_DB = "demo.db"
-DEMO_SHOP_DB = "shop.db"  # the demo shop the change flow watches; kept between runs
+# The demo shop the change flow watches; kept between runs. Its own file: `tidegate up` follows
+# `.tidegate/shop.db`, which the demo's writes must leave as the operator left it.
+DEMO_SHOP_DB = "demo-shop.db"
 LOAD_TICK_S = 0.05  # the load sends what is due this often
 BATCH_EVERY_S = 1.0  # async jobs due are sent as one batch per tenant this often
 START_TIMEOUT_S = 60.0
