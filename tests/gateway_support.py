@@ -41,7 +41,7 @@ TENANTS = (
     Tenant(name="narrow", allowed_models=("deepseek-v3.2",)),
     Tenant(name="ops", max_priority=Priority.CRITICAL, admin=True),
 )
-CHAT = {"messages": [{"role": "user", "content": "Say hello"}]}
+CHAT = {"model": "auto", "messages": [{"role": "user", "content": "Say hello"}]}
 
 
 class _Server(uvicorn.Server):

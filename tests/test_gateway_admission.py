@@ -12,6 +12,8 @@ from tidegate.jobs import Priority
 
 SMALL = GatewaySettings(max_body_bytes=4096, max_messages=3, max_batch=2)
 JSON = {"Content-Type": "application/json"}
+EMBED = '{"kind": "embeddings", "body": {"model": "auto", "input": "a"}}'  # a right job
+HI = '{"model": "auto", "messages": [{"role": "user", "content": "hi"}]'  # a right chat body, unclosed
 
 
 async def test_malformed_requests_get_a_clear_4xx_and_queue_nothing(queue_factory: QueueFactory) -> None:
@@ -24,19 +26,20 @@ async def test_malformed_requests_get_a_clear_4xx_and_queue_nothing(queue_factor
         ("/v1/chat/completions", '{"messages": "hi"}', JSON, 400, "messages"),
         ("/v1/chat/completions", '{"messages": []}', JSON, 400, "messages"),
         ("/v1/chat/completions", '{"messages": [{"content": "hi"}]}', JSON, 400, "messages.0.role"),
-        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "9"}',
+        ("/v1/chat/completions", HI + ', "max_tokens": "9"}',
          JSON, 400, "max_tokens"),
-        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}',
+        ("/v1/chat/completions", HI + ', "stream": "yes"}',
          JSON, 400, "stream"),
-        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "priority": "asap"}',
+        ("/v1/chat/completions", HI + ', "priority": "asap"}',
          JSON, 400, "invalid priority"),
-        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}]}',
+        ("/v1/chat/completions", HI + "}",
          {**JSON, "X-Priority": "7"}, 400, "invalid priority"),
-        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}]}',
+        ("/v1/chat/completions", HI + "}",
          {**JSON, "X-Tidegate-Timeout": "soon"}, 400, "X-Tidegate-Timeout"),
-        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}]}',
+        ("/v1/chat/completions", HI + "}",
          {**JSON, "Idempotency-Key": "k" * 300}, 400, "Idempotency-Key"),
-        ("/v1/chat/completions", '{"messages": [' + ", ".join([str(one).replace("'", '"')] * 4) + "]}",
+        ("/v1/chat/completions",
+         '{"model": "auto", "messages": [' + ", ".join([str(one).replace("'", '"')] * 4) + "]}",
          JSON, 400, "over the limit of 3"),
         ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "' + "x" * 5000 + '"}]}',
          JSON, 413, "over the limit of 4096 bytes"),
@@ -51,10 +54,9 @@ async def test_malformed_requests_get_a_clear_4xx_and_queue_nothing(queue_factor
         ("/v1/jobs", '{"kind": "chat", "body": {"messages": [{"role": "user"}]}, "timeout_s": -1}', JSON,
          400, "timeout_s"),
         ("/v1/jobs", '{"jobs": []}', JSON, 400, "jobs"),
-        ("/v1/jobs", '{"jobs": [' + ", ".join(['{"kind": "embeddings", "body": {"input": "a"}}'] * 3) + "]}",
+        ("/v1/jobs", '{"jobs": [' + ", ".join([EMBED] * 3) + "]}",
          JSON, 400, "over the limit of 2"),
-        ("/v1/jobs", '{"jobs": [{"kind": "embeddings", "body": {"input": "a"}}, '
-         '{"kind": "embeddings", "body": {"input": "b"}, "priority": "now"}]}',
+        ("/v1/jobs", '{"jobs": [' + EMBED + ', ' + EMBED[:-1] + ', "priority": "now"}]}',
          JSON, 400, "invalid priority"),
     ]
     async with open_gateway(queue_factory, worker=False, settings=SMALL) as gw:

@@ -40,9 +40,9 @@ async def test_a_batch_is_enqueued_whole_and_an_idempotency_key_repeats_it(
 ) -> None:
     async with open_gateway(queue_factory, worker=False) as gw:
         batch = {"jobs": [
-            {"kind": "embeddings", "body": {"input": "red shoes"}},
+            {"kind": "embeddings", "body": {"model": "auto", "input": "red shoes"}},
             {"kind": "chat", "body": CHAT, "priority": 1},
-            {"kind": "embeddings", "body": {"input": "blue kettle", "priority": "bulk"}},
+            {"kind": "embeddings", "body": {"model": "auto", "input": "blue kettle", "priority": "bulk"}},
         ]}
         first = await gw.http.post("/v1/jobs", json=batch,
                                    headers={**gw.auth("acme"), "Idempotency-Key": "import-7"})

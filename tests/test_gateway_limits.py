@@ -139,9 +139,10 @@ async def test_embeddings_dimensions_are_bounded_like_openais(gw: Gateway) -> No
     ("/v1/chat/completions", {**CHAT, "n": MAX_CHOICES + 1}, "n"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": MAX_OUTPUT_TOKENS + 1}, "max_tokens"),
     ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 2**63}, "max_completion_tokens"),
-    ("/v1/embeddings", {"input": ["a"] * (MAX_EMBEDDING_INPUTS + 1)}, "input"),
-    ("/v1/embeddings", {"input": [[1, 2]] * (MAX_EMBEDDING_INPUTS + 1)}, "input"),
-    ("/v1/jobs", {"kind": "embeddings", "body": {"input": "a", "dimensions": 10**9}}, "body.dimensions"),
+    ("/v1/embeddings", {"model": "auto", "input": ["a"] * (MAX_EMBEDDING_INPUTS + 1)}, "input"),
+    ("/v1/embeddings", {"model": "auto", "input": [[1, 2]] * (MAX_EMBEDDING_INPUTS + 1)}, "input"),
+    ("/v1/jobs", {"kind": "embeddings", "body": {"model": "auto", "input": "a", "dimensions": 10**9}},
+     "body.dimensions"),
     ("/v1/jobs", {"kind": "chat", "body": {**CHAT, "n": 10**6}}, "body"),
 ])
 async def test_counts_that_would_make_an_unbounded_answer_are_refused(
@@ -317,8 +318,8 @@ async def test_a_key_reused_on_the_jobs_endpoint_for_another_kind_is_a_conflict(
     assert chat.status_code == 200, chat.text
     chat_id = chat.headers["X-Tidegate-Job-Id"]
 
-    reused = await gw.http.post("/v1/jobs", json={"kind": "embeddings", "body": {"input": "hello"}},
-                                headers=headers)
+    reused = await gw.http.post("/v1/jobs", headers=headers,
+                                json={"kind": "embeddings", "body": {"model": "auto", "input": "hello"}})
     repeated = await gw.http.post("/v1/jobs", json={"kind": "chat", "body": CHAT}, headers=headers)
 
     error = assert_openai_error(reused, 409, "idempotency_key_reused")
@@ -331,21 +332,21 @@ async def test_a_key_reused_on_the_jobs_endpoint_for_another_kind_is_a_conflict(
 async def test_a_key_reused_with_another_body_is_a_conflict_on_every_endpoint(gw: Gateway) -> None:
     key = f"k-{uuid.uuid4().hex}"
     headers = {**gw.auth("acme"), "Idempotency-Key": key}
-    first = await gw.http.post("/v1/jobs", json={"kind": "embeddings", "body": {"input": "one"}},
-                               headers=headers)
+    first = await gw.http.post("/v1/jobs", headers=headers,
+                               json={"kind": "embeddings", "body": {"model": "auto", "input": "one"}})
     assert first.status_code == 202, first.text
     [first_id] = first.json()["ids"]
 
-    other_body = await gw.http.post("/v1/jobs", json={"kind": "embeddings", "body": {"input": "two"}},
-                                    headers=headers)
-    other_sync = await gw.http.post("/v1/embeddings", json={"input": "two"}, headers=headers)
+    other_body = await gw.http.post("/v1/jobs", headers=headers,
+                                    json={"kind": "embeddings", "body": {"model": "auto", "input": "two"}})
+    other_sync = await gw.http.post("/v1/embeddings", json={"model": "auto", "input": "two"}, headers=headers)
     other_callback = await gw.http.post("/v1/jobs", json={
-        "kind": "embeddings", "body": {"input": "one"}, "callback_url": "http://127.0.0.1:9/hook"},
+        "kind": "embeddings", "body": {"model": "auto", "input": "one"}, "callback_url": "http://127.0.0.1:9/hook"},
         headers=headers)
-    same_sync = await gw.http.post("/v1/embeddings", json={"input": "one"}, headers=headers)
+    same_sync = await gw.http.post("/v1/embeddings", json={"model": "auto", "input": "one"}, headers=headers)
     # Keys are per tenant: another tenant's same key is its own job
-    other_tenant = await gw.http.post("/v1/jobs", json={"kind": "embeddings", "body": {"input": "two"}},
-                                      headers={**gw.auth("globex"), "Idempotency-Key": key})
+    other_tenant = await gw.http.post("/v1/jobs", headers={**gw.auth("globex"), "Idempotency-Key": key},
+                                      json={"kind": "embeddings", "body": {"model": "auto", "input": "two"}})
 
     for answer in (other_body, other_sync, other_callback):
         assert assert_openai_error(answer, 409, "idempotency_key_reused")["job_id"] == first_id
@@ -356,13 +357,13 @@ async def test_a_key_reused_with_another_body_is_a_conflict_on_every_endpoint(gw
 async def test_a_batch_with_a_conflicting_key_queues_nothing(gw: Gateway) -> None:
     key = f"k-{uuid.uuid4().hex}"
     headers = {**gw.auth("bulkco"), "Idempotency-Key": key}
-    jobs = [{"kind": "embeddings", "body": {"input": text}} for text in ("a", "b")]
+    jobs = [{"kind": "embeddings", "body": {"model": "auto", "input": text}} for text in ("a", "b")]
     first = await gw.http.post("/v1/jobs", json={"jobs": jobs}, headers=headers)
     assert first.status_code == 202, first.text
     await _drained(gw)
 
     # job 1 of the batch (key:1) now asks for something else; a new job 2 comes along
-    changed = [jobs[0], {"kind": "embeddings", "body": {"input": "c"}}, jobs[1]]
+    changed = [jobs[0], {"kind": "embeddings", "body": {"model": "auto", "input": "c"}}, jobs[1]]
     answer = await gw.http.post("/v1/jobs", json={"jobs": changed}, headers=headers)
 
     assert assert_openai_error(answer, 409, "idempotency_key_reused")["job_id"] == first.json()["ids"][1]

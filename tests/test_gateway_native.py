@@ -387,8 +387,8 @@ def whole_stream(renderer: StreamRenderer, result: AIResult) -> bytes:
 
 
 async def test_a_stored_native_answer_streams_as_its_own_events() -> None:
-    request = RESPONSES.translate(ResponseCreateRequest(input="Hi", stream=True, tools=[dict(SEARCH)]),
-                                  native=True)
+    request = RESPONSES.translate(
+        ResponseCreateRequest(model="auto", input="Hi", stream=True, tools=[dict(SEARCH)]), native=True)
     response = {"id": "resp_upstream", "object": "response", "created_at": 1, "status": "completed",
                 "model": RESPONSES_MODEL, "output": [{"id": "msg_1", "type": "message", "role": "assistant",
                                                      "status": "completed", "content": [

@@ -483,7 +483,7 @@ async def test_an_agent_of_the_openai_agents_sdk_runs_a_function_tool_through_th
 
 async def test_a_stored_answer_streams_as_the_same_typed_events() -> None:
     # A worker without a relay stores the whole answer; the gateway streams it as parts.
-    request = RESPONSES.translate(ResponseCreateRequest(input="Weather?", stream=True))
+    request = RESPONSES.translate(ResponseCreateRequest(model="auto", input="Weather?", stream=True))
     call = RESPONSES.call("job1", request, created_at=1_700_000_000)
     completion = {"object": "chat.completion", "model": "gpt-4.1", "choices": [{
         "index": 0, "finish_reason": "tool_calls", "message": {

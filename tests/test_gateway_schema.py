@@ -174,8 +174,8 @@ def test_an_idempotency_key_repeated_on_the_other_endpoint_is_a_conflict(gateway
     assert chat.status_code == 200, chat.text
 
     # When the same key comes with an embeddings request
-    answer = httpx.post(f"{gateway.url}/v1/embeddings", json={"input": "hello"}, headers=headers,
-                        timeout=REQUEST_TIMEOUT_S)
+    answer = httpx.post(f"{gateway.url}/v1/embeddings", json={"model": "auto", "input": "hello"},
+                        headers=headers, timeout=REQUEST_TIMEOUT_S)
 
     # Then it is refused, naming the chat job, rather than answered with a chat completion
     assert answer.status_code == 409, answer.text

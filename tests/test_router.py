@@ -118,7 +118,8 @@ def test_a_tier_with_an_allowed_model_keeps_to_it() -> None:
     assert (decision.model.name, decision.fallbacks) == ("gpt-4.1", ())
 
 
-@pytest.mark.parametrize("allowed", [frozenset(), frozenset({"text-embedding-3-small"}), frozenset({"gpt-9"})])
+@pytest.mark.parametrize("allowed", [frozenset(), frozenset({"text-embedding-3-small"}),
+                                     frozenset({"gpt-9"})])
 def test_a_tenant_that_may_use_no_chat_model_is_refused_as_not_allowed(allowed: frozenset[str]) -> None:
     with pytest.raises(RoutingError, match="no chat model may serve this tenant") as refused:
         _auto(_router(), Priority.HIGH, allowed_models=allowed)

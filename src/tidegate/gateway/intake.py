@@ -18,7 +18,9 @@ from fastapi import Header
 
 from tidegate.ai import AUTO, AIRequest, Kind
 from tidegate.coord.tenants import Tenant
-from tidegate.errors import InvalidJob, InvalidPriority
+from tidegate.costs import estimate_input_tokens
+from tidegate.dispatch.failures import routing_refused
+from tidegate.errors import InvalidJob, InvalidPriority, RoutingError
 from tidegate.gateway.dialects import Dialect
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.schemas import JobRequest
@@ -169,9 +171,13 @@ def wait_timeout_s(header: str | None, state: GatewayState) -> float:
     return min(seconds, settings.max_request_timeout_s)
 
 
-def _check_model(state: GatewayState, tenant: Tenant, kind: Kind, model: object) -> None:
+def _check_model(state: GatewayState, tenant: Tenant, request: AIRequest, priority: Priority) -> None:
+    """The model named may serve the request for this tenant; `auto` is routed now, as the worker
+    will route it (see `_check_routable`)."""
+    kind, model = request.kind, request.body.get("model")
     if model in (None, "", AUTO):
-        return  # routed by the worker, within allowed_models
+        _check_routable(state, request, priority)
+        return
     name = str(model)
     if tenant.allowed_models is not None and name not in tenant.allowed_models:
         raise ApiError(403, f"model {name!r} is not allowed for tenant {tenant.name!r}",
@@ -182,6 +188,21 @@ def _check_model(state: GatewayState, tenant: Tenant, kind: Kind, model: object)
     if known.kind != kind:
         raise ApiError(400, f"model {name!r} serves {known.kind} requests, not {kind}",
                        code="wrong_model_kind", param="model")
+
+
+def _check_routable(state: GatewayState, request: AIRequest, priority: Priority) -> None:
+    """Route an `auto` request as the worker will, over the models its tenant may use, so that
+    a request no model may ever serve (none allowed: 403; its input fits none: 400) is refused
+    here rather than queued to end dead. The worker routes again with the budget left and the
+    models failing, which only widen or reorder what was found here."""
+    estimated = estimate_input_tokens(request.kind, request.body) if request.kind == "chat" else 0
+    try:
+        state.router.route(kind=request.kind, requested_model=None, priority=priority,
+                           estimated_input_tokens=estimated, allowed_models=request.allowed_models)
+    except RoutingError as exc:
+        failure = routing_refused(exc)  # the status and code the worker would record
+        raise ApiError(failure["status"], failure["message"], code=failure["code"], type_=failure["type"],
+                       param=failure.get("param")) from None
 
 
 def draft_job(
@@ -208,11 +229,11 @@ def draft_job(
         if isinstance(messages, list) and len(messages) > state.settings.max_messages:
             raise ApiError(400, f"{len(messages)} messages is over the limit of "
                            f"{state.settings.max_messages}", code="too_many_messages", param="messages")
-    _check_model(state, tenant, kind, body.get("model"))
     allowed = None if tenant.allowed_models is None else frozenset(tenant.allowed_models)
     # The request's trace goes with its job, so the worker's spans continue it (tidegate.tracing).
     checked = AIRequest(kind=kind, body=body, allowed_models=allowed, origin=request.origin,
                         trace=tracer().carrier())
+    _check_model(state, tenant, checked, priority)
     try:
         AIRequest.from_payload(checked.to_payload())  # the worker's own check, before queueing
     except InvalidJob as exc:

@@ -55,10 +55,10 @@ async def create_jobs(
     request: Annotated[JobsRequest, Body(openapi_examples={
         "one": {"summary": "One job", "value": {
             "kind": "chat", "priority": "low",
-            "body": {"messages": [{"role": "user", "content": "Describe this product."}]}}},
+            "body": {"model": "auto", "messages": [{"role": "user", "content": "Describe this product."}]}}},
         "batch": {"summary": "A batch (up to the gateway's max_batch)", "value": {"jobs": [
-            {"kind": "embeddings", "priority": "bulk", "body": {"input": "red running shoes"}},
-            {"kind": "embeddings", "priority": "bulk", "body": {"input": "blue kettle"}}]}},
+            {"kind": "embeddings", "priority": "bulk", "body": {"model": "auto", "input": "red shoes"}},
+            {"kind": "embeddings", "priority": "bulk", "body": {"model": "auto", "input": "blue kettle"}}]}},
     })],
     state: StateDep,
     tenant: MeteredTenantDep,

@@ -22,12 +22,16 @@ __all__ = [
     "MAX_OUTPUT_TOKENS",
     "MAX_PAGE",
     "MAX_RPM",
+    "MAX_STOPS",
+    "MAX_TOP_LOGPROBS",
 ]
 
 MAX_EMBEDDING_DIMENSIONS: Final = 3072  # text-embedding-3-large's own size, OpenAI's largest
 MAX_EMBEDDING_INPUTS: Final = 2048  # inputs in one embeddings request, as OpenAI allows
 MAX_INPUT_TOKENS: Final = 8192  # token ids of one embeddings input, as OpenAI allows
 MAX_CHOICES: Final = 128  # `n` of a chat completion, as OpenAI allows
+MAX_TOP_LOGPROBS: Final = 20  # `top_logprobs` of a chat completion or a response, as OpenAI allows
+MAX_STOPS: Final = 4  # `stop` sequences of a completion, as OpenAI allows
 # max_tokens / max_completion_tokens: above every model's output limit, and small enough that the
 # worker's budget estimate (tokens times price) stays an ordinary number.
 MAX_OUTPUT_TOKENS: Final = 1_000_000

@@ -20,6 +20,7 @@ from tidegate.coord.limiter import RateLimiter
 from tidegate.coord.provider_batches import ProviderBatchStore
 from tidegate.coord.relay import ChunkRelay
 from tidegate.coord.tenants import TenantStore
+from tidegate.dispatch.router import Router
 from tidegate.errors import CallbackRefused
 from tidegate.gateway.metrics import GatewayMetrics, RecentResults
 from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, GatewaySettings, is_loopback_host
@@ -60,6 +61,8 @@ class GatewayState:
     recs_monitor: RecsMonitor | None = None
     recent: RecentResults = field(init=False)
     models: dict[str, ModelConfig] = field(init=False)
+    # Routes `model: "auto"` at the door as the workers will (tidegate.gateway.intake).
+    router: Router = field(init=False)
     _credentials_seen: bool = field(default=False, init=False)
     _may_serve_without_keys: bool = field(default=False, init=False)
     _drain_deadline: float | None = field(default=None, init=False)  # time.monotonic()
@@ -76,6 +79,9 @@ class GatewayState:
         self.models = {}
         for model in served or simulated_models():
             self.models.setdefault(model.name, model)  # the first provider serving a name wins
+        # Routing reads the models and the tiers, never a provider's URL: the simulator's is not
+        # known here, and not needed.
+        self.router = Router(self.config if served else self.config.with_simulator("http://127.0.0.1/"))
 
     def offers(self, kind: str) -> bool:
         """Whether a configured model serves jobs of `kind`: a provider offers OpenAI's legacy

@@ -28,7 +28,8 @@ UNTRANSLATABLE: Final = frozenset({"unsupported_parameter", "unsupported_input_i
 # Fields kept with the response (echoed, or read by the gateway) that the upstream is not sent.
 _GATEWAY_ONLY: Final = frozenset({"instructions", "input", "previous_response_id", "metadata", "store",
                                   "background", "stream_options", "include", "truncation", "tools",
-                                  "tool_choice", "text", "reasoning", "max_output_tokens"})
+                                  "tool_choice", "text", "reasoning", "max_output_tokens",
+                                  "top_logprobs"})
 _ROLES: Final = {"user": "user", "assistant": "assistant", "system": "system",
                  # A developer message is chat's system message (OpenAI's chat API itself treats
                  # them alike, and most OpenAI-compatible upstreams know only "system").
@@ -52,6 +53,9 @@ def chat_body(request: ResponseCreateRequest, history: Sequence[dict[str, Any]])
     if request.include:
         raise invalid("include: nothing extra can be included from a chat completions upstream",
                       "unsupported_parameter", "include")
+    if request.top_logprobs is not None:
+        raise invalid("top_logprobs: the output's log probabilities are not served from a chat "
+                      "completions upstream", "unsupported_parameter", "top_logprobs")
     if request.truncation == "auto":
         raise invalid("truncation: auto is not served by a chat completions upstream",
                       "unsupported_parameter", "truncation")

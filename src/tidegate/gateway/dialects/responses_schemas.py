@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tidegate.config import ServiceTier
-from tidegate.gateway.limits import MAX_OUTPUT_TOKENS
+from tidegate.gateway.limits import MAX_OUTPUT_TOKENS, MAX_TOP_LOGPROBS
 from tidegate.gateway.schemas import PriorityValue
 
 __all__ = [
@@ -31,8 +31,9 @@ MAX_METADATA_KEYS = 16  # as OpenAI allows
 
 
 class ResponseCreateRequest(BaseModel):
-    """A Responses API request. `model` may be "auto" (or left out) to let tidegate route by
-    priority, size and budget; `priority` is tidegate's, as on chat completions."""
+    """A Responses API request. `model` is required, as OpenAI requires it: "auto" lets tidegate
+    route by priority, size and budget; `priority` is tidegate's, as on chat completions. Ranges
+    are those of OpenAI's API reference, checked before anything is queued."""
 
     model_config = ConfigDict(
         extra="allow", strict=True,
@@ -42,7 +43,9 @@ class ResponseCreateRequest(BaseModel):
         }]},
     )
 
-    model: str = Field("auto", min_length=1)
+    model: str = Field(min_length=1, description=(
+        'A model tidegate serves (GET /v1/models), or "auto" to route by priority, size and budget '
+        "over the models the key's tenant may use."))
     input: str | list[dict[str, Any]] = Field(description=(
         "Text, or items: messages (roles user, system, developer, assistant; input_text, "
         "output_text and input_image parts), function_call and function_call_output."))
@@ -51,6 +54,8 @@ class ResponseCreateRequest(BaseModel):
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "Served by a provider that speaks the Responses API natively only."))
     tools: list[dict[str, Any]] | None = Field(None, description=(
         "Function tools; any other (built-in) tool when a native provider serves the request."))
     tool_choice: str | dict[str, Any] | None = None
