@@ -16,7 +16,7 @@ from tidegate.queue import _lua
 from tidegate.queue.redis import _SCRIPTS
 from tidegate.queue.settings import QueueSettings
 
-KNOWN = {"jobs", "payloads", "results", "idem", "seq", "deadlines", "aging", "turns", "finished",
+KNOWN = {"jobs", "payloads", "results", "idem", "seq", "deadlines", "aging", "turns", "finished", "answered",
          "dead", "due", "ready", "leased", "signal", "waiting", "delayed"}  # lua/_common.lua's list
 PREFIX = key_prefix("scripts")
 
@@ -48,7 +48,7 @@ def test_the_single_job_path_sends_only_what_it_touches() -> None:
     settings = QueueSettings(name="scripts")
     complete = _lua.queue_script("complete", PREFIX, settings, PREFIX + "done")
     assert [key.removeprefix(PREFIX) for key in complete.keys] == [
-        "jobs", "results", "finished", *(f"leased:{level}" for level in range(5))]
+        "jobs", "results", "finished", "answered", *(f"leased:{level}" for level in range(5))]
     for name in ("enqueue", "claim"):
         sent = {key.removeprefix(PREFIX) for key in _lua.queue_script(name, PREFIX, settings, "").keys}
         assert "results" not in sent  # neither reads nor writes results

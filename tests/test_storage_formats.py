@@ -34,6 +34,7 @@ from tidegate.queue import Queue
 
 BACKENDS = ["sqlite", "redis", "redis-cluster"]
 NEWER = 99
+QUEUE = 2  # the queue's format since jobs say whether a caller waits for them; the tenants' is 1
 
 
 @pytest.fixture(params=BACKENDS)
@@ -104,7 +105,7 @@ async def _set_formats(url: str, version: int | None) -> None:
 async def test_a_new_store_is_stamped_with_the_code_s_format(queue_url: str) -> None:
     await _write_some(queue_url)
 
-    assert await _formats(queue_url) == {"queue": 1, "tenants": 1}
+    assert await _formats(queue_url) == {"queue": QUEUE, "tenants": 1}
     if queue_url.startswith("sqlite"):
         with sqlite3.connect(queue_url.removeprefix("sqlite:///")) as conn:
             assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_LAYOUT
@@ -123,8 +124,8 @@ async def test_a_store_without_a_format_is_migrated_on_open_with_its_data_intact
     async with tenant_store_for(queue_url) as tenants:
         tenant = await tenants.get_tenant("acme")
 
-    # Then it is migrated to format 1 and everything reads as before
-    assert await _formats(queue_url) == {"queue": 1, "tenants": 1}
+    # Then it is migrated to the code's formats and everything reads as before
+    assert await _formats(queue_url) == {"queue": QUEUE, "tenants": 1}
     assert job is not None and job.payload == chat("hello") and job.state is JobState.QUEUED
     assert tenant is not None and tenant.name == "acme"
 
@@ -141,8 +142,8 @@ async def test_a_store_newer_than_the_code_is_refused_and_left_unchanged(queue_u
             await tenants.get_tenant("acme")
 
     message = str(refused.value)
-    assert f"format {NEWER}" in message and "format 1" in message and "upgrade tidegate" in message
-    assert (refused.value.found, refused.value.readable) == (NEWER, 1)
+    assert f"format {NEWER}" in message and f"format {QUEUE}" in message and "upgrade tidegate" in message
+    assert (refused.value.found, refused.value.readable) == (NEWER, QUEUE)
     where = queue_url.removeprefix("sqlite:///") if queue_url.startswith("sqlite") else ":formats)"
     assert where in message  # where the store is
     assert await _formats(queue_url) == {"queue": NEWER, "tenants": NEWER}
@@ -195,19 +196,19 @@ async def test_migrate_check_and_apply_from_the_command_line(queue_url: str, tmp
 
     pending = await asyncio.to_thread(cli, "--check")
     assert pending.exit_code == 1, pending.output
-    assert "queue at" in pending.output and "format 0, code format 1: pending" in pending.output
+    assert "queue at" in pending.output and f"format 0, code format {QUEUE}: pending" in pending.output
     assert await _formats(queue_url) == {"queue": None, "tenants": None}  # --check changes nothing
 
     applied = await asyncio.to_thread(cli, "--apply")
     assert applied.exit_code == 0, applied.output
     assert "migrated" in applied.output and "ran: record the queue" in applied.output
-    assert await _formats(queue_url) == {"queue": 1, "tenants": 1}
+    assert await _formats(queue_url) == {"queue": QUEUE, "tenants": 1}
 
     current = await asyncio.to_thread(cli, "--check")
     assert current.exit_code == 0, current.output
     await _set_formats(queue_url, NEWER)
     newer = await asyncio.to_thread(cli, "--apply")
-    assert newer.exit_code == 1 and f"format {NEWER}, code format 1: newer" in newer.output
+    assert newer.exit_code == 1 and f"format {NEWER}, code format {QUEUE}: newer" in newer.output
     assert await _formats(queue_url) == {"queue": NEWER, "tenants": NEWER}
 
 
@@ -235,7 +236,7 @@ def test_processes_opening_one_new_sqlite_file_at_once_record_its_formats_once(t
         assert proc.returncode == 0, err.decode()
 
     with sqlite3.connect(tmp_path / "new.db") as conn:
-        assert conn.execute(f"SELECT store, version FROM {FORMATS_TABLE}").fetchall() == [("queue", 1)]
+        assert conn.execute(f"SELECT store, version FROM {FORMATS_TABLE}").fetchall() == [("queue", QUEUE)]
         assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 4
 
 

@@ -127,6 +127,8 @@ class Job:
     ready_at: datetime | None = None  # when it last became claimable: the start of its queue wait
     errors: list[str] = field(default_factory=list)  # every attempt's error, oldest first
     failure: JobFailure | None = None  # a dead job's structured failure, when its worker gave one
+    # A caller waits for the answer (JobSpec.caller_waits), until it gives up (Queue.caller_gave_up).
+    caller_waits: bool = False
 
     @property
     def is_final(self) -> bool:
@@ -163,6 +165,7 @@ class Job:
             ready_at=ms_to_datetime(_opt_int(record.get("ready_ms"))),
             errors=list(record.get("errors") or []),
             failure=_opt_failure(record.get("failure")),
+            caller_waits=bool(record.get("caller_waits")),
         )
 
 
@@ -203,6 +206,11 @@ class JobSpec:
     max_attempts: int | None = None
     idempotency_key: str | None = None
     callback_url: str | None = None
+    # A caller waits for the answer (a synchronous call): a spent budget ends the job at once
+    # instead of deferring it, and once finished it is kept only the queue's `answered_ttl_s`
+    # (unless `keep_answer`, or it has an idempotency key): its caller has the answer.
+    caller_waits: bool = False
+    keep_answer: bool = False  # kept `finished_ttl_s` even so: its answer may be fetched again
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> JobSpec:

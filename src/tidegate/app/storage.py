@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tidegate._formats import FormatReport, RedisStore, StoreFormat, inspect_sqlite_store, open_sqlite_store
 from tidegate._redis import is_redis_url
-from tidegate._sqlite import BUSY_TIMEOUT_MS, sqlite_path
+from tidegate._sqlite import BUSY_TIMEOUT_MS, reclaiming, sqlite_path
 from tidegate.config import TidegateConfig
 from tidegate.coord import queue_name_of
 from tidegate.errors import QueueUnavailable
@@ -64,6 +64,8 @@ def _sqlite_reports(path: str, *, apply: bool) -> list[FormatReport]:
             if apply and found.outcome in ("pending", "stamped"):
                 found = open_sqlite_store(conn, fmt, schema, where=path, mode="auto")
             reports.append(found)
+        if apply and not any(report.needs_action for report in reports):
+            reclaiming(conn)  # a file from before auto_vacuum=incremental: one VACUUM
         return reports
 
 

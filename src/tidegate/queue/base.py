@@ -73,6 +73,10 @@ class NewJob:
     max_attempts: int
     idempotency_key: str | None
     callback_url: str | None
+    caller_waits: bool = False
+    # Kept `answered_ttl_s` once finished, not `finished_ttl_s`: its caller waits for the answer,
+    # and nothing will ask for it again (no idempotency key, no `keep_answer`).
+    brief: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +207,7 @@ class Queue(Lifecycle):
         """Add one job; returns its id (the existing id for a known idempotency key).
 
         Options are the fields of `JobSpec`: priority, tenant, delay_s, not_before, deadline,
-        timeout_s, max_attempts, idempotency_key, callback_url.
+        timeout_s, max_attempts, idempotency_key, callback_url, caller_waits, keep_answer.
         """
         ids = await self.enqueue_many([{"payload": payload, **options}])
         return ids[0]
@@ -280,6 +284,8 @@ class Queue(Lifecycle):
         max_attempts = self.settings.default_max_attempts if spec.max_attempts is None else spec.max_attempts
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidJob(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        idempotency_key = _checked_text("idempotency_key", spec.idempotency_key)
+        caller_waits = bool(spec.caller_waits)
         return NewJob(
             id=os.urandom(16).hex(),  # 128 random bits, as uuid4 has, at a third of the cost
             priority=int(priority),
@@ -289,8 +295,11 @@ class Queue(Lifecycle):
             not_before_ms=not_before if not_before is not None and not_before > now else None,
             deadline_ms=deadline,
             max_attempts=max_attempts,
-            idempotency_key=_checked_text("idempotency_key", spec.idempotency_key),
+            idempotency_key=idempotency_key,
             callback_url=_checked_text("callback_url", spec.callback_url),
+            caller_waits=caller_waits,
+            # A key promises the same job to a retry for as long as finished jobs are kept.
+            brief=caller_waits and not spec.keep_answer and idempotency_key is None,
         )
 
     # ------------------------------------------------------------------ consuming
@@ -431,6 +440,14 @@ class Queue(Lifecycle):
         self._check_open()
         return await self._forget(job_id)
 
+    async def caller_gave_up(self, job_id: str) -> bool:
+        """The caller that waited for this job stopped waiting before it had the answer (it was
+        told to fetch the job later): from now on the job is one nobody waits for, deferred by a
+        spent budget like any asynchronous job and kept `finished_ttl_s` once it finishes. True
+        if a caller was waiting for it."""
+        self._check_open()
+        return await self._caller_gave_up(job_id)
+
     async def wait(self, job_id: str, timeout_s: float) -> Job:
         """Wait until the job is final (or the timeout passes) and return it as it is then.
         The backend wakes the waiter on each finish; nothing polls in a tight loop."""
@@ -536,6 +553,9 @@ class Queue(Lifecycle):
 
     @abc.abstractmethod
     async def _forget(self, job_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def _caller_gave_up(self, job_id: str) -> bool: ...
 
     @abc.abstractmethod
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:

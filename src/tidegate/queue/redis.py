@@ -34,7 +34,7 @@ import msgpack
 import orjson
 
 from tidegate._batching import GroupCall
-from tidegate._formats import FormatCheck, RedisStore, StoreFormat
+from tidegate._formats import FormatCheck, Migration, RedisStore, StoreFormat
 from tidegate._redis import (
     BLOCK_MAX_S,
     CLOSE_TIMEOUT_S,
@@ -72,15 +72,22 @@ UPKEEP_BATCH = 1_000  # jobs one maintenance step touches, so a script never blo
 REDRIVE_BATCH = 10_000
 _SCRIPTS = (
     "enqueue", "claim", "heartbeat", "complete", "fail", "release", "cancel", "forget",
-    "redrive", "purge_dead", "maintain", "read", "stats",
+    "redrive", "purge_dead", "maintain", "read", "stats", "gave_up",
 )
 _READ_ONLY_SCRIPTS = frozenset({"read", "stats"})  # safe to send twice
 _DRIVER_ERRORS = driver_errors()
 
 log = logging.getLogger("tidegate.queue")
 
-# The queue's keys' format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded.
-REDIS_FORMAT = StoreFormat.initial("queue")
+# The queue's keys' format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded;
+# format 2 adds the `caller_waits` and `brief` fields of a job's record and the `answered` index,
+# which nothing written before has (so the step from 1 only records the version), and which a
+# 0.1.0 process sharing the queue in a rolling upgrade carries along untouched.
+REDIS_FORMAT = StoreFormat("queue", 2, (
+    Migration(1, "record the queue's format (0.1.0's layout)"),
+    Migration(2, "jobs say whether a caller waits for them; answered ones are kept in their own "
+                 "retention index (nothing to convert)"),
+))
 
 
 def redis_store(name: str) -> RedisStore:
@@ -218,7 +225,8 @@ class RedisQueue(Queue):
     async def _enqueue_now(self, jobs: Sequence[NewJob]) -> list[str]:
         specs = orjson.dumps([
             [job.id, job.priority, job.tenant, job.created_ms, job.not_before_ms or 0,
-             job.deadline_ms or 0, job.max_attempts, job.idempotency_key or "", job.callback_url or ""]
+             job.deadline_ms or 0, job.max_attempts, job.idempotency_key or "", job.callback_url or "",
+             int(job.caller_waits), int(job.brief)]
             for job in jobs
         ])
         ids = await self._call("enqueue", specs, *(job.payload for job in jobs))
@@ -324,6 +332,9 @@ class RedisQueue(Queue):
 
     async def _forget(self, job_id: str) -> bool:
         return bool(await self._call("forget", job_id))
+
+    async def _caller_gave_up(self, job_id: str) -> bool:
+        return bool(await self._call("gave_up", job_id))
 
     async def _wait_final(self, job_id: str, timeout_s: float) -> Job | None:
         self._listen_for_done()
@@ -439,6 +450,7 @@ class RedisQueue(Queue):
             int(self.settings.finished_ttl_s * 1000),
             int(self.settings.dead_ttl_s * 1000),
             UPKEEP_BATCH,
+            int(self.settings.answered_keep_s * 1000),
         )
         recovered, dead, expired, promoted, aged, purged = (int(c) for c in counts)
         return MaintenanceReport(

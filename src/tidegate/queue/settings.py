@@ -31,6 +31,11 @@ class QueueSettings(BaseModel):
     tenant_round_robin: bool = False
     # Retention: succeeded, cancelled and expired jobs (with results and idempotency keys).
     finished_ttl_s: float = Field(24 * 3600.0, gt=0)
+    # Retention of such a job whose caller waited for it and was answered (a synchronous call,
+    # without an Idempotency-Key or a stored response to fetch again): its answer was delivered,
+    # so it is kept only long enough to be looked at. Never longer than finished_ttl_s. What is
+    # needed for accounting (spend, usage) is in the budget ledger and metrics, not in the job.
+    answered_ttl_s: float = Field(300.0, gt=0)
     dead_ttl_s: float = Field(7 * 24 * 3600.0, gt=0)
     # Background upkeep (lease recovery, deadline expiry, aging, retention); None turns it off
     # for callers that run `Queue.maintain()` themselves.
@@ -40,6 +45,11 @@ class QueueSettings(BaseModel):
     # its change possibly made on the master alone). 0: replication stays asynchronous.
     wait_replicas: int = Field(0, ge=0)
     wait_timeout_s: float = Field(1.0, gt=0)
+
+    @property
+    def answered_keep_s(self) -> float:
+        """How long an answered job is kept: `answered_ttl_s`, at most `finished_ttl_s`."""
+        return min(self.answered_ttl_s, self.finished_ttl_s)
 
     @field_validator("max_depth")
     @classmethod

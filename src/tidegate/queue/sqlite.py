@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import orjson
 
 from tidegate._formats import Migration, StoreFormat
-from tidegate._sqlite import SqliteThread
+from tidegate._sqlite import SqliteThread, reclaim_free_pages
 from tidegate.errors import LeaseLost, QueueFull, QueueUnavailable
 from tidegate.jobs import Job, JobState, Priority, now_ms
 from tidegate.queue._handoff import WaitingClaim
@@ -59,7 +59,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     callback_url TEXT,
     last_error TEXT,
     errors TEXT,
-    failure BLOB                             -- a dead job's structured failure (JSON), if given
+    failure BLOB,                            -- a dead job's structured failure (JSON), if given
+    caller_waits INTEGER NOT NULL DEFAULT 0, -- 1: a caller waits for the answer (format 2)
+    brief INTEGER NOT NULL DEFAULT 0         -- 1: kept answered_ttl_s once finished (format 2)
 );
 CREATE INDEX IF NOT EXISTS jobs_ready ON jobs(level, rr_round, seq) WHERE state = 'queued';
 CREATE INDEX IF NOT EXISTS jobs_due ON jobs(not_before_ms) WHERE state IN ('delayed', 'failed');
@@ -69,6 +71,8 @@ CREATE INDEX IF NOT EXISTS jobs_deadlines ON jobs(deadline_ms)
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_ms)
     WHERE state IN ('succeeded', 'cancelled', 'expired');
 CREATE INDEX IF NOT EXISTS jobs_dead ON jobs(finished_ms) WHERE state = 'dead';
+CREATE INDEX IF NOT EXISTS jobs_answered ON jobs(finished_ms)
+    WHERE brief = 1 AND state IN ('succeeded', 'cancelled', 'expired');
 CREATE TABLE IF NOT EXISTS tenant_turns (
     level INTEGER NOT NULL,
     tenant TEXT NOT NULL,
@@ -84,7 +88,7 @@ CREATE TABLE IF NOT EXISTS level_turns (
 _JOB_COLUMNS = (
     "id, priority, tenant, state, payload, result, created_ms, ready_ms, not_before_ms, "
     "deadline_ms, finished_ms, attempts, max_attempts, lease_token, worker_id, lease_expires_ms, "
-    "idempotency_key, callback_url, last_error, errors, failure, level, rr_round, seq"
+    "idempotency_key, callback_url, last_error, errors, failure, level, rr_round, seq, caller_waits"
 )
 # Columns added before versions were recorded, with their definitions: a file made before gets
 # them with its migration to format 1 (CREATE TABLE IF NOT EXISTS leaves an existing table as it is).
@@ -98,10 +102,22 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
 
 
+def _add_answer_columns(conn: sqlite3.Connection) -> None:
+    """Format 2: whether a caller waits for a job, and whether it is kept only briefly once
+    answered. Both default to 0, which is what every job written before was (and what 0.1.0's
+    INSERTs, which name their columns, still write during a rolling upgrade)."""
+    present = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    for name in ("caller_waits", "brief"):
+        if name not in present:
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
+
+
 # The queue's tables' format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded.
-SQLITE_FORMAT = StoreFormat("queue", 1, (
+SQLITE_FORMAT = StoreFormat("queue", 2, (
     Migration(1, "record the queue's format (0.1.0's layout; a file older than 0.1.0 gets the "
                  "jobs' failure column)", _add_missing_columns),
+    Migration(2, "jobs say whether a caller waits for them and whether they are kept only "
+                 "answered_ttl_s once answered (two columns, 0 for every job so far)", _add_answer_columns),
 ))
 
 
@@ -200,14 +216,15 @@ class SqliteQueue(Queue):
                 new = [job for job in new if job.id not in kept]
             conn.executemany(
                 "INSERT INTO jobs(id, priority, level, tenant, state, payload, created_ms, ready_ms,"
-                " not_before_ms, deadline_ms, max_attempts, idempotency_key, callback_url)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " not_before_ms, deadline_ms, max_attempts, idempotency_key, callback_url,"
+                " caller_waits, brief) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         job.id, job.priority, job.priority, job.tenant,
                         "delayed" if job.not_before_ms else "queued", job.payload, job.created_ms,
                         None if job.not_before_ms else now, job.not_before_ms, job.deadline_ms,
                         job.max_attempts, job.idempotency_key, job.callback_url,
+                        int(job.caller_waits), int(job.brief),
                     )
                     for job in new
                 ],
@@ -241,12 +258,12 @@ class SqliteQueue(Queue):
         row = conn.execute(
             "INSERT INTO jobs(id, priority, level, tenant, state, payload, created_ms, ready_ms,"
             " deadline_ms, max_attempts, idempotency_key, callback_url, attempts, lease_token,"
-            " worker_id, lease_expires_ms)"
-            " VALUES (?, ?, ?, ?, 'leased', ?, ?, ?, ?, ?, ?, ?, 1, 1, ?, ?)"
+            " worker_id, lease_expires_ms, caller_waits, brief)"
+            " VALUES (?, ?, ?, ?, 'leased', ?, ?, ?, ?, ?, ?, ?, 1, 1, ?, ?, ?, ?)"
             f" RETURNING {_JOB_COLUMNS}",
             (job.id, job.priority, job.priority, job.tenant, job.payload, job.created_ms, now,
              job.deadline_ms, job.max_attempts, job.idempotency_key, job.callback_url,
-             offer.worker_id, now + offer.lease_ms),
+             offer.worker_id, now + offer.lease_ms, int(job.caller_waits), int(job.brief)),
         ).fetchone()
         return _job(row)
 
@@ -523,6 +540,14 @@ class SqliteQueue(Queue):
 
         return await self._write(body)
 
+    async def _caller_gave_up(self, job_id: str) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(
+                "UPDATE jobs SET caller_waits = 0, brief = 0 WHERE id = ? AND caller_waits = 1",
+                (job_id,)).rowcount)
+
+        return await self._write(body)
+
     def _finished(self, jobs: Sequence[Job]) -> None:
         """Jobs this instance just brought to a final state: their waiters here get them as they
         are (no read-back), and every other instance is rung."""
@@ -609,7 +634,9 @@ class SqliteQueue(Queue):
             now = now_ms()
             sql = (
                 "UPDATE jobs SET state = 'queued', attempts = 0, level = priority, ready_ms = ?,"
-                " finished_ms = NULL, not_before_ms = NULL, failure = NULL WHERE state = 'dead'"
+                " finished_ms = NULL, not_before_ms = NULL, failure = NULL,"
+                # Its caller, if one waited, was answered with the failure long ago.
+                " caller_waits = 0, brief = 0 WHERE state = 'dead'"
             )
             rows: list[sqlite3.Row] = []
             if ids is None:
@@ -652,6 +679,11 @@ class SqliteQueue(Queue):
     async def _maintain(self) -> MaintenanceReport:
         # The write lock of one IMMEDIATE transaction is what keeps upkeep to one process at a time.
         report = await self._write(self._upkeep, on_thread=True)
+        # Apart from the upkeep's transaction (it runs in one of its own), and after it: what
+        # retention just freed is given back to the file system beyond a slack for new jobs.
+        reclaimed = await self._run(reclaim_free_pages, on_thread=True)
+        if reclaimed:
+            report.extra["reclaimed_pages"] = reclaimed
         if report.recovered or report.promoted or report.aged:
             self._bell.ring(WORK)
         if report.dead or report.expired:
@@ -716,8 +748,14 @@ class SqliteQueue(Queue):
 
     def _apply_retention(self, conn: sqlite3.Connection, now: int) -> int:
         finished_before = now - int(self.settings.finished_ttl_s * 1000)
+        answered_before = now - int(self.settings.answered_keep_s * 1000)
         dead_before = now - int(self.settings.dead_ttl_s * 1000)
         purged = conn.execute(
+            "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE brief = 1 AND state IN"
+            " ('succeeded', 'cancelled', 'expired') AND finished_ms <= ? LIMIT ?)",
+            (answered_before, UPKEEP_BATCH),
+        ).rowcount
+        purged += conn.execute(
             "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE state IN"
             " ('succeeded', 'cancelled', 'expired') AND finished_ms <= ? LIMIT ?)",
             (finished_before, UPKEEP_BATCH),

@@ -14,6 +14,8 @@
 --   aging       zset    id by next promotion time (queued jobs above level 0, aging on)
 --   turns       hash    "level:tenant" -> tenant's last turn, "level" -> level's current turn
 --   finished    zset    id by finish time (succeeded, cancelled, expired)
+--   answered    zset    id by finish time, for those of them kept only the answered ttl: their
+--                       record says `brief` (a caller waited and was answered; queue format 2)
 --   dead        zset    id by finish time
 --   ready:0..4   zset  member "<turn:12 hex><seq:16 hex><id>", every score 0, so ZPOPMIN serves
 --                      by turn, then FIFO by sequence
@@ -231,8 +233,15 @@ end
 -- Ids finished by this script call, announced together by announce().
 local FINISHED = {}
 
+-- The retention index of a job that finishes other than dead: answered for a brief job (its caller
+-- has the answer), else finished. Keys: answered (brief jobs) or finished.
+local function kept_in(K, job)
+  if job.brief then return K.answered end
+  return K.finished
+end
+
 -- Move a job to a final state and index it for retention.
--- Keys: detach's, jobs, and dead (state dead) or finished (any other).
+-- Keys: detach's, jobs, and dead (state dead) or kept_in's (any other).
 local function finish(K, job, state, now)
   detach(K, job)
   job.state = state
@@ -240,7 +249,7 @@ local function finish(K, job, state, now)
   job.worker_id = nil
   job.lease_expires_ms = nil
   save(K, job)
-  redis.call('ZADD', state == 'dead' and K.dead or K.finished, now, job.id)
+  redis.call('ZADD', state == 'dead' and K.dead or kept_in(K, job), now, job.id)
   FINISHED[#FINISHED + 1] = job.id
 end
 
@@ -253,7 +262,7 @@ local function announce()
 end
 
 -- Delete a finished job for good: its record, payload, result, idempotency key and its entry in
--- `index` (the finished or dead set it was kept in). Keys: jobs, payloads, results, idem.
+-- `index` (the finished, answered or dead set it was kept in). Keys: jobs, payloads, results, idem.
 local function erase(K, id, index)
   local job = load(K, id)
   if job and job.idempotency_key then redis.call('HDEL', K.idem, job.idempotency_key) end

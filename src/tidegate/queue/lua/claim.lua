@@ -2,7 +2,7 @@
 -- wait for a maintenance pass), due delayed jobs promoted and overdue ones expired first, then
 -- levels are served in the given order, each by turn and FIFO. Those scans run only once the
 -- stored `due` has come (see lua/_common.lua): before it, none of them would find anything.
--- KEYS: jobs payloads deadlines aging turns finished dead due ready:0..4 leased:0..4 signal:0..4
+-- KEYS: jobs payloads deadlines aging turns finished answered dead due ready:0..4 leased:0..4 signal:0..4
 -- waiting:0..4 delayed:0..4
 -- ARGV[1] worker id, ARGV[2] lease ms, ARGV[3] limit, ARGV[4..] levels to serve, ascending.
 -- Returns a flat array: job record, payload, job record, payload, ...; or, when nothing was

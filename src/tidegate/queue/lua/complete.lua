@@ -1,5 +1,5 @@
 -- Record results of leased jobs: each becomes succeeded, unless its lease is stale.
--- KEYS: jobs results finished leased:0..4
+-- KEYS: jobs results finished answered leased:0..4
 -- ARGV, three per job: id, lease token, result JSON.
 -- Returns one entry per job, in order: '' when it was completed, else why its lease is stale (a
 -- job with a stale lease is left unchanged).
@@ -29,7 +29,7 @@ for n, id in ipairs(ids) do
     job.lease_expires_ms = nil
     local record = cmsgpack.pack(job)
     batch:add('HSET', K.jobs, id, record)
-    batch:add('ZADD', K.finished, now, id)
+    batch:add('ZADD', kept_in(K, job), now, id)
     FINISHED[#FINISHED + 1] = #result <= HAND_RESULT_BYTES and {id, record, result} or id
   end
 end

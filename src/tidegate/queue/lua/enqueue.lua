@@ -3,7 +3,7 @@
 -- delayed:0..4
 -- ARGV[1] JSON array with one array per job: [id, priority, tenant, created_ms, not_before_ms
 -- (0 = now), deadline_ms (0 = none), max_attempts, idempotency_key ('' = none), callback_url
--- ('' = none)]; ARGV[2..] the payloads, in the same order. (One JSON argument instead of nine
+-- ('' = none), caller_waits (0/1), brief (0/1)]; ARGV[2..] the payloads, in the same order. (One JSON argument instead of nine
 -- per job keeps the client's packing cheap.) The levels' depth limits are MAX_DEPTH.
 -- Returns the id of every job in order (a known idempotency key returns the first job's id), or
 -- the error "QUEUE_FULL <level> <depth> <limit>" with nothing written.
@@ -50,6 +50,9 @@ for n, i in ipairs(fresh) do
     batch:add('HSET', K.idem, spec[8], job.id)
   end
   if spec[9] ~= '' then job.callback_url = spec[9] end
+  -- Left out of the record when 0, so a job nobody waits for is stored as before format 2.
+  if spec[10] == 1 then job.caller_waits = 1 end
+  if spec[11] == 1 then job.brief = 1 end
   batch:add('HSET', K.payloads, job.id, ARGV[1 + i])
   if spec[5] > 0 then
     park(K, job, 'delayed', spec[5], batch)

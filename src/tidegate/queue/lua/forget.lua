@@ -1,6 +1,6 @@
 -- Delete a finished job now, as retention would later: its record, payload, result and
 -- idempotency key.
--- KEYS: jobs payloads results idem finished dead
+-- KEYS: jobs payloads results idem finished answered dead
 -- ARGV[1] job id.
 -- Returns 1 when deleted, 0 when the job is unknown or has not finished.
 local job = load(K, ARGV[1])
@@ -11,7 +11,9 @@ if s == 'dead' then
   return 1
 end
 if s == 'succeeded' or s == 'cancelled' or s == 'expired' then
+  -- Either index: a job a release before format 2 finished is in `finished` whatever it says.
   erase(K, job.id, K.finished)
+  redis.call('ZREM', K.answered, job.id)
   return 1
 end
 return 0

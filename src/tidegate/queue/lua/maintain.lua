@@ -1,11 +1,13 @@
 -- One upkeep pass: recover expired leases, promote due jobs, expire overdue ones, age waiting
 -- jobs, drop finished jobs and dead letters past retention. A script runs alone on its server,
 -- so passes from different workers never interleave.
--- KEYS: jobs payloads results idem deadlines aging turns finished dead due ready:0..4 leased:0..4
+-- KEYS: jobs payloads results idem deadlines aging turns finished answered dead due ready:0..4 leased:0..4
 -- signal:0..4 waiting:0..4 delayed:0..4
--- ARGV[1] finished ttl ms, ARGV[2] dead ttl ms, ARGV[3] batch size per step.
+-- ARGV[1] finished ttl ms, ARGV[2] dead ttl ms, ARGV[3] batch size per step, ARGV[4] answered ttl
+-- ms.
 -- Returns {recovered, dead, expired, promoted, aged, purged}.
 local finished_ttl, dead_ttl, batch = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local answered_ttl = tonumber(ARGV[4])
 local now = now_ms()
 local wake = {}
 local aged, purged = 0, 0
@@ -50,7 +52,8 @@ local function drop(index, cutoff)
   for _, id in ipairs(ids) do erase(K, id, index) end
   return #ids
 end
-purged = drop(K.finished, now - finished_ttl) + drop(K.dead, now - dead_ttl)
+purged = drop(K.finished, now - finished_ttl) + drop(K.answered, now - answered_ttl)
+  + drop(K.dead, now - dead_ttl)
 
 if ROUND_ROBIN then
   -- A tenant whose last turn is behind its level's current turn gains nothing from its entry,

@@ -18,6 +18,9 @@ for _, id in ipairs(ids) do
     job.attempts = 0
     job.finished_ms = nil
     job.failure = nil
+    -- Its caller, if one waited, was answered with the failure long ago.
+    job.caller_waits = nil
+    job.brief = nil
     requeue(K, job, now, wake)
     count = count + 1
   end
