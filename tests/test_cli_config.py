@@ -9,10 +9,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 from typer.testing import CliRunner
 
-from tidegate.cli.config import settings_toml
+from tidegate.cli.config import settings_toml, validation_errors
 from tidegate.cli.main import app
 from tidegate.config import TidegateConfig
 
@@ -147,6 +147,26 @@ def test_a_bad_url_value_is_redacted_in_the_error_too(tmp_path: Path) -> None:
     assert ":pw@" not in result.stderr and "'postgres://u:***@h/BAD'" in result.stderr
     assert "sync.slot: String should match pattern" in result.stderr
     assert "tracing.sample_ratio: Input should be less than or equal to 1, not '2'" in result.stderr
+
+
+def test_the_admin_key_is_redacted_and_marked_as_from_the_environment() -> None:
+    key = "tg_0123456789ab_" + "s3cretsecretsecretsecret"
+
+    result = runner.invoke(app, ["config", "check", str(EXAMPLE)], env={"TIDEGATE_ADMIN_KEY": key})
+
+    assert result.exit_code == 0, result.output
+    assert "s3cret" not in result.output
+    assert 'admin_key = "***"  # env' in _section(result.stdout, "[up]")
+
+
+def test_an_error_never_repeats_a_secrets_value() -> None:
+    class Keyed(BaseModel):
+        admin_key: str = Field(pattern="^tg_")
+
+    with pytest.raises(ValidationError) as refused:
+        Keyed(admin_key="s3cret-with-a-typo")
+
+    assert validation_errors(refused.value) == ["admin_key: String should match pattern '^tg_'"]
 
 
 class _WithSecret(BaseModel):

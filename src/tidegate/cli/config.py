@@ -39,6 +39,8 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 # that), whose message names the setting without its section.
 _RECS_ERROR = re.compile(r"recommender setting ([\w.]+): ")
 
+# A setting whose value is never repeated in an error message.
+_SECRET_NAME = re.compile(r"(key|secret|password|token)[^.]*$", re.IGNORECASE)
 # pydantic-settings names the top-level field whose variable it could not parse.
 _ENV_FIELD = re.compile(r'field "(\w+)"')
 
@@ -116,9 +118,11 @@ def validation_errors(exc: ValidationError) -> list[str]:
         if error["type"] == "extra_forbidden":
             lines.append(f"{place}: no such setting (see tidegate.example.toml)")
             continue
-        # A table's input is left out: its message says what is wrong, and it may hold a URL.
-        scalar = isinstance(error["input"], str | int | float | Decimal)
-        given = f", not {_shown(error['input'])}" if scalar and error["type"] != "missing" else ""
+        # A table's input is left out: its message says what is wrong, and it may hold a URL; so
+        # is a secret's (an admin key with a typo is still nearly the key).
+        shown = (isinstance(error["input"], str | int | float | Decimal) and error["type"] != "missing"
+                 and _SECRET_NAME.search(place) is None)
+        given = f", not {_shown(error['input'])}" if shown else ""
         lines.append(f"{place}: {error['msg']}{given}")
     return lines
 
@@ -261,17 +265,26 @@ def _file_sources(path: Path) -> dict[str, str]:
 
 
 def _env_sources() -> dict[str, str]:
-    """The settings a TIDEGATE_* variable gives, by path, as the loader's own sources read them."""
-    from pydantic_settings import EnvSettingsSource
+    """The settings the environment gives, by path, as the loader's own sources read them: every
+    source of TidegateConfig but the file (TIDEGATE_* nested, and the short spellings such as
+    TIDEGATE_GATEWAY_PORT or TIDEGATE_ADMIN_KEY that sources of its own read)."""
+    from pydantic_settings import (
+        DotEnvSettingsSource,
+        EnvSettingsSource,
+        InitSettingsSource,
+        SecretsSettingsSource,
+        TomlConfigSettingsSource,
+    )
 
-    from tidegate.config import GatewaySettings, TidegateConfig
+    from tidegate.config import TidegateConfig
 
-    given = EnvSettingsSource(TidegateConfig)()
-    found = dict.fromkeys(_paths(given), "env")
-    # TIDEGATE_GATEWAY_<NAME>, the spelling from before [gateway] was a section.
-    for name in GatewaySettings.model_fields:
-        if f"TIDEGATE_GATEWAY_{name.upper()}" in {key.upper() for key in os.environ}:
-            found[f"gateway.{name}"] = "env"
+    sources = TidegateConfig.settings_customise_sources(
+        TidegateConfig, InitSettingsSource(TidegateConfig, init_kwargs={}), EnvSettingsSource(TidegateConfig),
+        DotEnvSettingsSource(TidegateConfig), SecretsSettingsSource(TidegateConfig))
+    found: dict[str, str] = {}
+    for source in sources:
+        if not isinstance(source, InitSettingsSource | TomlConfigSettingsSource):
+            found.update(dict.fromkeys(_paths(source()), "env"))
     return found
 
 
