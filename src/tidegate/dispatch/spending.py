@@ -1,9 +1,10 @@
 """The budget side of a worker: which daily limits a tenant's jobs are reserved against, how much
-of them is left, and the reservations themselves.
+of them is left, what a call is estimated to cost, and the reservations themselves.
 
 A tenant's own daily budget (set in the tenant store, read again every `TENANT_CACHE_S`) wins over
 the configured one; the global budget applies to everyone. CRITICAL jobs are recorded but never
-refused (DESIGN.md: the most urgent work is not stopped by a spent budget).
+refused (DESIGN.md: the most urgent work is not stopped by a spent budget). The gateway refuses a
+synchronous call with the same limits and estimates before it is queued (tidegate.gateway.budget_door).
 """
 
 from __future__ import annotations
@@ -14,19 +15,62 @@ from datetime import date
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from tidegate.ai import AUTO, AIRequest
 from tidegate.config import BudgetConfig
 from tidegate.coord.budget import BudgetLedger, Reservation
-from tidegate.costs import usd_to_micros
+from tidegate.costs import estimate_cost_micros, estimate_input_tokens, usd_to_micros
+from tidegate.dispatch.router import RouteDecision, Router
+from tidegate.dispatch.tiers import priced, tier_of
 from tidegate.jobs import Job, Priority
 
 if TYPE_CHECKING:  # the worker only reads tenants; the store belongs to the gateway layer
     from tidegate.coord.tenants import TenantStore
 
-__all__ = ["TENANT_CACHE_S", "Hold", "Limits", "Spending", "Unlimited", "hold_from_json", "hold_to_json"]
+__all__ = [
+    "TENANT_CACHE_S",
+    "Hold",
+    "Limits",
+    "Spending",
+    "Unlimited",
+    "cheaper_route",
+    "estimated_micros",
+    "hold_from_json",
+    "hold_to_json",
+    "limits_of",
+]
 
 TENANT_CACHE_S = 5.0  # how long a tenant's budget is reused before it is read again
 
 Limits = tuple[int | None, int | None]  # (tenant, global) daily limits in micro-USD; None: none
+
+
+def limits_of(budgets: BudgetConfig, tenant: str, own: Decimal | None) -> Limits:
+    """A tenant's and the global daily limits in micros: the tenant's own budget (`own`, from the
+    tenant store) over the configured ones."""
+    tenant_usd = budgets.tenant_limit_usd(tenant, own)
+    return (
+        None if tenant_usd is None else usd_to_micros(tenant_usd),
+        None if budgets.global_daily_usd is None else usd_to_micros(budgets.global_daily_usd),
+    )
+
+
+def estimated_micros(route: RouteDecision, request: AIRequest, priority: Priority) -> int:
+    """The most a call can cost on `route` (its max_tokens included), at the prices of the tier
+    it would be sent with: what a reservation holds."""
+    model = priced(route.model, route.provider, tier_of(request, route.provider, priority))
+    return estimate_cost_micros(model, request.kind, request.body)
+
+
+def cheaper_route(router: Router, request: AIRequest, route: RouteDecision,
+                  exclude: frozenset[str] = frozenset()) -> RouteDecision | None:
+    """The cheapest model that may serve an `auto` chat request, if it is not `route`'s: what the
+    `step_down` mode tries when the routed model does not fit the budget left. A model the
+    caller named is never swapped (see Router)."""
+    if request.kind != "chat" or request.requested_model not in (None, "", AUTO):
+        return None
+    cheaper = router.cheapest(estimated_input_tokens=estimate_input_tokens(request.kind, request.body),
+                              allowed_models=request.allowed_models, exclude=exclude)
+    return None if cheaper is None or cheaper.model.name == route.model.name else cheaper
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +120,7 @@ class Spending:
 
     async def limits(self, tenant: str) -> Limits:
         """Daily limits in micros: the tenant's own budget (tenant store) wins over the config."""
-        budgets = self.budgets
-        tenant_usd = budgets.tenant_limit_usd(tenant, await self._tenant_budget(tenant))
-        return (
-            None if tenant_usd is None else usd_to_micros(tenant_usd),
-            None if budgets.global_daily_usd is None else usd_to_micros(budgets.global_daily_usd),
-        )
+        return limits_of(self.budgets, tenant, await self._tenant_budget(tenant))
 
     async def reserve(self, job: Job, amount_micros: int, limits: Limits) -> Hold:
         """Reserve `amount_micros` for `job` (BudgetExhausted when it does not fit; a CRITICAL job

@@ -38,7 +38,6 @@ from tidegate.coord.provider_batches import provider_batch_store_for
 from tidegate.coord.relay import ChunkRelay
 from tidegate.costs import (
     cost_micros,
-    estimate_cost_micros,
     estimate_input_tokens,
     estimate_output_tokens,
     micros_to_usd,
@@ -48,8 +47,8 @@ from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.provider_batches import Found, ProviderBatches
-from tidegate.dispatch.router import AUTO, RouteDecision, Router, RoutingError
-from tidegate.dispatch.spending import Hold, Spending
+from tidegate.dispatch.router import RouteDecision, Router, RoutingError
+from tidegate.dispatch.spending import Hold, Spending, cheaper_route, estimated_micros
 from tidegate.dispatch.tiers import answered_with_tier, priced, tier_of, with_tier
 from tidegate.dispatch.traces import answered, charged, model_call, processing
 from tidegate.dispatch.turnstile import PriorityTurnstile
@@ -427,26 +426,19 @@ class Worker:
     @staticmethod
     def _estimate(route: RouteDecision, request: AIRequest, job: Job) -> int:
         """The most the call can cost on `route`, at the prices of the tier it would be sent with."""
-        model = priced(route.model, route.provider, tier_of(request, route.provider, job.priority))
-        return estimate_cost_micros(model, request.kind, request.body)
+        return estimated_micros(route, request, job.priority)
 
     def _cheaper_route(self, request: AIRequest, job: Job, route: RouteDecision) -> RouteDecision | None:
-        """The cheapest model that may serve an `auto` chat job, if it is not the one refused. A
-        model the caller named is never swapped (see Router)."""
-        if request.kind != "chat" or request.requested_model not in (None, "", AUTO):
-            return None
-        cheaper = self.router.cheapest(
-            estimated_input_tokens=estimate_input_tokens(request.kind, request.body),
-            allowed_models=request.allowed_models, exclude=self._health.failing(),
-        )
-        return None if cheaper is None or cheaper.model.name == route.model.name else cheaper
+        """The cheapest model that may serve an `auto` chat job, if it is not the one refused."""
+        return cheaper_route(self.router, request, route, self._health.failing())
 
     async def _on_budget_refusal(self, call: _Call, refusal: BudgetExhausted, amount: int) -> None:
         budgets, job = self.config.budgets, call.job
+        # A job whose caller waits is ended now, whatever the mode: its caller gets 429 at once.
         outcome = budget_outcome(
             refusal, amount, tenant=job.tenant, mode=budgets.on_exhausted, defer_s=budgets.defer_s,
             defer_max_s=budgets.defer_max_s, created_at=job.created_at, deadline=job.deadline,
-            now=datetime.now(UTC),
+            now=datetime.now(UTC), caller_waits=job.caller_waits,
         )
         self.metrics.budget_refusals.labels(
             "deferred" if outcome.action == "defer" else "dead", outcome.reason).inc()

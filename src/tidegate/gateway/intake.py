@@ -21,6 +21,7 @@ from tidegate.coord.tenants import Tenant
 from tidegate.costs import estimate_input_tokens
 from tidegate.dispatch.failures import routing_refused
 from tidegate.errors import InvalidJob, InvalidPriority, RoutingError
+from tidegate.gateway.budget_door import refuse_over_budget
 from tidegate.gateway.dialects import Dialect
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.schemas import JobRequest
@@ -112,11 +113,18 @@ class JobDraft:
         """The job's payload."""
         return self.request.to_payload()
 
-    def spec(self, tenant: Tenant) -> dict[str, Any]:
-        """The queue's job spec."""
+    @property
+    def keep_answer(self) -> bool:
+        """Whether the answer may be fetched again after it was given: a stored response (GET
+        /v1/responses/{id}, `previous_response_id`), kept as long as any finished job."""
+        origin = self.request.origin
+        return origin is not None and origin.api == "responses" and origin.body.get("store") is not False
+
+    def spec(self, tenant: Tenant, *, caller_waits: bool = False) -> dict[str, Any]:
+        """The queue's job spec; `caller_waits` for a synchronous call's job."""
         return {"payload": self.payload, "priority": self.priority, "tenant": tenant.name,
                 "idempotency_key": self.idempotency_key, "callback_url": self.callback_url,
-                "timeout_s": self.timeout_s}
+                "timeout_s": self.timeout_s, "caller_waits": caller_waits, "keep_answer": self.keep_answer}
 
 
 def header_priority(value: str | None) -> Priority | None:
@@ -311,9 +319,11 @@ async def enqueue(state: GatewayState, tenant: Tenant, drafts: Sequence[JobDraft
                   will_wait: bool = False, derived_keys: bool = False) -> list[str]:
     """Enqueue checked jobs in one atomic call; their callback URLs are checked first, and so is
     every Idempotency-Key already used (409 when it was used for another request). `will_wait`:
-    the call waits for them next (see `Queue.enqueue_many`). `derived_keys`: the keys are derived
-    from the requests themselves (a batch's lines), so a key another call won in between names
-    the same request, and the check after the write (one read per job) is spared."""
+    the call waits for them next (see `Queue.enqueue_many`): each is checked against the daily
+    budgets first (tidegate.gateway.budget_door), and marked as one a caller waits for.
+    `derived_keys`: the keys are derived from the requests themselves (a batch's lines), so a key
+    another call won in between names the same request, and the check after the write (one read
+    per job) is spared."""
     for url in {draft.callback_url for draft in drafts if draft.callback_url is not None}:
         await state.check_callback_url(url)
     keyed = [draft for draft in drafts if draft.idempotency_key is not None]
@@ -322,7 +332,14 @@ async def enqueue(state: GatewayState, tenant: Tenant, drafts: Sequence[JobDraft
     for draft in keyed:
         if draft.idempotency_key in known:
             await _check_repeat(state, draft, known[draft.idempotency_key])
-    ids = await state.queue.enqueue_many([draft.spec(tenant) for draft in drafts], will_wait=will_wait)
+    if will_wait:
+        # A call the budget cannot serve now is answered 429 at once, and nothing is queued. A
+        # repeated Idempotency-Key gets its first job's answer, which spends nothing more.
+        for draft in drafts:
+            if draft.idempotency_key not in known:
+                await refuse_over_budget(state, tenant, draft.request, draft.priority)
+    ids = await state.queue.enqueue_many([draft.spec(tenant, caller_waits=will_wait) for draft in drafts],
+                                         will_wait=will_wait)
     for draft, job_id in zip(drafts, ids, strict=True):
         if draft.idempotency_key is not None and draft.idempotency_key not in known and not derived_keys:
             # Two first uses at once: the other may have won the key in between.

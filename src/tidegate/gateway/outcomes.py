@@ -3,17 +3,19 @@ error that says how the job ended."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from datetime import UTC, datetime
 
 from tidegate.ai import AIResult, result_of
-from tidegate.coord.budget import seconds_to_next_day
+from tidegate.errors import TidegateError
+from tidegate.gateway.budget_door import budget_headers
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.state import GatewayState
 from tidegate.gateway.views import failure_view
 from tidegate.jobs import Job, JobState
 
-__all__ = ["failure_of", "result_headers", "shutting_down", "succeeded"]
+__all__ = ["failure_of", "left_waiting", "result_headers", "shutting_down", "succeeded"]
 
 
 async def succeeded(state: GatewayState, job_id: str, timeout_s: float) -> tuple[Job, AIResult]:
@@ -21,6 +23,7 @@ async def succeeded(state: GatewayState, job_id: str, timeout_s: float) -> tuple
     did not succeed in time (or succeeded without an answer to give)."""
     job = await state.wait_job(job_id, timeout_s)
     if job.state is not JobState.SUCCEEDED:
+        await left_waiting(state, job)
         raise shutting_down(job) if state.draining and not job.is_final else failure_of(job, timeout_s)
     result = result_of(job)
     state.recent.record(job, result)
@@ -28,6 +31,17 @@ async def succeeded(state: GatewayState, job_id: str, timeout_s: float) -> tuple
         raise ApiError(502, "the job succeeded without a provider response", code="upstream_error",
                        job_id=job.id)
     return job, result
+
+
+async def left_waiting(state: GatewayState, job: Job) -> None:
+    """A call answered before its job finished (504, 503: "the job goes on, poll it") leaves the
+    job to be fetched later: the queue then keeps it `finished_ttl_s` once it finishes, not the
+    short `answered_ttl_s`, and a spent budget defers it like any job nobody waits for. Best
+    effort: a queue that cannot be told keeps the call's own answer unchanged."""
+    if job.is_final or not job.caller_waits:
+        return
+    with contextlib.suppress(TidegateError):
+        await state.queue.caller_gave_up(job.id)
 
 
 def result_headers(job: Job, result: AIResult | None) -> dict[str, str]:
@@ -52,7 +66,7 @@ def _dead(job: Job) -> ApiError:
     failure = failure_view(job)
     if failure is not None:
         return ApiError(failure.status, failure.message, code=failure.code, type_=failure.type,
-                        param=failure.param, job_id=job.id, headers=_budget_headers(failure.code))
+                        param=failure.param, job_id=job.id, headers=budget_headers(failure.code))
     error = job.last_error or "no error recorded"
     return ApiError(502, f"the job failed after {job.attempts} attempt(s): {error}", code="job_failed",
                     type_="upstream_error", job_id=job.id)
@@ -91,14 +105,3 @@ def _still_waiting(job: Job, waited_s: float) -> ApiError:
             message += f": {job.last_error}"
     return ApiError(504, f"{message}; poll GET /v1/jobs/{job.id}", code="timeout", job_id=job.id,
                     headers=headers)
-
-
-def _budget_headers(code: str) -> dict[str, str]:
-    """A job a budget ended: the OpenAI SDKs are told not to retry (`x-should-retry`), since the
-    same request meets the same budget; a spent budget says when it starts afresh."""
-    if code == "budget_exhausted":
-        next_day_s = seconds_to_next_day(datetime.now(UTC))
-        return {"x-should-retry": "false", "Retry-After": str(math.ceil(next_day_s))}
-    if code.startswith("budget_"):
-        return {"x-should-retry": "false"}
-    return {}

@@ -25,7 +25,7 @@ from tidegate.coord.relay import ChunkRelay
 from tidegate.gateway.dialects import Dialect, StreamRenderer
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.intake import Submitted
-from tidegate.gateway.outcomes import failure_of
+from tidegate.gateway.outcomes import failure_of, left_waiting
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
@@ -124,6 +124,7 @@ async def stream_job(state: GatewayState, dialect: Dialect, submitted: Submitted
     except StreamEnded as ended:
         await relayed.aclose()
         if ended.job.state is not JobState.SUCCEEDED:
+            await left_waiting(state, ended.job)
             raise failure_of(ended.job, timeout_s) from None
         result = result_of(ended.job)
         state.recent.record(ended.job, result)
@@ -133,6 +134,7 @@ async def stream_job(state: GatewayState, dialect: Dialect, submitted: Submitted
         job = await state.queue.get(job_id)
         if job is None:
             raise ApiError(504, "no answer in time", code="timeout", job_id=job_id) from None
+        await left_waiting(state, job)
         raise failure_of(job, timeout_s) from None
     except BaseException:
         await relayed.aclose()
@@ -189,6 +191,7 @@ class _Relay:
                 chunk = await stream.next()
             except StreamEnded as ended:
                 if ended.job.state is not JobState.SUCCEEDED:
+                    await left_waiting(self._state, ended.job)
                     yield self._renderer.error_frame(failure_of(ended.job, timeout_s))
                 return
             except TimeoutError:

@@ -93,6 +93,17 @@ class BudgetStatus:
         left = [r for r in (self.tenant_remaining_micros, self.global_remaining_micros) if r is not None]
         return min(left) if left else None
 
+    def refusal(self, amount_micros: int) -> BudgetExhausted | None:
+        """What a reservation of `amount_micros` would be refused with now, the tenant's limit
+        checked first as the ledger does (None: it fits)."""
+        checks: tuple[tuple[BudgetScope, int | None, int], ...] = (
+            ("tenant", self.tenant_limit_micros, self.tenant_spent_micros),
+            ("global", self.global_limit_micros, self.global_spent_micros))
+        for scope, limit, spent in checks:
+            if limit is not None and spent + amount_micros > limit:
+                return _exhausted(scope, self.tenant, amount_micros, spent, limit)
+        return None
+
     @property
     def fraction_left(self) -> float | None:
         """The share left of the tighter budget, 0.0-1.0 (None: both unlimited); what the router

@@ -56,12 +56,15 @@ def budget_outcome(
     created_at: datetime,
     deadline: datetime | None,
     now: datetime,
+    caller_waits: bool = False,
 ) -> BudgetOutcome:
     """Decide, where the refusal is known, how a refused job ends or waits:
 
     - a job estimated above the refusing budget's whole daily limit can never fit: dead with
       `budget_exceeds_limit`, in every mode (waiting would defer it forever);
-    - `reject`: dead with `budget_exhausted`;
+    - `reject`, or a job whose caller waits for the answer (a synchronous call, in every mode:
+      its caller expects an answer now, not a job that runs and spends after it gave up): dead
+      with `budget_exhausted`;
     - `defer` (and `step_down` once no cheaper model fits): back to the queue for `defer_s`,
       or until the next UTC midnight when that comes first (budgets reset then), with the reason
       recorded. Bounded: a job that would wait past `defer_max_s` since its creation, or past its
@@ -73,7 +76,7 @@ def budget_outcome(
             f"the job's estimated cost of {micros_to_usd(amount_micros)} USD is more than the whole "
             f"{owner} daily budget of {micros_to_usd(refusal.limit_micros)} USD: it can never run "
             "(raise the budget, or ask for fewer max_tokens or a cheaper model)"))
-    if mode == "reject":
+    if mode == "reject" or caller_waits:
         return BudgetOutcome("dead", BUDGET_EXHAUSTED, f"budget exhausted: {refusal}")
     wait_s = min(defer_s, seconds_to_next_day(now))
     retry_at = now + timedelta(seconds=wait_s)
