@@ -192,6 +192,35 @@ async def test_a_key_of_a_deleted_tenant_is_refused(stores: Stores) -> None:
     assert await store.authenticate(api_key) is None
 
 
+async def test_deleting_a_tenant_revokes_its_keys_for_good(stores: Stores) -> None:
+    # Given a tenant with two keys (one already revoked) and another tenant with one
+    store = stores.open(auth_cache_s=60)  # a cache, which the deletion must empty
+    await store.put_tenant(ACME)
+    await store.put_tenant(Tenant(name="globex"))
+    first, first_key = await store.create_key("acme")
+    second, second_key = await store.create_key("acme")
+    _, other_key = await store.create_key("globex")
+    await store.revoke_key(second.key_id)
+    assert await store.authenticate(first_key) == ACME
+
+    # When it is deleted
+    revoked = await store.delete_tenant("acme")
+
+    # Then its live key was revoked, and only the other tenant and its key remain
+    assert revoked == [first.key_id]
+    assert await store.get_tenant("acme") is None
+    assert [tenant.name for tenant in await store.list_tenants()] == ["globex"]
+    assert await store.authenticate(first_key) is None
+    assert await store.authenticate(other_key) is not None
+    assert all(key.revoked_at is not None for key in await store.list_keys("acme"))
+    # ... its keys stay refused when the name is used again, also by another store
+    await store.put_tenant(ACME)
+    assert await stores.open(auth_cache_s=0).authenticate(first_key) is None
+    assert await store.authenticate(second_key) is None
+    # ... and an unknown tenant is no deletion
+    assert await store.delete_tenant("nobody") is None
+
+
 async def test_a_key_for_an_unknown_tenant_is_refused(store: TenantStore) -> None:
     with pytest.raises(TenantNotFound, match="nobody"):
         await store.create_key("nobody")
@@ -422,3 +451,43 @@ async def test_cli_refuses_bad_input(stores: Stores) -> None:
     for result in (bad_priority, inverted, bad_budget, bad_name):
         assert result.exit_code == 2, result.output
     assert await stores.open().list_tenants() == []
+
+
+async def test_cli_shows_a_tenant_with_its_keys(stores: Stores) -> None:
+    url = stores.url
+    put = await _cli("tenants", "put", "acme", "--queue", url, "--rpm", "60", "--models", "gpt-4.1")
+    assert put.exit_code == 0, put.output
+    created = await _cli("keys", "create", "acme", "--queue", url)
+    key_id = created.stdout.strip()[3:15]
+
+    shown = await _cli("tenants", "show", "acme", "--queue", url)
+    unknown = await _cli("tenants", "show", "nobody", "--queue", url)
+
+    assert shown.exit_code == 0, shown.output
+    for text in ("Tenant acme", "max priority", "high", "60", "gpt-4.1", key_id):
+        assert text in shown.output, text
+    assert created.stdout.strip().split("_", 2)[2] not in shown.output  # never a secret
+    assert unknown.exit_code == 2
+    assert "no tenant named 'nobody'" in unknown.output and "Traceback" not in unknown.output
+
+
+async def test_cli_deletes_a_tenant_and_revokes_its_keys_once_confirmed(stores: Stores) -> None:
+    url = stores.url
+    assert (await _cli("tenants", "put", "acme", "--queue", url)).exit_code == 0
+    api_key = (await _cli("keys", "create", "acme", "--queue", url)).stdout.strip()
+    store = stores.open(auth_cache_s=0)
+
+    # Asked and not confirmed, nothing happens
+    declined = await asyncio.to_thread(runner.invoke, app, ["tenants", "delete", "acme", "--queue", url],
+                                       input="n\n")
+    assert declined.exit_code == 1
+    assert await store.authenticate(api_key) is not None
+
+    deleted = await _cli("tenants", "delete", "acme", "--queue", url, "--yes")
+    again = await _cli("tenants", "delete", "acme", "--queue", url, "--yes")
+
+    assert deleted.exit_code == 0, deleted.output
+    assert deleted.stdout.startswith(f"Deleted tenant acme; revoked 1 key ({api_key[3:15]}).")
+    assert await store.get_tenant("acme") is None and await store.authenticate(api_key) is None
+    assert again.exit_code == 2
+    assert "no tenant named 'acme'" in again.output and "Traceback" not in again.output

@@ -4,7 +4,7 @@ with which API keys."""
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -15,7 +15,7 @@ from tidegate.cli._common import DEFAULT_QUEUE_URL, QueueUrl, errors_as_exit, ru
 from tidegate.errors import TidegateError
 
 if TYPE_CHECKING:
-    from tidegate.coord.tenants import Tenant, TenantStore
+    from tidegate.coord.tenants import ApiKeyInfo, Tenant, TenantStore
 
 __all__ = ["keys_app", "tenants_app"]
 
@@ -123,6 +123,79 @@ def tenants_list(queue: QueueUrl = DEFAULT_QUEUE_URL) -> None:
             "yes" if tenant.admin else "",
         )
     console.print(table)
+
+
+@tenants_app.command("show")
+def tenants_show(
+    name: Annotated[str, typer.Argument(help="The tenant to show.")],
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+) -> None:
+    """A tenant's limits and its API keys (ids and dates, never secrets)."""
+
+    async def read(store: TenantStore) -> tuple[Tenant | None, list[ApiKeyInfo]]:
+        return await store.get_tenant(name), await store.list_keys(name)
+
+    tenant, keys = run_with(partial(_tenant_store, queue), read)
+    if tenant is None:
+        _no_such_tenant(name)
+    console = Console()
+    limits = Table(title=f"Tenant {escape(tenant.name)}", show_header=False)
+    limits.add_column("setting")
+    limits.add_column("value", overflow="fold")
+    for setting, value in _tenant_rows(tenant):
+        limits.add_row(setting, escape(value))
+    console.print(limits)
+    if not keys:
+        console.print("No keys (tidegate keys create NAME makes one).", highlight=False)
+        return
+    table = Table(title="API keys")
+    table.add_column("key id", no_wrap=True)
+    for column in ("created (UTC)", "revoked (UTC)"):
+        table.add_column(column)
+    for key in keys:
+        revoked = key.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if key.revoked_at else ""
+        table.add_row(key.key_id, key.created_at.strftime("%Y-%m-%d %H:%M:%S"), revoked)
+    console.print(table)
+
+
+def _tenant_rows(tenant: Tenant) -> list[tuple[str, str]]:
+    """A tenant's settings as `tenants list` words them."""
+    return [
+        ("max priority", tenant.max_priority.name.lower()),
+        ("default priority", tenant.default_priority.name.lower()),
+        ("rpm", "no limit" if tenant.rpm is None else f"{tenant.rpm:,}"),
+        ("daily budget (USD)",
+         "no limit" if tenant.daily_budget_usd is None else f"{tenant.daily_budget_usd:,}"),
+        ("models", "all" if tenant.allowed_models is None else ", ".join(tenant.allowed_models)),
+        ("admin", "yes" if tenant.admin else "no"),
+    ]
+
+
+@tenants_app.command("delete")
+def tenants_delete(
+    name: Annotated[str, typer.Argument(help="The tenant to delete.")],
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    yes: Annotated[bool, typer.Option(
+        "--yes", help="Delete without asking (needed without a terminal).")] = False,
+) -> None:
+    """Delete a tenant and revoke all its API keys: its callers are refused from then on (within
+    the gateways' authentication cache time, 1 s). Its keys stay revoked if the name is reused."""
+    if run_with(partial(_tenant_store, queue), lambda store: store.get_tenant(name)) is None:
+        _no_such_tenant(name)  # before asking: there is nothing to confirm
+    if not yes and not typer.confirm(f"Delete tenant {name} and revoke all its keys?", default=False):
+        Console(stderr=True).print("Nothing deleted.", highlight=False)
+        raise typer.Exit(1)
+    revoked = run_with(partial(_tenant_store, queue), lambda store: store.delete_tenant(name))
+    if revoked is None:
+        _no_such_tenant(name)
+    typer.echo(f"Deleted tenant {name}; revoked {len(revoked)} key{'s' if len(revoked) != 1 else ''}"
+               + (f" ({', '.join(revoked)})." if revoked else "."))
+
+
+def _no_such_tenant(name: str) -> NoReturn:
+    with errors_as_exit():
+        raise TidegateError(f"no tenant named {name!r} (tidegate tenants list shows them)")
+    raise AssertionError("unreachable: errors_as_exit exits")
 
 
 @keys_app.command("create")

@@ -254,6 +254,16 @@ class TenantStore(OpensOnFirstUse):
             log.info("revoked API key %s", key_id)
         return revoked
 
+    async def delete_tenant(self, name: str) -> list[str] | None:
+        """Delete a tenant and revoke its keys, in one atomic step: the ids of the keys revoked,
+        or None when there is no such tenant. Its keys stay revoked if the name is used again."""
+        await self._ready()
+        revoked = await self._delete_tenant(name, _now())
+        self._cache.clear()  # none of its keys may answer from this store's memory
+        if revoked is not None:
+            log.info("deleted tenant %s and revoked %d key(s)", name, len(revoked))
+        return revoked
+
     async def list_keys(self, tenant: str | None = None) -> list[ApiKeyInfo]:
         """Keys (all, or one tenant's), newest first."""
         await self._ready()
@@ -308,6 +318,11 @@ class TenantStore(OpensOnFirstUse):
     @abc.abstractmethod
     async def _revoke(self, key_id: str, when: datetime) -> bool:
         """Mark an unrevoked key revoked at `when`, in one atomic step; False if there is none."""
+
+    @abc.abstractmethod
+    async def _delete_tenant(self, name: str, when: datetime) -> list[str] | None:
+        """Remove the tenant and mark its unrevoked keys revoked at `when`, atomically (no key
+        of it inserted meanwhile survives); the ids revoked, or None for an unknown tenant."""
 
     @abc.abstractmethod
     async def _list_keys(self, tenant: str | None) -> list[KeyRecord]:

@@ -97,12 +97,28 @@ class RedisTenantStore(TenantStore):
         return [Tenant.model_validate_json(raw) for raw in values]
 
     async def _insert_key(self, record: KeyRecord) -> bool:
-        # No command deletes a tenant, so a tenant seen here is still there when the key lands.
-        if not await self._call(lambda r: r.hexists(self.tenants_key, record.tenant)):
-            raise unknown_tenant(record.tenant)
-        added = await self._call(lambda r: r.hsetnx(self.keys_key, record.key_id, _redis_value(record)),
-                                 retry=False)  # sent twice, it would find its own key "taken"
-        return bool(added)
+        from redis.exceptions import WatchError
+
+        async def attempt(r: Any) -> bool | None:
+            # WATCH the tenants: a tenant deleted between the check and the insert (its keys all
+            # revoked) makes this try again, and then refuse, so no key outlives its tenant.
+            async with r.pipeline(transaction=True) as pipe:
+                await pipe.watch(self.tenants_key)
+                if not await pipe.hexists(self.tenants_key, record.tenant):
+                    raise unknown_tenant(record.tenant)
+                pipe.multi()
+                pipe.hsetnx(self.keys_key, record.key_id, _redis_value(record))
+                try:
+                    [added] = await pipe.execute()
+                except WatchError:
+                    return None
+                return bool(added)
+
+        while True:
+            # Not retried on a lost connection: sent twice, it would find its own key "taken".
+            outcome = await self._call(attempt, retry=False)
+            if outcome is not None:
+                return outcome
 
     async def _lookup(self, key_id: str) -> tuple[KeyRecord, Tenant | None] | None:
         raw = await self._call(lambda r: r.hget(self.keys_key, key_id))
@@ -137,6 +153,36 @@ class RedisTenantStore(TenantStore):
             outcome = await self._call(attempt)
             if outcome is not None:
                 return outcome
+
+    async def _delete_tenant(self, name: str, when: datetime) -> list[str] | None:
+        from redis.exceptions import WatchError
+
+        async def attempt(r: Any) -> tuple[bool, list[str] | None]:
+            # (done, revoked ids). Both hashes watched: a key added or revoked meanwhile makes
+            # this read again.
+            async with r.pipeline(transaction=True) as pipe:
+                await pipe.watch(self.tenants_key, self.keys_key)
+                if not await pipe.hexists(self.tenants_key, name):
+                    return True, None
+                entries: dict[str, str] = await pipe.hgetall(self.keys_key)
+                records = [_redis_record(key_id, raw) for key_id, raw in entries.items()]
+                live = [record for record in records if record.tenant == name and record.revoked_at is None]
+                pipe.multi()
+                pipe.hdel(self.tenants_key, name)
+                for record in live:
+                    pipe.hset(self.keys_key, record.key_id, _redis_value(KeyRecord(
+                        record.key_id, record.tenant, record.secret_sha256, record.created_at, when)))
+                try:
+                    await pipe.execute()
+                except WatchError:
+                    return False, None
+                return True, sorted(record.key_id for record in live)
+
+        while True:
+            # Not retried on a lost connection: sent twice, it would find its tenant gone.
+            done, revoked = await self._call(attempt, retry=False)
+            if done:
+                return revoked
 
     async def _list_keys(self, tenant: str | None) -> list[KeyRecord]:
         entries: dict[str, str] = await self._call(lambda r: r.hgetall(self.keys_key))

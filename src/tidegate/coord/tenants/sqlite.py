@@ -133,6 +133,20 @@ class SqliteTenantStore(TenantStore):
         ).rowcount)
         return changed == 1
 
+    async def _delete_tenant(self, name: str, when: datetime) -> list[str] | None:
+        def body(conn: sqlite3.Connection) -> list[str] | None:
+            # One transaction, as _insert_key's check and insert: no key lands between the two.
+            where = "store = ? AND tenant = ? AND revoked_at IS NULL"
+            gone = conn.execute("DELETE FROM tenants WHERE store = ? AND name = ?", (self.name, name))
+            if gone.rowcount == 0:
+                return None
+            rows = conn.execute(f"SELECT key_id FROM api_keys WHERE {where}", (self.name, name)).fetchall()
+            conn.execute(f"UPDATE api_keys SET revoked_at = ? WHERE {where}",
+                         (timestamp(when), self.name, name))
+            return sorted(row[0] for row in rows)
+
+        return await self._db.write(body)
+
     async def _list_keys(self, tenant: str | None) -> list[KeyRecord]:
         query = f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE store = ?"
         params: tuple[str, ...] = (self.name,)
