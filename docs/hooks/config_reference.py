@@ -153,12 +153,15 @@ def _section_table(section: Section) -> list[str]:
                       "array's top key), not field by field from the environment.", ""])
     if not fields:
         return lines
-    lines.extend(["| Key | Type | Default | Environment variable | Description |",
-                  "|---|---|---|---|---|"])
+    # Three columns, so the description has room: the key above its variable, the type above
+    # its default.
+    lines.extend(["| Key and environment variable | Type and default | Description |", "|---|---|---|"])
     for name, field in fields:
-        env = "—" if section.repeated or section.dict_key else f"`{_env_name(section.path, name)}`"
-        key = ".".join((*section.path, name)) if not (section.repeated or section.dict_key) else name
-        cells = [f"`{key}`", _cell(_type_name(field)), _cell(_default(field)), env,
+        if section.repeated or section.dict_key:
+            setting = f"`{name}`"
+        else:
+            setting = f"`{'.'.join((*section.path, name))}`<br>`{_env_name(section.path, name)}`"
+        cells = [setting, f"{_cell(_type_name(field))}<br>default: {_cell(_default(field))}",
                  _cell(_description(section.model, name, field))]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
@@ -177,11 +180,11 @@ def _queue_url_table() -> list[str]:
         "",
         _docstring(QueueSettings),
         "",
-        "| Option | Type | Default | Description |",
-        "|---|---|---|---|",
+        "| Option | Type and default | Description |",
+        "|---|---|---|",
     ]
     for name, field in QueueSettings.model_fields.items():
-        cells = [f"`{name}`", _cell(_type_name(field)), _cell(_default(field)),
+        cells = [f"`{name}`", f"{_cell(_type_name(field))}<br>default: {_cell(_default(field))}",
                  _cell(_description(QueueSettings, name, field))]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
