@@ -22,11 +22,15 @@ def _url(tmp_path: Path, name: str = "queue.db") -> str:
 
 
 async def _fill(url: str) -> None:
-    """A job waiting at every level, and one dead letter."""
+    """A job waiting at every level, one dead letter and two succeeded jobs."""
     async with Queue.from_url(url, maintenance_interval_s=None) as queue:
         await queue.enqueue({"bad": True}, priority="critical", max_attempts=1)
         [job] = await queue.claim("cli-test", limit=1)
         assert await queue.fail(job, "upstream answered HTTP 400: Invalid 'temperature'") is JobState.DEAD
+        for n in range(2):
+            await queue.enqueue({"good": n}, priority="high")
+            [job] = await queue.claim("cli-test", limit=1)
+            await queue.complete(job, {"ok": True})
         for priority in Priority:
             await queue.enqueue({"n": int(priority)}, priority=priority)
 
@@ -44,6 +48,7 @@ def test_queue_commands(tmp_path: Path) -> None:
     assert stats.exit_code == 0, stats.output
     for priority in Priority:
         assert priority.name.lower() in stats.output
+    assert "succeeded (kept): 2   dead: 1   delayed: 0" in stats.output
     assert dlq.exit_code == 0, dlq.output
     assert "Invalid 'temperature'" in dlq.output
     assert redrive.exit_code == 0, redrive.output

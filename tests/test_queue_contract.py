@@ -195,6 +195,24 @@ async def test_concurrent_enqueuers_keep_their_own_fifo_and_priority_holds_overa
         assert sequence == sorted(sequence)
 
 
+async def test_stats_count_the_succeeded_jobs_kept_and_the_dead_letters(queue: Queue) -> None:
+    # Given three jobs that succeed, one that dies and one cancelled (finished, not succeeded)
+    await queue.enqueue_many([{"payload": {"n": n}} for n in range(5)])
+    claimed = await claim_all(queue)
+    for job in claimed[:3]:
+        await queue.complete(job, {"n": job.payload["n"]})
+    assert await queue.fail(claimed[3], "refused", retry=False) is JobState.DEAD
+    await queue.release(claimed[4])
+    await queue.cancel(claimed[4].id)
+
+    stats = await queue.stats()
+
+    assert (stats.succeeded, stats.dead, stats.depth, stats.in_flight) == (3, 1, 0, 0)
+    # A succeeded job forgotten is no longer counted
+    await queue.forget(claimed[0].id)
+    assert (await queue.stats()).succeeded == 2
+
+
 async def test_claim_by_priority_range_never_hands_out_other_levels(queue: Queue) -> None:
     ids_by_level = {
         level: await queue.enqueue_many([{"payload": {"n": n}, "priority": level} for n in range(6)])

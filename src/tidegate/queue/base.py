@@ -94,7 +94,10 @@ class QueueStats:
 
     levels: dict[Priority, LevelStats]
     delayed: int  # delayed or failed, waiting for their time
-    dead: int
+    dead: int  # dead letters (kept dead_ttl_s, or until redriven or purged)
+    # Succeeded jobs still kept: finished_ttl_s, or answered_ttl_s for a call whose caller had
+    # its answer. A count over the retention window, not since the queue began.
+    succeeded: int = 0
 
     @property
     def depth(self) -> int:

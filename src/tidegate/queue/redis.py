@@ -419,7 +419,7 @@ class RedisQueue(Queue):
                 oldest_wait_s=0.0 if oldest_ready_ms < 0 else max(now - oldest_ready_ms, 0) / 1000,
                 in_flight=leased,
             )
-        return QueueStats(levels=levels, delayed=snapshot[2], dead=snapshot[3])
+        return QueueStats(levels=levels, delayed=snapshot[2], dead=snapshot[3], succeeded=snapshot[19])
 
     async def _dead_letters(self, limit: int, offset: int) -> list[Job]:
         return await self._read("dead", offset, limit)

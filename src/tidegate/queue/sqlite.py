@@ -606,6 +606,7 @@ class SqliteQueue(Queue):
                 "SELECT COUNT(*) FROM jobs WHERE state IN ('delayed', 'failed')"
             ).fetchone()[0]
             dead = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'dead'").fetchone()[0]
+            succeeded = conn.execute("SELECT COUNT(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0]
             levels = {}
             for priority in Priority:
                 depth, oldest = waiting.get(int(priority), (0, None))
@@ -614,7 +615,7 @@ class SqliteQueue(Queue):
                     oldest_wait_s=0.0 if oldest is None else max(now - oldest, 0) / 1000,
                     in_flight=leased.get(int(priority), 0),
                 )
-            return QueueStats(levels=levels, delayed=delayed, dead=dead)
+            return QueueStats(levels=levels, delayed=delayed, dead=dead, succeeded=succeeded)
 
         return await self._run(body, on_thread=True)  # counts over the whole table
 
