@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from decimal import Decimal
@@ -120,6 +121,7 @@ def test_demo_command_runs_to_its_summary_and_exits_0(tmp_path: Path) -> None:
         assert priority.name.lower() in done.stdout
     assert "/dashboard" in done.stdout
     assert "tg_" in done.stdout  # the admin key, to open the dashboard with
+    assert re.search(r"/dashboard#key=tg_[0-9a-f]{12}_\S+", done.stdout)  # or a link that carries it
     assert (tmp_path / ".tidegate" / "demo.db").exists()
     assert "Traceback" not in done.stderr
     # The demo wrote to a shop of its own and left up's as it was

@@ -44,6 +44,12 @@ def render_ready(info: UpInfo, console: Console) -> None:
                   highlight=False)
     # On a line of its own and never folded, so it can be copied whole.
     console.print(info.admin_key, soft_wrap=True, highlight=False, markup=False)
+    if info.admin_key:
+        # The key in the URL's fragment, which the browser never sends: the page keeps it and
+        # takes it out of the address bar.
+        console.print("Or open the dashboard with it:", highlight=False)
+        console.print(f"{info.dashboard_url}#key={info.admin_key}", soft_wrap=True, highlight=False,
+                      markup=False)
     console.print()
 
 
