@@ -180,7 +180,8 @@ async def test_the_default_body_limit_holds_a_million_token_context(queue_factor
     # what gpt-4.1's and gemini-2.5-flash's context windows take
     async with open_gateway(queue_factory, worker=False) as gateway:
         context = "word " * 1_048_576
-        body = {"kind": "chat", "body": {"model": "gpt-4.1", "messages": [{"role": "user", "content": context}]}}
+        messages = [{"role": "user", "content": context}]
+        body = {"kind": "chat", "body": {"model": "gpt-4.1", "messages": messages}}
 
         answer = await gateway.http.post("/v1/jobs", json=body, headers=gateway.auth("acme"))
 
@@ -195,7 +196,8 @@ async def test_an_upload_over_its_limit_names_the_file_setting(queue_factory: Qu
                             settings=GatewaySettings(max_file_bytes=1024)) as gateway:
         # An upload far over the limit, refused from its Content-Length before any of it is sent
         head = (f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {gateway.keys['acme']}"
-                "\r\nContent-Type: multipart/form-data; boundary=x\r\nContent-Length: 10000000\r\n\r\n").encode()
+                "\r\nContent-Type: multipart/form-data; boundary=x\r\nContent-Length: 10000000"
+                "\r\n\r\n").encode()
 
         status, _, body = await _raw_exchange(gateway, head, [])
 
