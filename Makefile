@@ -191,6 +191,12 @@ bench: venv-bench servers peers
 	$(BIN)/python bench/recs.py
 	$(BIN)/python bench/recs_quality.py --months 3
 
+# Not part of `bench` (30 minutes): `tidegate up` at 200 req/s of mixed traffic, its memory and
+# data folder sampled every 30 s (bench/soak.py --help for shorter runs).
+.PHONY: soak
+soak: venv-bench
+	$(BIN)/python bench/soak.py
+
 clean:
 	rm -rf $(VENV) $(ALT_VENVS) $(TOOLS) $(PEERS_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
