@@ -19,7 +19,9 @@ so the folder can reach its steady state within the run: at the default the asyn
 alone add their own size for a day, by design). The folder is judged once both have passed.
 
 The summary (printed as markdown, and written as JSON and markdown under bench/results/) gives
-the memory after `--baseline-min` minutes and at the end (+x %), the folder's size over time
+the memory after `--baseline-min` minutes and at the end (+x %; memory rises during the first
+five minutes by design: the in-process stream relay keeps a finished stream's chunks for 300 s,
+CHANNEL_TTL_S, for a late reader), the folder's size over time (the SQLite file and its WAL)
 after retention with its trend (bytes per minute, least squares) and whether it is flat (its
 trend over the judged span is under 5 % of its mean size, or under 1 MiB), the errors by kind,
 and the rate achieved with the latencies of the synchronous calls.
@@ -203,14 +205,16 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
-def folder_bytes(folder: Path) -> int:
-    """The size of every file under `folder`."""
-    total = 0
+def folder_bytes(folder: Path) -> tuple[int, int]:
+    """The size of every file under `folder`, and of the WAL files among them."""
+    total = wal = 0
     for root, _, files in os.walk(folder):
         for name in files:
             with contextlib.suppress(OSError):
-                total += (Path(root) / name).stat().st_size
-    return total
+                size = (Path(root) / name).stat().st_size
+                total += size
+                wal += size if name.endswith("-wal") else 0
+    return total, wal
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +224,7 @@ class Sample:
     t_s: float
     rss_bytes: int
     folder_bytes: int
+    wal_bytes: int  # of folder_bytes, the SQLite WAL
     sent: int
     answered: int
     errors: int
@@ -288,12 +293,13 @@ async def drive(base: str, key: str, args: argparse.Namespace, load: Load, sampl
         start = loop.time()
 
         def sample() -> None:
-            samples.append(Sample(round(loop.time() - start, 1), rss_bytes(up_pid), folder_bytes(data),
+            folder, wal = folder_bytes(data)
+            samples.append(Sample(round(loop.time() - start, 1), rss_bytes(up_pid), folder, wal,
                                   load.sent, load.answered, sum(load.errors.values())))
             last = samples[-1]
             print(f"  {last.t_s:7.0f}s  rss {last.rss_bytes / 2**20:7.1f} MiB  folder "
-                  f"{last.folder_bytes / 2**20:8.1f} MiB  sent {last.sent:>9,}  errors {last.errors}",
-                  flush=True)
+                  f"{last.folder_bytes / 2**20:8.1f} MiB (WAL {last.wal_bytes / 2**20:5.1f})  "
+                  f"sent {last.sent:>9,}  errors {last.errors}", flush=True)
 
         sample()
         next_sample = start + args.sample_s
@@ -410,9 +416,10 @@ def markdown(doc: dict[str, Any]) -> str:
     for kind, figures in doc["latency"].items():
         lines.append(f"| {kind} latency p50 / p99 | {figures['p50_ms']:g} / {figures['p99_ms']:g} ms "
                      f"({figures['count']:,}) |")
-    lines += ["", "| t (s) | RSS (MiB) | data folder (MiB) | sent | errors |", "|---:|---:|---:|---:|---:|"]
+    lines += ["", "| t (s) | RSS (MiB) | data folder (MiB) | of which WAL (MiB) | sent | errors |",
+              "|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {s['t_s']:g} | {s['rss_bytes'] / mib:.1f} | {s['folder_bytes'] / mib:.2f} | "
-              f"{s['sent']:,} | {s['errors']} |" for s in doc["samples"]]
+              f"{s['wal_bytes'] / mib:.2f} | {s['sent']:,} | {s['errors']} |" for s in doc["samples"]]
     return "\n".join(lines) + "\n"
 
 

@@ -52,7 +52,10 @@ RECLAIM_KEEP_FREE_BYTES = 8 * 1024 * 1024
 # The most given back by one call: an incremental vacuum holds the write lock while it moves
 # pages (about 20 ms per MiB on a laptop SSD), so it goes in steps between other writes.
 RECLAIM_STEP_BYTES = 2 * 1024 * 1024
-JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024  # a reset WAL is truncated to this
+# A WAL restarted from its beginning (after a checkpoint) is truncated to this: it keeps the size
+# of its largest burst otherwise, which only grows over a long run (a checkpoint that readers
+# held up lets the next commits append); about what ~200 commits under steady load write.
+JOURNAL_SIZE_LIMIT_BYTES = 8 * 1024 * 1024
 
 log = logging.getLogger("tidegate.sqlite")
 
