@@ -101,7 +101,7 @@ async def serving(state: GatewayState) -> AsyncIterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = _Server(uvicorn.Config(create_app(state), lifespan="off", log_level="warning", ws="none",
+    server = _Server(uvicorn.Config(create_app(state), lifespan="off", log_level="warning",
                                     **UVICORN_OPTIONS))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -78,5 +78,7 @@ class GatewayHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-UVICORN_OPTIONS: Final[dict[str, Any]] = {"http": GatewayHttpToolsProtocol}
-"""uvicorn.Config keywords every server of the gateway uses."""
+UVICORN_OPTIONS: Final[dict[str, Any]] = {"http": GatewayHttpToolsProtocol, "ws": "none"}
+"""uvicorn.Config keywords every server of the gateway uses. No WebSocket protocol: the gateway
+serves no WebSocket route, and uvicorn's automatic choice would import whichever `websockets`
+another package installed (older uvicorn releases import its deprecated `legacy` module)."""
