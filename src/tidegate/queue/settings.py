@@ -24,7 +24,7 @@ class QueueSettings(BaseModel):
     default_max_attempts: int = Field(3, ge=1)
     # How long a claim holds a job without a heartbeat before it is recovered for another worker.
     default_lease_s: float = Field(30.0, gt=0)
-    # Retry backoff (full jitter): a retry waits a random time up to retry_base_s × 2^(attempt-1).
+    # Retry backoff (full jitter): a retry waits a random time up to retry_base_s * 2**(attempt - 1).
     retry_base_s: float = Field(1.0, ge=0)
     # Retry backoff: the ceiling of that random time.
     retry_max_s: float = Field(300.0, ge=0)
