@@ -8,7 +8,6 @@ The lifecycle's rules run on every tenant-store backend; the commands run as rea
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
@@ -16,9 +15,7 @@ import secrets
 import signal
 import socket
 import stat
-import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ import httpx
 import pytest
 
 from dispatch_support import queue_url_of
+from support.processes import PYTHON_M_TIDEGATE, Process
 from sync_support import eventually
 from tidegate.app.admin_key import UP_TENANT, admin_key_path, ensure_admin_key, rotate_admin_key
 from tidegate.app.ports import bind_port, port_owner
@@ -225,52 +223,29 @@ def test_a_busy_port_is_one_line_naming_the_port_and_its_owner() -> None:
 # ---------------------------------------------------------------------- `tidegate up`, for real
 
 
-@dataclass
-class Started:
+class Started(Process):
     """A `python -m tidegate up` process and what it printed."""
 
-    proc: asyncio.subprocess.Process
-    stdout: list[str] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
-    readers: list[asyncio.Task[None]] = field(default_factory=list)
-
     @property
-    def output(self) -> str:
+    def printed_out(self) -> str:
+        """What it printed on stdout: up's table and its new key (its log goes to stderr)."""
         return "".join(self.stdout)
 
     async def ready(self) -> tuple[str, int]:
         """Once up has printed its table: its API URL and port."""
-        async def printed() -> bool:
-            if self.proc.returncode is not None and all(reader.done() for reader in self.readers):
-                errors = "".join(self.stderr)
-                raise AssertionError(f"up exited ({self.proc.returncode}):\n{self.output}{errors}")
-            return "Press Ctrl-C to stop." in self.output
-
-        await eventually(printed, "up is ready", timeout_s=START_TIMEOUT_S)
-        found = re.search(r"API \(OpenAI base_url\)\s+(http://127\.0\.0\.1:(\d+)/v1)", self.output)
+        await self.printed("Press Ctrl-C to stop.", timeout_s=START_TIMEOUT_S)
+        found = re.search(r"API \(OpenAI base_url\)\s+(http://127\.0\.0\.1:(\d+)/v1)", self.printed_out)
         assert found, self.output
         return found.group(1), int(found.group(2))
 
     def printed_key(self) -> str | None:
-        found = re.search(r"^(tg_\S+)$", self.output, re.MULTILINE)
+        found = re.search(r"^(tg_\S+)$", self.printed_out, re.MULTILINE)
         return found.group(1) if found else None
 
     async def stopped(self) -> int:
         """SIGTERM, then the exit status."""
-        self.proc.send_signal(signal.SIGTERM)
-        return await self.exited()
-
-    async def exited(self) -> int:
-        async with asyncio.timeout(EXIT_TIMEOUT_S):
-            status = await self.proc.wait()
-            await asyncio.gather(*self.readers)
-        return status
-
-
-async def _read(stream: asyncio.StreamReader | None, into: list[str]) -> None:
-    assert stream is not None
-    while line := await stream.readline():
-        into.append(line.decode(errors="replace"))
+        self.send(signal.SIGTERM)
+        return await self.exited(EXIT_TIMEOUT_S)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -278,22 +253,10 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "COLUMNS": "300", "PYTHONUNBUFFERED": "1", **extra}
 
 
-@contextlib.asynccontextmanager
-async def _tidegate(folder: Path, *args: str, env: dict[str, str] | None = None) -> AsyncIterator[Started]:
+def _tidegate(folder: Path, *args: str,
+              env: dict[str, str] | None = None) -> contextlib.AbstractAsyncContextManager[Started]:
     """`python -m tidegate ARGS` in `folder`, killed on leaving if it still runs."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tidegate", *args, cwd=folder, env=env or _env(),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    started = Started(proc)
-    started.readers = [asyncio.create_task(_read(proc.stdout, started.stdout)),
-                       asyncio.create_task(_read(proc.stderr, started.stderr))]
-    try:
-        yield started
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await asyncio.gather(*started.readers, return_exceptions=True)
+    return Started.start(*PYTHON_M_TIDEGATE, *args, cwd=folder, env=env or _env())
 
 
 def _up(folder: Path, *args: str,
@@ -303,7 +266,7 @@ def _up(folder: Path, *args: str,
 
 async def _command(folder: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     async with _tidegate(folder, *args, env=env) as done:
-        status = await done.exited()
+        status = await done.exited(EXIT_TIMEOUT_S)
     return status, "".join(done.stdout), "".join(done.stderr)
 
 
@@ -377,8 +340,8 @@ async def test_the_admin_key_and_a_hand_made_one_survive_a_restart(tmp_path: Pat
         # Then the same key answers, and so does the hand-made one; the key is not printed again
         assert await _status(api_url, key) == 200
         assert await _status(api_url, by_hand.strip()) == 200
-        assert second.printed_key() is None and key not in second.output
-        assert f"key id {key[3:15]}" in second.output
+        assert second.printed_key() is None and key not in second.printed_out
+        assert f"key id {key[3:15]}" in second.printed_out
         assert await second.stopped() == 0
 
 
@@ -411,7 +374,7 @@ async def test_up_serves_with_the_key_tidegate_admin_key_gives(tmp_path: Path) -
         assert await _status(api_url, given) == 200
         assert await _status(api_url, _new_key()) == 401
         secret = given.rsplit("_", 1)[1]
-        assert secret not in running.output + "".join(running.stderr)  # never printed
+        assert secret not in running.output  # never printed
         assert secret not in (tmp_path / ".tidegate" / "tidegate.admin-key").read_text()  # nor kept
         # While it is given, rotate-admin refuses: the next start would find the given key revoked
         status, _, err = await _command(tmp_path, "keys", "rotate-admin", env=_env(TIDEGATE_ADMIN_KEY=given))

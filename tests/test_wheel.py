@@ -14,7 +14,6 @@ asks the index only when its cache does not hold what the lock names.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
@@ -24,8 +23,8 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -34,6 +33,7 @@ import pytest
 import redis
 
 from support.own_redis import own_redis_server
+from support.processes import Process
 from tidegate import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,29 +174,12 @@ def test_the_installed_wheel_says_its_version_and_is_not_the_source_tree(venv: P
 # ---------------------------------------------------------------------- tidegate up
 
 
-@dataclass
-class Running:
+class Running(Process):
     """A running `tidegate up` and what it printed so far."""
-
-    proc: asyncio.subprocess.Process
-    stdout: list[str] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
-    readers: list[asyncio.Task[None]] = field(default_factory=list)
-
-    @property
-    def output(self) -> str:
-        """Everything printed so far, stdout then stderr."""
-        return "".join(self.stdout) + "".join(self.stderr)
 
     async def ready(self) -> tuple[str, str, str]:
         """Once `up` has printed its table: its API URL, dashboard URL and admin key."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while "Press Ctrl-C to stop." not in self.output:
-            if self.proc.returncode is not None and all(reader.done() for reader in self.readers):
-                raise AssertionError(f"`tidegate up` exited ({self.proc.returncode}):\n{self.output}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"`tidegate up` not ready within {READY_TIMEOUT_S}s:\n{self.output}")
-            await asyncio.sleep(0.05)
+        await self.printed("Press Ctrl-C to stop.", timeout_s=READY_TIMEOUT_S)
         text = "".join(self.stdout)
         api = re.search(r"API \(OpenAI base_url\)\s+(\S+)", text)
         dashboard = re.search(r"Dashboard\s+(\S+)", text)
@@ -205,33 +188,11 @@ class Running:
         return api.group(1), dashboard.group(1), key.group(1)
 
 
-async def _read(stream: asyncio.StreamReader | None, into: list[str]) -> None:
-    assert stream is not None
-    while line := await stream.readline():
-        into.append(line.decode(errors="replace"))
-
-
-@contextlib.asynccontextmanager
-async def _up(venv: Path, folder: Path, env: dict[str, str]) -> AsyncIterator[Running]:
+def _up(venv: Path, folder: Path, env: dict[str, str]) -> contextlib.AbstractAsyncContextManager[Running]:
     """The venv's `tidegate up` on a free loopback port in `folder`; killed on leaving the block
     if it still runs."""
-    proc = await asyncio.create_subprocess_exec(
-        venv / "bin" / "tidegate", "up", "--host", "127.0.0.1", "--port", "0", "--grace-s", str(GRACE_S),
-        cwd=folder, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    running = Running(proc)
-    running.readers = [asyncio.create_task(_read(proc.stdout, running.stdout)),
-                       asyncio.create_task(_read(proc.stderr, running.stderr))]
-    try:
-        yield running
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for reader in running.readers:
-            reader.cancel()
-        await asyncio.gather(*running.readers, return_exceptions=True)
+    return Running.start(venv / "bin" / "tidegate", "up", "--host", "127.0.0.1", "--port", "0",
+                         "--grace-s", str(GRACE_S), cwd=folder, env=env)
 
 
 @pytest.fixture
@@ -267,10 +228,8 @@ async def test_the_installed_wheel_runs_up_on_redis(venv: Path, built: Built, ow
 
         # And it is stopped as a service manager stops it
         stopped = time.monotonic()
-        up.proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(GRACE_S + MARGIN_S):
-            status = await up.proc.wait()
-            await asyncio.gather(*up.readers)
+        up.send(signal.SIGTERM)
+        status = await up.exited(GRACE_S + MARGIN_S)
         took_s = time.monotonic() - stopped
 
     # Then the page and its script are the wheel's files

@@ -1,94 +1,25 @@
-"""Real `tidegate` processes for the fault tests: started with their output read line by line
-(so a test can wait for "serving" and read the log afterwards), signalled, and timed until
-they exit."""
+"""Real `tidegate` processes for the fault tests (support.processes runs them): the source
+tree's `python -m tidegate`, in the repository unless told otherwise, and what `tidegate up`
+prints when it is ready."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
-import signal
-import sys
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from support.processes import PYTHON_M_TIDEGATE, Process
 
 ROOT = Path(__file__).resolve().parents[2]
 MARGIN_S = 5.0  # what a stop may take beyond its grace: interpreter exit, closing pools, a busy machine
 
 
-@dataclass
-class Process:
-    """A running `tidegate ...` and what it has printed so far."""
-
-    proc: asyncio.subprocess.Process
-    stdout: list[str] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
-    readers: list[asyncio.Task[None]] = field(default_factory=list)
-
-    @property
-    def output(self) -> str:
-        """Everything printed so far, stdout then stderr."""
-        return "".join(self.stdout) + "".join(self.stderr)
-
-    async def printed(self, text: str, timeout_s: float = 30.0) -> float:
-        """Wait until `text` appears in the output; returns when (time.monotonic)."""
-        deadline = time.monotonic() + timeout_s
-        while text not in self.output:
-            if self.proc.returncode is not None and all(reader.done() for reader in self.readers):
-                raise AssertionError(f"the process exited ({self.proc.returncode}) before printing "
-                                     f"{text!r}:\n{self.output}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{text!r} not printed within {timeout_s}s:\n{self.output}")
-            await asyncio.sleep(0.01)
-        return time.monotonic()
-
-    def send(self, sig: signal.Signals) -> None:
-        """Send a signal (kill -9 with SIGKILL)."""
-        self.proc.send_signal(sig)
-
-    async def exited(self, timeout_s: float) -> int:
-        """The exit status, once it has exited within `timeout_s` (else the test fails, and
-        the process is killed)."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                status = await self.proc.wait()
-                await asyncio.gather(*self.readers)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-            raise AssertionError(f"still running {timeout_s}s after the stop:\n{self.output}") from None
-        return status
-
-
-async def _read(stream: asyncio.StreamReader | None, into: list[str]) -> None:
-    assert stream is not None
-    while line := await stream.readline():
-        into.append(line.decode(errors="replace"))
-
-
-@contextlib.asynccontextmanager
-async def tidegate(*args: str, cwd: Path | None = None) -> AsyncIterator[Process]:
+def tidegate(*args: str, cwd: Path | None = None) -> contextlib.AbstractAsyncContextManager[Process]:
     """`python -m tidegate ARGS...`, killed on leaving the block if it still runs."""
     env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tidegate", *args, cwd=cwd or ROOT, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    process = Process(proc)
-    process.readers = [asyncio.create_task(_read(proc.stdout, process.stdout)),
-                       asyncio.create_task(_read(proc.stderr, process.stderr))]
-    try:
-        yield process
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for reader in process.readers:
-            reader.cancel()
-        await asyncio.gather(*process.readers, return_exceptions=True)
+    return Process.start(*PYTHON_M_TIDEGATE, *args, cwd=cwd or ROOT, env=env)
 
 
 def provider_config(folder: Path, base_url: str, extra: str = "") -> Path:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of
-from fault_support import Process, provider_config, tidegate
+from fault_support import provider_config, tidegate
+from support.processes import Process
 from tidegate.jobs import JobState
 from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator
