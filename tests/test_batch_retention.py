@@ -26,7 +26,7 @@ from tidegate.ai import result_of
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig
 from tidegate.errors import ConfigError
-from tidegate.gateway.batch_sweep import sweep_once
+from tidegate.gateway.batches.sweep import sweep_once
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.jobs import FINAL_STATES, Job
 from tidegate.queue import Queue

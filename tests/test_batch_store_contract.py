@@ -13,7 +13,8 @@ import pytest
 from conftest import QueueFactory
 from dispatch_support import queue_url_of
 from support.redis_keys import redis_client
-from tidegate.coord.batches import (
+from tidegate.errors import QueueClosed
+from tidegate.gateway.batches.store import (
     BatchLine,
     BatchRecord,
     BatchStore,
@@ -22,8 +23,7 @@ from tidegate.coord.batches import (
     StoredFile,
     batch_store_for,
 )
-from tidegate.coord.batches.redis import RedisBatchStore
-from tidegate.errors import QueueClosed
+from tidegate.gateway.batches.store.redis import RedisBatchStore
 
 
 @pytest.fixture

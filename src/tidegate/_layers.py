@@ -14,6 +14,12 @@ importing `queue/redis.py`, which imports `queue/base.py`), runs only when calle
 counted as one.
 tests/test_layers.py reads every module's imports and enforces all of it; README.md's Layout
 section draws the same list.
+
+One home per feature: a feature's modules, its store included, live in one package, placed in
+the layer of its highest part, so that every import still points down. OpenAI's Files and Batch
+APIs are a surface of the gateway, and their store is read by the gateway alone (the composition
+roots open it), so all of it is `gateway/batches/`, the store in `gateway/batches/store/`; `coord`
+keeps only the state the gateway and the workers share.
 """
 
 from __future__ import annotations

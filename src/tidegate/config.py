@@ -379,7 +379,7 @@ class GatewaySettings(Section):
     # How long a batch's output and error files are kept (OpenAI's: 30 days); None: until deleted.
     batch_output_retention_s: int | None = Field(30 * 86_400, gt=0)
     # How long a `batch` upload without `expires_after` is kept (OpenAI's: 30 days); None: until
-    # deleted. A batch in progress keeps its input past it (tidegate.gateway.batch_sweep).
+    # deleted. A batch in progress keeps its input past it (tidegate.gateway.batches.sweep).
     batch_upload_retention_s: int | None = Field(30 * 86_400, gt=0)
     allow_unauthenticated_local: bool = True  # see the section's description
     # How many recent results feed the p50/p99 figures of GET /v1/stats.

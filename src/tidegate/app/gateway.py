@@ -26,7 +26,7 @@ from tidegate.coord.relay import ChunkRelay
 from tidegate.coord.tenants import TenantStore
 from tidegate.errors import ConfigError
 from tidegate.gateway.app import create_app
-from tidegate.gateway.batch_sweep import sweeping
+from tidegate.gateway.batches.sweep import sweeping
 from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.metrics import GatewayMetrics
 from tidegate.gateway.settings import GatewaySettings, is_loopback_host
@@ -94,7 +94,7 @@ async def open_gateway_state(
     recs_monitor: RecsMonitor | None = None,
 ) -> AsyncIterator[GatewayState]:
     """A gateway's state: the parts given, the others opened from `config.queue_url` (see
-    `Components.open`) and closed on exit; its batch sweep (tidegate.gateway.batch_sweep) runs
+    `Components.open`) and closed on exit; its batch sweep (tidegate.gateway.batches.sweep) runs
     meanwhile.
 
     A relay must be shared with the workers: on SQLite (in-process MemoryRelay) pass the

@@ -44,7 +44,7 @@ from tidegate.config import UpSettings as UpSettings  # its home before it was a
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker
 from tidegate.gateway.app import create_app
-from tidegate.gateway.batch_sweep import sweeping
+from tidegate.gateway.batches.sweep import sweeping
 from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.state import GatewayState
 from tidegate.simulator.server import Simulator

@@ -22,9 +22,7 @@ from tidegate import __version__
 from tidegate.gateway import (
     admin_api,
     anthropic_api,
-    batches_api,
     dashboard,
-    files_api,
     jobs_api,
     openai_api,
     ops,
@@ -32,6 +30,8 @@ from tidegate.gateway import (
     recs_api,
     responses_api,
 )
+from tidegate.gateway.batches import file_routes
+from tidegate.gateway.batches import routes as batch_routes
 from tidegate.gateway.errors import install_error_handlers
 from tidegate.gateway.fast_path import FastPath
 from tidegate.gateway.middleware import UPLOAD_LIMIT_SETTING, BodyCap, BodyLimit, RequestMetrics
@@ -96,7 +96,7 @@ def create_app(state: GatewayState) -> FastAPI:
     app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
-    modules = (openai_api, responses_api, anthropic_api, files_api, batches_api, jobs_api, recs_api,
+    modules = (openai_api, responses_api, anthropic_api, file_routes, batch_routes, jobs_api, recs_api,
                admin_api, provider_batches_api, ops, dashboard)
     for module in modules:
         app.include_router(module.router)
@@ -104,8 +104,8 @@ def create_app(state: GatewayState) -> FastAPI:
     # inside the body limit, on the body it lets through.
     app.add_middleware(FastPath, gateway=app)
     # An upload's body holds a whole file: its own limit, the file's plus the multipart envelope.
-    upload_bytes = state.settings.max_file_bytes + files_api.MULTIPART_ENVELOPE_BYTES
-    uploads = {files_api.UPLOADS_PATH: BodyCap(upload_bytes, UPLOAD_LIMIT_SETTING)}
+    upload_bytes = state.settings.max_file_bytes + file_routes.MULTIPART_ENVELOPE_BYTES
+    uploads = {file_routes.UPLOADS_PATH: BodyCap(upload_bytes, UPLOAD_LIMIT_SETTING)}
     app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes, paths=uploads,
                        routes=[route for module in modules for route in module.router.routes])
     app.add_middleware(RequestMetrics, metrics=state.metrics)

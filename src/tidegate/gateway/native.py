@@ -2,7 +2,7 @@
 serve it speaks that API natively (`ProviderConfig.speaks`), its job is sent to one of them as it
 is (tidegate.providers.adapters.native); otherwise the fields with no chat translation are
 refused with a 400, as before. Asked by the live routes (/v1/responses, /v1/messages) and by a
-batch's `/v1/responses` lines (tidegate.gateway.batch_lines), so a line is taken or refused
+batch's `/v1/responses` lines (tidegate.gateway.batches.lines), so a line is taken or refused
 exactly as the route would take or refuse its body.
 
 "May serve": the providers of the model named, or, for `auto`, every provider with a chat model

@@ -14,7 +14,6 @@ from prometheus_client import CollectorRegistry
 
 from tidegate.callback_urls import check_callback_url
 from tidegate.config import ModelConfig, TidegateConfig, simulated_models
-from tidegate.coord.batches import BatchStore
 from tidegate.coord.budget import BudgetLedger
 from tidegate.coord.limiter import RateLimiter
 from tidegate.coord.provider_batches import ProviderBatchStore
@@ -22,6 +21,7 @@ from tidegate.coord.relay import ChunkRelay
 from tidegate.coord.tenants import TenantStore
 from tidegate.dispatch.router import Router
 from tidegate.errors import CallbackRefused
+from tidegate.gateway.batches.store import BatchStore
 from tidegate.gateway.metrics import GatewayMetrics, RecentResults
 from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, GatewaySettings, is_loopback_host
 from tidegate.jobs import Job

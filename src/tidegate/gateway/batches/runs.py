@@ -10,7 +10,7 @@ The queue keeps a finished job only for its retention (`finished_ttl_s`), shorte
 may run or wait to be asked about, so a line's answer is copied into the batch store the moment
 its job is seen ended (`BatchStore.put_answers`, written once per line), and the batch's files
 are made from those copies. Who follows: whichever gateway is asked about the batch (retrieve,
-list, cancel), and every gateway's sweep (tidegate.gateway.batch_sweep) for the batches nobody
+list, cancel), and every gateway's sweep (tidegate.gateway.batches.sweep) for the batches nobody
 asks about. Any replica can finish what another began: the output files get ids derived from
 the batch's id and identical contents wherever they are written, and each change of status is a
 compare-and-set (`BatchStore.swap_batch`), so two replicas finalizing at once agree. Reading a
@@ -30,10 +30,23 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final, TypeVar
 
-from tidegate.coord.batches import ACTIVE, BatchLine, BatchRecord, LineAnswer, RequestCounts, StoredFile
 from tidegate.coord.tenants import Tenant
-from tidegate.gateway.batch_lines import SERVED_ENDPOINTS, ParsedLine, answer_lines, line_answer, parse_lines
-from tidegate.gateway.batch_schemas import BatchRequest
+from tidegate.gateway.batches.lines import (
+    SERVED_ENDPOINTS,
+    ParsedLine,
+    answer_lines,
+    line_answer,
+    parse_lines,
+)
+from tidegate.gateway.batches.schemas import BatchRequest
+from tidegate.gateway.batches.store import (
+    ACTIVE,
+    BatchLine,
+    BatchRecord,
+    LineAnswer,
+    RequestCounts,
+    StoredFile,
+)
 from tidegate.gateway.errors import ApiError
 from tidegate.gateway.intake import enqueue, header_priority, resolve_priority
 from tidegate.gateway.state import GatewayState

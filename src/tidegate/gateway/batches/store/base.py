@@ -29,8 +29,8 @@ from pydantic import TypeAdapter
 
 from tidegate._urls import without_query
 from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of
-from tidegate.coord.batches.models import BatchLine, BatchRecord, BatchStatus, LineAnswer, StoredFile
 from tidegate.errors import QueueClosed
+from tidegate.gateway.batches.store.models import BatchLine, BatchRecord, BatchStatus, LineAnswer, StoredFile
 
 __all__ = ["ACTIVE", "BatchStore", "batch_store_for"]
 
@@ -219,9 +219,9 @@ def batch_store_for(queue_url: str) -> BatchStore:
     (keys under the queue's `?name=`, "default" when not given)."""
     name = queue_name_of(queue_url)
     if backend_of(queue_url) == "redis":
-        from tidegate.coord.batches.redis import RedisBatchStore
+        from tidegate.gateway.batches.store.redis import RedisBatchStore
 
         return RedisBatchStore(without_query(queue_url), name)
-    from tidegate.coord.batches.sqlite import SqliteBatchStore
+    from tidegate.gateway.batches.store.sqlite import SqliteBatchStore
 
     return SqliteBatchStore(sqlite_path_of(queue_url), name)

@@ -3,7 +3,7 @@ GET /v1/files/{id}/content, DELETE /v1/files/{id}.
 
 Files are what batches read their requests from (`purpose` batch, the only one served for now)
 and write their answers to (`batch_output`, made by the gateway). They are kept in the batch store
-(tidegate.coord.batches), in the queue's backend, so every gateway replica serves the same ones.
+(tidegate.gateway.batches.store), in the queue's backend, so every gateway replica serves the same ones.
 A tenant sees only its own files: another tenant's answers 404, like an unknown id; admins see
 every file, as they see every job.
 
@@ -11,7 +11,7 @@ Retention, as OpenAI's: an upload may say `expires_after[anchor]=created_at` and
 `expires_after[seconds]` (an hour to 30 days), and without it expires after the gateway's
 `batch_upload_retention_s` (30 days); a batch's output and error files expire after its
 `batch_output_retention_s` (30 days). `expires_at` shows when; the gateways' sweep
-(tidegate.gateway.batch_sweep) deletes a file past it, unless a batch in progress reads it.
+(tidegate.gateway.batches.sweep) deletes a file past it, unless a batch in progress reads it.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Annotated, Final
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import Response
 
-from tidegate.coord.batches import StoredFile
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
-from tidegate.gateway.batch_schemas import FileDeleted, FileList, FileView, file_view, visible_to
+from tidegate.gateway.batches.schemas import FileDeleted, FileList, FileView, file_view, visible_to
+from tidegate.gateway.batches.store import StoredFile
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.gateway.state import GatewayState
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tidegate.coord._store import imported_when_named
-from tidegate.coord.batches.base import ACTIVE, BatchStore, batch_store_for
-from tidegate.coord.batches.models import (
+from tidegate.gateway.batches.store.base import ACTIVE, BatchStore, batch_store_for
+from tidegate.gateway.batches.store.models import (
     BatchFields,
     BatchLine,
     BatchRecord,
@@ -18,10 +18,10 @@ from tidegate.coord.batches.models import (
     RequestCounts,
     StoredFile,
 )
-from tidegate.coord.batches.sqlite import SqliteBatchStore
+from tidegate.gateway.batches.store.sqlite import SqliteBatchStore
 
 if TYPE_CHECKING:
-    from tidegate.coord.batches.redis import RedisBatchStore
+    from tidegate.gateway.batches.store.redis import RedisBatchStore
 
 __all__ = [
     "ACTIVE",
@@ -39,4 +39,4 @@ __all__ = [
     "batch_store_for",
 ]
 
-__getattr__ = imported_when_named(__name__, {"RedisBatchStore": "tidegate.coord.batches.redis"})
+__getattr__ = imported_when_named(__name__, {"RedisBatchStore": "tidegate.gateway.batches.store.redis"})

@@ -24,9 +24,9 @@ import orjson
 from tidegate._formats import FormatCheck, RedisStore, StoreFormat
 from tidegate._redis import RedisClient, key_prefix, lua_source, require_redis
 from tidegate._urls import redact_url
-from tidegate.coord.batches.base import ACTIVE, BatchStore
-from tidegate.coord.batches.models import BatchRecord, StoredFile
 from tidegate.errors import QueueUnavailable
+from tidegate.gateway.batches.store.base import ACTIVE, BatchStore
+from tidegate.gateway.batches.store.models import BatchRecord, StoredFile
 
 require_redis("the Redis batch store")
 
@@ -85,7 +85,7 @@ class RedisBatchStore(BatchStore):
         # Bytes replies: a file's content is returned as it was stored.
         self._redis = RedisClient(self.url, what="Redis batch store", unavailable=QueueUnavailable,
                                   decode_responses=False, component="batch_store",
-                                  scripts={name: lua_source("tidegate.coord.batches", name)
+                                  scripts={name: lua_source("tidegate.gateway.batches.store", name)
                                            for name in _SCRIPTS})
 
     async def _close(self) -> None:

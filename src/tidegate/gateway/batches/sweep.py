@@ -2,7 +2,7 @@
 files past their `expires_at` are deleted.
 
 A line's answer is read from its job, which the queue keeps only `finished_ttl_s` after it ends
-(tidegate.gateway.batch_runs keeps each answer once seen). A client that polls its batch makes
+(tidegate.gateway.batches.runs keeps each answer once seen). A client that polls its batch makes
 that happen; the sweep makes it happen for the others: every `batch_sweep_s` it follows up to
 `batch_sweep_limit` batches in progress, those checked longest ago first, so a round costs a
 bounded time however many batches there are, and a batch waits its turn at most a few rounds.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from tidegate._shutdown import cancel_bounded
 from tidegate.errors import ConfigError
-from tidegate.gateway.batch_runs import READS_PER_CHECK, followed
+from tidegate.gateway.batches.runs import READS_PER_CHECK, followed
 from tidegate.gateway.state import GatewayState
 
 __all__ = ["SweepReport", "check_sweep", "sweep_once", "sweeping"]

@@ -1,7 +1,7 @@
 """The Batch API: POST /v1/batches, GET /v1/batches/{id}, GET /v1/batches,
 POST /v1/batches/{id}/cancel, as OpenAI's (an `openai` SDK pointed at the gateway works
 unchanged), every line a tidegate job at the batch's priority (bulk by default; see
-tidegate.gateway.batch_runs).
+tidegate.gateway.batches.runs).
 
 A tenant sees only its own batches: another tenant's answers 404, like an unknown id; admins see
 every batch, as they see every job.
@@ -13,11 +13,11 @@ from typing import Annotated, Final
 
 from fastapi import APIRouter, Body, Query
 
-from tidegate.coord.batches import BatchRecord
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
-from tidegate.gateway.batch_runs import cancel_batch, create_batch, followed
-from tidegate.gateway.batch_schemas import BatchList, BatchRequest, BatchView, batch_view, visible_to
+from tidegate.gateway.batches.runs import cancel_batch, create_batch, followed
+from tidegate.gateway.batches.schemas import BatchList, BatchRequest, BatchView, batch_view, visible_to
+from tidegate.gateway.batches.store import BatchRecord
 from tidegate.gateway.errors import error_responses
 from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader
 from tidegate.gateway.state import GatewayState

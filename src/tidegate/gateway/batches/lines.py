@@ -34,8 +34,8 @@ from typing import Any, Final
 import orjson
 
 from tidegate.ai import AIRequest, Kind, result_of
-from tidegate.coord.batches import BatchLine, LineAnswer, LineError
 from tidegate.coord.tenants import Tenant
+from tidegate.gateway.batches.store import BatchLine, LineAnswer, LineError
 from tidegate.gateway.dialects import OPENAI, RESPONSES
 from tidegate.gateway.dialects.base import validated
 from tidegate.gateway.dialects.responses_output import render

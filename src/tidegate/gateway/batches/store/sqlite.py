@@ -12,9 +12,9 @@ from typing import Final
 
 from tidegate._formats import StoreFormat
 from tidegate._sqlite import SqliteThread
-from tidegate.coord.batches.base import ACTIVE, BatchStore
-from tidegate.coord.batches.models import BatchRecord, StoredFile
 from tidegate.errors import QueueUnavailable
+from tidegate.gateway.batches.store.base import ACTIVE, BatchStore
+from tidegate.gateway.batches.store.models import BatchRecord, StoredFile
 
 __all__ = ["SQLITE_FORMAT", "SQLITE_SCHEMA", "SqliteBatchStore"]
 
