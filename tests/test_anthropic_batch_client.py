@@ -12,10 +12,14 @@ from typing import Any
 import pytest
 
 from tidegate.config import ProviderBatchConfig, ProviderConfig
+from tidegate.dispatch.provider_batches.clients import batch_client
+from tidegate.dispatch.provider_batches.clients.anthropic import AnthropicBatchClient
+from tidegate.dispatch.provider_batches.clients.openai import (
+    BatchLineRequest,
+    ProviderBatch,
+    ProviderBatchClient,
+)
 from tidegate.errors import UpstreamError
-from tidegate.providers.anthropic_batches import AnthropicBatchClient
-from tidegate.providers.batch_api import BatchLineRequest, ProviderBatch, ProviderBatchClient
-from tidegate.providers.batch_clients import batch_client
 from tidegate.providers.client import UpstreamClient
 from tidegate.simulator import Simulator, SimulatorSettings
 

@@ -13,8 +13,12 @@ from typing import Any
 import pytest
 
 from tidegate.config import ProviderConfig
+from tidegate.dispatch.provider_batches.clients.openai import (
+    BatchLineRequest,
+    ProviderBatch,
+    ProviderBatchClient,
+)
 from tidegate.errors import UpstreamError
-from tidegate.providers.batch_api import BatchLineRequest, ProviderBatch, ProviderBatchClient
 from tidegate.providers.client import UpstreamClient
 from tidegate.simulator import Simulator, SimulatorSettings
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import QueueFactory
 from dispatch_support import queue_url_of
-from tidegate.coord.provider_batches import (
+from tidegate.dispatch.provider_batches.store import (
     CANCEL,
     CLEAN_UP,
     KEEP_S,

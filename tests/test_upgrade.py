@@ -29,7 +29,7 @@ from support.redis_keys import delete_keys
 from tidegate.app.components import Components
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, WorkerSettings
-from tidegate.coord.provider_batches import provider_batch_store_for
+from tidegate.dispatch.provider_batches.store import provider_batch_store_for
 from tidegate.dispatch.worker import Worker
 from tidegate.jobs import JobState, Priority
 from tidegate.queue import Queue

@@ -23,16 +23,16 @@ from dispatch_support import chat, queue_url_of, running_worker, wait_final
 from provider_batch_support import TWO_DAYS_S, batch_config, bulk_jobs, waiting_in_a_batch
 from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig
 from tidegate.coord.budget import budget_ledger_for
-from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, provider_batch_store_for
 from tidegate.costs import cost_micros, estimate_cost_micros, micros_to_usd, usd_to_micros
-from tidegate.dispatch.batch_submission import ENDPOINTS, PENDING, SUBMISSION
 from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.provider_batches.clients import batch_client
+from tidegate.dispatch.provider_batches.clients.openai import BatchLineRequest
+from tidegate.dispatch.provider_batches.store import BatchedJob, ProviderBatchRecord, provider_batch_store_for
+from tidegate.dispatch.provider_batches.submission import ENDPOINTS, PENDING, SUBMISSION
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.errors import UpstreamError
 from tidegate.jobs import Job, JobState, Priority
-from tidegate.providers.batch_api import BatchLineRequest
-from tidegate.providers.batch_clients import batch_client
 from tidegate.providers.client import UpstreamClient
 from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator

@@ -19,7 +19,10 @@ One home per feature: a feature's modules, its store included, live in one packa
 the layer of its highest part, so that every import still points down. OpenAI's Files and Batch
 APIs are a surface of the gateway, and their store is read by the gateway alone (the composition
 roots open it), so all of it is `gateway/batches/`, the store in `gateway/batches/store/`; `coord`
-keeps only the state the gateway and the workers share.
+keeps only the state the gateway and the workers share. Provider batches (BULK jobs sent to a
+provider's own batch API) are the workers': submission, collection, upkeep, their store and the
+providers' batch clients are `dispatch/provider_batches/`; the gateway reads that store (down a
+layer) for its one admin route, which stays with the gateway's admin surface because it is HTTP.
 """
 
 from __future__ import annotations

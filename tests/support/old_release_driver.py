@@ -44,12 +44,16 @@ from tidegate.config import (
     default_models,
 )
 from tidegate.coord.budget import budget_ledger_for
-from tidegate.coord.provider_batches import provider_batch_store_for
 from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.dispatch.worker import Worker
 from tidegate.gateway.app import create_app
 from tidegate.jobs import Job, Priority
 from tidegate.queue import Queue
+
+try:  # this release: provider batches, their store included, are one package of the dispatcher
+    from tidegate.dispatch.provider_batches.store import provider_batch_store_for
+except ImportError:  # the previous release kept their store among the coordination state
+    from tidegate.coord.provider_batches import provider_batch_store_for  # type: ignore[import-not-found,no-redef]
 
 GATEWAY = "http://old-gateway.invalid"  # an in-process ASGI app: never resolved
 FAST_MODEL = "deepseek-v3.2"

@@ -26,9 +26,9 @@ from tidegate.config import TidegateConfig
 from tidegate.coord import queue_name_of
 from tidegate.coord.budget import BudgetLedger, budget_ledger_for
 from tidegate.coord.limiter import RateLimiter, rate_limiter_for
-from tidegate.coord.provider_batches import ProviderBatchStore, provider_batch_store_for
 from tidegate.coord.relay import ChunkRelay, relay_for
 from tidegate.coord.tenants import TenantStore, tenant_store_for
+from tidegate.dispatch.provider_batches.store import ProviderBatchStore, provider_batch_store_for
 from tidegate.gateway.batches.store import BatchStore, batch_store_for
 from tidegate.queue import Queue
 

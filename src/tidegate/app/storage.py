@@ -43,8 +43,8 @@ async def store_formats(config: TidegateConfig, *, apply: bool) -> list[FormatRe
 
 def _sqlite_stores() -> list[tuple[StoreFormat, str]]:
     from tidegate.coord.budget import sqlite as budget
-    from tidegate.coord.provider_batches import sqlite as provider_batches
     from tidegate.coord.tenants import sqlite as tenants
+    from tidegate.dispatch.provider_batches.store import sqlite as provider_batches
     from tidegate.gateway.batches.store import sqlite as batches
     from tidegate.queue import sqlite as queue
 
@@ -72,8 +72,8 @@ def _sqlite_reports(path: str, *, apply: bool) -> list[FormatReport]:
 def _queue_keyspace(name: str) -> list[RedisStore]:
     from tidegate.coord.budget import redis as budget
     from tidegate.coord.budget.base import utc_today
-    from tidegate.coord.provider_batches import redis as provider_batches
     from tidegate.coord.tenants import redis as tenants
+    from tidegate.dispatch.provider_batches.store import redis as provider_batches
     from tidegate.gateway.batches.store import redis as batches
     from tidegate.queue import redis as queue
 

@@ -10,8 +10,9 @@ server) only when it is chosen; one module per backend; Lua beside the Redis bac
 - `budget`: daily budgets reserved before a call and settled after it (`budget_ledger_for`;
   sqlite, redis), and what becomes of a job a budget refuses;
 - `relay`: streamed answers from the worker to the gateway (`relay_for`; memory, redis).
-- `provider_batches`: which job waits in which batch of a provider's own batch API
-  (`provider_batch_store_for`; sqlite, redis).
+
+A store that serves one feature lives with that feature instead: the Files and Batch APIs' in
+`tidegate.gateway.batches.store`, the provider batches' in `tidegate.dispatch.provider_batches.store`.
 
 Every object is on the one lifecycle (`tidegate._lifecycle`), opened by its first use (or
 `open()`, `async with`); a closed one refuses use and cannot reopen. Every Redis backend opens

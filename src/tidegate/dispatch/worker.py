@@ -34,7 +34,6 @@ from tidegate.coord.budget import (
     budget_outcome,
 )
 from tidegate.coord.limiter import AdaptiveConcurrency, RateLimiter, rate_limiter_for
-from tidegate.coord.provider_batches import provider_batch_store_for
 from tidegate.coord.relay import ChunkRelay
 from tidegate.costs import (
     cost_micros,
@@ -47,6 +46,8 @@ from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.provider_batches import Found, ProviderBatches
+from tidegate.dispatch.provider_batches.clients import batch_client
+from tidegate.dispatch.provider_batches.store import provider_batch_store_for
 from tidegate.dispatch.router import RouteDecision, Router, RoutingError
 from tidegate.dispatch.spending import Hold, Spending, cheaper_route, estimated_micros
 from tidegate.dispatch.tiers import answered_with_tier, priced, tier_of, with_tier
@@ -55,7 +56,6 @@ from tidegate.dispatch.turnstile import PriorityTurnstile
 from tidegate.errors import InvalidJob, LeaseLost, PayloadFormatError, QueueUnavailable, TidegateError
 from tidegate.jobs import Job, JobFailure, JobState, Priority
 from tidegate.providers.adapters import Answer, PartSink, ProviderAdapter, adapter_for
-from tidegate.providers.batch_clients import batch_client
 from tidegate.providers.client import UpstreamClient, UpstreamError
 from tidegate.providers.ratelimit import RateLimitInfo
 from tidegate.queue import Queue

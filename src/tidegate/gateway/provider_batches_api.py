@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, ProviderBatchStore
+from tidegate.dispatch.provider_batches.store import BatchedJob, ProviderBatchRecord, ProviderBatchStore
 from tidegate.gateway.auth import AdminDep, StateDep
 from tidegate.gateway.errors import ApiError, error_responses
 from tidegate.jobs import FINAL_STATES, Job, JobState

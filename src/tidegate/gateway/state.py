@@ -16,9 +16,9 @@ from tidegate.callback_urls import check_callback_url
 from tidegate.config import ModelConfig, TidegateConfig, simulated_models
 from tidegate.coord.budget import BudgetLedger
 from tidegate.coord.limiter import RateLimiter
-from tidegate.coord.provider_batches import ProviderBatchStore
 from tidegate.coord.relay import ChunkRelay
 from tidegate.coord.tenants import TenantStore
+from tidegate.dispatch.provider_batches.store import ProviderBatchStore
 from tidegate.dispatch.router import Router
 from tidegate.errors import CallbackRefused
 from tidegate.gateway.batches.store import BatchStore

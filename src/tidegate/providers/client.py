@@ -3,7 +3,7 @@
 It speaks OpenAI's chat completions and embeddings itself; for another API (Anthropic's
 Messages) a provider adapter names the path with `post` and `stream` and reads the answer,
 and `send` and `download` serve the calls that are not one request's answer (a provider's
-Files and Batch APIs: see batch_api.py),
+Files and Batch APIs: see tidegate.dispatch.provider_batches.clients),
 turning each streamed event into the chat chunks of the job's form with a `StreamDecoder`.
 The key goes as `Authorization: Bearer` or, to an Anthropic upstream, as `x-api-key` with the
 `anthropic-version` header.

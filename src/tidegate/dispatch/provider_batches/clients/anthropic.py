@@ -36,15 +36,15 @@ from urllib.parse import quote
 
 import orjson
 
-from tidegate.errors import UpstreamError
-from tidegate.providers.adapters.anthropic import chat_completion, messages_body
-from tidegate.providers.batch_api import (
+from tidegate.dispatch.provider_batches.clients.openai import (
     BatchLineRequest,
     BatchLineResult,
     ProviderBatch,
     check_lines,
     missing_line,
 )
+from tidegate.errors import UpstreamError
+from tidegate.providers.adapters.anthropic import chat_completion, messages_body
 from tidegate.providers.client import UpstreamClient
 
 __all__ = ["CHAT_ENDPOINT", "AnthropicBatchClient"]

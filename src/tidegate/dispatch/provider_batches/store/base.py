@@ -199,9 +199,9 @@ def provider_batch_store_for(queue_url: str) -> ProviderBatchStore:
     Redis server (keys under the queue's `?name=`, "default" when not given)."""
     name = queue_name_of(queue_url)
     if backend_of(queue_url) == "redis":
-        from tidegate.coord.provider_batches.redis import RedisProviderBatchStore
+        from tidegate.dispatch.provider_batches.store.redis import RedisProviderBatchStore
 
         return RedisProviderBatchStore(without_query(queue_url), name)
-    from tidegate.coord.provider_batches.sqlite import SqliteProviderBatchStore
+    from tidegate.dispatch.provider_batches.store.sqlite import SqliteProviderBatchStore
 
     return SqliteProviderBatchStore(sqlite_path_of(queue_url), name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tidegate.coord._store import imported_when_named
-from tidegate.coord.provider_batches.base import (
+from tidegate.dispatch.provider_batches.store.base import (
     CANCEL,
     CLEAN_UP,
     KEEP_S,
@@ -16,10 +16,10 @@ from tidegate.coord.provider_batches.base import (
     ProviderBatchStore,
     provider_batch_store_for,
 )
-from tidegate.coord.provider_batches.sqlite import SqliteProviderBatchStore
+from tidegate.dispatch.provider_batches.store.sqlite import SqliteProviderBatchStore
 
 if TYPE_CHECKING:
-    from tidegate.coord.provider_batches.redis import RedisProviderBatchStore
+    from tidegate.dispatch.provider_batches.store.redis import RedisProviderBatchStore
 
 __all__ = [
     "CANCEL",
@@ -34,4 +34,4 @@ __all__ = [
 ]
 
 __getattr__ = imported_when_named(
-    __name__, {"RedisProviderBatchStore": "tidegate.coord.provider_batches.redis"})
+    __name__, {"RedisProviderBatchStore": "tidegate.dispatch.provider_batches.store.redis"})

@@ -2,13 +2,13 @@
 
 OpenAI and Anthropic answer a batch within a window (24 h) at half the price of single calls, which
 suits BULK jobs with a long deadline. `BatchClient` is what a caller needs of either (Anthropic's
-is `tidegate.providers.anthropic_batches.AnthropicBatchClient`; `batch_client` picks one by the
-provider's `api`). `ProviderBatchClient` speaks OpenAI's shape over the
-provider's pooled `UpstreamClient`: the lines go up as one JSONL file (purpose `batch`), a batch is
-created on it, polled until it ended, and its output and error files are read back into one
-`BatchLineResult` per line. A creation whose answer was lost may still have created the batch:
-`find` looks it up by the metadata it was given, so that it is not submitted twice. Files stay at
-the provider until deleted: `delete_files` removes an ended batch's input, output and error files.
+is `.anthropic.AnthropicBatchClient`; `batch_client` picks one by the provider's `api`).
+`ProviderBatchClient` speaks OpenAI's shape over the provider's pooled `UpstreamClient`: the lines
+go up as one JSONL file (purpose `batch`), a batch is created on it, polled until it ended, and its
+output and error files are read back into one `BatchLineResult` per line. A creation whose answer
+was lost may still have created the batch: `find` looks it up by the metadata it was given, so that
+it is not submitted twice. Files stay at the provider until deleted: `delete_files` removes an
+ended batch's input, output and error files.
 
 Failures leave as `UpstreamError` (tidegate.errors), whose `kind` and `retryable` tell the caller
 what to do, as the other provider calls do.

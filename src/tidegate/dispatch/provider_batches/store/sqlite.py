@@ -10,7 +10,7 @@ import time
 
 from tidegate._formats import StoreFormat
 from tidegate._sqlite import SqliteThread
-from tidegate.coord.provider_batches.base import CLEAN_UP, KEEP_S, ProviderBatchStore
+from tidegate.dispatch.provider_batches.store.base import CLEAN_UP, KEEP_S, ProviderBatchStore
 from tidegate.errors import QueueUnavailable
 
 __all__ = ["SQLITE_FORMAT", "SQLITE_SCHEMA", "SqliteProviderBatchStore"]

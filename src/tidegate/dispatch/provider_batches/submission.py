@@ -5,7 +5,7 @@ the `ProviderBatchStore`, every job released to the queue for `poll_s`, its reas
 
 The jobs are recorded before their batch is sent, as pending under a token the batch carries in its
 metadata (`SUBMISSION`), so a worker killed between the submission and its record leaves jobs that
-the next claimant finds again at the provider (see `provider_batches`). A batch the provider did
+the next claimant finds again at the provider (see the package's `ProviderBatches`). A batch the provider did
 not take leaves its jobs to a live call, the reason recorded.
 """
 
@@ -23,15 +23,15 @@ from typing import Any
 from tidegate._shutdown import CLOSE_BOUND_S
 from tidegate.ai import AIRequest
 from tidegate.config import ProviderConfig
-from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord
 from tidegate.costs import estimate_cost_micros
-from tidegate.dispatch.batch_collection import BatchPart, BatchServices
+from tidegate.dispatch.provider_batches.clients.openai import BatchLineRequest
+from tidegate.dispatch.provider_batches.collection import BatchPart, BatchServices
+from tidegate.dispatch.provider_batches.store import BatchedJob, ProviderBatchRecord
 from tidegate.dispatch.router import RouteDecision
 from tidegate.dispatch.spending import Hold, hold_to_json
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.errors import BudgetExhausted, LeaseLost, TidegateError
 from tidegate.jobs import Job
-from tidegate.providers.batch_api import BatchLineRequest
 
 __all__ = ["ENDPOINTS", "PENDING", "SUBMISSION", "BatchSubmission"]
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from tidegate._formats import FormatCheck, RedisStore, StoreFormat
 from tidegate._redis import RedisClient, key_prefix, require_redis
 from tidegate._urls import redact_url
-from tidegate.coord.provider_batches.base import CLEAN_UP, KEEP_S, ProviderBatchStore
+from tidegate.dispatch.provider_batches.store.base import CLEAN_UP, KEEP_S, ProviderBatchStore
 from tidegate.errors import QueueUnavailable
 
 require_redis("the Redis provider-batch store")

@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from tidegate.coord.provider_batches import CANCEL, CLEAN_UP, ProviderBatchRecord
-from tidegate.dispatch.batch_collection import BatchPart, BatchServices
-from tidegate.dispatch.batch_submission import PENDING
+from tidegate.dispatch.provider_batches.clients.openai import BatchClient
+from tidegate.dispatch.provider_batches.collection import BatchPart, BatchServices
+from tidegate.dispatch.provider_batches.store import CANCEL, CLEAN_UP, ProviderBatchRecord
+from tidegate.dispatch.provider_batches.submission import PENDING
 from tidegate.errors import TidegateError
 from tidegate.jobs import FINAL_STATES, JobState
-from tidegate.providers.batch_api import BatchClient
 
 __all__ = ["BatchUpkeep"]
 

@@ -23,14 +23,14 @@ from typing import Any
 
 from tidegate.ai import AIResult, Timings, Usage
 from tidegate.config import ModelConfig, ProviderConfig
-from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, ProviderBatchStore
 from tidegate.costs import cost_micros, micros_to_usd
 from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.provider_batches.clients.openai import BatchClient, BatchLineResult, ProviderBatch
+from tidegate.dispatch.provider_batches.store import BatchedJob, ProviderBatchRecord, ProviderBatchStore
 from tidegate.dispatch.spending import Spending, hold_from_json
 from tidegate.dispatch.tiers import batch_priced
 from tidegate.errors import LeaseLost, TidegateError
 from tidegate.jobs import Job
-from tidegate.providers.batch_api import BatchClient, BatchLineResult, ProviderBatch
 from tidegate.queue import Queue
 
 __all__ = ["BatchCollection", "BatchPart", "BatchServices", "Succeeded"]

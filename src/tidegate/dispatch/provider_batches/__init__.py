@@ -4,7 +4,7 @@ to the provider's own batch API at its discount instead of a live call.
 A worker hands every job a provider batch might hold to `ProviderBatches.collect` before it
 routes it, which looks it up in the store:
 
-- a job found there is collected (`batch_collection`) with the provider and model it was
+- a job found there is collected (`collection`) with the provider and model it was
   submitted to, not routed again: a config changed since (its model gone from the tiers, its
   tenant's models narrowed) does not fail a job whose answer may be paid for already. It is
   released while its batch runs, completed with its line's answer once the batch ended. A line
@@ -12,7 +12,7 @@ routes it, which looks it up in the store:
   call, the reason recorded in the store and the log: nothing is lost and nothing ends mutely.
 - a job in no batch yet is routed, then gathered (`ProviderBatches.gather`) if eligible (see
   `ProviderBatchConfig`) and submitted with the others routed to the same provider, model and
-  endpoint (`batch_submission`); a refusal of its budget at the batch price leaves it to the live
+  endpoint (`submission`); a refusal of its budget at the batch price leaves it to the live
   path, which meets the budget the normal way.
 
 The reservation made at submission lives on the ledger until collection (pending, counted
@@ -26,9 +26,16 @@ its record leaves jobs whose claimant asks the provider for that batch (`find`) 
 it was created, or gathers them anew if not (`_resume` here). A second submission is left only
 where the provider does not list the batch among its latest (`ProviderBatchClient.find`'s depth).
 
-Every worker also takes its share of the upkeep (`batch_upkeep`), from the moment it is made: a
+Every worker also takes its share of the upkeep (`upkeep`), from the moment it is made: a
 batch all of whose jobs were cancelled is cancelled at the provider, and an ended batch none of
 whose jobs needs it any more has its files deleted there.
+
+The whole feature is this package: `ProviderBatches` here (what the worker calls), `submission`,
+`collection` and `upkeep`, the store that says which job waits in which batch (`store`: SQLite
+or Redis, the queue's backend) and the provider's side (`clients`: OpenAI's Files + Batch and
+Anthropic's Message Batches, `batch_client` picking one by the provider's `api`). Only the admin
+route that lists the batches is elsewhere, with the gateway's admin surface (it is HTTP, a layer
+above).
 """
 
 from __future__ import annotations
@@ -39,16 +46,16 @@ from enum import Enum
 
 from tidegate.ai import AIRequest
 from tidegate.config import ProviderConfig
-from tidegate.coord.provider_batches import BatchedJob, ProviderBatchStore
-from tidegate.dispatch.batch_collection import BatchCollection, BatchServices, Succeeded
-from tidegate.dispatch.batch_submission import PENDING, SUBMISSION, BatchSubmission
-from tidegate.dispatch.batch_upkeep import BatchUpkeep
 from tidegate.dispatch.metrics import DispatchMetrics
+from tidegate.dispatch.provider_batches.clients.openai import BatchClient
+from tidegate.dispatch.provider_batches.collection import BatchCollection, BatchServices, Succeeded
+from tidegate.dispatch.provider_batches.store import BatchedJob, ProviderBatchStore
+from tidegate.dispatch.provider_batches.submission import PENDING, SUBMISSION, BatchSubmission
+from tidegate.dispatch.provider_batches.upkeep import BatchUpkeep
 from tidegate.dispatch.router import RouteDecision
 from tidegate.dispatch.spending import Spending, hold_from_json
 from tidegate.errors import TidegateError
 from tidegate.jobs import Job
-from tidegate.providers.batch_api import BatchClient
 from tidegate.queue import Queue
 
 __all__ = ["Found", "ProviderBatches"]
