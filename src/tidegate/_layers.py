@@ -45,7 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_formats",
         "_eventloop",
         "_shutdown",
-        "_batching",
+        "_group_commit",
         "_labels",
         "_layers",
         "tracing",

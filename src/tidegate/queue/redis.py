@@ -33,8 +33,8 @@ from typing import Any
 import msgpack
 import orjson
 
-from tidegate._batching import GroupCall
 from tidegate._formats import FormatCheck, Migration, RedisStore, StoreFormat
+from tidegate._group_commit import GroupCall
 from tidegate._redis import (
     BLOCK_MAX_S,
     CLOSE_TIMEOUT_S,

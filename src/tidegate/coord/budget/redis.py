@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import date, timedelta
 
-from tidegate._batching import GroupCall
 from tidegate._formats import FormatCheck, RedisStore, StoreFormat
+from tidegate._group_commit import GroupCall
 from tidegate._redis import CLOSE_TIMEOUT_S, RedisClient, key_prefix, lua_source, require_redis
 from tidegate._shutdown import bounded
 from tidegate.coord.budget.base import GLOBAL, KEEP_DAYS, BudgetLedger, Refusal, Reservation, Today, utc_today
@@ -97,7 +97,7 @@ class RedisBudgetLedger(BudgetLedger):
 
     async def _record(self, tenant: str, day: date, amount_micros: int) -> None:
         # Spend recorded in the same loop turn, or while the last batch was on its way, goes out
-        # in one script call per day (see tidegate._batching).
+        # in one script call per day (see tidegate._group_commit).
         await self._records.call((tenant, day, amount_micros))
 
     async def _record_batch(self, items: list[tuple[str, date, int]]) -> list[None]:

@@ -1,4 +1,4 @@
-"""GroupCall (tidegate._batching): calls made while a batch is on its way go out together in the
+"""GroupCall (tidegate._group_commit): calls made while a batch is on its way go out together in the
 next, each caller gets its own outcome, and nothing is left waiting."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tidegate._batching import GroupCall
+from tidegate._group_commit import GroupCall
 
 
 class Sender:
