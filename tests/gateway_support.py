@@ -25,9 +25,9 @@ from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.gateway.app import create_app
-from tidegate.gateway.http_server import UVICORN_OPTIONS
-from tidegate.gateway.settings import GatewaySettings
-from tidegate.gateway.state import GatewayState
+from tidegate.gateway.core.http_server import UVICORN_OPTIONS
+from tidegate.gateway.core.settings import GatewaySettings
+from tidegate.gateway.core.state import GatewayState
 from tidegate.jobs import Priority
 from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator

@@ -26,8 +26,8 @@ from tidegate.ai import (
     UsageReport,
 )
 from tidegate.errors import InvalidJob
-from tidegate.gateway.dialects import OpenAIDialect
-from tidegate.gateway.errors import ApiError, install_error_handlers
+from tidegate.gateway.core.errors import ApiError, install_error_handlers
+from tidegate.gateway.openai.dialect import OpenAIDialect
 
 COMPLETION = {
     "id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4.1",

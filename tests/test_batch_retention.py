@@ -27,7 +27,7 @@ from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig
 from tidegate.errors import ConfigError
 from tidegate.gateway.batches.sweep import sweep_once
-from tidegate.gateway.settings import GatewaySettings
+from tidegate.gateway.core.settings import GatewaySettings
 from tidegate.jobs import FINAL_STATES, Job
 from tidegate.queue import Queue
 

@@ -19,8 +19,8 @@ from tidegate.coord.budget import budget_ledger_for, budget_outcome, seconds_to_
 from tidegate.costs import usd_to_micros
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.errors import BudgetExhausted
-from tidegate.gateway.outcomes import failure_of
-from tidegate.gateway.views import job_view
+from tidegate.gateway.core.outcomes import failure_of
+from tidegate.gateway.core.views import job_view
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator

@@ -177,7 +177,7 @@ def test_settings_are_frozen_and_refuse_unknown_keywords() -> None:
 def test_the_old_import_paths_name_the_same_classes() -> None:
     from tidegate.app.up import UpSettings as UpFromApp
     from tidegate.dispatch.worker import WorkerSettings as WorkerFromDispatch
-    from tidegate.gateway.settings import GatewaySettings as GatewayFromGateway
+    from tidegate.gateway.core.settings import GatewaySettings as GatewayFromGateway
     from tidegate.recs import RecsSettings as RecsFromRecs
     from tidegate.sync.pipeline import PipelineSettings as PipelineFromSync
     from tidegate.sync.verify import VerifySettings as VerifyFromSync

@@ -14,7 +14,7 @@ from gateway_support import CHAT, add_tenants, open_gateway
 from tidegate.app.gateway import check_bind
 from tidegate.cli.main import app as cli
 from tidegate.errors import ConfigError
-from tidegate.gateway.settings import GatewaySettings
+from tidegate.gateway.core.settings import GatewaySettings
 from tidegate.jobs import JobState
 from tidegate.simulator.server import InjectedFault
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from conftest import QueueFactory
 from gateway_support import CHAT, open_gateway
-from tidegate.gateway.settings import GatewaySettings
+from tidegate.gateway.core.settings import GatewaySettings
 from tidegate.jobs import Priority
 
 SMALL = GatewaySettings(max_body_bytes=4096, max_messages=3, max_batch=2)

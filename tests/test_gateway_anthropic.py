@@ -20,7 +20,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from conftest import QueueFactory
 from dispatch_support import PROVIDER
 from gateway_support import Gateway, open_gateway
-from tidegate.gateway.dialects.anthropic import message_of
+from tidegate.gateway.anthropic.dialect import message_of
 from tidegate.jobs import JobState, Priority
 from tidegate.providers.adapters.anthropic import chat_completion, messages_body
 from tidegate.simulator.server import InjectedFault

@@ -26,7 +26,7 @@ from openai.types.responses import FunctionToolParam, Response
 from conftest import BACKENDS
 from gateway_support import Gateway, module_gateway, serving
 from tidegate.app.gateway import open_gateway_state
-from tidegate.gateway.settings import GatewaySettings
+from tidegate.gateway.core.settings import GatewaySettings
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
 

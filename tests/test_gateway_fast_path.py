@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from conftest import QueueFactory
 from gateway_support import Gateway, open_gateway
 from tidegate.gateway.app import create_app
-from tidegate.gateway.fast_path import FastPath
+from tidegate.gateway.openai.fast_path import FastPath
 
 pytestmark = pytest.mark.sqlite_only  # the path is the gateway's, whatever the queue
 

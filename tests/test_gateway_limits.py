@@ -29,8 +29,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from conftest import QueueFactory
 from gateway_support import CHAT, Gateway, open_gateway
 from tidegate.config import CallbackConfig
-from tidegate.gateway.http_server import MAX_HEADER_BYTES
-from tidegate.gateway.limits import (
+from tidegate.gateway.core.http_server import MAX_HEADER_BYTES
+from tidegate.gateway.core.limits import (
     MAX_CHOICES,
     MAX_EMBEDDING_DIMENSIONS,
     MAX_EMBEDDING_INPUTS,
@@ -38,7 +38,7 @@ from tidegate.gateway.limits import (
     MAX_OUTPUT_TOKENS,
     MAX_PAGE,
 )
-from tidegate.gateway.settings import BODY_ENVELOPE_BYTES, MIB, GatewaySettings
+from tidegate.gateway.core.settings import BODY_ENVELOPE_BYTES, MIB, GatewaySettings
 from tidegate.simulator.server import InjectedFault
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello"}]

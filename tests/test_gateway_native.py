@@ -31,9 +31,11 @@ from dispatch_support import PROVIDER, wait_final
 from gateway_support import Gateway, module_gateway
 from tidegate.ai import AIResult
 from tidegate.config import TidegateConfig
-from tidegate.gateway.dialects import ANTHROPIC, RESPONSES, StreamRenderer
-from tidegate.gateway.dialects.anthropic_schemas import MessagesRequest
-from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
+from tidegate.gateway.anthropic.dialect import ANTHROPIC
+from tidegate.gateway.anthropic.schemas import MessagesRequest
+from tidegate.gateway.core.dialect import StreamRenderer
+from tidegate.gateway.responses.dialect import RESPONSES
+from tidegate.gateway.responses.schemas import ResponseCreateRequest
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
 

@@ -15,7 +15,7 @@ from dispatch_support import wait_final
 from gateway_support import Gateway, open_gateway
 from provider_batch_support import bulk_jobs, gateway_sending_batches, waiting_in_a_batch
 from tidegate.dispatch.provider_batches.store import BatchedJob, ProviderBatchRecord
-from tidegate.gateway.provider_batches_api import SAMPLE_JOBS
+from tidegate.gateway.admin.provider_batches import SAMPLE_JOBS
 from tidegate.jobs import JobState
 
 PATH = "/v1/admin/provider-batches"

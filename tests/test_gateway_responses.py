@@ -20,8 +20,8 @@ from pydantic import TypeAdapter
 from conftest import BACKENDS
 from gateway_support import Gateway, module_gateway
 from tidegate.ai import AIResult
-from tidegate.gateway.dialects import RESPONSES
-from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
+from tidegate.gateway.responses.dialect import RESPONSES
+from tidegate.gateway.responses.schemas import ResponseCreateRequest
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
 

@@ -33,7 +33,7 @@ from gateway_support import CHAT, Gateway, open_gateway, with_legacy_models
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, default_models, legacy_models
 from tidegate.gateway.app import create_app
-from tidegate.gateway.settings import GatewaySettings
+from tidegate.gateway.core.settings import GatewaySettings
 
 # Waits short enough that no generated call can hold the run: a synchronous call answers 504
 # after `request_timeout_s` (X-Tidegate-Timeout may ask for up to `max_request_timeout_s`), and a

@@ -28,7 +28,7 @@ from tidegate.app.gateway import open_gateway_state
 from tidegate.app.up import UpInfo, UpSettings, run_up
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.demo.embedded import embedded_sync_config
-from tidegate.gateway.state import GatewayState
+from tidegate.gateway.core.state import GatewayState
 from tidegate.recs import Interaction, InteractionKind, Item, Recommender
 
 STATES = ["memory", "redis"]

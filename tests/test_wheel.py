@@ -127,7 +127,7 @@ def test_the_wheel_holds_every_file_of_the_package_and_its_version(built: Built)
 
     packaged = {name for name in names if not name.startswith(f"tidegate-{__version__}.dist-info/")}
     assert packaged == _package_files()
-    for data in ("tidegate/py.typed", "tidegate/gateway/static/dashboard.html",
+    for data in ("tidegate/py.typed", "tidegate/gateway/admin/static/dashboard.html",
                  "tidegate/queue/lua/claim.lua", "tidegate/sync/cache/lua/apply.lua"):
         assert data in packaged
     assert built.wheel.name == f"tidegate-{__version__}-py3-none-any.whl"
@@ -144,7 +144,7 @@ def test_the_sdist_holds_what_a_release_documents(built: Built) -> None:
 
     top = f"tidegate-{__version__}"
     for name in ("pyproject.toml", "README.md", "CHANGELOG.md", "uv.lock", "src/tidegate/__init__.py",
-                 "src/tidegate/gateway/static/dashboard.js"):
+                 "src/tidegate/gateway/admin/static/dashboard.js"):
         assert f"{top}/{name}" in names
 
 
@@ -211,7 +211,7 @@ async def test_the_installed_wheel_runs_up_on_redis(venv: Path, built: Built, ow
     folder.mkdir()
     env = _clean_env(TIDEGATE_QUEUE_URL=own_redis, TIDEGATE_SYNC__CACHE_URL=own_redis)
     with zipfile.ZipFile(built.wheel) as wheel:
-        packaged_js = wheel.read("tidegate/gateway/static/dashboard.js")
+        packaged_js = wheel.read("tidegate/gateway/admin/static/dashboard.js")
     async with _up(venv, folder, env) as up, httpx.AsyncClient(timeout=30) as http:
         api_url, dashboard_url, admin_key = await up.ready()
 

@@ -18,7 +18,7 @@ from prometheus_client.samples import Sample
 from tidegate._labels import Labelled
 from tidegate._redis import RECONNECT_REGISTRY, RECONNECTS
 from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.gateway.metrics import GatewayMetrics
+from tidegate.gateway.core.metrics import GatewayMetrics
 from tidegate.recs.monitor import RecsMonitor
 from tidegate.sync.metrics import SyncMetrics
 

@@ -23,6 +23,11 @@ keeps only the state the gateway and the workers share. Provider batches (BULK j
 provider's own batch API) are the workers': submission, collection, upkeep, their store and the
 providers' batch clients are `dispatch/provider_batches/`; the gateway reads that store (down a
 layer) for its one admin route, which stays with the gateway's admin surface because it is HTTP.
+Inside the gateway, one package per surface (`openai/`, `responses/`, `anthropic/`, `batches/`,
+`admin/`) holds its routes, schemas and dialect, and `gateway/core/` what they share, the dialect
+seam included; the core imports no surface's routes. A surface imports the core and, where it
+builds on another (a batch's lines are OpenAI and Responses requests; the Messages routes wait as
+the OpenAI ones do), that one's modules, never in a cycle.
 """
 
 from __future__ import annotations

@@ -27,10 +27,10 @@ from tidegate.coord.tenants import TenantStore
 from tidegate.errors import ConfigError
 from tidegate.gateway.app import create_app
 from tidegate.gateway.batches.sweep import sweeping
-from tidegate.gateway.http_server import UVICORN_OPTIONS
-from tidegate.gateway.metrics import GatewayMetrics
-from tidegate.gateway.settings import GatewaySettings, is_loopback_host
-from tidegate.gateway.state import GatewayState
+from tidegate.gateway.core.http_server import UVICORN_OPTIONS
+from tidegate.gateway.core.metrics import GatewayMetrics
+from tidegate.gateway.core.settings import GatewaySettings, is_loopback_host
+from tidegate.gateway.core.state import GatewayState
 from tidegate.queue import Queue
 from tidegate.tracing import configured
 

@@ -45,8 +45,8 @@ from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker
 from tidegate.gateway.app import create_app
 from tidegate.gateway.batches.sweep import sweeping
-from tidegate.gateway.http_server import UVICORN_OPTIONS
-from tidegate.gateway.state import GatewayState
+from tidegate.gateway.core.http_server import UVICORN_OPTIONS
+from tidegate.gateway.core.state import GatewayState
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import ServedModel, SimulatorSettings
 from tidegate.sync.metrics import SyncMetrics

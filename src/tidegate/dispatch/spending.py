@@ -4,7 +4,7 @@ of them is left, what a call is estimated to cost, and the reservations themselv
 A tenant's own daily budget (set in the tenant store, read again every `TENANT_CACHE_S`) wins over
 the configured one; the global budget applies to everyone. CRITICAL jobs are recorded but never
 refused (DESIGN.md: the most urgent work is not stopped by a spent budget). The gateway refuses a
-synchronous call with the same limits and estimates before it is queued (tidegate.gateway.budget_door).
+synchronous call with the same limits and estimates before it is queued (tidegate.gateway.core.budget_door).
 """
 
 from __future__ import annotations

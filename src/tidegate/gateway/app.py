@@ -6,7 +6,7 @@
 The app owns nothing: whoever opened the state closes it, so tests and `tidegate up` can share
 their queue, relay and metrics with in-process workers.
 
-Authentication (see tidegate.gateway.auth): `Authorization: Bearer <key>`. In embedded mode (a
+Authentication (see tidegate.gateway.core.auth): `Authorization: Bearer <key>`. In embedded mode (a
 loopback bind and no tenant or key in the store) requests without a key are served as the
 built-in local tenant; once a key exists, or on any other bind, a valid key is required.
 """
@@ -19,25 +19,20 @@ from typing import Any
 from fastapi import FastAPI
 
 from tidegate import __version__
-from tidegate.gateway import (
-    admin_api,
-    anthropic_api,
-    dashboard,
-    jobs_api,
-    openai_api,
-    ops,
-    provider_batches_api,
-    recs_api,
-    responses_api,
-)
+from tidegate.gateway import jobs, ops, recs
+from tidegate.gateway.admin import dashboard, provider_batches
+from tidegate.gateway.admin import routes as admin_routes
+from tidegate.gateway.anthropic import routes as anthropic_routes
 from tidegate.gateway.batches import file_routes
 from tidegate.gateway.batches import routes as batch_routes
-from tidegate.gateway.errors import install_error_handlers
-from tidegate.gateway.fast_path import FastPath
-from tidegate.gateway.middleware import UPLOAD_LIMIT_SETTING, BodyCap, BodyLimit, RequestMetrics
-from tidegate.gateway.openapi import install_openapi
-from tidegate.gateway.state import GatewayState
-from tidegate.gateway.traces import ServerSpans
+from tidegate.gateway.core.errors import install_error_handlers
+from tidegate.gateway.core.middleware import UPLOAD_LIMIT_SETTING, BodyCap, BodyLimit, RequestMetrics
+from tidegate.gateway.core.openapi import install_openapi
+from tidegate.gateway.core.state import GatewayState
+from tidegate.gateway.core.traces import ServerSpans
+from tidegate.gateway.openai import routes as openai_routes
+from tidegate.gateway.openai.fast_path import FastPath
+from tidegate.gateway.responses import routes as responses_routes
 from tidegate.tracing import tracer
 
 __all__ = ["create_app"]
@@ -96,8 +91,8 @@ def create_app(state: GatewayState) -> FastAPI:
     app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app, max_body_bytes=state.max_body_bytes, settings=state.settings)
-    modules = (openai_api, responses_api, anthropic_api, file_routes, batch_routes, jobs_api, recs_api,
-               admin_api, provider_batches_api, ops, dashboard)
+    modules = (openai_routes, responses_routes, anthropic_routes, file_routes, batch_routes, jobs, recs,
+               admin_routes, provider_batches, ops, dashboard)
     for module in modules:
         app.include_router(module.router)
     # The last added runs first: metrics see every answer, including a 413; the fast path runs

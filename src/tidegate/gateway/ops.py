@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tidegate.errors import TidegateError
-from tidegate.gateway.auth import StateDep
+from tidegate.gateway.core.auth import StateDep
 
 __all__ = ["router"]
 

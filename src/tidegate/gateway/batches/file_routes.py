@@ -24,11 +24,11 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import Response
 
 from tidegate.coord.tenants import Tenant
-from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.batches.schemas import FileDeleted, FileList, FileView, file_view, visible_to
 from tidegate.gateway.batches.store import StoredFile
-from tidegate.gateway.errors import ApiError, error_responses
-from tidegate.gateway.state import GatewayState
+from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
+from tidegate.gateway.core.errors import ApiError, error_responses
+from tidegate.gateway.core.state import GatewayState
 
 __all__ = ["MULTIPART_ENVELOPE_BYTES", "UPLOADS_PATH", "UPLOAD_PURPOSES", "router", "visible_file"]
 

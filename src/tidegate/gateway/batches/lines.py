@@ -10,7 +10,7 @@ A `/v1/responses` line is read as POST /v1/responses reads its body (validated, 
 into a chat job that keeps the request as its `origin`), so what that route refuses is the line's
 error with the same code, and what it takes is taken: a field with no chat translation (a built-in
 tool, `reasoning`, `include`, …) when every provider that may serve the line's model speaks the
-Responses API (tidegate.gateway.native), the job then `native_only` and sent as written, and
+Responses API (tidegate.gateway.core.native), the job then `native_only` and sent as written, and
 refused (`unsupported_tool`, `unsupported_parameter`) otherwise. `background` and `stream` are
 refused too (code `unsupported_parameter`): a batch line already runs in the background, and its
 answer is a line of the output file. Its answer is the Response object GET /v1/responses/{id}
@@ -36,16 +36,17 @@ import orjson
 from tidegate.ai import AIRequest, Kind, result_of
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.batches.store import BatchLine, LineAnswer, LineError
-from tidegate.gateway.dialects import OPENAI, RESPONSES
-from tidegate.gateway.dialects.base import validated
-from tidegate.gateway.dialects.responses_output import render
-from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest
-from tidegate.gateway.errors import ApiError
-from tidegate.gateway.intake import JobDraft, draft_job
-from tidegate.gateway.native import served_natively
-from tidegate.gateway.responses_lookup import conversation, origin_of
-from tidegate.gateway.state import GatewayState
-from tidegate.gateway.views import failure_view
+from tidegate.gateway.core.dialect import validated
+from tidegate.gateway.core.errors import ApiError
+from tidegate.gateway.core.intake import JobDraft, draft_job
+from tidegate.gateway.core.native import served_natively
+from tidegate.gateway.core.state import GatewayState
+from tidegate.gateway.core.views import failure_view
+from tidegate.gateway.openai.dialect import OPENAI
+from tidegate.gateway.responses.dialect import RESPONSES
+from tidegate.gateway.responses.lookup import conversation, origin_of
+from tidegate.gateway.responses.output import render
+from tidegate.gateway.responses.schemas import ResponseCreateRequest
 from tidegate.jobs import Job, JobState, Priority
 
 __all__ = ["SERVED_ENDPOINTS", "ParsedLine", "answer_lines", "line_answer", "parse_lines"]

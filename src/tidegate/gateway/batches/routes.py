@@ -14,13 +14,13 @@ from typing import Annotated, Final
 from fastapi import APIRouter, Body, Query
 
 from tidegate.coord.tenants import Tenant
-from tidegate.gateway.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
 from tidegate.gateway.batches.runs import cancel_batch, create_batch, followed
 from tidegate.gateway.batches.schemas import BatchList, BatchRequest, BatchView, batch_view, visible_to
 from tidegate.gateway.batches.store import BatchRecord
-from tidegate.gateway.errors import error_responses
-from tidegate.gateway.intake import IdempotencyHeader, PriorityHeader
-from tidegate.gateway.state import GatewayState
+from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep, is_admin
+from tidegate.gateway.core.errors import error_responses
+from tidegate.gateway.core.intake import IdempotencyHeader, PriorityHeader
+from tidegate.gateway.core.state import GatewayState
 
 __all__ = ["router"]
 

@@ -47,9 +47,9 @@ from tidegate.gateway.batches.store import (
     RequestCounts,
     StoredFile,
 )
-from tidegate.gateway.errors import ApiError
-from tidegate.gateway.intake import enqueue, header_priority, resolve_priority
-from tidegate.gateway.state import GatewayState
+from tidegate.gateway.core.errors import ApiError
+from tidegate.gateway.core.intake import enqueue, header_priority, resolve_priority
+from tidegate.gateway.core.state import GatewayState
 from tidegate.jobs import FINAL_STATES, Job, JobState, Priority, now_ms
 
 __all__ = ["CHUNK_JOBS", "READS_PER_CHECK", "cancel_batch", "create_batch", "followed"]

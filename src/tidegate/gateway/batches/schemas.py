@@ -8,11 +8,11 @@ from typing import Annotated, Literal, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from tidegate.coord.tenants import Tenant
-from tidegate.gateway.auth import is_admin
 from tidegate.gateway.batches.lines import SERVED_ENDPOINTS
 from tidegate.gateway.batches.store import BatchFields, BatchRecord, LineError, RequestCounts, StoredFile
-from tidegate.gateway.errors import ApiError
-from tidegate.gateway.schemas import PriorityValue
+from tidegate.gateway.core.auth import is_admin
+from tidegate.gateway.core.errors import ApiError
+from tidegate.gateway.core.schemas import PriorityValue
 from tidegate.jobs import Priority
 
 __all__ = [

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from tidegate._shutdown import cancel_bounded
 from tidegate.errors import ConfigError
 from tidegate.gateway.batches.runs import READS_PER_CHECK, followed
-from tidegate.gateway.state import GatewayState
+from tidegate.gateway.core.state import GatewayState
 
 __all__ = ["SweepReport", "check_sweep", "sweep_once", "sweeping"]
 

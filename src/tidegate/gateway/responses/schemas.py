@@ -1,0 +1,119 @@
+"""The request and response bodies of OpenAI's Responses API, for validation and for the OpenAPI
+document.
+
+The request model names every field the gateway translates or may leave out without changing the
+answer. Any other field is kept aside (`extra="allow"`) only to be refused by name: a chat-only
+upstream cannot honour it, and dropping it silently would answer another question than the one
+asked; when every provider that may serve the request speaks the Responses API natively, it is
+sent on as it is. Input items and tools are objects here; their shapes are checked item by item
+by the translation (tidegate.gateway.responses.dialect), whose errors name the item.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tidegate.config import ServiceTier
+from tidegate.gateway.core.limits import MAX_OUTPUT_TOKENS, MAX_TOP_LOGPROBS
+from tidegate.gateway.core.schemas import PriorityValue
+
+__all__ = [
+    "MAX_METADATA_KEYS",
+    "ResponseCreateRequest",
+    "ResponseDeleted",
+    "ResponseItemList",
+    "ResponseObject",
+]
+
+MAX_METADATA_KEYS = 16  # as OpenAI allows
+
+
+class ResponseCreateRequest(BaseModel):
+    """A Responses API request. `model` is required, as OpenAI requires it: "auto" lets tidegate
+    route by priority, size and budget; `priority` is tidegate's, as on chat completions. Ranges
+    are those of OpenAI's API reference, checked before anything is queued."""
+
+    model_config = ConfigDict(
+        extra="allow", strict=True,
+        json_schema_extra={"examples": [{
+            "model": "auto", "instructions": "Answer in one line.",
+            "input": "Summarise this ticket.", "priority": "high",
+        }]},
+    )
+
+    model: str = Field(min_length=1, description=(
+        'A model tidegate serves (GET /v1/models), or "auto" to route by priority, size and budget '
+        "over the models the key's tenant may use."))
+    input: str | list[dict[str, Any]] = Field(description=(
+        "Text, or items: messages (roles user, system, developer, assistant; input_text, "
+        "output_text and input_image parts), function_call and function_call_output."))
+    instructions: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1)
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "Served by a provider that speaks the Responses API natively only."))
+    tools: list[dict[str, Any]] | None = Field(None, description=(
+        "Function tools; any other (built-in) tool when a native provider serves the request."))
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = Field(None, description="`format`: text, json_object or json_schema.")
+    reasoning: dict[str, Any] | None = Field(None, description=(
+        "`effort`; more (`summary`) when a native provider serves the request."))
+    metadata: dict[str, str] | None = Field(None, max_length=MAX_METADATA_KEYS)
+    store: bool | None = Field(None, description=(
+        "false: the response cannot be retrieved or continued afterwards."))
+    background: bool | None = Field(None, description="Answer at once with status `queued`; poll it.")
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    include: list[str] | None = Field(None, description=(
+        "Served by a provider that speaks the Responses API natively only."))
+    truncation: Literal["disabled", "auto"] | None = Field(None, description=(
+        "auto: served by a provider that speaks the Responses API natively only."))
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    priority: PriorityValue | None = None
+    service_tier: ServiceTier | None = Field(None, description=(
+        "The provider's processing tier, sent upstream as given; left out, the provider's tier "
+        "policy may pick one by the job's priority. The response's `service_tier` names the tier "
+        "the call ran at, and the job is charged that tier's price."))
+
+
+class ResponseObject(BaseModel):
+    """A response: the job that answers it, in the Responses API's shape."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(examples=["resp_0123456789abcdef"])
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, Any] | None = None
+    service_tier: str | None = Field(None, description=(
+        "The tier the call ran at as the provider named it, else the tier asked for."))
+
+
+class ResponseDeleted(BaseModel):
+    """What DELETE did."""
+
+    id: str
+    object: Literal["response.deleted"] = "response.deleted"
+    deleted: bool = True
+
+
+class ResponseItemList(BaseModel):
+    """A page of a response's input items."""
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
