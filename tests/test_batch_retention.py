@@ -20,7 +20,7 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 
 from conftest import BACKENDS
-from gateway_support import Gateway, module_gateway
+from support.gateway import Gateway, module_gateway
 from test_gateway_batches import SLOW_MODEL, chat_line, ended, jsonl, lines_of, slow, status_of, upload
 from tidegate.ai import result_of
 from tidegate.app.gateway import open_gateway_state

@@ -29,9 +29,9 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from conftest import QueueFactory
-from dispatch_support import queue_url_of, running_worker, sim_config
-from gateway_support import CHAT, Gateway, add_tenants, serving
-from provider_batch_support import bulk_jobs, gateway_sending_batches, waiting_in_a_batch
+from support.dispatch import queue_url_of, running_worker, sim_config
+from support.gateway import CHAT, Gateway, add_tenants, serving
+from support.provider_batches import bulk_jobs, gateway_sending_batches, waiting_in_a_batch
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import BudgetConfig
 from tidegate.coord.relay import relay_for

@@ -24,7 +24,7 @@ from openai.types import Batch
 from openai.types.responses import FunctionToolParam, Response
 
 from conftest import BACKENDS
-from gateway_support import Gateway, module_gateway, serving
+from support.gateway import Gateway, module_gateway, serving
 from tidegate.app.gateway import open_gateway_state
 from tidegate.gateway.settings import GatewaySettings
 from tidegate.jobs import JobState, Priority

@@ -27,7 +27,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from conftest import QueueFactory
-from gateway_support import CHAT, Gateway, open_gateway
+from support.gateway import CHAT, Gateway, open_gateway
 from tidegate.config import CallbackConfig
 from tidegate.gateway.http_server import MAX_HEADER_BYTES
 from tidegate.gateway.limits import (

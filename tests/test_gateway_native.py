@@ -27,8 +27,8 @@ from openai.types.responses import Response, ResponseStreamEvent, ToolParam
 from pydantic import TypeAdapter
 
 from conftest import BACKENDS
-from dispatch_support import PROVIDER, wait_final
-from gateway_support import Gateway, module_gateway
+from support.dispatch import PROVIDER, wait_final
+from support.gateway import Gateway, module_gateway
 from tidegate.ai import AIResult
 from tidegate.config import TidegateConfig
 from tidegate.gateway.dialects import ANTHROPIC, RESPONSES, StreamRenderer

@@ -22,8 +22,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dispatch_support import wait_received
 from support.cluster import GatewayProcess, TidegateProcess, start_gateway, start_worker, write_config
+from support.dispatch import wait_received
 from support.redis_keys import delete_keys
 from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.jobs import Job, JobState, Priority

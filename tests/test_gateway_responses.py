@@ -18,7 +18,7 @@ from openai.types.responses import FunctionToolParam, Response, ResponseItem, Re
 from pydantic import TypeAdapter
 
 from conftest import BACKENDS
-from gateway_support import Gateway, module_gateway
+from support.gateway import Gateway, module_gateway
 from tidegate.ai import AIResult
 from tidegate.gateway.dialects import RESPONSES
 from tidegate.gateway.dialects.responses_schemas import ResponseCreateRequest

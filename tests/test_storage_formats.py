@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from dispatch_support import chat, running_worker, sim_config
+from support.dispatch import chat, running_worker, sim_config
 from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
 from tidegate._formats import FORMATS_TABLE, SQLITE_LAYOUT, migrating
 from tidegate.ai import PAYLOAD_FORMAT, RESULT_FORMAT, AIRequest, AIResult

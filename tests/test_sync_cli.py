@@ -20,7 +20,7 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_support import pg_url
+from support.sync import pg_url
 from tidegate.demo.shop import ShopLoad, create_shop
 from tidegate.recs import Recommender, recs_store_for
 

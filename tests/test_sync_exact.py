@@ -24,8 +24,8 @@ import psycopg2  # type: ignore[import-untyped]
 import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
-from sync_exact import cached_rows, database_rows, describe_difference
-from sync_support import DictCheckpoints, eventually, pg_url, running
+from support.sync import DictCheckpoints, eventually, pg_url, running
+from support.sync_exact import cached_rows, database_rows, describe_difference
 from tidegate.app.sync import open_sync
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.sync.changes import Change, Op, Version

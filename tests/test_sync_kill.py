@@ -24,8 +24,8 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_exact import wait_until_exact
-from sync_support import in_one_transaction, pg_url
+from support.sync import in_one_transaction, pg_url
+from support.sync_exact import wait_until_exact
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Version
 from tidegate.sync.contracts import EntityCache

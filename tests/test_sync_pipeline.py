@@ -15,7 +15,7 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_support import (
+from support.sync import (
     cached_checksums,
     checksums_of,
     eventually,

@@ -15,7 +15,7 @@ import psycopg2  # type: ignore[import-untyped]
 import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
-from sync_support import DictCheckpoints as MemoryCheckpoints
+from support.sync import DictCheckpoints as MemoryCheckpoints
 from tidegate.errors import ConfigError, SourceError
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import ChangeSource, Transaction

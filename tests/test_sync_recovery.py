@@ -22,7 +22,7 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_support import cached_checksums, checksums_of, pg_url, wait_until_equal
+from support.sync import cached_checksums, checksums_of, pg_url, wait_until_equal
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Version, entity_id_of
 

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_exact import cached_rows, database_rows, wait_until_exact
-from sync_support import eventually, execute, in_one_transaction, pg_url, running
+from support.sync import eventually, execute, in_one_transaction, pg_url, running
+from support.sync_exact import cached_rows, database_rows, wait_until_exact
 from tidegate.app.sync import open_sync
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.sync.backfill import SCHEMA_PREFIX, schema_message

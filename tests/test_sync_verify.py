@@ -24,7 +24,7 @@ import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
 from support.redis_keys import delete_keys
-from sync_support import eventually, execute, pg_url, running
+from support.sync import eventually, execute, pg_url, running
 from tidegate.app.sync import open_sync, sync_status
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.demo.shop import ShopLoad, create_shop

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from conftest import QueueFactory
-from gateway_support import open_gateway, with_legacy_models
+from support.gateway import open_gateway, with_legacy_models
 from tidegate._otel import OtelTracing
 from tidegate.ai import AIRequest
 from tidegate.config import TracingSettings

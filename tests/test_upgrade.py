@@ -21,10 +21,10 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from gateway_support import serving
-from provider_batch_support import batch_config
+from support.gateway import serving
 from support.old_release import OldRelease, OldReleaseUnavailable, extract, result_of, stop
 from support.old_release_driver import FAST_MODEL, SLOW_MODEL, job_record
+from support.provider_batches import batch_config
 from support.redis_keys import delete_keys
 from tidegate.app.components import Components
 from tidegate.app.gateway import open_gateway_state

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from dispatch_support import running_worker, sim_config, wait_received
-from gateway_support import add_tenants, serving
+from support.dispatch import running_worker, sim_config, wait_received
+from support.gateway import add_tenants, serving
 from support.old_release import OldRelease, OldReleaseUnavailable, extract, stop
 from support.old_release_driver import FAST_MODEL, TENANTS, job_record
 from support.redis_keys import delete_keys

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
+from support.dispatch import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
 from tidegate.callback_urls import SIGNATURE_HEADER, verify
 from tidegate.config import BudgetConfig, CallbackConfig
 from tidegate.coord.budget import budget_ledger_for

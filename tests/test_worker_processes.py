@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
+from support.dispatch import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.jobs import JobState
 from tidegate.simulator.server import Simulator

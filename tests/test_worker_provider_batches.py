@@ -19,8 +19,8 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, wait_final
-from provider_batch_support import TWO_DAYS_S, batch_config, bulk_jobs, waiting_in_a_batch
+from support.dispatch import chat, queue_url_of, running_worker, wait_final
+from support.provider_batches import TWO_DAYS_S, batch_config, bulk_jobs, waiting_in_a_batch
 from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.provider_batches import BatchedJob, ProviderBatchRecord, provider_batch_store_for

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from fault_support import tidegate, up_ready
+from support.faults import tidegate, up_ready
 
 BOUND_S = 10.0  # the gateway's own wait is 60 s: an answer within this came from the budget
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fault_support import MARGIN_S, tidegate
+from support.faults import MARGIN_S, tidegate
 from tidegate.queue import Queue
 
 

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from fault_support import MARGIN_S, Up, tidegate, up_ready
+from support.faults import MARGIN_S, Up, tidegate, up_ready
 from support.processes import Process
 from tidegate.jobs import JobState
 from tidegate.queue import Queue

@@ -17,7 +17,7 @@ import uvicorn
 from openai import AsyncOpenAI
 
 from conftest import QueueFactory, factory_for
-from dispatch_support import queue_url_of, running_worker, sim_config
+from support.dispatch import queue_url_of, running_worker, sim_config
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, legacy_models
 from tidegate.coord.relay import ChunkRelay, relay_for

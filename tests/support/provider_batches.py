@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, sim_config
-from gateway_support import Gateway, add_tenants, serving
+from support.dispatch import chat, queue_url_of, running_worker, sim_config
+from support.gateway import Gateway, add_tenants, serving
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import BudgetConfig, ProviderBatchConfig, TidegateConfig
 from tidegate.dispatch.worker import WorkerSettings
