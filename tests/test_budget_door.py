@@ -19,7 +19,7 @@ from conftest import QueueFactory
 from support.dispatch import running_worker
 from support.gateway import CHAT, Gateway, open_gateway, with_legacy_models
 from support.redis_keys import redis_client
-from support.sync import eventually
+from support.waiting import eventually
 from tidegate.config import BudgetConfig, TidegateConfig, WorkerSettings
 from tidegate.costs import usd_to_micros
 from tidegate.jobs import JobState

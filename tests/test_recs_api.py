@@ -23,7 +23,7 @@ import pytest
 
 from support.gateway import add_tenants, serving
 from support.redis_keys import delete_keys
-from support.sync import eventually
+from support.waiting import eventually
 from tidegate.app.gateway import open_gateway_state
 from tidegate.app.up import UpInfo, UpSettings, run_up
 from tidegate.config import SyncConfig, TidegateConfig

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from support.dispatch import running_worker, sim_config, wait_final
-from support.sync import eventually
+from support.waiting import eventually
 from tidegate.config import RefreshRule
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
