@@ -8,7 +8,6 @@ import contextlib
 import shutil
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from support.redis_keys import REDIS_BACKENDS, SERVER_FIXTURES, delete_keys, delete_keys_now, redis_url_of
+from support.waiting import eventually_sync
 from tidegate import Queue
 
 # The queue's backends on one server; `queue_factory` adds the Redis Cluster ("redis-cluster").
@@ -56,24 +56,25 @@ def _wait_for_redis(proc: subprocess.Popen[bytes], port: int) -> str | None:
     """Return None once *our* process answers PING on the port, else the reason it did not."""
     import redis
 
-    deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-    last_error = "no answer yet"
-    while time.monotonic() < deadline:
+    def answering_pid() -> int | None:
         if proc.poll() is not None:
-            return f"redis-server exited with code {proc.returncode}"
-        try:
-            with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
-                             socket_connect_timeout=0.5) as client:
-                client.ping()
-                # A server someone else started on the same port would also answer PING.
-                pid = int(client.info("server")["process_id"])
-            if pid == proc.pid:
-                return None
-            return f"port {port} is answered by another redis-server (pid {pid})"
-        except redis.exceptions.RedisError as exc:
-            last_error = f"{type(exc).__name__}: {exc}"
-        time.sleep(0.05)
-    return f"no PING answer within {REDIS_START_TIMEOUT_S:.0f}s ({last_error})"
+            return None
+        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=0.5) as client:
+            client.ping()
+            # A server someone else started on the same port would also answer PING.
+            return int(client.info("server")["process_id"])
+
+    try:
+        pid = eventually_sync(answering_pid, "redis-server answers PING", until=lambda _: True,
+                              timeout_s=REDIS_START_TIMEOUT_S, every_s=0.05,
+                              ignoring=(redis.exceptions.RedisError,))
+    except AssertionError as exc:
+        return str(exc)
+    if pid is None:
+        return f"redis-server exited with code {proc.returncode}"
+    if pid != proc.pid:
+        return f"port {port} is answered by another redis-server (pid {pid})"
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from dispatch_support import queue_url_of
+from support.dispatch import queue_url_of
 from support.processes import PYTHON_M_TIDEGATE, Process
-from sync_support import eventually
+from support.waiting import eventually
 from tidegate.app.admin_key import UP_TENANT, admin_key_path, ensure_admin_key, rotate_admin_key
 from tidegate.app.ports import bind_port, port_owner
 from tidegate.config import TidegateConfig

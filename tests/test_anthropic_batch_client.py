@@ -5,12 +5,12 @@ again by the tags of its metadata, and the batch client is picked by the provide
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from support.waiting import eventually
 from tidegate.config import ProviderBatchConfig, ProviderConfig
 from tidegate.dispatch.provider_batches.clients import batch_client
 from tidegate.dispatch.provider_batches.clients.anthropic import AnthropicBatchClient
@@ -54,11 +54,9 @@ def batches(upstream: UpstreamClient) -> AnthropicBatchClient:
 
 
 async def ended(batches: AnthropicBatchClient, batch_id: str) -> ProviderBatch:
-    while True:  # polled: nothing announces a batch's end
-        batch = await batches.retrieve(batch_id)
-        if batch.ended:
-            return batch
-        await asyncio.sleep(0.01)
+    # polled: nothing announces a batch's end
+    return await eventually(lambda: batches.retrieve(batch_id), f"batch {batch_id} ends",
+                            until=lambda batch: batch.ended, every_s=0.01)
 
 
 async def test_chat_lines_come_back_as_chat_completions_with_usage(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 
 from conftest import BACKENDS
-from gateway_support import Gateway, module_gateway
+from support.gateway import Gateway, module_gateway
+from support.waiting import eventually
 from test_gateway_batches import SLOW_MODEL, chat_line, ended, jsonl, lines_of, slow, status_of, upload
 from tidegate.ai import result_of
 from tidegate.app.gateway import open_gateway_state
@@ -88,22 +89,13 @@ async def forget(gw: Gateway, jobs: dict[str, Job]) -> None:
         assert await gw.queue.get(job.id) is None
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
-    """Wait until `check()` holds, asking every 20 ms."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.02)
-
-
 async def stored_status(gw: Gateway, batch_id: str, wanted: str) -> None:
     """Wait, reading the store and never the API, until the batch has the status `wanted`."""
     async def reached() -> bool:
         batch = await gw.state.batches.get_batch(batch_id)
         return batch is not None and batch.status == wanted
 
-    await until(reached)
+    await eventually(reached, f"the stored batch is {wanted}")
 
 
 # ---------------------------------------------------------------------- answers
@@ -145,7 +137,7 @@ async def test_the_sweep_collects_the_answers_and_ends_a_batch_nobody_polls(gw: 
             async def kept() -> bool:
                 return set(await gw.state.batches.get_answers(batch_id)) >= set(fast)
 
-            await until(kept)
+            await eventually(kept, "the sweep has kept the fast lines' answers")
             await forget(gw, early)
             late = await final_jobs(gw, batch_id, ["slow"])
             await stored_status(gw, batch_id, "completed")
@@ -173,7 +165,7 @@ async def test_a_queue_that_keeps_finished_jobs_a_second_loses_no_answer(short: 
                 await short.queue.maintain()
                 return not any([await short.queue.get(job.id) for job in (early | late).values()])
 
-            await until(dropped)
+            await eventually(dropped, "the queue has dropped every finished job")
 
         # Then the output file holds every line's answer, though no job is left in the queue
         batch = await client.batches.retrieve(batch_id)

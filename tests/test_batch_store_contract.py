@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import queue_url_of
+from support.dispatch import queue_url_of
 from support.redis_keys import redis_client
 from tidegate.errors import QueueClosed
 from tidegate.gateway.batches.store import (

@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import running_worker
-from gateway_support import CHAT, Gateway, open_gateway, with_legacy_models
+from support.dispatch import running_worker
+from support.gateway import CHAT, Gateway, open_gateway, with_legacy_models
 from support.redis_keys import redis_client
-from sync_support import eventually
+from support.waiting import eventually
 from tidegate.config import BudgetConfig, TidegateConfig, WorkerSettings
 from tidegate.costs import usd_to_micros
 from tidegate.jobs import JobState

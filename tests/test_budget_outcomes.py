@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final
-from sync_support import eventually
+from support.dispatch import chat, queue_url_of, running_worker, sim_config, wait_final
+from support.waiting import eventually
 from tidegate.config import BudgetConfig, RoutingConfig
 from tidegate.coord.budget import budget_ledger_for, budget_outcome, seconds_to_next_day
 from tidegate.costs import usd_to_micros

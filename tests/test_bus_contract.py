@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
+from support.waiting import eventually, eventually_sync
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange, MissingDependency
 from tidegate.sync.buses.base import BusBase, SubscriptionBase, bus_for
 from tidegate.sync.changes import Change, Op, Version, changes_from_json
@@ -146,14 +147,13 @@ async def settle(factory: BusFactory, subs: Sequence[SubscriptionBase]) -> None:
     the test does not measure a rebalance; the other buses need no forming."""
     if factory.backend != "kafka":
         return
-    deadline = time.monotonic() + WAIT_S
     partitions = FAST["partitions"] * len(subs[0].entity_types)  # every topic's
-    while time.monotonic() < deadline:
-        assignments = [sub._consumer.assignment() for sub in subs]  # type: ignore[attr-defined]
-        if all(assignments) and len(set().union(*assignments)) == partitions:
-            return
-        await asyncio.sleep(0.1)
-    pytest.fail("the Kafka group did not form")
+
+    def assignments() -> list[set[Any]]:
+        return [sub._consumer.assignment() for sub in subs]  # type: ignore[attr-defined]
+
+    await eventually(assignments, "every consumer of the Kafka group holds partitions", timeout_s=WAIT_S,
+                     every_s=0.1, until=lambda held: all(held) and len(set().union(*held)) == partitions)
 
 
 # ---------------------------------------------------------------------- the contract
@@ -343,6 +343,8 @@ async def test_a_waiting_fetch_returns_what_is_published_meanwhile(bus_factory: 
     async with bus.subscribe("g", "c1", ["product"]) as sub:
         await settle(bus_factory, [sub])
         waiting = asyncio.create_task(sub.fetch(10, timeout_s=30))
+        # Time for the fetch to block (each bus blocks in its own way, none visible from here); a
+        # change published before it blocks is returned all the same, so this cannot fail a test.
         await asyncio.sleep(0.2)
         await bus.publish([change(1, 1)])
         # Well before its 30 s timeout, the fetch hands the change over
@@ -357,7 +359,7 @@ async def test_a_fetch_waiting_on_several_entity_types_wakes_for_any_of_them(bus
         await settle(bus_factory, [sub])
         for n, entity_type in enumerate(["user", "product", "user"], start=1):
             waiting = asyncio.create_task(sub.fetch(10, timeout_s=30))
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # time for the fetch to block (see the test above)
             await bus.publish([change(n, 1, entity_type)])
             got = await asyncio.wait_for(waiting, timeout=10)
             assert [d.change for d in got] == [change(n, 1, entity_type)]
@@ -489,16 +491,14 @@ def _private_redis(workdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]
                              "--appendonly", "no", "--dir", str(workdir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis(unix_socket_path=str(sock)) as client:
-                    client.ping()
-                break
-            except redis.exceptions.RedisError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
+        def answers() -> bool:
+            assert proc.poll() is None, f"redis-server exited with {proc.returncode}"
+            with contextlib.suppress(redis.exceptions.RedisError), \
+                    redis.Redis(unix_socket_path=str(sock)) as client:
+                return bool(client.ping())
+            return False
+
+        eventually_sync(answers, "redis-server answers on its socket", timeout_s=10, every_s=0.05)
         yield f"unix://{sock}", proc
     finally:
         proc.kill()
@@ -673,11 +673,12 @@ async def test_memory_publishers_wait_while_a_group_is_full(bus_factory: BusFact
         await bus.publish([change(n, 1) for n in range(10)])
         # Given a stream holding max_len changes the group still needs, a publisher waits
         blocked = asyncio.create_task(bus.publish([change(10, 1)]))
-        await asyncio.sleep(0.1)
+        room = bus._writable  # type: ignore[attr-defined]  # the memory bus's condition for room
+        await eventually(lambda: room._waiters, "the publisher waits for room")
         assert not blocked.done()
         # Until the group acks some
         batch = await sub.fetch(3, timeout_s=1)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a window for a wrong wake-up: what is asserted is that none comes
         assert not blocked.done()  # fetched is not done: the group still needs them
         await sub.ack(batch)
         await asyncio.wait_for(blocked, timeout=5)

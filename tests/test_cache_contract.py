@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from support.own_redis import OwnRedis, own_redis_server
 from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
+from support.waiting import eventually
 from tidegate.errors import CacheUnavailable, ConfigError, InvalidChange, VersionConflict
 from tidegate.sync import ApplyOutcome, Change, Op, Version, checksum
 from tidegate.sync.cache import ZERO_VERSION, BaseEntityCache, MemoryEntityCache, cache_for
@@ -389,8 +390,8 @@ async def test_a_thousand_concurrent_misses_share_one_load(cache: BaseEntityCach
     readers = [asyncio.create_task(cache.get_entity("products", "p1", load)) for _ in range(1_000)]
     await started.wait()
     # Hold the load until every reader has missed and joined it, so they truly overlap.
-    while cache._flights.waiting(("products", "p1")) < 1_000:  # noqa: ASYNC110
-        await asyncio.sleep(0.005)
+    await eventually(lambda: cache._flights.waiting(("products", "p1")), "every reader joins the load",
+                     until=lambda waiting: waiting >= 1_000, every_s=0.005)
     release.set()
     rows = await asyncio.gather(*readers)
 
@@ -433,8 +434,8 @@ async def test_a_loader_error_reaches_every_waiter_and_is_not_cached(cache: Base
     # Every reader first misses on a read of its own (a round trip on Redis): the failure is
     # released once all of them wait for the one load, so none arrives after it and (rightly,
     # since a failure is not cached) starts another.
-    while cache._flights.waiting(("products", "p1")) < len(readers):  # noqa: ASYNC110
-        await asyncio.sleep(0.005)
+    await eventually(lambda: cache._flights.waiting(("products", "p1")), "every reader waits for the load",
+                     until=lambda waiting: waiting >= len(readers), every_s=0.005)
     release.set()
     outcomes_ = await asyncio.gather(*readers, return_exceptions=True)
 
@@ -462,10 +463,10 @@ async def test_a_waiter_that_gives_up_does_not_cancel_the_shared_load(cache: Bas
     impatient = asyncio.create_task(cache.get_entity("products", "p1", load))
     await started.wait()
     patient = asyncio.create_task(cache.get_entity("products", "p1", load))
-    while cache._flights.waiting(("products", "p1")) < 2:  # noqa: ASYNC110
-        await asyncio.sleep(0.005)
+    await eventually(lambda: cache._flights.waiting(("products", "p1")), "both readers wait for the load",
+                     until=lambda waiting: waiting >= 2, every_s=0.005)
     impatient.cancel()
-    await asyncio.sleep(0)
+    await asyncio.wait([impatient])  # it has given up before the load ends
     release.set()
 
     assert await patient == {"id": "p1"}

@@ -29,9 +29,10 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from conftest import QueueFactory
-from dispatch_support import queue_url_of, running_worker, sim_config
-from gateway_support import CHAT, Gateway, add_tenants, serving
-from provider_batch_support import bulk_jobs, gateway_sending_batches, waiting_in_a_batch
+from support.dispatch import queue_url_of, running_worker, sim_config
+from support.gateway import CHAT, Gateway, add_tenants, serving
+from support.provider_batches import bulk_jobs, gateway_sending_batches, waiting_in_a_batch
+from support.waiting import eventually
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import BudgetConfig
 from tidegate.coord.relay import relay_for
@@ -574,10 +575,8 @@ async def test_the_batches_panel_lists_batches_with_their_status_and_counts(
         # Given a batch at bulk, which no worker here serves, and one at high, which completes
         waiting = await create_batch(gw, 3)
         served = await create_batch(gw, 2, priority="high")
-        for _ in range(200):
-            if (await admin_json(gw, f"/v1/batches/{served['id']}"))["status"] == "completed":
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: admin_json(gw, f"/v1/batches/{served['id']}"), "the high batch completes",
+                         until=lambda batch: batch["status"] == "completed")
 
         # When the page is opened
         opened = await open_page(browser, f"{gw.url}/dashboard")

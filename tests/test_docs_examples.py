@@ -19,12 +19,12 @@ its fence; blocks in other languages (toml, text, console, json…) are never ru
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from support.waiting import eventually_sync
 from tidegate.config import TidegateConfig
 from tidegate.queue.settings import QueueSettings
 
@@ -139,20 +140,20 @@ def _environment(folder: Path) -> dict[str, str]:
 
 def _wait_for_address(process: subprocess.Popen[bytes], log: Path) -> str:
     """The host:port `up` printed, once it answers /healthz there."""
-    deadline = time.monotonic() + UP_START_TIMEOUT_S
-    while time.monotonic() < deadline:
+    def answering() -> str | None:
         if process.poll() is not None:
             raise AssertionError(f"tidegate up exited with {process.returncode}:\n{log.read_text()}")
         found = re.search(r"http://(127\.0\.0\.1:\d+)/v1", log.read_text())
         if found:
-            with httpx.Client() as http:
-                try:
-                    if http.get(f"http://{found[1]}/healthz").status_code == 200:
-                        return found[1]
-                except httpx.TransportError:
-                    pass
-        time.sleep(0.1)
-    raise AssertionError(f"tidegate up did not start within {UP_START_TIMEOUT_S} s:\n{log.read_text()}")
+            with httpx.Client() as http, contextlib.suppress(httpx.TransportError):
+                if http.get(f"http://{found[1]}/healthz").status_code == 200:
+                    return found[1]
+        return None
+
+    address = eventually_sync(answering, "tidegate up answers /healthz", timeout_s=UP_START_TIMEOUT_S,
+                              every_s=0.1, describe=lambda _: log.read_text())
+    assert address is not None
+    return address
 
 
 def _admin_key(folder: Path, env: dict[str, str]) -> str:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import QueueFactory
-from gateway_support import CHAT, add_tenants, open_gateway
+from support.gateway import CHAT, add_tenants, open_gateway
 from tidegate.app.gateway import check_bind
 from tidegate.cli.main import app as cli
 from tidegate.errors import ConfigError

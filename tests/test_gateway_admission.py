@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from conftest import QueueFactory
-from gateway_support import CHAT, open_gateway
+from support.gateway import CHAT, open_gateway
 from tidegate.gateway.core.settings import GatewaySettings
 from tidegate.jobs import Priority
 

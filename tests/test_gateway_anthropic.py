@@ -18,8 +18,8 @@ from anthropic.types import Message, MessageParam, ToolParam
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from conftest import QueueFactory
-from dispatch_support import PROVIDER
-from gateway_support import Gateway, open_gateway
+from support.dispatch import PROVIDER
+from support.gateway import Gateway, open_gateway
 from tidegate.gateway.anthropic.dialect import message_of
 from tidegate.jobs import JobState, Priority
 from tidegate.providers.adapters.anthropic import chat_completion, messages_body

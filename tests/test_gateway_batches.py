@@ -24,7 +24,8 @@ from openai.types import Batch
 from openai.types.responses import FunctionToolParam, Response
 
 from conftest import BACKENDS
-from gateway_support import Gateway, module_gateway, serving
+from support.gateway import Gateway, module_gateway, serving
+from support.waiting import eventually
 from tidegate.app.gateway import open_gateway_state
 from tidegate.gateway.core.settings import GatewaySettings
 from tidegate.jobs import JobState, Priority
@@ -90,12 +91,8 @@ async def upload(client: AsyncOpenAI, lines: list[dict[str, Any] | str]) -> str:
 
 async def ended(client: AsyncOpenAI, batch_id: str, timeout_s: float = 20.0) -> Batch:
     """The batch, polled as a client would until it has ended."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            batch = await client.batches.retrieve(batch_id)
-            if batch.status in ENDED:
-                return batch
-            await asyncio.sleep(0.05)
+    return await eventually(lambda: client.batches.retrieve(batch_id), f"batch {batch_id} ends",
+                            until=lambda batch: batch.status in ENDED, timeout_s=timeout_s, every_s=0.05)
 
 
 async def lines_of(client: AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -502,7 +499,9 @@ async def test_a_critical_call_overtakes_a_running_batch(gw: Gateway) -> None:
             file_id = await upload(acme, [chat_line(f"o{n}", model=SLOW_MODEL) for n in range(40)])
             batch = await acme.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
                                               completion_window="24h")
-            await asyncio.sleep(0.1)
+            await eventually(lambda: gw.state.batches.get_lines(batch.id), "every line is queued as a job",
+                             until=lambda lines: len(lines) == 40 and all(line.job_id for line in lines))
+            await eventually(gw.queue.stats, "the worker runs lines", until=lambda stats: stats.in_flight > 0)
 
             # When a critical call comes after it
             raw = await ops.chat.completions.with_raw_response.create(

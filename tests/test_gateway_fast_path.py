@@ -14,7 +14,7 @@ import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conftest import QueueFactory
-from gateway_support import Gateway, open_gateway
+from support.gateway import Gateway, open_gateway
 from tidegate.gateway.app import create_app
 from tidegate.gateway.openai.fast_path import FastPath
 

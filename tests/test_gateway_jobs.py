@@ -6,7 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from conftest import QueueFactory
-from gateway_support import CHAT, open_gateway
+from support.gateway import CHAT, open_gateway
 from tidegate.config import CallbackConfig
 from tidegate.jobs import JobState, Priority
 

@@ -17,7 +17,7 @@ from openai.types import (
 )
 
 from conftest import QueueFactory
-from gateway_support import open_gateway, with_legacy_models
+from support.gateway import open_gateway, with_legacy_models
 from test_gateway_batches import ended, lines_of, upload
 from tidegate.config import legacy_models
 from tidegate.costs import cost_micros

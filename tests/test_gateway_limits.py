@@ -27,7 +27,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from conftest import QueueFactory
-from gateway_support import CHAT, Gateway, open_gateway
+from support.gateway import CHAT, Gateway, open_gateway
+from support.waiting import eventually
 from tidegate.config import CallbackConfig
 from tidegate.gateway.core.http_server import MAX_HEADER_BYTES
 from tidegate.gateway.core.limits import (
@@ -373,11 +374,8 @@ async def test_a_batch_with_a_conflicting_key_queues_nothing(gw: Gateway) -> Non
 
 
 async def _drained(gw: Gateway) -> None:
-    for _ in range(500):
-        if (await gw.queue.stats()).depth == 0 and (await gw.queue.stats()).in_flight == 0:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the worker did not drain the queue")
+    await eventually(gw.queue.stats, "the worker drains the queue",
+                     until=lambda stats: stats.depth == 0 and stats.in_flight == 0)
 
 
 # ---------------------------------------------------------------------- every error's shape

@@ -11,7 +11,6 @@ simulator received (`Simulator.received`) shows what each upstream was sent."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,8 +26,9 @@ from openai.types.responses import Response, ResponseStreamEvent, ToolParam
 from pydantic import TypeAdapter
 
 from conftest import BACKENDS
-from dispatch_support import PROVIDER, wait_final
-from gateway_support import Gateway, module_gateway
+from support.dispatch import PROVIDER, wait_final
+from support.gateway import Gateway, module_gateway
+from support.waiting import eventually
 from tidegate.ai import AIResult
 from tidegate.config import TidegateConfig
 from tidegate.gateway.anthropic.dialect import ANTHROPIC
@@ -218,11 +218,9 @@ async def batch_of(client: AsyncOpenAI, lines: dict[str, dict[str, Any]]) -> Bat
     file = await client.files.create(file=("requests.jsonl", content), purpose="batch")
     batch = await client.batches.create(input_file_id=file.id, endpoint="/v1/responses",
                                         completion_window="24h")
-    async with asyncio.timeout(30):
-        while batch.status not in ("completed", "failed", "expired", "cancelled"):
-            await asyncio.sleep(0.1)
-            batch = await client.batches.retrieve(batch.id)
-    return batch
+    ended = ("completed", "failed", "expired", "cancelled")
+    return await eventually(lambda: client.batches.retrieve(batch.id), f"batch {batch.id} ends",
+                            until=lambda batch: batch.status in ended, every_s=0.1)
 
 
 def sent_asking(gw: Gateway, text: str) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from openai import AsyncStream
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from conftest import QueueFactory
-from dispatch_support import running_worker
-from gateway_support import open_gateway
+from support.dispatch import running_worker
+from support.gateway import open_gateway
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
 

@@ -22,9 +22,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dispatch_support import wait_received
 from support.cluster import GatewayProcess, TidegateProcess, start_gateway, start_worker, write_config
+from support.dispatch import wait_received
 from support.redis_keys import delete_keys
+from support.waiting import eventually
 from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
@@ -181,22 +182,17 @@ async def enqueued_by(http: httpx.AsyncClient) -> float:
 
 async def until_enqueued(http: httpx.AsyncClient, count: int, timeout_s: float = 20) -> None:
     """Until the gateway has enqueued `count` jobs in all."""
-    for _ in range(int(timeout_s / 0.02)):
-        if await enqueued_by(http) >= count:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"the gateway did not enqueue {count} jobs within {timeout_s}s")
+    await eventually(lambda: enqueued_by(http), f"the gateway has enqueued {count} jobs",
+                     until=lambda enqueued: enqueued >= count, timeout_s=timeout_s)
 
 
 async def until_leased_by(queue: Queue, worker_id: str, job_ids: list[str], timeout_s: float = 20) -> None:
     """Until one of the jobs is leased by that worker."""
-    for _ in range(int(timeout_s / 0.02)):
-        for job_id in job_ids:
-            job = await queue.get(job_id)
-            if job is not None and job.state is JobState.LEASED and job.worker_id == worker_id:
-                return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{worker_id} leased none of the jobs within {timeout_s}s")
+    async def jobs() -> list[Job | None]:
+        return [await queue.get(job_id) for job_id in job_ids]
+
+    await eventually(jobs, f"{worker_id} leases one of the jobs", timeout_s=timeout_s, until=lambda jobs: any(
+        job is not None and job.state is JobState.LEASED and job.worker_id == worker_id for job in jobs))
 
 
 def assert_drained(jobs: list[Job]) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import wait_final
-from gateway_support import Gateway, open_gateway
-from provider_batch_support import bulk_jobs, gateway_sending_batches, waiting_in_a_batch
+from support.dispatch import wait_final
+from support.gateway import Gateway, open_gateway
+from support.provider_batches import bulk_jobs, gateway_sending_batches, waiting_in_a_batch
 from tidegate.dispatch.provider_batches.store import BatchedJob, ProviderBatchRecord
 from tidegate.gateway.admin.provider_batches import SAMPLE_JOBS
 from tidegate.jobs import JobState

@@ -4,7 +4,6 @@ of the queue, rendered back as a response."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,7 +17,8 @@ from openai.types.responses import FunctionToolParam, Response, ResponseItem, Re
 from pydantic import TypeAdapter
 
 from conftest import BACKENDS
-from gateway_support import Gateway, module_gateway
+from support.gateway import Gateway, module_gateway
+from support.waiting import eventually
 from tidegate.ai import AIResult
 from tidegate.gateway.responses.dialect import RESPONSES
 from tidegate.gateway.responses.schemas import ResponseCreateRequest
@@ -60,12 +60,8 @@ async def enqueued(gw: Gateway) -> float:
 
 async def until_finished(client: AsyncOpenAI, response_id: str) -> Response:
     """The response once it is neither queued nor in progress."""
-    for _ in range(250):
-        response = await client.responses.retrieve(response_id)
-        if response.status not in ("queued", "in_progress"):
-            return response
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{response_id} is still {response.status}")
+    return await eventually(lambda: client.responses.retrieve(response_id), f"{response_id} is finished",
+                            until=lambda response: response.status not in ("queued", "in_progress"))
 
 
 def job_id(response: Response) -> str:

@@ -29,7 +29,7 @@ from anyio.from_thread import start_blocking_portal
 from jsonschema import Draft202012Validator
 
 from conftest import BACKENDS, drop_factory, new_factory
-from gateway_support import CHAT, Gateway, open_gateway, with_legacy_models
+from support.gateway import CHAT, Gateway, open_gateway, with_legacy_models
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, default_models, legacy_models
 from tidegate.gateway.app import create_app

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import httpx
 
 from support.cluster import START_TIMEOUT_S, TidegateProcess, _spawn
 from support.redis_keys import delete_keys
+from support.waiting import eventually
 
 
 def _free_port() -> int:
@@ -37,18 +37,18 @@ def listening_sockets(port: int) -> int:
 
 
 async def _ready(gateway: TidegateProcess, url: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
     async with httpx.AsyncClient(base_url=url, timeout=2.0) as http:
-        while True:
+
+        async def ready() -> bool:
             if gateway.proc.poll() is not None:
                 raise AssertionError(f"the gateway exited while starting\n{gateway.describe()}")
             try:
-                if (await http.get("/readyz")).status_code == 200:
-                    return
+                return (await http.get("/readyz")).status_code == 200
             except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"no 200 from /readyz\n{gateway.describe()}"
-            await asyncio.sleep(0.05)
+                return False
+
+        await eventually(ready, "a 200 from /readyz", timeout_s=START_TIMEOUT_S, every_s=0.05,
+                         describe=lambda _: gateway.describe())
 
 
 async def test_gateway_processes_share_one_port_and_stop_together(
@@ -61,13 +61,10 @@ async def test_gateway_processes_share_one_port_and_stop_together(
                                   "--grace-s", "2"], tmp_path)
     try:
         await _ready(gateway, url)
-        for _ in range(100):  # both processes bind the port; the second may follow a moment later
-            if listening_sockets(port) == 2:
-                break
-            await asyncio.sleep(0.05)
-
-        # Two processes listen on the one port, and every request is answered
-        assert listening_sockets(port) == 2, gateway.describe()
+        # Two processes listen on the one port (the second may bind it a moment after the first),
+        # and every request is answered
+        await eventually(lambda: listening_sockets(port), "two processes listen on the port",
+                         until=lambda listening: listening == 2, every_s=0.05)
         answers = []
         for _ in range(20):  # a new connection each: the kernel spreads them over the processes
             async with httpx.AsyncClient(base_url=url, timeout=10.0) as http:

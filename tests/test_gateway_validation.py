@@ -19,7 +19,7 @@ from anthropic.types import MessageParam
 from openai.types.chat import ChatCompletionMessageParam
 
 from conftest import BACKENDS
-from gateway_support import Gateway, add_tenants, module_gateway
+from support.gateway import Gateway, add_tenants, module_gateway
 from tidegate.coord.tenants import Tenant
 from tidegate.jobs import Priority
 

@@ -11,15 +11,18 @@ from tidegate._group_commit import GroupCall
 
 
 class Sender:
-    """Records each batch; answers after `delay_s`, each item doubled, an odd item refused."""
+    """Records each batch; answers after `delay_s`, each item doubled, an odd item refused.
+    `sent` is set once a batch is on its way."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.batches: list[list[int]] = []
         self.delay_s = delay_s
         self.fail_with: Exception | None = None
+        self.sent = asyncio.Event()
 
     async def __call__(self, items: list[int]) -> list[int | BaseException]:
         self.batches.append(items)
+        self.sent.set()
         await asyncio.sleep(self.delay_s)
         if self.fail_with is not None:
             raise self.fail_with
@@ -40,7 +43,7 @@ async def test_calls_made_while_a_batch_is_on_its_way_go_in_the_next() -> None:
     sender = Sender(delay_s=0.05)
     group = GroupCall(sender)
     first = asyncio.ensure_future(group.call(2))
-    await asyncio.sleep(0.01)  # the first batch is on its way
+    await sender.sent.wait()  # the first batch is on its way
 
     later = await asyncio.gather(*(group.call(item) for item in (4, 6)))
 
@@ -83,7 +86,7 @@ async def test_a_cancelled_caller_does_not_stop_its_batch() -> None:
     group = GroupCall(sender)
     cancelled = asyncio.ensure_future(group.call(2))
     kept = asyncio.ensure_future(group.call(4))
-    await asyncio.sleep(0.01)
+    await sender.sent.wait()
 
     cancelled.cancel()
 
@@ -97,7 +100,7 @@ async def test_drain_returns_once_every_call_is_answered() -> None:
     sender = Sender(delay_s=0.02)
     group = GroupCall(sender)
     calls = [asyncio.ensure_future(group.call(item)) for item in (2, 4)]
-    await asyncio.sleep(0)
+    await sender.sent.wait()
 
     await group.drain()
 
@@ -108,7 +111,7 @@ async def test_stopping_the_sender_leaves_no_caller_waiting() -> None:
     sender = Sender(delay_s=10.0)
     group = GroupCall(sender)
     calls = [asyncio.ensure_future(group.call(item)) for item in (2, 4)]
-    await asyncio.sleep(0.01)
+    await sender.sent.wait()
     assert group._sender is not None
 
     group._sender.cancel()

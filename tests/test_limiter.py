@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from support.redis_keys import REDIS_BACKENDS, redis_client, redis_url_of
+from support.waiting import eventually
 from tidegate.coord.limiter import (
     DEFAULT_BURST_FRACTION,
     AdaptiveConcurrency,
@@ -246,12 +247,11 @@ def _count_scripts(limiter: RedisRateLimiter) -> list[str]:
 async def _known(limiter: RedisRateLimiter, key: str) -> None:
     """Acquire `key` (no limits) until its pause is known without a script call: the
     announcements are followed and the key has been read once since."""
-    for _ in range(200):
+    async def known() -> bool:
         await limiter.acquire(key, tokens=1, rpm=None, tpm=None)
-        if limiter._pauses.wait_s(key) is not None:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the limiter never followed the pause announcements")
+        return limiter._pauses.wait_s(key) is not None
+
+    await eventually(known, "the limiter follows the pause announcements", every_s=0.01)
 
 
 async def test_a_key_without_limits_is_admitted_without_a_round_trip(redis_url: str, redis_name: str) -> None:
@@ -276,12 +276,9 @@ async def test_a_pause_by_another_process_holds_a_known_key_once_announced(
 
         await there.pause(KEY, 5.0)
 
-        for _ in range(100):  # the announcement's trip through Redis
-            if await here.acquire(KEY, tokens=1, rpm=None, tpm=None) > 4.0:
-                break
-            await asyncio.sleep(0.005)
-        else:
-            raise AssertionError("the pause never reached the other limiter")
+        await eventually(lambda: here.acquire(KEY, tokens=1, rpm=None, tpm=None),  # through Redis
+                         "the pause reaches the other limiter", until=lambda wait_s: wait_s > 4.0,
+                         every_s=0.005)
         assert sent == []  # learnt from the announcement, not read
 
 
@@ -296,10 +293,8 @@ async def test_a_pause_made_while_the_announcements_are_cut_off_still_holds(
         # The subscription's connection is cut (as a restart or a network fault would); once the
         # limiter has seen it go, a pause is made, perhaps before it has subscribed again.
         await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-        for _ in range(200):
-            if here._pauses.wait_s(KEY) is None or here._pauses.generation > generation:
-                break
-            await asyncio.sleep(0.005)
+        await eventually(lambda: here._pauses.wait_s(KEY) is None or here._pauses.generation > generation,
+                         "the limiter has seen its subscription go", every_s=0.005)
         await there.pause(KEY, 5.0)
 
         assert await here.acquire(KEY, tokens=1, rpm=None, tpm=None) > 4.0

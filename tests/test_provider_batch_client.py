@@ -5,13 +5,13 @@ failures as UpstreamError."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from support.waiting import eventually
 from tidegate.config import ProviderConfig
 from tidegate.dispatch.provider_batches.clients.openai import (
     BatchLineRequest,
@@ -49,11 +49,9 @@ async def batches(simulator: Simulator,
 
 
 async def ended(batches: ProviderBatchClient, batch_id: str) -> ProviderBatch:
-    while True:  # polled, as a provider's batch is: nothing announces its end
-        batch = await batches.retrieve(batch_id)
-        if batch.ended:
-            return batch
-        await asyncio.sleep(0.01)
+    # polled, as a provider's batch is: nothing announces its end
+    return await eventually(lambda: batches.retrieve(batch_id), f"batch {batch_id} ends",
+                            until=lambda batch: batch.ended, every_s=0.01)
 
 
 async def test_a_submitted_batch_is_collected_with_a_result_for_every_line(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import queue_url_of
+from support.dispatch import queue_url_of
 from tidegate.dispatch.provider_batches.store import (
     CANCEL,
     CLEAN_UP,

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from support.claims import ClaimWaits
 from support.redis_keys import redis_client
+from support.waiting import eventually
 from tidegate import (
     ConfigError,
     InvalidJob,
@@ -297,9 +299,10 @@ async def test_each_claim_carries_a_fresh_lease(queue: Queue) -> None:
 
 
 async def test_blocking_claim_wakes_when_a_job_is_enqueued(queue: Queue) -> None:
+    waits = ClaimWaits(queue)
     started = time.monotonic()
     claimer = asyncio.create_task(queue.claim("w", timeout_s=5))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: waits.count, "the claim waits for work")
     assert not claimer.done()
 
     job_id = await queue.enqueue({"n": 1})
@@ -312,9 +315,10 @@ async def test_blocking_claim_wakes_when_a_job_is_enqueued(queue: Queue) -> None
 async def test_blocking_claim_wakes_for_a_job_enqueued_by_another_process(queue_factory: Any) -> None:
     consumer = await queue_factory.open(maintenance_interval_s=None)
     producer = await queue_factory.open(maintenance_interval_s=None)
+    waits = ClaimWaits(consumer)
     started = time.monotonic()
     claimer = asyncio.create_task(consumer.claim("w", timeout_s=5))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: waits.count, "the claim waits for work")
 
     job_id = await producer.enqueue({"n": 1})
     jobs = await claimer
@@ -330,9 +334,10 @@ async def test_blocking_claim_on_an_empty_queue_returns_nothing_after_the_timeou
 
 
 async def test_blocking_claim_ignores_work_on_levels_it_does_not_serve(queue: Queue) -> None:
+    waits = ClaimWaits(queue)
     started = time.monotonic()
     claimer = asyncio.create_task(queue.claim("w", priorities=[Priority.CRITICAL], timeout_s=0.6))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: waits.count, "the claim waits for work")
     bulk_id = await queue.enqueue({"n": 1}, priority=Priority.BULK)
 
     assert await claimer == []
@@ -345,10 +350,10 @@ async def test_a_blocking_claim_returns_when_its_wake_event_is_set_and_leaves_la
     queue: Queue,
 ) -> None:
     # Given a claim of the critical level blocked on an empty queue, with a long timeout
-    wake = asyncio.Event()
+    wake, waits = asyncio.Event(), ClaimWaits(queue)
     started = time.monotonic()
     claimer = asyncio.create_task(queue.claim("w", priorities=[Priority.CRITICAL], timeout_s=30, wake=wake))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: waits.count, "the claim waits for work")
     assert not claimer.done()
 
     # When its caller sets the wake event, it returns empty-handed, well before its timeout
@@ -366,10 +371,11 @@ async def test_a_blocking_claim_returns_when_its_wake_event_is_set_and_leaves_la
 async def test_a_claim_woken_while_work_arrives_holds_every_job_leased_to_it(queue: Queue) -> None:
     # A wake and an enqueue at once: whatever the claim took comes back to its caller; the
     # rest stays queued. No job is left leased to a claim that did not return it.
+    waits = ClaimWaits(queue)
     for _ in range(20):
-        wake = asyncio.Event()
+        wake, waits.count = asyncio.Event(), 0
         claimer = asyncio.create_task(queue.claim("w", limit=5, timeout_s=30, wake=wake))
-        await asyncio.sleep(0.01)
+        await eventually(lambda: waits.count, "the claim waits for work")
         enqueued = asyncio.create_task(queue.enqueue_many([{"payload": {"n": n}} for n in range(3)]))
         wake.set()
         taken, ids = await claimer, await enqueued
@@ -387,9 +393,10 @@ async def test_a_claim_woken_while_work_arrives_holds_every_job_leased_to_it(que
 async def test_one_batch_wakes_as_many_blocked_claimers_as_it_has_jobs(queue_factory: Any) -> None:
     consumers = [await queue_factory.open(maintenance_interval_s=None) for _ in range(2)]
     producer = await queue_factory.open(maintenance_interval_s=None)
+    waits = ClaimWaits(*consumers)
     started = time.monotonic()
     claimers = [asyncio.create_task(consumers[n % 2].claim(f"w{n}", timeout_s=5)) for n in range(4)]
-    await asyncio.sleep(0.2)
+    await eventually(lambda: waits.count >= 4, "the four claims wait for work")
 
     ids = await producer.enqueue_many([{"payload": {"n": n}} for n in range(4)])
     results = await asyncio.gather(*claimers)
@@ -407,8 +414,9 @@ async def test_a_blocking_claim_recovers_a_lease_that_expires_while_it_waits(que
     [lost] = await crashed.claim("crashed-worker", lease_s=0.6)
     started = time.monotonic()
     # When the other process blocks in a claim while the lease is still live
+    waits = ClaimWaits(consumer)
     claimer = asyncio.create_task(consumer.claim("w", timeout_s=5))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: waits.count, "the claim waits for work")
     assert not claimer.done()
     jobs = await claimer
 
@@ -428,10 +436,11 @@ async def test_blocking_claim_wakes_when_another_process_releases_or_redrives(qu
     first, second = await other.claim("w", limit=2)
     await other.fail(second, "boom", retry_in_s=0)
 
+    waits = ClaimWaits(consumer)
     for wake_up, expected in ((lambda: other.release(first), released_id), (other.redrive, dead_id)):
-        started = time.monotonic()
+        started, waits.count = time.monotonic(), 0
         claimer = asyncio.create_task(consumer.claim("w", timeout_s=5))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: waits.count, "the claim waits for work")
         assert not claimer.done()
         await wake_up()
         assert [job.id for job in await claimer] == [expected]
@@ -637,7 +646,7 @@ async def test_every_redis_key_of_a_queue_carries_its_hash_tag(queue_factory: An
         assert await q.fail(second, "boom", retry_in_s=0) is JobState.DEAD
         await q.claim("w", timeout_s=0.05, priorities=[0])
         await q.wait(first.id, timeout_s=0)
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.15)  # the aging interval passes: the pass below ages the jobs (and writes)
         await q.maintain()
         await q.stats()
         created = {key async for key in client.scan_iter(count=1_000)} - before

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from support.waiting import eventually
 from tidegate import InvalidJob, Job, JobState, LeaseLost, Priority, Queue
 from tidegate.jobs import JobFailure
 
@@ -39,14 +40,6 @@ async def make_dead(q: Queue, error: str = "boom", **options: Any) -> str:
     job = await claim_one(q, job_id, priorities=[options.get("priority", Priority.NORMAL)])
     assert await q.fail(job, error, retry_in_s=0) is JobState.DEAD
     return job_id
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
-    """Poll `check` until it holds; for effects of background tasks only."""
-    give_up = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < give_up, "condition did not hold in time"
-        await asyncio.sleep(0.05)
 
 
 def settle_attempts(q: Queue, job: Job) -> list[Callable[[], Awaitable[object]]]:
@@ -217,7 +210,7 @@ async def test_background_upkeep_recovers_an_expired_lease(queue_factory: Any) -
     async def waiting_again() -> bool:
         return (await stored(q, job_id)).state is JobState.QUEUED
 
-    await eventually(waiting_again, timeout_s=5)
+    await eventually(waiting_again, "upkeep queued the job again")
     job = await stored(q, job_id)
     assert job.priority is Priority.LOW
     assert job.attempts == 1
@@ -314,7 +307,7 @@ async def test_background_upkeep_runs_its_first_pass_at_start(queue_factory: Any
         return (await stored(q, job_id)).state is JobState.QUEUED
 
     # Then its first pass has recovered the lease already, not an hour later
-    await eventually(waiting_again, timeout_s=2)
+    await eventually(waiting_again, "the first upkeep pass queued the job again", timeout_s=2)
 
 
 async def test_a_lease_expiring_on_the_last_attempt_makes_the_job_dead(queue: Queue) -> None:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from support.redis_keys import redis_client
+from support.waiting import eventually
 from tidegate import InvalidJob, Job, JobNotFound, JobState, Priority, Queue, QueueFull
 
 # ---------------------------------------------------------------------- helpers
@@ -51,6 +52,13 @@ async def storage_entries(queue_factory: Any) -> int:
         return total
     finally:
         await client.aclose()
+
+
+async def waits_under_way(queue: Queue, *job_ids: str) -> None:
+    """Until a wait of this queue instance is registered for each job: from then on, a finish is
+    one they wait for (a wait registers before it first reads its job)."""
+    await eventually(lambda: all(queue._finishes.waits_for(job_id) for job_id in job_ids),
+                     "the waits are under way")
 
 
 async def maintain_for(q: Queue, seconds: float, every_s: float = 0.05) -> None:
@@ -186,7 +194,7 @@ async def test_wait_returns_the_final_job_once_another_process_completes_it(queu
     job_id = await client.enqueue({"prompt": "hi"})
     started = time.monotonic()
     waiter = asyncio.create_task(client.wait(job_id, timeout_s=5))
-    await asyncio.sleep(0.2)
+    await waits_under_way(client, job_id)
     assert not waiter.done()
 
     [job] = await worker.claim("w")
@@ -206,7 +214,7 @@ async def test_wait_wakes_for_every_final_state(queue_factory: Any, ending: str)
     job_id = await client.enqueue({}, max_attempts=1)
     started = time.monotonic()
     waiter = asyncio.create_task(client.wait(job_id, timeout_s=5))
-    await asyncio.sleep(0.2)
+    await waits_under_way(client, job_id)
 
     if ending == "cancel":
         assert await other.cancel(job_id)
@@ -222,7 +230,7 @@ async def test_wait_wakes_for_every_final_state(queue_factory: Any, ending: str)
 async def test_wait_does_not_return_for_a_retry(queue: Queue) -> None:
     job_id = await queue.enqueue({}, max_attempts=3)
     waiter = asyncio.create_task(queue.wait(job_id, timeout_s=0.6))
-    await asyncio.sleep(0.1)
+    await waits_under_way(queue, job_id)
     [job] = await queue.claim("w")
     await queue.fail(job, "transient", retry_in_s=10)
     result = await waiter
@@ -287,7 +295,7 @@ async def test_stats_count_waiting_leased_delayed_and_dead_jobs_per_level(queue:
     assert dead.id == dead_id
     await queue.fail(dead, "boom", retry_in_s=0)
     [leased] = await queue.claim("w", priorities=[Priority.HIGH])
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # time passing is the point: the waiting HIGH job's oldest wait grows
 
     stats = await queue.stats()
 
@@ -608,7 +616,7 @@ async def test_storage_stays_flat_when_every_job_has_a_new_tenant(
 async def test_many_waiters_each_get_their_own_job_once_it_is_final(queue: Queue) -> None:
     ids = await queue.enqueue_many({"payload": {"n": n}} for n in range(300))
     waiters = [asyncio.create_task(queue.wait(job_id, 30)) for job_id in ids]
-    await asyncio.sleep(0.1)
+    await waits_under_way(queue, *ids)
     jobs = await queue.claim("w", limit=300)
     half = len(jobs) // 2
     assert not await queue.complete_many((job, job.payload["n"]) for job in jobs[:half])

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from conftest import QueueFactory
+from support.waiting import eventually
 from tidegate.errors import QueueFull
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
@@ -41,6 +42,15 @@ async def _finish_soon(queue: Queue, result: dict[str, Any]) -> Job:
     return job
 
 
+async def _waiting(queue: Queue, job_id: str) -> asyncio.Task[Job]:
+    """A wait for a job enqueued with `will_wait`, once under way: it has taken over the waiter
+    the enqueue registered, so a finish from now on is one it waits for."""
+    task = asyncio.create_task(queue.wait(job_id, 5.0))
+    await eventually(lambda: job_id not in queue._finishes._expected, "the wait takes over its waiter")
+    assert not task.done()
+    return task
+
+
 async def _listening(queue: Queue) -> None:
     """A first wait, so a Redis queue's job-done listener has subscribed (waits registered before
     that read their job: what was announced before it went unheard)."""
@@ -69,8 +79,7 @@ async def test_a_job_finished_by_another_instance_reaches_its_wait(queue_factory
     await _listening(gateway)
     reads = _count_reads(gateway)
     [job_id] = await gateway.enqueue_many([{"payload": {"n": 2}}], will_wait=True)
-    waiting = asyncio.create_task(gateway.wait(job_id, 5.0))
-    await asyncio.sleep(0.05)  # the wait is under way before the finish
+    waiting = await _waiting(gateway, job_id)
 
     await _finish_soon(worker, {"answer": 7})
 
@@ -85,8 +94,7 @@ async def test_a_job_finished_by_another_instance_reaches_its_wait(queue_factory
 async def test_a_job_finished_before_its_wait_began_is_returned_final(queue_factory: QueueFactory) -> None:
     gateway, worker = [await queue_factory.open(maintenance_interval_s=None) for _ in range(2)]
     [job_id] = await gateway.enqueue_many([{"payload": {"n": 3}}], will_wait=True)
-    await _finish_soon(worker, {"answer": 3})
-    await asyncio.sleep(0.1)  # the finish is announced before anyone waits
+    await _finish_soon(worker, {"answer": 3})  # announced (and unheard) before anyone waits
 
     job = await gateway.wait(job_id, 5.0)
 
@@ -107,8 +115,7 @@ async def test_a_large_result_is_read_rather_than_announced(queue_factory: Queue
     gateway, worker = [await queue_factory.open(maintenance_interval_s=None) for _ in range(2)]
     big = {"text": "x" * 40_000}  # over what a job-done message carries
     [job_id] = await gateway.enqueue_many([{"payload": {"n": 5}}], will_wait=True)
-    waiting = asyncio.create_task(gateway.wait(job_id, 5.0))
-    await asyncio.sleep(0.05)
+    waiting = await _waiting(gateway, job_id)
 
     await _finish_soon(worker, big)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from support.waiting import eventually
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
 from tidegate.queue._handoff import WaitingClaim
@@ -29,11 +30,8 @@ async def _waiting_claim(queue: Queue, *, limit: int = 10,
                          priorities: list[Priority] | None = None) -> asyncio.Task[list[Job]]:
     """A claim of worker w1 blocked waiting for work (nothing is claimable yet)."""
     task = asyncio.create_task(queue.claim("w1", timeout_s=5.0, limit=limit, priorities=priorities))
-    for _ in range(200):
-        if queue._handoffs._waiting:
-            return task
-        await asyncio.sleep(0.005)
-    raise AssertionError("the claim never started waiting")
+    await eventually(lambda: queue._handoffs._waiting, "the claim waits", every_s=0.005)
+    return task
 
 
 async def test_a_waiting_claim_is_handed_the_job_leased_as_a_claim_would_lease_it(queue: Queue) -> None:
@@ -107,12 +105,8 @@ async def test_jobs_handed_to_a_claim_that_stopped_waiting_go_back_to_the_queue(
     queue._handoffs.deliver(offers, handed)
 
     assert [job.id for job in handed] == ["gone"]
-    stored = await queue.get("gone")
-    for _ in range(200):
-        if stored is not None and stored.state is JobState.QUEUED:
-            break
-        await asyncio.sleep(0.005)
-        stored = await queue.get("gone")
+    stored = await eventually(lambda: queue.get("gone"), "the job is queued again", every_s=0.005,
+                              until=lambda job: job is not None and job.state is JobState.QUEUED)
     # Released, its attempt not counted
     assert stored is not None and stored.state is JobState.QUEUED and stored.attempts == 0
     [again] = await queue.claim("w2")

@@ -4,6 +4,7 @@ a lease, a blocked claim woken by another process, and (Redis) a server restart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import QueueFactory
+from support.claims import ClaimWaits
+from support.waiting import eventually, eventually_sync
 from tidegate import JobState, LeaseLost, Priority, Queue, QueueUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,8 +91,9 @@ async def test_a_killed_worker_s_job_is_recovered_at_its_priority(queue_factory:
 
 async def test_a_blocked_claim_is_woken_by_another_process(queue_factory: QueueFactory) -> None:
     queue = await queue_factory.open(maintenance_interval_s=None)
+    waits = ClaimWaits(queue)
     claim = asyncio.create_task(queue.claim("waiter", timeout_s=60))
-    await asyncio.sleep(0.3)
+    await eventually(lambda: waits.count, "the claim waits for work")
     assert not claim.done()
     started = time.monotonic()
     job_id = (await _finish(_spawn(queue_factory, "enqueue", "normal"))).strip()
@@ -114,15 +118,18 @@ def _start_redis(workdir: Path, port: int) -> subprocess.Popen[bytes]:
          "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    for _ in range(200):
-        try:
-            with redis.Redis(port=port, socket_connect_timeout=0.2) as client:
-                if client.ping():
-                    return proc
-        except redis.exceptions.RedisError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("redis-server did not start")
+    def answers() -> bool:
+        with contextlib.suppress(redis.exceptions.RedisError), \
+                redis.Redis(port=port, socket_connect_timeout=0.2) as client:
+            return bool(client.ping())
+        return False
+
+    try:
+        eventually_sync(answers, "redis-server answers", timeout_s=10, every_s=0.05)
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc
 
 
 @pytest.mark.redis_only

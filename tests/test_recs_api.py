@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway_support import add_tenants, serving
+from support.gateway import add_tenants, serving
 from support.redis_keys import delete_keys
-from sync_support import eventually
+from support.waiting import eventually
 from tidegate.app.gateway import open_gateway_state
 from tidegate.app.up import UpInfo, UpSettings, run_up
 from tidegate.config import SyncConfig, TidegateConfig

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from dispatch_support import running_worker, sim_config, wait_final
-from sync_support import eventually
+from support.dispatch import running_worker, sim_config, wait_final
+from support.waiting import eventually
 from tidegate.config import RefreshRule
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue

@@ -7,7 +7,8 @@ Redis Cluster."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,22 @@ async def _read_all(relay: ChunkRelay, job_id: str, timeout_s: float = 5.0) -> l
     return [chunk async for chunk in relay.subscribe(job_id, timeout_s=timeout_s)]
 
 
+def _reading_begins(relay: ChunkRelay) -> asyncio.Event:
+    """Set when a subscription of `relay` begins reading (the test's hook on the backend's
+    `_subscribe`, which runs once the relay is open): the subscriber is under way then."""
+    began = asyncio.Event()
+    subscribe = relay._subscribe
+
+    async def reading(job_id: str, timeout_s: float) -> AsyncGenerator[bytes, None]:
+        began.set()
+        async with contextlib.aclosing(subscribe(job_id, timeout_s)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    relay._subscribe = reading  # type: ignore[method-assign]
+    return began
+
+
 # ---------------------------------------------------------------------- contract, both relays
 
 
@@ -48,15 +65,17 @@ async def test_a_late_subscriber_reads_every_chunk_from_the_first(relay: ChunkRe
 
 
 async def test_an_early_subscriber_gets_chunks_as_they_arrive(relay: ChunkRelay) -> None:
-    reader = asyncio.create_task(_read_all(relay, "job"))
-    await asyncio.sleep(0.05)  # the subscriber waits before anything is published
+    began = _reading_begins(relay)
+    chunks = relay.subscribe("job", timeout_s=5.0)
+    first = asyncio.ensure_future(anext(chunks))
+    await asyncio.wait_for(began.wait(), 5)  # the subscriber reads before anything is published
 
     await relay.publish("job", b"a")
-    await asyncio.sleep(0.05)
+    assert await asyncio.wait_for(first, 5) == b"a"  # it arrives before the next is published
     await relay.publish("job", b"b")
     await relay.finish("job")
 
-    assert await asyncio.wait_for(reader, 5) == [b"a", b"b"]
+    assert [chunk async for chunk in chunks] == [b"b"]
 
 
 async def test_jobs_have_channels_of_their_own(relay: ChunkRelay) -> None:

@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import chat
-from gateway_support import CHAT, open_gateway
+from support.dispatch import chat
+from support.gateway import CHAT, open_gateway
 from tidegate._formats import FORMATS_TABLE, migrating
 from tidegate._sqlite import AUTO_VACUUM_INCREMENTAL, RECLAIM_KEEP_FREE_BYTES
 from tidegate.jobs import JobState

@@ -13,7 +13,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from conftest import QueueFactory
-from gateway_support import Gateway, open_gateway
+from support.gateway import Gateway, open_gateway
 from tidegate.ai import AIRequest, result_of
 from tidegate.config import BudgetConfig, ModelConfig, PricedTier, ProviderConfig, TidegateConfig, TierPrice
 from tidegate.costs import at_tier, billed_tier, cost_micros, estimate_cost_micros, usd_to_micros

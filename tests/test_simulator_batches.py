@@ -4,7 +4,6 @@ deletion, the bounds of an upload, and the counts a test reads to see what was s
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 from openai.types import Batch, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
+from support.waiting import eventually
 from tidegate.simulator import Simulator, SimulatorSettings
 
 CHAT_MODEL = "deepseek-v3.2"
@@ -54,11 +54,9 @@ async def start(sdk: openai.AsyncOpenAI, lines: list[dict[str, Any]],
 
 
 async def ended(sdk: openai.AsyncOpenAI, batch_id: str) -> Batch:
-    while True:  # polled, as a provider's batch is: nothing announces its end
-        batch = await sdk.batches.retrieve(batch_id)
-        if batch.status in ENDED:
-            return batch
-        await asyncio.sleep(0.01)
+    # polled, as a provider's batch is: nothing announces its end
+    return await eventually(lambda: sdk.batches.retrieve(batch_id), f"batch {batch_id} ends",
+                            until=lambda batch: batch.status in ENDED, every_s=0.01)
 
 
 async def records(sdk: openai.AsyncOpenAI, file_id: str | None) -> dict[str, dict[str, Any]]:

@@ -4,7 +4,6 @@ cursors, refusals, and the batch stats it is counted in."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +11,7 @@ import anthropic
 import pytest
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
 
+from support.waiting import eventually
 from tidegate.simulator import Simulator, SimulatorSettings
 
 MODEL = "deepseek-v3.2"
@@ -38,11 +38,9 @@ def request(custom_id: str, model: str = MODEL, **params: Any) -> Any:
 
 
 async def ended(sdk: anthropic.AsyncAnthropic, batch_id: str) -> MessageBatch:
-    while True:  # polled: nothing announces a batch's end
-        batch = await sdk.messages.batches.retrieve(batch_id)
-        if batch.processing_status == "ended":
-            return batch
-        await asyncio.sleep(0.02)
+    # polled: nothing announces a batch's end
+    return await eventually(lambda: sdk.messages.batches.retrieve(batch_id), f"batch {batch_id} ends",
+                            until=lambda batch: batch.processing_status == "ended")
 
 
 async def results(sdk: anthropic.AsyncAnthropic, batch_id: str) -> dict[str, MessageBatchIndividualResponse]:

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from dispatch_support import chat, running_worker, sim_config
+from support.dispatch import chat, running_worker, sim_config
 from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
+from support.waiting import eventually
 from tidegate._formats import FORMATS_TABLE, SQLITE_LAYOUT, migrating
 from tidegate.ai import PAYLOAD_FORMAT, RESULT_FORMAT, AIRequest, AIResult
 from tidegate.app.storage import store_formats
@@ -317,12 +318,8 @@ async def test_a_worker_leaves_a_job_with_a_newer_payload_for_a_newer_worker(tmp
         job_id = await queue.enqueue({**chat("from the future"), "v": PAYLOAD_FORMAT + 1})
         # No provider is reachable: a worker that tried to serve the job would fail it.
         async with running_worker(queue, sim_config("http://127.0.0.1:9/v1", queue_url=url), metrics=metrics):
-            for _ in range(200):
-                job = await queue.get(job_id)
-                assert job is not None
-                if job.state is JobState.DELAYED:
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(lambda: queue.get(job_id), "the worker defers the job",
+                             until=lambda job: job is not None and job.state is JobState.DELAYED)
         job = await queue.get(job_id)
 
     assert job is not None and job.state is JobState.DELAYED, job

@@ -11,16 +11,16 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_support import pg_url
+from support.sync import pg_url
+from support.waiting import eventually_sync
 from tidegate.demo.shop import ShopLoad, create_shop
 from tidegate.recs import Recommender, recs_store_for
 
@@ -55,11 +55,7 @@ def _syncing(cwd: Path, env: dict[str, str], *args: str) -> Iterator[subprocess.
             sync.wait()
 
 
-def _until(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.2)
+LOOK_EVERY_S = 0.2  # each look runs `tidegate sync status` (a process of its own) or writes a row
 
 
 def _caught_up(report: dict[str, Any]) -> bool:
@@ -78,8 +74,9 @@ def test_sync_runs_until_sigterm_and_status_shows_the_outbox_and_the_cache(
         # When the shop keeps writing
         ShopLoad(shop).write(100)
         # Then status shows every row cached and nothing left in the outbox
-        _until(lambda: _caught_up(report := _status(tmp_path, env, *args))
-               and report["source"]["outbox_pending"] == 0, "the cache holds every row, the outbox is empty")
+        eventually_sync(lambda: _status(tmp_path, env, *args), "every row is cached, the outbox empty",
+                        until=lambda report: _caught_up(report) and report["source"]["outbox_pending"] == 0,
+                        timeout_s=60, every_s=LOOK_EVERY_S)
         report = _status(tmp_path, env, *args)
         assert report["source"]["snapshot_done"] is True
         assert set(report["tables"]) == {"products", "users", "interactions"}
@@ -106,7 +103,9 @@ def test_status_of_postgresql_shows_the_slot_position_and_lag(
     args = ("--source", pg_url(pg_dsn), "--cache", redis_server, "--tables", "items")
     assert _status(tmp_path, env, *args)["source"]["slot_exists"] is False
     with _syncing(tmp_path, env, *args):
-        _until(lambda: _status(tmp_path, env, *args)["tables"]["items"]["cached"] == 1, "the row is cached")
+        eventually_sync(lambda: _status(tmp_path, env, *args), "the row is cached",
+                        until=lambda report: report["tables"]["items"]["cached"] == 1, timeout_s=60,
+                        every_s=LOOK_EVERY_S)
         report = _status(tmp_path, env, *args)
     source = report["source"]
     assert source["slot_exists"] is True and source["snapshot_done"] is True
@@ -139,7 +138,8 @@ def test_sync_of_postgresql_warns_once_about_replica_identity_and_logs_positions
     # When `tidegate sync` streams changes until a progress line with a confirmed position is
     # logged (one every 10 s while changes flow)
     with _syncing(tmp_path, env, *args):
-        _until(written_and_progress_logged, "a progress line with a position", timeout_s=45)
+        eventually_sync(written_and_progress_logged, "a progress line with a position", timeout_s=45,
+                        every_s=LOOK_EVERY_S)
 
     # Then the tables' replica identity is one line naming all three, not a warning each
     printed = log.read_text()

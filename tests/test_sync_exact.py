@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,8 +23,9 @@ import psycopg2  # type: ignore[import-untyped]
 import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
-from sync_exact import cached_rows, database_rows, describe_difference
-from sync_support import DictCheckpoints, eventually, pg_url, running
+from support.sync import DictCheckpoints, pg_url, running
+from support.sync_exact import cached_rows, database_rows, describe_difference
+from support.waiting import eventually
 from tidegate.app.sync import open_sync
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.sync.changes import Change, Op, Version
@@ -79,25 +79,23 @@ async def assert_cache_equals_db(dsn: str, cache: EntityCache, tables: Mapping[s
                                  timeout_s: float = SETTLE_S) -> None:
     """Wait until every table's rows equal the cache's entries, every column of every row (the
     pipeline runs on another task); on timeout fail listing the differences."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        problems = []
+    async def problems() -> list[str]:
+        found = []
         for table, key_columns in tables.items():
-            if time.monotonic() < deadline and await cache.count(table) != await asyncio.to_thread(
-                    row_count, dsn, table):
-                problems.append(f"{table}: counts differ")  # still applying: no need to compare yet
+            cached, stored = await cache.count(table), await asyncio.to_thread(row_count, dsn, table)
+            if cached != stored:  # still applying: no need to compare the rows yet
+                found.append(f"{table}: {stored} rows in the database, {cached} cached")
                 continue
             expected = await asyncio.to_thread(database_rows, dsn, table, key_columns,
                                                documents=table in DOCUMENT_KEYED)
             actual = await cached_rows(cache, table)
             if expected != actual:
-                problems.append(f"{table}: {describe_difference(expected, actual, limit=20)}")
-        if not problems:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the cache never equalled the database ({len(problems)} "
-                                 "differences):\n" + "\n".join(problems[:20]))
-        await asyncio.sleep(0.1)
+                found.append(f"{table}: {describe_difference(expected, actual, limit=20)}")
+        return found
+
+    await eventually(problems, "the cache equals the database", until=lambda found: not found,
+                     timeout_s=timeout_s, every_s=0.1,
+                     describe=lambda found: f"{len(found)} differences:\n" + "\n".join(found[:20]))
 
 
 def confirmed_flush(dsn: str, slot: str) -> int:
@@ -482,7 +480,7 @@ async def test_a_read_back_waits_until_the_transaction_that_asked_is_visible(pg_
                 xid = int(row[0])
             # When the fill reads its row back on behalf of it
             read = asyncio.create_task(source.read_rows("docs", [("50",)], ["big"], xid=xid))
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # a window for a wrong answer: what is asserted is that none comes
             assert not read.done()  # waiting for it, not answering "no such row"
             await asyncio.to_thread(writer.commit)
             result = await asyncio.wait_for(read, SETTLE_S)

@@ -17,15 +17,16 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_exact import wait_until_exact
-from sync_support import in_one_transaction, pg_url
+from support.sync import in_one_transaction, pg_url
+from support.sync_exact import wait_until_exact
+from support.waiting import eventually
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Version
 from tidegate.sync.contracts import EntityCache
@@ -178,11 +179,10 @@ class SyncProcess:
     async def started(self, timeout_s: float = 60.0) -> None:
         """Until the process says it is syncing (its interpreter and imports take a while on a
         busy machine: a kill before that would test nothing)."""
-        deadline = time.monotonic() + timeout_s
-        while "INFO tidegate.sync: syncing" not in self.log():
-            assert self.proc is not None and self.proc.poll() is None, f"sync exited:\n{self.log()}"
-            assert time.monotonic() < deadline, f"the sync did not start:\n{self.log()}"
-            await asyncio.sleep(0.02)
+        async def syncing() -> bool:
+            return "INFO tidegate.sync: syncing" in self.log()
+
+        await _until(syncing, "the sync says it is syncing", self, timeout_s)
 
     async def run_for(self, seconds: float) -> None:
         """Start, let it work `seconds` once started, kill."""
@@ -226,12 +226,17 @@ def sync_process(tmp_path: Path, pg_dsn: str, redis_server: str) -> Iterator[Syn
         process.stop()
 
 
-async def _until(check: Any, what: str, sync: SyncProcess, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}\n{sync.log()}"
+async def _until(check: Callable[[], Awaitable[bool]], what: str, sync: SyncProcess,
+                 timeout_s: float = 60.0) -> None:
+    """Until `check` holds while the sync process runs; a failure shows the process's log."""
+
+    async def holds() -> bool:
+        held = await check()
         assert sync.proc is not None and sync.proc.poll() is None, f"sync exited:\n{sync.log()}"
-        await asyncio.sleep(0.01)
+        return held
+
+    await eventually(holds, what, timeout_s=timeout_s,
+                     describe=lambda held: f"{held}; the sync's log:\n{sync.log()}")
 
 
 async def test_killed_at_random_moments_the_cache_ends_exactly_equal_and_versions_never_regress(

@@ -15,15 +15,8 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_support import (
-    cached_checksums,
-    checksums_of,
-    eventually,
-    in_one_transaction,
-    pg_url,
-    running,
-    wait_until_equal,
-)
+from support.sync import cached_checksums, checksums_of, in_one_transaction, pg_url, running, wait_until_equal
+from support.waiting import eventually
 from tidegate._eventloop import freeze_loaded, server_gc
 from tidegate.app.sync import open_sync
 from tidegate.config import RefreshRule, SyncConfig, TidegateConfig

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Self
 
-from sync_support import eventually
+from support.waiting import eventually
 from tidegate.sync.buses.base import BusSettings
 from tidegate.sync.buses.memory import MemoryBus
 from tidegate.sync.cache import cache_for

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -15,7 +14,8 @@ import psycopg2  # type: ignore[import-untyped]
 import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
-from sync_support import DictCheckpoints as MemoryCheckpoints
+from support.sync import DictCheckpoints as MemoryCheckpoints
+from support.waiting import eventually
 from tidegate.errors import ConfigError, SourceError
 from tidegate.sync.changes import Change, Op, Version
 from tidegate.sync.contracts import ChangeSource, Transaction
@@ -64,13 +64,6 @@ def slot_row(dsn: str, slot: str) -> dict[str, Any]:
 
 def confirmed_flush(dsn: str, slot: str) -> int:
     return parse_lsn(slot_row(dsn, slot)["confirmed"])
-
-
-async def wait_until(predicate: Any, what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 class Reader:
@@ -424,13 +417,14 @@ async def test_confirm_moves_the_slot_exactly_that_far(pg_dsn: str) -> None:
         await asyncio.sleep(2.5)
         assert confirmed_flush(pg_dsn, settings.slot_name) <= first.changes[0].version.lsn
         await reader.source.confirm(first.position)
-        await wait_until(lambda: confirmed_flush(pg_dsn, settings.slot_name) == first.position,
-                   "the slot to reach the confirmed position")
+        await eventually(lambda: confirmed_flush(pg_dsn, settings.slot_name) == first.position,
+                         "the slot to reach the confirmed position")
         await asyncio.sleep(2.5)  # several status intervals later, still not beyond it
         assert confirmed_flush(pg_dsn, settings.slot_name) == first.position
         await reader.source.confirm(second.position)
-        await wait_until(lambda: confirmed_flush(pg_dsn, settings.slot_name) >= second.position,
-                   "the slot to reach the second position")
+        target = second.position
+        await eventually(lambda: confirmed_flush(pg_dsn, settings.slot_name) >= target,
+                         "the slot to reach the second position")
 
 
 async def test_heartbeat_lets_an_idle_slot_advance(pg_dsn: str) -> None:
@@ -444,8 +438,9 @@ async def test_heartbeat_lets_an_idle_slot_advance(pg_dsn: str) -> None:
         later = await reader.next()
         assert later.changes == () and later.position is not None and later.position > beat.position
         await reader.source.confirm(later.position)
-        await wait_until(lambda: confirmed_flush(pg_dsn, settings.slot_name) >= later.position,
-                   "the idle slot to advance to the heartbeat")
+        target = later.position
+        await eventually(lambda: confirmed_flush(pg_dsn, settings.slot_name) >= target,
+                         "the idle slot to advance to the heartbeat")
 
 
 async def test_feedback_keeps_the_connection_while_idle_and_while_the_consumer_lags(pg_dsn: str) -> None:
@@ -478,7 +473,7 @@ async def test_lost_connection_raises_source_error(pg_dsn: str) -> None:
     async with running(settings) as reader:
         await reader.snapshot()
         waiting = asyncio.create_task(reader.next())  # the stream starts when asked for
-        await wait_until(lambda: slot_row(pg_dsn, settings.slot_name)["active"], "the stream to start")
+        await eventually(lambda: slot_row(pg_dsn, settings.slot_name)["active"], "the stream to start")
         execute(pg_dsn, f"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
                         f"WHERE slot_name = '{settings.slot_name}'")
         with pytest.raises(SourceError, match=settings.slot_name):
@@ -579,8 +574,9 @@ async def test_status_reports_slot_lag_and_rows(pg_dsn: str) -> None:
         tx = await reader.streamed()
         assert tx.position is not None
         await source.confirm(tx.position)
-        await wait_until(lambda: confirmed_flush(pg_dsn, settings.slot_name) >= tx.position,
-                   "the confirmed position")
+        target = tx.position
+        await eventually(lambda: confirmed_flush(pg_dsn, settings.slot_name) >= target,
+                         "the confirmed position")
         status = await source.status()
     assert status.slot_exists and status.active and status.snapshot_done is True
     assert status.confirmed_flush_lsn is not None and status.confirmed_flush_lsn >= tx.position

@@ -22,7 +22,8 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_support import cached_checksums, checksums_of, pg_url, wait_until_equal
+from support.sync import cached_checksums, checksums_of, pg_url, wait_until_equal
+from support.waiting import eventually
 from tidegate.sync.cache import cache_for
 from tidegate.sync.changes import Version, entity_id_of
 
@@ -179,14 +180,13 @@ async def test_killed_during_snapshot_and_streaming_the_cache_still_ends_equal_t
     async with cache_for(redis_server, prefix=sync_process.env["TIDEGATE_SYNC__PREFIX"]) as cache:
         # When the sync is killed in the middle of its initial snapshot
         sync_process.start()
-        deadline = time.monotonic() + 60
-        while True:
-            checkpoint = await cache.get_checkpoint(f"pg:{slot}")
-            mid_snapshot = isinstance(checkpoint, dict) and checkpoint.get("table")
-            if mid_snapshot and not checkpoint.get("snapshot_done"):
-                break
-            assert time.monotonic() < deadline, f"no snapshot progress: {checkpoint}\n{sync_process.log()}"
-            await asyncio.sleep(0.01)
+        def mid_snapshot(checkpoint: Any) -> bool:
+            return isinstance(checkpoint, dict) and bool(checkpoint.get("table")) \
+                and not checkpoint.get("snapshot_done")
+
+        await eventually(lambda: cache.get_checkpoint(f"pg:{slot}"), "the snapshot makes progress",
+                         until=mid_snapshot, timeout_s=60, every_s=0.01,
+                         describe=lambda checkpoint: f"{checkpoint}\n{sync_process.log()}")
         sync_process.kill()
         snapshot_cut = await cache.count("items")
         assert 0 < snapshot_cut < PRELOADED, "the kill was meant to land mid-snapshot"

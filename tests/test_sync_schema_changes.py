@@ -15,8 +15,9 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 
-from sync_exact import cached_rows, database_rows, wait_until_exact
-from sync_support import eventually, execute, in_one_transaction, pg_url, running
+from support.sync import execute, in_one_transaction, pg_url, running
+from support.sync_exact import cached_rows, database_rows, wait_until_exact
+from support.waiting import eventually
 from tidegate.app.sync import open_sync
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.sync.backfill import SCHEMA_PREFIX, schema_message
@@ -146,7 +147,7 @@ async def test_streamed_changes_win_over_the_backfill_whatever_the_order(
     async with syncing(sync_config(pg_dsn, redis_server, ["items"], suffix)) as pipeline:
         await wait_until_exact(pg_dsn, "items", pipeline.cache)
         # Given writers that keep updating, deleting and inserting rows while the table is re-read
-        stop = threading.Event()
+        stop, written = threading.Event(), [0]
 
         def write() -> None:
             n = 0
@@ -155,6 +156,7 @@ async def test_streamed_changes_win_over_the_backfill_whatever_the_order(
                 with conn.cursor() as cur:
                     while not stop.is_set():
                         n += 1
+                        written[0] = n
                         # Rows 1..100 are left to the transaction below.
                         cur.execute("UPDATE items SET qty = qty + 1 WHERE id = %s", (n % 500 + 101,))
                         cur.execute("DELETE FROM items WHERE id = %s", ((n * 7) % 500 + 101,))
@@ -168,7 +170,8 @@ async def test_streamed_changes_win_over_the_backfill_whatever_the_order(
             await sql_in_one_transaction(pg_dsn, "UPDATE items SET name = 'before' WHERE id = 1",
                                          "ALTER TABLE items ADD COLUMN extra integer DEFAULT 5",
                                          "UPDATE items SET extra = 6 WHERE id = 2")
-            await asyncio.sleep(1.0)
+            after_alter = written[0]
+            await eventually(lambda: written[0] >= after_alter + 50, "the writer writes on after the ALTER")
         finally:
             stop.set()
             await asyncio.to_thread(writer.join)

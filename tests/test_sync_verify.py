@@ -24,7 +24,8 @@ import psycopg2.extras  # type: ignore[import-untyped]
 import pytest
 
 from support.redis_keys import delete_keys
-from sync_support import eventually, execute, pg_url, running
+from support.sync import execute, pg_url, running
+from support.waiting import eventually
 from tidegate.app.sync import open_sync, sync_status
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.demo.shop import ShopLoad, create_shop
@@ -123,7 +124,7 @@ async def test_verify_finds_injected_drift_per_table_and_repair_fixes_it_without
     sync = _sync_config(pg_dsn, "memory://" if cache_kind == "memory" else redis_server)
     async with _syncing(sync) as pipeline:
         cache = pipeline.cache
-        await eventually(lambda: _cache_equals_db(pg_dsn, cache), "the snapshot is cached", 30)
+        await eventually(lambda: _cache_equals_db(pg_dsn, cache), "the snapshot is cached")
         clean = await _verify(sync, cache)
         assert clean.ok and clean.drift == 0
         assert {name: t.checked for name, t in clean.tables.items()} == {"items": 300, "pairs": 120}
@@ -154,7 +155,7 @@ async def test_verify_finds_injected_drift_per_table_and_repair_fixes_it_without
         # And later changes of the repaired rows still land: their versions did not regress
         execute(pg_dsn, "UPDATE items SET name = 'renamed' WHERE id IN (3, 5)",
                  "DELETE FROM items WHERE id = 7", "INSERT INTO pairs VALUES ('zz', 999, 'real now')")
-        await eventually(lambda: _cache_equals_db(pg_dsn, cache), "the later changes are cached", 30)
+        await eventually(lambda: _cache_equals_db(pg_dsn, cache), "the later changes are cached")
         renamed = await cache.get_entity("items", ids["changed"])
         assert renamed is not None and renamed["name"] == "renamed"
         assert (await _verify(sync, cache)).ok
@@ -192,7 +193,7 @@ async def test_verify_reports_no_drift_on_a_correct_cache_while_writes_continue(
     execute(pg_dsn, *SCHEMA)
     sync = _sync_config(pg_dsn, "memory://" if cache_kind == "memory" else redis_server)
     async with _syncing(sync) as pipeline:
-        await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the snapshot is cached", 30)
+        await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the snapshot is cached")
         stop, written = threading.Event(), [0]
         writer = threading.Thread(target=_writer, args=(pg_dsn, stop, written))
         writer.start()
@@ -208,7 +209,7 @@ async def test_verify_reports_no_drift_on_a_correct_cache_while_writes_continue(
         assert sum(t.rechecked for t in report.tables.values()) > 0  # rows did move under the pass
         assert report.drift == 0 and report.ok, {n: t.to_dict() for n, t in report.tables.items()}
         assert sum(t.checked for t in report.tables.values()) >= 420
-        await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the writes are cached", 30)
+        await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the writes are cached")
 
 
 async def test_rows_the_stopped_sync_never_applied_are_unsettled_not_drift(pg_dsn: str) -> None:
@@ -216,7 +217,7 @@ async def test_rows_the_stopped_sync_never_applied_are_unsettled_not_drift(pg_ds
     sync = _sync_config(pg_dsn, "memory://")
     async with cache_for("memory://") as cache:
         async with _syncing(sync, cache):
-            await eventually(lambda: _cache_equals_db(pg_dsn, cache), "the snapshot is cached", 30)
+            await eventually(lambda: _cache_equals_db(pg_dsn, cache), "the snapshot is cached")
         # When the sync has stopped and the database moves on without it
         execute(pg_dsn, "UPDATE items SET name = 'later' WHERE id <= 4")
         report = await _verify(sync, cache, VerifySettings(max_rows_per_s=None, settle_timeout_s=1.5))
@@ -233,7 +234,7 @@ async def test_a_table_keyed_by_one_jsonb_column_is_identified_as_the_sync_ident
             """INSERT INTO docs VALUES ('7', 1), ('"7"', 2), ('{"a": [1, 2]}', 3)""")
     sync = _sync_config(pg_dsn, "memory://").model_copy(update={"tables": ("docs",)})
     async with cache_for("memory://") as cache, _syncing(sync, cache):
-        await eventually(lambda: _count_is(cache, "docs", 3), "the snapshot is cached", 30)
+        await eventually(lambda: _count_is(cache, "docs", 3), "the snapshot is cached")
         # When verify compares them
         report = await _verify(sync, cache)
     # Then each row has the entity id the sync gave it: nothing missing, extra or differing
@@ -267,7 +268,7 @@ async def test_the_command_exits_1_on_drift_repairs_and_status_shows_the_last_ve
     execute(pg_dsn, *SCHEMA)
     sync = _sync_config(pg_dsn, redis_server)
     async with _syncing(sync) as pipeline:
-        await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the snapshot is cached", 30)
+        await eventually(lambda: _cache_equals_db(pg_dsn, pipeline.cache), "the snapshot is cached")
         assert (await sync_status(sync))["verify"] is None
         ids = await _inject_drift(pipeline.cache)
         with _env(sync) as env:
@@ -311,7 +312,7 @@ async def test_verify_and_repair_a_sqlite_source(tmp_path: Path, redis_server: s
                       prefix=f"t{uuid.uuid4().hex[:8]}")
     async with _syncing(sync) as pipeline:
         cache = pipeline.cache
-        await eventually(lambda: _caught_up(sync, cache, shop), "the shop is cached", 30)
+        await eventually(lambda: _caught_up(sync, cache, shop), "the shop is cached")
         product = await anext(aiter(cache.scan("products")))
         await cache.force_update("products", product.entity_id, {"name": "wrong"})
         user = await anext(aiter(cache.scan("users")))
@@ -346,12 +347,13 @@ async def test_a_sqlite_shop_verifies_clean_while_the_shop_keeps_writing(tmp_pat
     create_shop(shop, products=150, users=40, interactions=200)
     sync = SyncConfig(source_url=f"sqlite:///{shop}", cache_url="memory://")
     async with _syncing(sync) as pipeline:
-        await eventually(lambda: _caught_up(sync, pipeline.cache, shop), "the shop is cached", 30)
+        await eventually(lambda: _caught_up(sync, pipeline.cache, shop), "the shop is cached")
         # When the shop writes all through a slow pass
         stop = asyncio.Event()
-        load = asyncio.create_task(ShopLoad(shop).run(rate_per_s=300, duration_s=30, stop=stop))
+        shop_load = ShopLoad(shop)
+        load = asyncio.create_task(shop_load.run(rate_per_s=300, duration_s=30, stop=stop))
         try:
-            await asyncio.sleep(0.2)
+            await eventually(lambda: shop_load.counts.total(), "the shop is writing")
             report = await _verify(sync, pipeline.cache, VerifySettings(
                 batch_size=25, max_rows_per_s=500, settle_timeout_s=20))
         finally:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from dispatch_support import queue_url_of
+from support.dispatch import queue_url_of
 from support.redis_keys import REDIS_BACKENDS, redis_client
 from tidegate.cli.main import app
 from tidegate.coord.tenants import (

@@ -5,7 +5,6 @@ conventions' attributes; off, nothing of it runs and OpenTelemetry is not even i
 from __future__ import annotations
 
 import ast
-import asyncio
 import contextlib
 import subprocess
 import sys
@@ -24,7 +23,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from conftest import QueueFactory
-from gateway_support import open_gateway, with_legacy_models
+from support.gateway import open_gateway, with_legacy_models
+from support.waiting import eventually
 from tidegate._otel import OtelTracing
 from tidegate.ai import AIRequest
 from tidegate.config import TracingSettings
@@ -53,13 +53,9 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 async def finished(exporter: InMemorySpanExporter, name: str, count: int = 1) -> list[ReadableSpan]:
     """The finished spans, once `count` named `name` are among them (the worker ends its spans
     after the job's result is stored, so perhaps after the caller has its answer)."""
-    for _ in range(250):
-        spans = list(exporter.get_finished_spans())
-        if sum(span.name == name for span in spans) >= count:
-            return spans
-        await asyncio.sleep(0.02)
-    names = [span.name for span in exporter.get_finished_spans()]
-    raise AssertionError(f"no finished span {name!r} among {names}")
+    return await eventually(lambda: list(exporter.get_finished_spans()), f"{count} spans {name!r} finished",
+                            until=lambda spans: sum(span.name == name for span in spans) >= count,
+                            describe=lambda spans: repr([span.name for span in spans]))
 
 
 def one(spans: Sequence[ReadableSpan], name: str) -> ReadableSpan:

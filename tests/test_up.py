@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from sync_support import eventually
+from support.waiting import eventually
 from tidegate.app.up import UP_TENANT, UpInfo, UpSettings, run_up, with_simulator_limits
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.coord.tenants import Tenant, tenant_store_for

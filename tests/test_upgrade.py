@@ -21,11 +21,12 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from gateway_support import serving
-from provider_batch_support import batch_config
+from support.gateway import serving
 from support.old_release import OldRelease, OldReleaseUnavailable, extract, result_of, stop
 from support.old_release_driver import FAST_MODEL, SLOW_MODEL, job_record
+from support.provider_batches import batch_config
 from support.redis_keys import delete_keys
+from support.waiting import eventually
 from tidegate.app.components import Components
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, WorkerSettings
@@ -268,12 +269,9 @@ async def _spend(url: str) -> dict[str, int]:
 
 
 async def _until_ended(client: AsyncOpenAI, batch_id: str) -> Any:
-    for _ in range(int(WAIT_S / 0.1)):
-        batch = await client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"batch {batch_id} did not end within {WAIT_S}s: {batch}")
+    ended = ("completed", "failed", "expired", "cancelled")
+    return await eventually(lambda: client.batches.retrieve(batch_id), f"batch {batch_id} ends",
+                            until=lambda batch: batch.status in ended, timeout_s=WAIT_S, every_s=0.1)
 
 
 # ---------------------------------------------------------------------- the change flow
@@ -331,12 +329,12 @@ async def test_the_change_flow_resumes_from_the_position_the_old_release_left(
             stop_event = asyncio.Event()
             task = asyncio.create_task(pipeline.run(stop_event))
             try:
-                for _ in range(int(WAIT_S / 0.05)):
-                    entry = await cache.get("products", "3")
-                    if entry is not None and entry.data is not None and entry.data["name"] == "renamed":
-                        break
+                async def renamed() -> bool:
                     assert not task.done(), task
-                    await asyncio.sleep(0.05)
+                    entry = await cache.get("products", "3")
+                    return entry is not None and entry.data is not None and entry.data["name"] == "renamed"
+
+                await eventually(renamed, "the rename reaches the cache", timeout_s=WAIT_S)
             finally:
                 stop_event.set()
                 await task

@@ -19,11 +19,12 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from dispatch_support import running_worker, sim_config, wait_received
-from gateway_support import add_tenants, serving
+from support.dispatch import running_worker, sim_config, wait_received
+from support.gateway import add_tenants, serving
 from support.old_release import OldRelease, OldReleaseUnavailable, extract, stop
 from support.old_release_driver import FAST_MODEL, TENANTS, job_record
 from support.redis_keys import delete_keys
+from support.waiting import eventually
 from tidegate.app.components import Components
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, WorkerSettings, default_models
@@ -230,11 +231,12 @@ async def test_a_new_worker_serves_an_old_gateway(
 
 async def _until_listening(proc: subprocess.Popen[bytes], url: str) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=1.0) as http:
-        for _ in range(int(WAIT_S / 0.1)):
+
+        async def listening() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"the old gateway exited with {proc.returncode}: {stop(proc)[-4000:]}")
             with contextlib.suppress(httpx.TransportError):
-                if (await http.get("/healthz")).status_code == 200:
-                    return
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"the old gateway did not listen on {url} within {WAIT_S}s")
+                return (await http.get("/healthz")).status_code == 200
+            return False
+
+        await eventually(listening, f"the old gateway listens on {url}", timeout_s=WAIT_S, every_s=0.1)

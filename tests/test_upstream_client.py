@@ -133,7 +133,9 @@ async def test_leaving_a_stream_early_releases_it_quietly(
         async for chunk in stream:
             if chunk.text:
                 break
-    await asyncio.sleep(0.05)  # let the simulator notice the client has gone
+    # A window for the simulator to notice the client has gone: what is asserted is that nothing
+    # is logged above INFO meanwhile, and an absence has no event to wait for.
+    await asyncio.sleep(0.05)
 
     assert stream.summary is None  # [DONE] was never read
     assert (await client.chat(_chat())).status == 200

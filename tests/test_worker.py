@@ -12,7 +12,9 @@ import pytest
 from aiohttp import web
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
+from support.claims import ClaimWaits
+from support.dispatch import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
+from support.waiting import eventually
 from tidegate.callback_urls import SIGNATURE_HEADER, verify
 from tidegate.config import BudgetConfig, CallbackConfig
 from tidegate.coord.budget import budget_ledger_for
@@ -241,12 +243,11 @@ async def test_a_low_budget_steps_down_and_an_exhausted_one_defers_all_but_criti
         critical = await queue.enqueue(chat(), priority="critical", tenant="acme")
         async with running_worker(queue, config):
             [served] = await wait_final(queue, [critical])
-            await asyncio.sleep(0.5)
+            deferred = await eventually(lambda: queue.get(normal), "the normal job is deferred",
+                                        until=lambda job: job is not None and job.state is JobState.DELAYED)
         # Then the critical job is still served and the normal one waits, its attempt uncounted
         assert served.state is JobState.SUCCEEDED
-        deferred = await queue.get(normal)
-        assert deferred is not None
-        assert deferred.state is JobState.DELAYED and deferred.attempts == 0
+        assert deferred is not None and deferred.attempts == 0
 
 
 async def test_graceful_shutdown_finishes_in_flight_calls_and_claims_nothing_more(
@@ -404,7 +405,7 @@ async def test_slots_kept_for_urgent_levels_start_a_critical_job_while_a_normal_
         await wait_received(sim, 3)
         # When a NORMAL job arrives, it stays queued although a slot is free
         normal = await queue.enqueue(chat(model="deepseek-v3.2"), priority="normal")
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # a window for a wrong claim: what is asserted is that none comes
         assert (await queue.get(normal)).state is JobState.QUEUED  # type: ignore[union-attr]
         # Then a CRITICAL job arriving after it takes that slot and is called at once, while
         # every bulk call still runs: it waited for no slot to free
@@ -448,9 +449,10 @@ async def test_a_stop_ends_a_claim_waiting_for_work_at_once(
     # Given an idle worker whose claims wait up to a minute for work
     _, base_url = simulator
     settings = WorkerSettings(concurrency=2, lease_s=5, claim_wait_s=60)
+    waits = ClaimWaits(queue)
     async with Worker(queue, sim_config(base_url), settings, metrics=DispatchMetrics()) as worker:
         run = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.3)  # its claim is waiting now
+        await eventually(lambda: waits.count, "its claim waits for work")
         # When it is asked to stop
         worker.request_stop()
         # Then run() returns without waiting out the claim (10 s: far below its 60 s wait)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
+from support.dispatch import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
+from support.waiting import eventually
 from tidegate.dispatch.worker import WorkerSettings
 from tidegate.jobs import JobState
 from tidegate.simulator.server import Simulator
@@ -130,7 +131,7 @@ async def test_sigterm_drains_a_worker_process_without_losing_a_job(
 
 @pytest.mark.redis_only
 async def test_a_worker_rides_out_a_redis_restart(
-    queue_factory: QueueFactory, tmp_path: Path
+    queue_factory: QueueFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     import os
 
@@ -152,7 +153,7 @@ async def test_a_worker_rides_out_a_redis_restart(
             # When Redis dies under the running worker and comes back
             os.kill(server.pid, signal.SIGKILL)
             server.wait()
-            await asyncio.sleep(1.5)
+            await eventually(lambda: "claim failed" in caplog.text, "the worker meets the outage")
             server = _start_redis(tmp_path, port)
             # Then the worker carries on with new work
             [second] = await wait_final(queue, [await queue.enqueue(chat(model="deepseek-v3.2"))])

@@ -5,7 +5,6 @@ batch fails, or a budget runs short; on both queue backends."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import subprocess
 import sys
@@ -19,8 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, wait_final
-from provider_batch_support import TWO_DAYS_S, batch_config, bulk_jobs, waiting_in_a_batch
+from support.dispatch import chat, queue_url_of, running_worker, wait_final
+from support.provider_batches import TWO_DAYS_S, batch_config, bulk_jobs, waiting_in_a_batch
+from support.waiting import eventually
 from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.costs import cost_micros, estimate_cost_micros, micros_to_usd, usd_to_micros
@@ -98,11 +98,8 @@ async def files_left(provider: ProviderConfig, file_ids: list[str]) -> list[str]
 
 async def until_deleted(provider: ProviderConfig, file_ids: list[str]) -> None:
     """Return once none of `file_ids` is left at the provider."""
-    for _ in range(250):
-        if not await files_left(provider, file_ids):
-            return
-        await asyncio.sleep(0.04)
-    raise AssertionError(f"files left at the provider: {await files_left(provider, file_ids)}")
+    await eventually(lambda: files_left(provider, file_ids), "no file is left at the provider",
+                     until=lambda left: not left, every_s=0.04)
 
 
 async def test_bulk_jobs_with_a_long_deadline_go_through_one_provider_batch_at_its_discount(
@@ -315,13 +312,11 @@ async def test_a_worker_killed_after_submitting_leaves_its_jobs_to_another_that_
         proc = _worker_process(url, _config_file(tmp_path, base_url, api))
         store = provider_batch_store_for(url)
         try:
-            for _ in range(1500):
-                entries = [await store.job(job_id) for job_id in ids]
-                if all(entry is not None and not entry.batch_id.startswith(PENDING) for entry in entries):
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError("the worker recorded no provider batch within 30s")
+            async def entries() -> list[Any]:
+                return [await store.job(job_id) for job_id in ids]
+
+            await eventually(entries, "the worker records the provider batch", until=lambda entries: all(
+                entry is not None and not entry.batch_id.startswith(PENDING) for entry in entries))
         finally:
             await store.close()
             # When it is killed before the batch ended
@@ -365,9 +360,8 @@ async def test_jobs_left_pending_by_a_worker_killed_mid_submission_are_neither_l
             client = batch_client(upstream)
             batch = await client.submit(lines, endpoint=ENDPOINTS["chat"], metadata={SUBMISSION: token})
             # ended by the time it is looked for (an Anthropic batch can be recognised only then)
-            while not batch.ended:
-                await asyncio.sleep(0.05)
-                batch = await client.retrieve(batch.id)
+            batch = await eventually(lambda: client.retrieve(batch.id), "the batch ends",
+                                     until=lambda batch: batch.ended, every_s=0.05)
     # When a worker claims them
     async with running_worker(queue, config):
         finished = await wait_final(queue, ids)
@@ -455,11 +449,8 @@ async def test_a_batch_all_of_whose_jobs_were_cancelled_is_cancelled_at_the_prov
             for job_id in ids:
                 assert await queue.cancel(job_id)
             # Then the batch is cancelled at the provider, and its files deleted once it ended
-            for _ in range(250):
-                if batches_seen(sim)["ended"]:
-                    break
-                await asyncio.sleep(0.04)
-            assert batches_seen(sim)["ended"] == {"cancelled": 1}
+            ended = await eventually(lambda: batches_seen(sim)["ended"], "the batch ends at the provider")
+            assert ended == {"cancelled": 1}
             await until_deleted(provider, files)
         seen = batches_seen(sim)
     jobs = [await queue.get(job_id) for job_id in ids]
@@ -478,12 +469,8 @@ async def test_a_worker_stopped_while_it_gathers_gives_the_jobs_back_unsubmitted
     ids = await bulk_jobs(queue, 3)
     # Given a worker gathering the jobs for a batch it would submit only in a minute
     async with running_worker(queue, slow.model_copy(update={"providers": providers})):
-        for _ in range(500):
-            if (await queue.stats()).in_flight == 3:
-                break
-            await asyncio.sleep(0.02)
-        else:
-            raise AssertionError("the worker never held the three jobs")
+        await eventually(queue.stats, "the worker holds the three jobs",
+                         until=lambda stats: stats.in_flight == 3)
     # When it stops, they are back in the queue, their attempts given back, nothing submitted
     jobs = [await queue.get(job_id) for job_id in ids]
     assert all(job is not None and job.state is JobState.QUEUED and job.attempts == 0 for job in jobs), jobs

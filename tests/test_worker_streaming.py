@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final
+from support.dispatch import chat, queue_url_of, running_worker, sim_config, wait_final
 from tidegate.coord.relay import ChunkRelay, relay_for
 from tidegate.jobs import JobState
 from tidegate.queue import Queue

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fault_support import MARGIN_S, tidegate
+from support.faults import MARGIN_S, tidegate
+from support.waiting import eventually
 from tidegate.queue import Queue
 
 
@@ -33,10 +34,7 @@ async def test_a_stopped_gateway_answers_a_call_that_outlives_its_grace_with_503
             call = asyncio.create_task(http.post("/v1/chat/completions", json={
                 "model": "auto", "messages": [{"role": "user", "content": "hello"}]}))
             async with Queue.from_url(url, maintenance_interval_s=None) as queue:
-                for _ in range(500):
-                    if (await queue.stats()).depth:
-                        break
-                    await asyncio.sleep(0.02)
+                await eventually(queue.stats, "the call's job is queued", until=lambda stats: stats.depth > 0)
             # When the gateway is stopped
             stopped = time.monotonic()
             gateway.send(sig)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of
-from fault_support import provider_config, tidegate
+from support.dispatch import chat, queue_url_of
+from support.faults import provider_config, tidegate
 from support.processes import Process
 from tidegate.jobs import JobState
 from tidegate.queue import Queue

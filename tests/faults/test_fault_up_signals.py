@@ -16,8 +16,9 @@ import httpx
 import openai
 import pytest
 
-from fault_support import MARGIN_S, Up, tidegate, up_ready
+from support.faults import MARGIN_S, Up, tidegate, up_ready
 from support.processes import Process
+from support.waiting import eventually
 from tidegate.jobs import JobState
 from tidegate.queue import Queue
 
@@ -31,12 +32,11 @@ async def _simulator(up: Up, http: httpx.AsyncClient, latency_ms: int) -> None:
 
 
 async def _received(up: Up, http: httpx.AsyncClient, count: int) -> None:
-    for _ in range(1000):
+    async def received() -> int:
         stats = (await http.get(f"{up.sim_url}/_sim/stats")).json()
-        if sum(model["received"] for model in stats["models"].values()) >= count:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"the simulator did not receive {count} calls")
+        return sum(model["received"] for model in stats["models"].values())
+
+    await eventually(received, f"the simulator has received {count} calls", until=lambda n: n >= count)
 
 
 async def _submit(up: Up, http: httpx.AsyncClient) -> str:

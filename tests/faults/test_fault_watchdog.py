@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 
-from fault_support import ROOT
+from support.faults import ROOT
 
 HANGS_ON_STOP = textwrap.dedent("""
     import asyncio

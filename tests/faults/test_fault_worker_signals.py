@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, wait_received
-from fault_support import MARGIN_S, provider_config, tidegate
+from support.dispatch import chat, queue_url_of, wait_received
+from support.faults import MARGIN_S, provider_config, tidegate
 from tidegate.jobs import JobState
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import SimulatorSettings

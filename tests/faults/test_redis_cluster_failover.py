@@ -12,7 +12,6 @@ takes writes again."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -20,6 +19,7 @@ from typing import TypeVar
 import pytest
 
 from support.redis_cluster import RedisCluster, running_cluster
+from support.waiting import eventually
 from tidegate import Job, JobState, LeaseLost, Queue, QueueUnavailable
 from tidegate._redis import key_prefix
 
@@ -40,20 +40,24 @@ def cluster(tmp_path: Path) -> Iterator[RedisCluster]:
         yield started
 
 
+class _NotYet(Exception):
+    """The queue refused while the cluster recovers: the call is made again."""
+
+
 async def _until_served(call: Callable[[], Awaitable[T]], *, refused_for: str = "") -> T:
     """`call()` again until the queue serves it: what a caller does across a failover (the
     first calls meet the dead node or the cluster still electing). A refusal whose message
     holds `refused_for` is raised at once: it is the answer the caller waits for."""
-    give_up = time.monotonic() + RECOVERY_S
-    while True:
+    async def answer() -> T:
         try:
             return await call()
         except QueueUnavailable as exc:
             if refused_for and refused_for in str(exc):
                 raise
-            if time.monotonic() > give_up:
-                raise
-            await asyncio.sleep(0.1)
+            raise _NotYet(str(exc)) from exc
+
+    return await eventually(answer, "the queue serves the call", until=lambda _: True, timeout_s=RECOVERY_S,
+                            every_s=0.1, ignoring=(_NotYet,))
 
 
 async def test_no_acknowledged_job_is_lost_when_the_queues_master_fails_over(cluster: RedisCluster) -> None:

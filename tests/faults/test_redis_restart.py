@@ -24,6 +24,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.cluster import start_gateway, start_worker, write_config
+from support.redis_keys import redis_client
+from support.waiting import eventually, eventually_sync
 from test_sync_pipeline import _shop_matches
 from tidegate._redis import RECONNECT_REGISTRY
 from tidegate.app.sync import supervise_sync
@@ -78,17 +80,21 @@ class RestartableRedis:
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              *persistence, "--dir", str(self.folder)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        give_up = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis(port=self.port, socket_connect_timeout=0.5) as client:
-                    if int(client.info("server")["process_id"]) != self.process.pid:
-                        pytest.fail(f"port {self.port} is answered by another redis-server", pytrace=False)
-                    return
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > give_up or self.process.poll() is not None:
-                    pytest.fail("the test's own redis-server did not start", pytrace=False)
-                time.sleep(0.02)
+        process = self.process
+
+        def answering_pid() -> int:
+            if process.poll() is not None:
+                pytest.fail("the test's own redis-server exited", pytrace=False)
+            with redis.Redis(port=self.port, socket_connect_timeout=0.5) as client:
+                return int(client.info("server")["process_id"])
+
+        try:
+            pid = eventually_sync(answering_pid, "the test's own redis-server answers", timeout_s=10,
+                                  ignoring=(redis.exceptions.ConnectionError,))
+        except AssertionError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        if pid != process.pid:
+            pytest.fail(f"port {self.port} is answered by another redis-server", pytrace=False)
 
     def kill(self) -> None:
         """SIGKILL, as a crash or an OOM kill does: nothing is flushed, no client is told."""
@@ -135,10 +141,25 @@ def reconnects(component: str) -> float:
 
 
 async def eventually_more(component: str, than: float, timeout_s: float = 10.0) -> None:
-    give_up = time.monotonic() + timeout_s
-    while reconnects(component) <= than:
-        assert time.monotonic() < give_up, f"{component} did not count a reconnection"
-        await asyncio.sleep(0.02)
+    await eventually(lambda: reconnects(component), f"{component} counts a reconnection",
+                     until=lambda count: count > than, timeout_s=timeout_s)
+
+
+async def listening(queue: Queue, server: RestartableRedis) -> None:
+    """Until Redis counts a subscriber of the queue's job-done channel: its listener stands."""
+    channel = queue._done_channel  # type: ignore[attr-defined]
+    client = redis_client(server.url)
+    try:
+        await eventually(lambda: client.pubsub_numsub(channel), "the job-done listener has subscribed",
+                         until=lambda counts: counts[0][1] >= 1)
+    finally:
+        await client.aclose()
+
+
+async def listener_lost(caplog: pytest.LogCaptureFixture) -> None:
+    """Until the queue's listener has noticed that its connection is gone (it logs so)."""
+    await eventually(lambda: "queue lost its Redis connection" in caplog.text,
+                     "the listener notices the loss")
 
 
 # ---------------------------------------------------------------------- the queue
@@ -152,7 +173,7 @@ async def test_a_wait_in_flight_across_a_restart_returns_as_soon_as_its_job_comp
         # Given a caller waiting for a job, its listener subscribed
         job_id = await queue.enqueue({"n": 1})
         waiting = asyncio.create_task(queue.wait(job_id, timeout_s=30))
-        await asyncio.sleep(0.3)
+        await listening(queue, durable_redis)
         assert not waiting.done()
 
         # When Redis restarts, and only then the job is claimed and completed
@@ -170,7 +191,7 @@ async def test_a_wait_in_flight_across_a_restart_returns_as_soon_as_its_job_comp
 
 
 async def test_a_job_finished_while_the_listener_was_down_still_ends_its_wait_promptly(
-    durable_redis: RestartableRedis,
+    durable_redis: RestartableRedis, caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Its announcement went to a listener that was not subscribed: every waiter re-reads its job
     # once the listener has subscribed again.
@@ -180,10 +201,10 @@ async def test_a_job_finished_while_the_listener_was_down_still_ends_its_wait_pr
     ):
         job_id = await queue.enqueue({"n": 1})
         waiting = asyncio.create_task(queue.wait(job_id, timeout_s=30))
-        await asyncio.sleep(0.3)
+        await listening(queue, durable_redis)
         # Given the waiting side loses its connection (its server is gone) ...
         await asyncio.to_thread(durable_redis.kill)
-        await asyncio.sleep(0.3)
+        await listener_lost(caplog)
         # ... and the job completes on the restarted server before the listener is back
         await asyncio.to_thread(durable_redis.start)
         [job] = await worker_side.claim("w1", limit=1, lease_s=30, timeout_s=5)
@@ -195,13 +216,15 @@ async def test_a_job_finished_while_the_listener_was_down_still_ends_its_wait_pr
         assert time.monotonic() - completed_at < PROMPT_S
 
 
-async def test_closing_a_queue_whose_redis_is_down_is_bounded(durable_redis: RestartableRedis) -> None:
+async def test_closing_a_queue_whose_redis_is_down_is_bounded(
+    durable_redis: RestartableRedis, caplog: pytest.LogCaptureFixture,
+) -> None:
     queue = await Queue.from_url(f"{durable_redis.url}?name=q", maintenance_interval_s=None).open()
     job_id = await queue.enqueue({"n": 1})
     waiting = asyncio.create_task(queue.wait(job_id, timeout_s=1))
-    await asyncio.sleep(0.2)
+    await listening(queue, durable_redis)
     await asyncio.to_thread(durable_redis.kill)
-    await asyncio.sleep(0.5)  # the listener is in its reconnect loop now
+    await listener_lost(caplog)  # the listener is in its reconnect loop now
     started = time.monotonic()
     await asyncio.wait_for(queue.close(), 5)
     assert time.monotonic() - started < PROMPT_S

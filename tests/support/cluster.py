@@ -13,12 +13,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from support.waiting import eventually
 from tidegate.config import default_models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,15 +88,17 @@ def _spawn(name: str, args: list[str], log_dir: Path) -> TidegateProcess:
     return TidegateProcess(name, proc, log_path)
 
 
-async def _until(process: TidegateProcess, what: str, deadline: float) -> None:
-    """Wait a moment for `what`; fail with the process's log when it has exited or the deadline
-    (on the monotonic clock) has passed."""
-    if process.proc.poll() is not None:
-        raise AssertionError(f"{process.name} exited before {what}\n{process.describe()}")
-    if time.monotonic() > deadline:
-        raise AssertionError(f"{process.name}: no {what} within {START_TIMEOUT_S:.0f}s\n"
-                             f"{process.describe()}")
-    await asyncio.sleep(0.05)
+async def _until(process: TidegateProcess, what: str, check: Callable[[], Awaitable[bool]]) -> None:
+    """Until `check` holds; fail with the process's log when it has exited first or
+    START_TIMEOUT_S has passed."""
+
+    async def holds() -> bool:
+        if process.proc.poll() is not None:
+            raise AssertionError(f"{process.name} exited before {what}\n{process.describe()}")
+        return await check()
+
+    await eventually(holds, f"{process.name} shows {what}", timeout_s=START_TIMEOUT_S, every_s=0.05,
+                     describe=lambda _: process.describe())
 
 
 async def start_gateway(name: str, queue_url: str, config: Path, log_dir: Path) -> GatewayProcess:
@@ -103,19 +106,24 @@ async def start_gateway(name: str, queue_url: str, config: Path, log_dir: Path) 
     started = _spawn(name, ["gateway", "--queue", queue_url, "--config", str(config), "--port", "0"],
                      log_dir)
     gateway = GatewayProcess(started.name, started.proc, started.log_path)
-    deadline = time.monotonic() + START_TIMEOUT_S
     try:
-        while not (match := _LISTENING.search(gateway.log())):
-            await _until(gateway, "listening socket", deadline)
+        async def listening() -> bool:
+            return _LISTENING.search(gateway.log()) is not None
+
+        await _until(gateway, "a listening socket", listening)
+        match = _LISTENING.search(gateway.log())
+        assert match is not None
         gateway.url = match[1]
         async with httpx.AsyncClient(base_url=gateway.url, timeout=2.0) as http:
-            while True:
+
+            async def ready() -> bool:
                 try:
-                    if (await http.get("/readyz")).status_code == 200:
-                        return gateway
+                    return (await http.get("/readyz")).status_code == 200
                 except httpx.TransportError:
-                    pass
-                await _until(gateway, "200 from /readyz", deadline)
+                    return False
+
+            await _until(gateway, "a 200 from /readyz", ready)
+            return gateway
     except BaseException:
         await gateway.stop(signal.SIGKILL)
         raise
@@ -126,10 +134,11 @@ async def start_worker(name: str, queue_url: str, config: Path, log_dir: Path,
     """`tidegate worker --worker-id NAME`; returns once it logs that it serves the queue."""
     worker = _spawn(name, ["worker", "--queue", queue_url, "--config", str(config),
                            "--worker-id", name, *options], log_dir)
-    deadline = time.monotonic() + START_TIMEOUT_S
+    async def serving() -> bool:
+        return f"worker {name} serving" in worker.log()
+
     try:
-        while f"worker {name} serving" not in worker.log():
-            await _until(worker, "'serving' line", deadline)
+        await _until(worker, "a 'serving' line", serving)
     except BaseException:
         await worker.stop(signal.SIGKILL)
         raise

@@ -7,12 +7,13 @@ import contextlib
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from support.waiting import eventually_sync
 
 PASSWORD = "s3cret"
 
@@ -40,17 +41,19 @@ def own_redis_server(folder: Path) -> Iterator[OwnRedis]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
     )
     try:
-        give_up = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis(port=port, password=PASSWORD, socket_connect_timeout=0.5) as client:
-                    if int(client.info("server")["process_id"]) != process.pid:
-                        pytest.fail(f"port {port} is answered by another redis-server", pytrace=False)
-                break
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > give_up or process.poll() is not None:
-                    pytest.fail("the test's own redis-server did not start", pytrace=False)
-                time.sleep(0.05)
+        def answering_pid() -> int:
+            if process.poll() is not None:
+                pytest.fail("the test's own redis-server exited", pytrace=False)
+            with redis.Redis(port=port, password=PASSWORD, socket_connect_timeout=0.5) as client:
+                return int(client.info("server")["process_id"])
+
+        try:
+            pid = eventually_sync(answering_pid, "the test's own redis-server answers", timeout_s=10,
+                                  every_s=0.05, ignoring=(redis.exceptions.ConnectionError,))
+        except AssertionError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        if pid != process.pid:
+            pytest.fail(f"port {port} is answered by another redis-server", pytrace=False)
         yield OwnRedis(f"redis://:{PASSWORD}@127.0.0.1:{port}/0", process)
     finally:
         process.terminate()

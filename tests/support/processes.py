@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from support.waiting import eventually
+
 # The source tree's tidegate, as the test venv's interpreter imports it (the editable install).
 PYTHON_M_TIDEGATE = (sys.executable, "-m", "tidegate")
 
@@ -39,14 +41,16 @@ class Process:
 
     async def printed(self, text: str, timeout_s: float = 30.0) -> float:
         """Wait until `text` appears in the output; returns when (time.monotonic)."""
-        deadline = time.monotonic() + timeout_s
-        while text not in self.output:
+        def printed() -> bool:
+            if text in self.output:
+                return True
             if self.proc.returncode is not None and all(reader.done() for reader in self.readers):
                 raise AssertionError(f"the process exited ({self.proc.returncode}) before printing "
                                      f"{text!r}:\n{self.output}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{text!r} not printed within {timeout_s}s:\n{self.output}")
-            await asyncio.sleep(0.01)
+            return False
+
+        await eventually(printed, f"{text!r} is printed", timeout_s=timeout_s, every_s=0.01,
+                         describe=lambda _: self.output)
         return time.monotonic()
 
     def send(self, sig: signal.Signals) -> None:

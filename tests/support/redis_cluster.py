@@ -18,11 +18,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from support.waiting import eventually_sync
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -100,38 +101,33 @@ class RedisCluster:
     def await_replica(self, node: ClusterNode, master: ClusterNode,
                       timeout_s: float = START_TIMEOUT_S) -> None:
         """Wait until `node` replicates `master` and is in sync with it."""
-        give_up = time.monotonic() + timeout_s
-        last = "no answer yet"
-        while time.monotonic() < give_up:
-            try:
-                with _client(node.port) as client:
-                    info = client.info("replication")
-                synced = info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
-                if info["role"] == "slave" and info.get("master_port") == master.port and synced:
-                    return
-                last = f"role {info['role']}, master port {info.get('master_port')}"
-            except Exception as exc:  # the node may still be loading; asked again below
-                last = f"{type(exc).__name__}: {exc}"
-            time.sleep(0.1)
-        raise AssertionError(f"{node.address} did not become {master.address}'s replica within {timeout_s}s "
-                             f"({last})\n" + self.describe())
+        def replication() -> dict[str, Any]:
+            with _client(node.port) as client:
+                return dict(client.info("replication"))
+
+        def in_sync(info: dict[str, Any]) -> bool:
+            synced = info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
+            return info["role"] == "slave" and info.get("master_port") == master.port and synced
+
+        eventually_sync(replication, f"{node.address} is {master.address}'s replica, in sync", until=in_sync,
+                        timeout_s=timeout_s, every_s=0.1,
+                        ignoring=(Exception,),  # the node may still be loading
+                        describe=lambda info: f"role {info['role']}, master port {info.get('master_port')}\n"
+                        + self.describe())
 
     def await_promotion(self, key: str, dead: ClusterNode, timeout_s: float = START_TIMEOUT_S) -> ClusterNode:
         """Wait until a replica of `dead` serves `key`'s slot and every surviving node reports
         `cluster_state:ok`; returns the new master."""
-        give_up = time.monotonic() + timeout_s
-        last = "no answer yet"
-        while time.monotonic() < give_up:
-            try:
-                master = self.master_of(key)
-                if master is not dead and all(_state_ok(node.port) for node in self.alive()):
-                    return master
-                last = f"slot still served by {master.address}"
-            except Exception as exc:  # a node answering mid-failover; asked again below
-                last = f"{type(exc).__name__}: {exc}"
-            time.sleep(0.1)
-        raise AssertionError(f"no replica took over from {dead.address} within {timeout_s}s ({last})\n"
-                             + self.describe())
+        def promoted() -> ClusterNode | None:
+            master = self.master_of(key)
+            settled = master is not dead and all(_state_ok(node.port) for node in self.alive())
+            return master if settled else None
+
+        master = eventually_sync(promoted, f"a replica takes over from {dead.address}", timeout_s=timeout_s,
+                                 every_s=0.1, ignoring=(Exception,),  # a node answering mid-failover
+                                 describe=lambda _: self.describe())
+        assert master is not None
+        return master
 
     def describe(self) -> str:
         """Every node's log, for a failure message."""
@@ -222,20 +218,19 @@ def _await_ping(node: ClusterNode) -> None:
     """Until *our* process answers on the node's port."""
     import redis
 
-    give_up = time.monotonic() + START_TIMEOUT_S
-    while True:
+    def answering_pid() -> int:
         if node.process.poll() is not None:
             raise ClusterUnavailable(f"redis-server on {node.address} exited:\n{node.log()}")
-        try:
-            with _client(node.port) as client:
-                pid = int(client.info("server")["process_id"])
-            if pid != node.process.pid:
-                raise ClusterUnavailable(f"{node.address} is answered by another redis-server (pid {pid})")
-            return
-        except redis.RedisError as exc:
-            if time.monotonic() > give_up:
-                raise ClusterUnavailable(f"{node.address} did not answer PING: {exc}") from exc
-            time.sleep(0.05)
+        with _client(node.port) as client:
+            return int(client.info("server")["process_id"])
+
+    try:
+        pid = eventually_sync(answering_pid, f"{node.address} answers", timeout_s=START_TIMEOUT_S,
+                              every_s=0.05, ignoring=(redis.RedisError,))
+    except AssertionError as exc:
+        raise ClusterUnavailable(str(exc)) from exc
+    if pid != node.process.pid:
+        raise ClusterUnavailable(f"{node.address} is answered by another redis-server (pid {pid})")
 
 
 def _state_ok(port: int) -> bool:
@@ -248,18 +243,13 @@ def _await_formed(cluster: RedisCluster, masters: int, replicas: int) -> None:
     replicas) every replica's link to its master is up and caught up."""
     import redis
 
-    give_up = time.monotonic() + START_TIMEOUT_S
-    last = "no answer yet"
-    while time.monotonic() < give_up:
-        try:
-            if _formed(cluster, masters, replicas):
-                return
-            last = "nodes still disagree or replicas are syncing"
-        except redis.RedisError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        time.sleep(0.1)
-    raise ClusterUnavailable(f"the cluster did not form within {START_TIMEOUT_S}s ({last})\n"
-                             + cluster.describe())
+    try:
+        eventually_sync(lambda: _formed(cluster, masters, replicas),
+                        "the nodes agree on the slots and the replicas are in sync",
+                        timeout_s=START_TIMEOUT_S, every_s=0.1, ignoring=(redis.RedisError,),
+                        describe=lambda _: cluster.describe())
+    except AssertionError as exc:
+        raise ClusterUnavailable(str(exc)) from exc
 
 
 def _formed(cluster: RedisCluster, masters: int, replicas: int) -> bool:

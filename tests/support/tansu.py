@@ -21,12 +21,13 @@ import shutil
 import socket
 import stat
 import subprocess
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from support.waiting import eventually_sync
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
@@ -119,19 +120,19 @@ async def _answers_metadata(bootstrap: str) -> str | None:
 
 def _wait_ready(broker: TansuBroker) -> str | None:
     """None once the broker is ready, else the reason it is not."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    problem = "no answer yet"
-    while time.monotonic() < deadline:
+    def problem() -> str | None:
+        """None once the broker answers, else what stands in the way."""
         if broker.proc.poll() is not None:
             return f"tansu exited with code {broker.proc.returncode}"
         # In a thread of its own: the fixture may be set up while the test's event loop runs.
         with ThreadPoolExecutor(max_workers=1) as pool:
-            answer = pool.submit(lambda: asyncio.run(_answers_metadata(broker.bootstrap_servers))).result()
-        if answer is None:
-            return None
-        problem = answer
-        time.sleep(0.1)
-    return f"no metadata answer within {START_TIMEOUT_S:.0f}s ({problem})"
+            return pool.submit(lambda: asyncio.run(_answers_metadata(broker.bootstrap_servers))).result()
+
+    try:
+        return eventually_sync(problem, "tansu answers a metadata request", timeout_s=START_TIMEOUT_S,
+                               every_s=0.1, until=lambda found: found is None or "exited" in found)
+    except AssertionError as exc:
+        return str(exc)
 
 
 def start_broker(workdir: Path) -> TansuBroker:

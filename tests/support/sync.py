@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg2  # type: ignore[import-untyped]
 
+from support.waiting import eventually
 from tidegate.sync.contracts import EntityCache
 from tidegate.sync.pipeline import Pipeline
 from tidegate.sync.values import JsonValue, canonical, checksum
@@ -79,32 +79,21 @@ async def cached_checksums(cache: EntityCache, entity_type: str) -> dict[str, st
 async def wait_until_equal(read_source: Callable[[], Awaitable[dict[str, str]]],
                            read_cache: Callable[[], Awaitable[dict[str, str]]],
                            timeout_s: float = 30.0) -> dict[str, str]:
-    """Poll (this is a test waiting for another process) until the cache's checksums equal the
+    """Wait (the cache is filled by another process) until the cache's checksums equal the
     source's; on timeout, fail naming what differs."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        expected, actual = await read_source(), await read_cache()
-        if expected == actual:
-            return actual
-        if time.monotonic() > deadline:
-            missing = sorted(set(expected) - set(actual))[:5]
-            extra = sorted(set(actual) - set(expected))[:5]
-            differ = sorted(k for k in set(expected) & set(actual) if expected[k] != actual[k])[:5]
-            raise AssertionError(f"cache never matched the source: {len(expected)} rows vs {len(actual)} "
-                                 f"cached; missing {missing}, extra {extra}, different {differ}")
-        await asyncio.sleep(0.1)
+
+    async def both() -> tuple[dict[str, str], dict[str, str]]:
+        return await read_source(), await read_cache()
+
+    _, actual = await eventually(both, "the cache matches the source", until=lambda pair: pair[0] == pair[1],
+                                 timeout_s=timeout_s, every_s=0.1, describe=_difference)
+    return actual
 
 
-async def eventually(check: Callable[[], Awaitable[bool] | bool], what: str, timeout_s: float = 10.0) -> None:
-    """Poll `check` until it holds (the state lives in another task or process); fail naming
-    `what` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.02)
+def _difference(pair: tuple[dict[str, str], dict[str, str]]) -> str:
+    expected, actual = pair
+    missing = sorted(set(expected) - set(actual))[:5]
+    extra = sorted(set(actual) - set(expected))[:5]
+    differ = sorted(k for k in set(expected) & set(actual) if expected[k] != actual[k])[:5]
+    return (f"{len(expected)} rows vs {len(actual)} cached; missing {missing}, extra {extra}, "
+            f"different {differ}")

@@ -17,7 +17,8 @@ import uvicorn
 from openai import AsyncOpenAI
 
 from conftest import QueueFactory, factory_for
-from dispatch_support import queue_url_of, running_worker, sim_config
+from support.dispatch import queue_url_of, running_worker, sim_config
+from support.waiting import eventually
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, legacy_models
 from tidegate.coord.relay import ChunkRelay, relay_for
@@ -104,11 +105,14 @@ async def serving(state: GatewayState) -> AsyncIterator[str]:
     server = _Server(uvicorn.Config(create_app(state), lifespan="off", log_level="warning",
                                     **UVICORN_OPTIONS))
     task = asyncio.create_task(server.serve(sockets=[sock]))
+
+    def started() -> bool:
+        if task.done():
+            task.result()  # the server failed to start: raise its error
+        return server.started
+
     try:
-        while not server.started:
-            if task.done():
-                task.result()  # the server failed to start: raise its error
-            await asyncio.sleep(0.005)
+        await eventually(started, "uvicorn serves the gateway", every_s=0.005)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True

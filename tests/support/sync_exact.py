@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg2  # type: ignore[import-untyped]
 
+from support.waiting import eventually
 from tidegate.sync.changes import entity_id_of
 from tidegate.sync.contracts import EntityCache
 from tidegate.sync.values import JsonValue, canonical, checksum
@@ -80,13 +80,12 @@ async def wait_until_exact(dsn: str, table: str, cache: EntityCache, entity_type
                            timeout_s: float = 30.0) -> dict[str, Any]:
     """Poll (the cache follows in another task or process) until the cache holds exactly the
     table's rows, every column equal; returns them."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        expected = await asyncio.to_thread(database_rows, dsn, table)
-        actual = await cached_rows(cache, entity_type or table)
-        if expected == actual:
-            return actual
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the cache of {table} never equalled the database: "
-                                 + describe_difference(expected, actual))
-        await asyncio.sleep(0.1)
+
+    async def both() -> tuple[dict[str, Any], dict[str, Any]]:
+        return (await asyncio.to_thread(database_rows, dsn, table),
+                await cached_rows(cache, entity_type or table))
+
+    _, actual = await eventually(both, f"the cache of {table} equals the database",
+                                 until=lambda pair: pair[0] == pair[1], timeout_s=timeout_s, every_s=0.1,
+                                 describe=lambda pair: describe_difference(*pair))
+    return actual

@@ -3,7 +3,6 @@ deadline to its own batch API, such jobs, and a gateway whose in-process worker 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,11 +10,13 @@ from typing import Any
 import httpx
 
 from conftest import QueueFactory
-from dispatch_support import chat, queue_url_of, running_worker, sim_config
-from gateway_support import Gateway, add_tenants, serving
+from support.dispatch import chat, queue_url_of, running_worker, sim_config
+from support.gateway import Gateway, add_tenants, serving
+from support.waiting import eventually
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import BudgetConfig, ProviderBatchConfig, TidegateConfig
 from tidegate.dispatch.worker import WorkerSettings
+from tidegate.jobs import Job
 from tidegate.queue import Queue
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import SimulatorSettings
@@ -47,13 +48,11 @@ async def bulk_jobs(queue: Queue, count: int, **options: Any) -> list[str]:
 
 async def waiting_in_a_batch(queue: Queue, ids: list[str]) -> None:
     """Return once every job of `ids` was released to wait in its provider batch."""
-    for _ in range(500):
-        waiting = [await queue.get(job_id) for job_id in ids]
-        if all(job is not None and (job.last_error or "").startswith("waiting in provider batch")
-               for job in waiting):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the jobs never waited in a provider batch")
+    async def jobs() -> list[Job | None]:
+        return [await queue.get(job_id) for job_id in ids]
+
+    await eventually(jobs, "every job waits in a provider batch", until=lambda jobs: all(
+        job is not None and (job.last_error or "").startswith("waiting in provider batch") for job in jobs))
 
 
 @contextlib.asynccontextmanager

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from support.redis_keys import REDIS_BACKENDS
+from support.waiting import eventually
 from tidegate.config import BudgetConfig, ProviderConfig, RoutingConfig, TidegateConfig, default_models
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
@@ -70,13 +71,11 @@ def queue_url_of(factory: Any) -> str:
     return str(factory.url)
 
 
-async def wait_received(sim: Any, count: int, timeout_s: float = 10.0) -> None:
+async def wait_received(sim: Any, count: int, timeout_s: float = 20.0) -> None:
     """Until the simulator has received `count` requests in all."""
-    for _ in range(int(timeout_s / 0.02)):
-        if sum(stats.received for stats in sim.stats().values()) >= count:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"the simulator did not receive {count} requests within {timeout_s}s")
+    await eventually(lambda: sum(stats.received for stats in sim.stats().values()),
+                     f"the simulator has received {count} requests", until=lambda received: received >= count,
+                     timeout_s=timeout_s)
 
 
 async def wait_final(queue: Queue, job_ids: list[str], timeout_s: float = 20.0) -> list[Job]:
