@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from support.redis_keys import REDIS_BACKENDS
+from tidegate.app.components import Given, open_worker_parts
 from tidegate.config import BudgetConfig, ProviderConfig, RoutingConfig, TidegateConfig, default_models
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
@@ -49,12 +50,16 @@ async def running_worker(
     queue: Queue,
     config: TidegateConfig,
     settings: WorkerSettings | None = None,
-    **options: Any,
+    *,
+    metrics: DispatchMetrics | None = None,
+    **given: Any,
 ) -> AsyncIterator[Worker]:
-    """A worker serving `queue` in the background until the block ends (then stopped gracefully)."""
+    """A worker serving `queue` in the background until the block ends (then stopped gracefully),
+    on parts opened as a worker process opens them (`open_worker_parts`); `given` names the parts
+    the test shares with it (relay, tenants, ledger, callbacks, pacing: see `Given`)."""
     settings = settings or WorkerSettings(concurrency=8, lease_s=5.0, claim_wait_s=0.2)
-    options.setdefault("metrics", DispatchMetrics())
-    async with Worker(queue, config, settings, **options) as worker:
+    async with (open_worker_parts(config, queue, Given(**given)) as parts,
+                Worker(parts, config, settings, metrics=metrics or DispatchMetrics()) as worker):
         task = asyncio.create_task(worker.run())
         try:
             yield worker

@@ -18,6 +18,7 @@ from openai import AsyncOpenAI
 
 from conftest import QueueFactory, factory_for
 from dispatch_support import queue_url_of, running_worker, sim_config
+from tidegate.app.components import Given
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, legacy_models
 from tidegate.coord.relay import ChunkRelay, relay_for
@@ -155,8 +156,8 @@ async def open_gateway(
         metrics = DispatchMetrics()
         # A recommender of its own in memory, so the recommendations API serves too.
         state = await stack.enter_async_context(open_gateway_state(
-            config, settings=settings, queue=queue, relay=relay, extra_registries=[metrics.registry],
-            recs_url="memory://"))
+            config, settings=settings, given=Given(queue=queue, relay=relay),
+            extra_registries=[metrics.registry], recs_url="memory://"))
         keys = await add_tenants(state.tenants) if tenants else {}
         if worker:
             worker_relay: ChunkRelay | None = None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tidegate.app.components import Given, open_worker_parts
 from tidegate.app.gateway import open_gateway_state
 from tidegate.app.recs import open_recommendations
 from tidegate.config import (
@@ -192,8 +193,9 @@ async def test_processes_given_no_settings_take_their_sections(sections: Path, t
 
     async with contextlib.AsyncExitStack() as stack:
         queue = await stack.enter_async_context(Queue.from_url(config.queue_url))
-        worker = await stack.enter_async_context(Worker(queue, config))
-        state = await stack.enter_async_context(open_gateway_state(config, queue=queue))
+        parts = await stack.enter_async_context(open_worker_parts(config, queue))
+        worker = await stack.enter_async_context(Worker(parts, config))
+        state = await stack.enter_async_context(open_gateway_state(config, given=Given(queue=queue)))
         recs = await open_recommendations(stack, config, queue=None, cache=None)
 
         assert worker.settings == config.worker

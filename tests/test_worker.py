@@ -13,6 +13,7 @@ from aiohttp import web
 
 from conftest import QueueFactory
 from dispatch_support import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
+from tidegate.app.components import open_worker_parts
 from tidegate.callback_urls import SIGNATURE_HEADER, verify
 from tidegate.config import BudgetConfig, CallbackConfig
 from tidegate.coord.budget import budget_ledger_for
@@ -448,7 +449,9 @@ async def test_a_stop_ends_a_claim_waiting_for_work_at_once(
     # Given an idle worker whose claims wait up to a minute for work
     _, base_url = simulator
     settings = WorkerSettings(concurrency=2, lease_s=5, claim_wait_s=60)
-    async with Worker(queue, sim_config(base_url), settings, metrics=DispatchMetrics()) as worker:
+    config = sim_config(base_url)
+    async with open_worker_parts(config, queue) as parts, \
+            Worker(parts, config, settings, metrics=DispatchMetrics()) as worker:
         run = asyncio.create_task(worker.run())
         await asyncio.sleep(0.3)  # its claim is waiting now
         # When it is asked to stop

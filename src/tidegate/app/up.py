@@ -121,18 +121,16 @@ async def _run(
         # One set of parts for the worker and the gateway: the relay especially, since the worker
         # publishes what the gateway streams.
         parts = await stack.enter_async_context(Components.open(
-            config, limiter=True, batches=True, provider_batches=True, callbacks=True,
-            cache=settings.change_flow, recommender=config.sync.cache_url))
+            config, worker=True, gateway=True, cache=settings.change_flow, recs_url=config.sync.cache_url))
         queue, tenants = parts.queue, parts.tenants
         sync_metrics = SyncMetrics()
         recs = await open_recommendations(stack, config, queue=queue, cache=parts.cache,
                                           recommender=parts.recommender)
         dispatch_metrics = DispatchMetrics()
         worker = await stack.enter_async_context(Worker(
-            queue, config, config.worker.model_copy(update={"concurrency": settings.concurrency,
-                                                            "shutdown_grace_s": settings.shutdown_grace_s}),
-            metrics=dispatch_metrics, ledger=parts.ledger, relay=parts.relay, tenants=tenants,
-            callbacks=parts.callbacks,
+            parts.for_worker(), config, config.worker.model_copy(update={
+                "concurrency": settings.concurrency, "shutdown_grace_s": settings.shutdown_grace_s}),
+            metrics=dispatch_metrics,
         ))
         state = gateway_state(
             parts, settings=config.gateway.model_copy(update={"host": settings.host, "port": settings.port}),
