@@ -22,18 +22,12 @@ from bench.common import BenchmarkError, percentile
 from bench.dispatch_scenario import Scenario
 from bench.dispatch_sim import SimHandle
 from tidegate.app.components import open_worker_parts
-from tidegate.config import (
-    ProviderBatchConfig,
-    ProviderConfig,
-    RoutingConfig,
-    TidegateConfig,
-    WorkerSettings,
-    default_models,
-)
+from tidegate.config import ProviderBatchConfig, ProviderConfig, RoutingConfig, TidegateConfig, WorkerSettings
 from tidegate.costs import micros_to_usd
 from tidegate.dispatch.worker import Worker
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
+from tidegate.simulator.catalogue import default_models
 
 CostRun = Literal["premium", "tiers", "batches"]
 COST_RUNS: tuple[CostRun, ...] = ("premium", "tiers", "batches")

@@ -10,12 +10,13 @@ from typing import Any
 
 from support.redis_keys import REDIS_BACKENDS
 from tidegate.app.components import Given, open_worker_parts
-from tidegate.config import BudgetConfig, ProviderConfig, RoutingConfig, TidegateConfig, default_models
+from tidegate.config import BudgetConfig, ProviderConfig, RoutingConfig, TidegateConfig
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.jobs import Job
 from tidegate.queue import Queue
+from tidegate.simulator.catalogue import default_models
 
 PROVIDER = "sim"
 

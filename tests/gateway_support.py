@@ -20,7 +20,7 @@ from conftest import QueueFactory, factory_for
 from dispatch_support import queue_url_of, running_worker, sim_config
 from tidegate.app.components import Given
 from tidegate.app.gateway import open_gateway_state
-from tidegate.config import TidegateConfig, legacy_models
+from tidegate.config import TidegateConfig
 from tidegate.coord.relay import ChunkRelay, relay_for
 from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.metrics import DispatchMetrics
@@ -31,6 +31,7 @@ from tidegate.gateway.settings import GatewaySettings
 from tidegate.gateway.state import GatewayState
 from tidegate.jobs import Priority
 from tidegate.queue import Queue
+from tidegate.simulator.catalogue import legacy_models
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import SimulatorSettings
 

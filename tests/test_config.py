@@ -24,7 +24,6 @@ from tidegate.dispatch.worker import Worker
 from tidegate.errors import ConfigError
 from tidegate.jobs import Priority
 from tidegate.queue import Queue
-from tidegate.simulator.settings import SimulatorSettings
 
 SECTIONS = """
 [worker]
@@ -218,13 +217,3 @@ def test_a_provider_names_the_client_apis_it_serves_natively(config_file: Path) 
                            'api = "anthropic"\nnative_apis = ["responses"]\n')
     with pytest.raises(ConfigError, match="native_apis"):
         TidegateConfig.load()
-
-
-def test_the_simulated_provider_offers_what_the_simulator_serves() -> None:
-    served = SimulatorSettings().served_models()
-    config = TidegateConfig(queue_url="sqlite:///unused.db").with_simulator("http://127.0.0.1:1/v1")
-
-    [provider] = config.providers
-    assert {model.name: model.kind for model in provider.models} == {
-        name: model.kind for name, model in served.items()}
-    assert {model.kind for model in provider.models} == {"chat", "embeddings", "completion", "moderation"}

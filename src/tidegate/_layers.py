@@ -20,6 +20,9 @@ the layer of its highest part, so that every import still points down. OpenAI's 
 APIs are a surface of the gateway, and their store is read by the gateway alone (the composition
 roots open it), so all of it is `gateway/batches/`, the store in `gateway/batches/store/`; `coord`
 keeps only the state the gateway and the workers share.
+
+The product never imports its development tools: the simulator and the demo sit above every
+product layer, so nothing below `app` may import them (tests/test_layers.py says so by name).
 """
 
 from __future__ import annotations
@@ -52,11 +55,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__",),  # 3. the public facade: `from tidegate import Queue, Job, …`
     ("coord",),  # 4. tenants and keys, rate limiter, budget ledger, relay
     ("providers",),  # 5. the upstream client and its adapters
-    ("simulator",),  # 6. the simulated provider (a tool the demo, tests and benchmarks call)
-    ("dispatch",),  # 7. workers: route, pace, budget, retry, dead-letter
-    ("sync",),  # 8. the change flow
-    ("recs",),  # 9. recommendations fed by the change flow
-    ("gateway",),  # 10. the HTTP API
+    ("dispatch",),  # 6. workers: route, pace, budget, retry, dead-letter
+    ("sync",),  # 7. the change flow
+    ("recs",),  # 8. recommendations fed by the change flow
+    ("gateway",),  # 9. the HTTP API
+    # 10. the simulated provider: a development tool above the whole product, which knows
+    # nothing of it; the composition roots that start one (app, demo, cli) inject its config.
+    ("simulator",),
     ("app",),  # 11. composition roots: open the parts of a process and wire them
     ("demo",),  # 12. `tidegate demo` and its shop
     ("cli",),  # 13. the command line

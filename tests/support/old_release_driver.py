@@ -41,7 +41,6 @@ from tidegate.config import (
     SyncConfig,
     TidegateConfig,
     WorkerSettings,
-    default_models,
 )
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.provider_batches import provider_batch_store_for
@@ -50,6 +49,13 @@ from tidegate.dispatch.worker import Worker
 from tidegate.gateway.app import create_app
 from tidegate.jobs import Job, Priority
 from tidegate.queue import Queue
+
+# The tests of this release import this module too (its models, tenants and records): the price
+# table lives with the simulator since v0.1.0, where it was in tidegate.config.
+try:
+    from tidegate.simulator.catalogue import default_models
+except ImportError:
+    from tidegate.config import default_models
 
 GATEWAY = "http://old-gateway.invalid"  # an in-process ASGI app: never resolved
 FAST_MODEL = "deepseek-v3.2"

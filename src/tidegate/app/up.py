@@ -47,6 +47,7 @@ from tidegate.gateway.app import create_app
 from tidegate.gateway.batches.sweep import sweeping
 from tidegate.gateway.http_server import UVICORN_OPTIONS
 from tidegate.gateway.state import GatewayState
+from tidegate.simulator.catalogue import with_simulator
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import ServedModel, SimulatorSettings
 from tidegate.sync.metrics import SyncMetrics
@@ -117,7 +118,7 @@ async def _run(
         if not config.providers:
             simulator = Simulator(simulator_settings)
             simulator_url = await enter_bounded(stack, simulator.running(), "the simulator")
-            config = with_simulator_limits(config.with_simulator(simulator_url), simulator.settings)
+            config = with_simulator_limits(with_simulator(config, simulator_url), simulator.settings)
         # One set of parts for the worker and the gateway: the relay especially, since the worker
         # publishes what the gateway streams.
         parts = await stack.enter_async_context(Components.open(
