@@ -219,7 +219,7 @@ def _check_routable(state: GatewayState, request: AIRequest, priority: Priority)
                        param=failure.get("param")) from None
 
 
-def draft_job(
+def draft_job(  # noqa: PLR0913 (outstanding, issue 27)
     state: GatewayState,
     tenant: Tenant,
     request: AIRequest,
