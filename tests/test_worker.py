@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from decimal import Decimal
 
 import orjson
@@ -458,3 +459,16 @@ async def test_a_stop_ends_a_claim_waiting_for_work_at_once(
         worker.request_stop()
         # Then run() returns without waiting out the claim (10 s: far below its 60 s wait)
         await asyncio.wait_for(run, 10)
+
+
+async def test_a_worker_refuses_parts_that_miss_what_its_config_needs(queue: Queue) -> None:
+    # Given a config with a provider and a daily budget, and parts with neither a pool nor a ledger
+    config = sim_config("http://127.0.0.1:9/v1", budgets=BudgetConfig(global_daily_usd=Decimal("1")))
+    async with open_worker_parts(config, queue) as parts:
+        # When a worker is made on parts without the provider's pool, or without a ledger
+        # Then it refuses at once, naming what is missing, rather than fail every job later
+        with pytest.raises(ValueError, match="no upstream client for provider"):
+            Worker(replace(parts, upstreams={}), config)
+        with pytest.raises(ValueError, match="budget ledger"):
+            Worker(replace(parts, ledger=None), config)
+        assert Worker(parts, config).queue is queue
