@@ -21,18 +21,13 @@ from typing import Literal
 from bench.common import BenchmarkError, percentile
 from bench.dispatch_scenario import Scenario
 from bench.dispatch_sim import SimHandle
-from tidegate.config import (
-    ProviderBatchConfig,
-    ProviderConfig,
-    RoutingConfig,
-    TidegateConfig,
-    WorkerSettings,
-    default_models,
-)
+from tidegate.app.components import open_worker_parts
+from tidegate.config import ProviderBatchConfig, ProviderConfig, RoutingConfig, TidegateConfig, WorkerSettings
 from tidegate.costs import micros_to_usd
 from tidegate.dispatch.worker import Worker
 from tidegate.jobs import Job, JobState, Priority
 from tidegate.queue import Queue
+from tidegate.simulator.catalogue import default_models
 
 CostRun = Literal["premium", "tiers", "batches"]
 COST_RUNS: tuple[CostRun, ...] = ("premium", "tiers", "batches")
@@ -99,7 +94,8 @@ async def run_cost(scenario: Scenario, run: CostRun, queue_url: str, sim: SimHan
     async with Queue.from_url(queue_url) as queue:
         settings = WorkerSettings(worker_id=f"bench-cost-{run}", concurrency=scenario.concurrency,
                                   urgent_reserve=scenario.urgent_reserve, claim_wait_s=0.2)
-        async with Worker(queue, cost_config(run, sim.base_url, queue_url), settings) as worker:
+        config = cost_config(run, sim.base_url, queue_url)
+        async with open_worker_parts(config, queue) as parts, Worker(parts, config, settings) as worker:
             task = asyncio.create_task(worker.run())
             try:
                 ids = await _send(queue, scenario, arrivals(scenario, jobs, rate_per_s))

@@ -28,6 +28,7 @@ from bench.dispatch_scenario import Scenario
 from bench.dispatch_sim import SimHandle
 from bench.machine import CpuMeter
 from tidegate.ai import Timings, result_of
+from tidegate.app.components import Given, open_worker_parts
 from tidegate.coord.limiter import rate_limiter_for
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings
@@ -165,13 +166,12 @@ async def _running_workers(queue: Queue, queue_url: str, scenario: Scenario, sim
     # A limiter name of its own per run: a Redis limiter's state outlives the run by a minute.
     limiter = rate_limiter_for(queue_url, name=f"bench-{uuid.uuid4().hex[:8]}")
     async with limiter, contextlib.AsyncExitStack() as stack:
-        workers = [
-            await stack.enter_async_context(
-                Worker(queue, config, _worker_settings(scenario, i, concurrency), limiter=limiter,
-                       metrics=metrics)
-            )
-            for i in range(count)
-        ]
+        workers = []
+        for i in range(count):
+            # Parts of its own, as a worker process has (its upstream pool), the limiter shared.
+            parts = await stack.enter_async_context(open_worker_parts(config, queue, Given(pacing=limiter)))
+            workers.append(await stack.enter_async_context(
+                Worker(parts, config, _worker_settings(scenario, i, concurrency), metrics=metrics)))
         tasks = [asyncio.create_task(w.run(), name=f"worker-{i}") for i, w in enumerate(workers)]
         try:
             yield metrics

@@ -36,6 +36,7 @@ import uvicorn
 
 from bench.common import percentile
 from bench.recs_bench_data import Shop, seed, user_id
+from tidegate.app.components import Given
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.coord.tenants import Tenant
@@ -84,7 +85,7 @@ class _Server(uvicorn.Server):
 
 async def _serve(recommender: Recommender, folder: Path, users: dict[str, list[str]]) -> None:
     config = TidegateConfig(queue_url=f"sqlite:///{folder / 'queue.db'}", sync=SyncConfig())
-    async with open_gateway_state(config, recommender=recommender) as state:
+    async with open_gateway_state(config, given=Given(recommender=recommender)) as state:
         # An admin tenant reads the database's users (an ordinary tenant's are its own, prefixed).
         await state.tenants.put_tenant(Tenant(name="shop", admin=True))
         _, key = await state.tenants.create_key("shop")

@@ -59,7 +59,7 @@ import aiohttp  # noqa: E402
 import orjson  # noqa: E402
 
 from bench.common import BenchmarkError, percentile  # noqa: E402
-from tidegate.config import default_models  # noqa: E402
+from tidegate.simulator.catalogue import default_models  # noqa: E402
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0

@@ -24,6 +24,7 @@ from support.gateway import Gateway, module_gateway
 from support.waiting import eventually
 from test_gateway_batches import SLOW_MODEL, chat_line, ended, jsonl, lines_of, slow, status_of, upload
 from tidegate.ai import result_of
+from tidegate.app.components import Given
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig
 from tidegate.errors import ConfigError
@@ -180,8 +181,8 @@ async def test_a_sweep_too_slow_for_the_queues_retention_is_refused(tmp_path: Pa
         # A batch of 50,000 lines takes 25 sweeps to read: 25 minutes at 60 s a sweep
         with pytest.raises(ConfigError, match="batch_sweep_s"):
             async with open_gateway_state(TidegateConfig(queue_url=f"sqlite:///{tmp_path / 'queue.db'}"),
-                                          settings=GatewaySettings(batch_sweep_s=60.0), queue=queue,
-                                          recs_url=None):
+                                          settings=GatewaySettings(batch_sweep_s=60.0),
+                                          given=Given(queue=queue), recs_url=None):
                 pass
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tidegate.app.components import Given, open_worker_parts
 from tidegate.app.gateway import open_gateway_state
 from tidegate.app.recs import open_recommendations
 from tidegate.config import (
@@ -23,7 +24,6 @@ from tidegate.dispatch.worker import Worker
 from tidegate.errors import ConfigError
 from tidegate.jobs import Priority
 from tidegate.queue import Queue
-from tidegate.simulator.settings import SimulatorSettings
 
 SECTIONS = """
 [worker]
@@ -192,8 +192,9 @@ async def test_processes_given_no_settings_take_their_sections(sections: Path, t
 
     async with contextlib.AsyncExitStack() as stack:
         queue = await stack.enter_async_context(Queue.from_url(config.queue_url))
-        worker = await stack.enter_async_context(Worker(queue, config))
-        state = await stack.enter_async_context(open_gateway_state(config, queue=queue))
+        parts = await stack.enter_async_context(open_worker_parts(config, queue))
+        worker = await stack.enter_async_context(Worker(parts, config))
+        state = await stack.enter_async_context(open_gateway_state(config, given=Given(queue=queue)))
         recs = await open_recommendations(stack, config, queue=None, cache=None)
 
         assert worker.settings == config.worker
@@ -216,13 +217,3 @@ def test_a_provider_names_the_client_apis_it_serves_natively(config_file: Path) 
                            'api = "anthropic"\nnative_apis = ["responses"]\n')
     with pytest.raises(ConfigError, match="native_apis"):
         TidegateConfig.load()
-
-
-def test_the_simulated_provider_offers_what_the_simulator_serves() -> None:
-    served = SimulatorSettings().served_models()
-    config = TidegateConfig(queue_url="sqlite:///unused.db").with_simulator("http://127.0.0.1:1/v1")
-
-    [provider] = config.providers
-    assert {model.name: model.kind for model in provider.models} == {
-        name: model.kind for name, model in served.items()}
-    assert {model.kind for model in provider.models} == {"chat", "embeddings", "completion", "moderation"}

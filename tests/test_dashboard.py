@@ -33,6 +33,7 @@ from support.dispatch import queue_url_of, running_worker, sim_config
 from support.gateway import CHAT, Gateway, add_tenants, serving
 from support.provider_batches import bulk_jobs, gateway_sending_batches, waiting_in_a_batch
 from support.waiting import eventually
+from tidegate.app.components import Given
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import BudgetConfig
 from tidegate.coord.relay import relay_for
@@ -87,7 +88,8 @@ async def gateway_with_worker(
             stack.push_async_callback(worker_relay.close)
         metrics = DispatchMetrics()
         state = await stack.enter_async_context(open_gateway_state(
-            config, queue=await factory.open(**fast), relay=relay, extra_registries=[metrics.registry]))
+            config, given=Given(queue=await factory.open(**fast), relay=relay),
+            extra_registries=[metrics.registry]))
         keys = await add_tenants(state.tenants) if tenants else {}
         await stack.enter_async_context(running_worker(
             await factory.open(**fast), config,
@@ -478,7 +480,7 @@ async def test_the_recommendations_panel_follows_a_users_interactions(
 ) -> None:
     monitor = RecsMonitor()
     async with open_gateway_state(sim_config("http://127.0.0.1:9/v1", queue_url=queue_url_of(queue_factory)),
-                                 queue=await queue_factory.open(), recs_url="memory://",
+                                 given=Given(queue=await queue_factory.open()), recs_url="memory://",
                                  recs_monitor=monitor) as state, \
             serving(state) as url, httpx.AsyncClient(base_url=url, timeout=20.0) as http:
         # Given a shop fed through the change flow: ada is the most active user

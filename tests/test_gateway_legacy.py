@@ -19,9 +19,9 @@ from openai.types import (
 from conftest import QueueFactory
 from support.gateway import open_gateway, with_legacy_models
 from test_gateway_batches import ended, lines_of, upload
-from tidegate.config import legacy_models
 from tidegate.costs import cost_micros
 from tidegate.jobs import JobState, Priority
+from tidegate.simulator.catalogue import legacy_models
 
 INSTRUCT = "gpt-3.5-turbo-instruct"
 MODERATION = "omni-moderation-latest"

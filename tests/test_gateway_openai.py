@@ -4,8 +4,10 @@ simulated provider behind it, on both queue backends."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import AsyncStream
@@ -13,7 +15,9 @@ from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from conftest import QueueFactory
 from support.dispatch import running_worker
-from support.gateway import open_gateway
+from support.gateway import open_gateway, serving
+from tidegate.app.gateway import open_gateway_state
+from tidegate.config import TidegateConfig
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
 
@@ -255,3 +259,22 @@ async def test_a_job_dead_without_a_recorded_failure_answers_502_with_its_last_e
         assert failed.value.status_code == 502
         assert failed.value.code == "job_failed"
         assert "lease expired: worker vanished" in error_of(failed.value)["message"]
+
+
+async def test_a_gateway_with_no_provider_offers_no_model_and_answers_ai_calls_503(tmp_path: Path) -> None:
+    # Given a gateway whose config names no provider (and no simulator)
+    config = TidegateConfig(queue_url=f"sqlite:///{tmp_path / 'queue.db'}")
+    async with open_gateway_state(config, recs_url=None) as state, serving(state) as url, \
+            httpx.AsyncClient(base_url=url, timeout=20.0) as http:
+        # When a client lists the models and calls one, named or routed
+        models = (await http.get("/v1/models")).json()
+        answers = [await http.post("/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": "hello"}]})
+            for model in ("auto", "gpt-4.1")]
+        depth = (await state.queue.stats()).depth
+    # Then no model is offered, each call is refused naming the cause, and nothing was queued
+    assert models["data"] == []
+    assert [answer.status_code for answer in answers] == [503, 503]
+    assert {answer.json()["error"]["code"] for answer in answers} == {"no_provider_configured"}
+    assert "[[providers]]" in answers[0].json()["error"]["message"]
+    assert depth == 0

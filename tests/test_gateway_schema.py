@@ -31,9 +31,10 @@ from jsonschema import Draft202012Validator
 from conftest import BACKENDS, drop_factory, new_factory
 from support.gateway import CHAT, Gateway, open_gateway, with_legacy_models
 from tidegate.app.gateway import open_gateway_state
-from tidegate.config import TidegateConfig, default_models, legacy_models
+from tidegate.config import TidegateConfig
 from tidegate.gateway.app import create_app
 from tidegate.gateway.core.settings import GatewaySettings
+from tidegate.simulator.catalogue import default_models, legacy_models
 
 # Waits short enough that no generated call can hold the run: a synchronous call answers 504
 # after `request_timeout_s` (X-Tidegate-Timeout may ask for up to `max_request_timeout_s`), and a

@@ -66,6 +66,20 @@ def test_imports_point_down_the_layer_list() -> None:
     assert wrong == [], "imports up the layer list or sideways (tidegate/_layers.py):\n" + "\n".join(wrong)
 
 
+DEVELOPMENT_TOOLS = ("simulator", "demo")
+
+
+def test_the_product_never_imports_its_development_tools() -> None:
+    # The product is every name below the composition roots (app); the simulator sits there too,
+    # above the gateway, as a tool the roots inject and the product never calls by name.
+    product = {name for layer in LAYERS[:LAYER_OF["app"] - 1] for name in layer} - set(DEVELOPMENT_TOOLS)
+    wrong = [_describe(arrow) for arrow in IMPORTS if _name_in_layers(arrow.source) in product
+             and _name_in_layers(arrow.target) in DEVELOPMENT_TOOLS]
+
+    assert product and "gateway" in product and "simulator" not in product
+    assert wrong == [], "product modules importing a development tool:\n" + "\n".join(wrong)
+
+
 def _package_of(module: str) -> str:
     return module if (PACKAGE.parent / module.replace(".", "/")).is_dir() else module.rpartition(".")[0]
 

@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 from openai.types import Completion, ModerationCreateResponse
 
 from tidegate.ai import AIRequest, Finish, StreamPart, TextDelta
-from tidegate.config import ProviderConfig, TidegateConfig, default_models, legacy_models
+from tidegate.config import ProviderConfig, TidegateConfig
 from tidegate.costs import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     IMAGE_TOKENS,
@@ -27,6 +27,7 @@ from tidegate.errors import InvalidJob, RoutingError, UpstreamError
 from tidegate.jobs import Priority
 from tidegate.providers.adapters.anthropic import AnthropicAdapter
 from tidegate.providers.client import UpstreamClient
+from tidegate.simulator.catalogue import default_models, legacy_models
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import SimulatorSettings
 

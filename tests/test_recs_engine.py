@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from support.redis_keys import delete_keys
 from tidegate.errors import ConfigError, InvalidRecsInput
 from tidegate.recs import (
+    DEFAULT_KIND_WEIGHTS,
     Interaction,
     InteractionKind,
     Item,
@@ -706,3 +707,9 @@ def test_settings_are_checked() -> None:
         Recommender(store, RecsSettings(kind_weights={"view": 1.0}))
     with pytest.raises(ConfigError, match="dimension"):
         Recommender(store, RecsSettings(dimension=0))
+
+
+def test_the_configuration_weighs_every_interaction_kind_and_no_other() -> None:
+    # The kinds are the recommender's; the configuration, in the core below it, names them by value.
+    assert set(DEFAULT_KIND_WEIGHTS) == {kind.value for kind in InteractionKind}
+    assert set(RecsSettings().kind_weights) == {kind.value for kind in InteractionKind}

@@ -8,10 +8,11 @@ from decimal import Decimal
 
 import pytest
 
-from tidegate.config import ModelConfig, ProviderConfig, RoutingConfig, TidegateConfig, default_models
+from tidegate.config import ModelConfig, ProviderConfig, RoutingConfig, TidegateConfig
 from tidegate.dispatch.router import RouteDecision, Router
 from tidegate.errors import RoutingError
 from tidegate.jobs import Priority
+from tidegate.simulator.catalogue import default_models
 
 SMALL = 1_000  # estimated input tokens of an ordinary request
 

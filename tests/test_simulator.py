@@ -22,9 +22,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tidegate.cli.main import app
-from tidegate.config import default_models, legacy_models
+from tidegate.config import TidegateConfig
 from tidegate.errors import ConfigError
 from tidegate.simulator import Simulator, SimulatorSettings
+from tidegate.simulator.catalogue import default_models, legacy_models, with_simulator
 
 CHAT_MODEL = "deepseek-v3.2"
 EMBEDDING_MODEL = "text-embedding-3-small"
@@ -445,3 +446,13 @@ async def test_the_command_serves_until_interrupted() -> None:
         out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode == 0, err.decode()
     assert "Simulator stopped." in out.decode()
+
+
+def test_the_simulated_provider_offers_what_the_simulator_serves() -> None:
+    served = SimulatorSettings().served_models()
+    config = with_simulator(TidegateConfig(queue_url="sqlite:///unused.db"), "http://127.0.0.1:1/v1")
+
+    [provider] = config.providers
+    assert {model.name: model.kind for model in provider.models} == {
+        name: model.kind for name, model in served.items()}
+    assert {model.kind for model in provider.models} == {"chat", "embeddings", "completion", "moderation"}

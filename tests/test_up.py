@@ -18,6 +18,7 @@ from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.coord.tenants import Tenant, tenant_store_for
 from tidegate.demo.embedded import embedded_sync_config
 from tidegate.jobs import Priority
+from tidegate.simulator.catalogue import with_simulator
 from tidegate.simulator.settings import SimulatorSettings
 
 
@@ -96,8 +97,8 @@ async def test_each_start_serves_with_the_admin_key_of_the_first(tmp_path: Path)
 
 def test_the_worker_paces_under_the_limits_the_simulator_enforces() -> None:
     simulator = SimulatorSettings(window_s=10.0, models={"gpt-4.1": {"rpm": 5, "tpm": 900}})
-    config = with_simulator_limits(TidegateConfig(queue_url="sqlite:///unused.db")
-                                   .with_simulator("http://127.0.0.1:1/v1"), simulator)
+    config = with_simulator_limits(with_simulator(TidegateConfig(queue_url="sqlite:///unused.db"),
+                                                  "http://127.0.0.1:1/v1"), simulator)
 
     found = config.find_model("gpt-4.1")
     other = config.find_model("deepseek-v3.2")

@@ -27,7 +27,7 @@ from support.old_release_driver import FAST_MODEL, SLOW_MODEL, job_record
 from support.provider_batches import batch_config
 from support.redis_keys import delete_keys
 from support.waiting import eventually
-from tidegate.app.components import Components
+from tidegate.app.components import Components, Given
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import TidegateConfig, WorkerSettings
 from tidegate.dispatch.provider_batches.store import provider_batch_store_for
@@ -125,17 +125,16 @@ async def new_release(config: TidegateConfig) -> AsyncIterator[tuple[str, Worker
     its own as separate processes would be; yields the gateway's URL and the worker."""
     async with contextlib.AsyncExitStack() as stack:
         parts = await stack.enter_async_context(Components.open(
-            config, queue=await stack.enter_async_context(Queue.from_url(config.queue_url, **FAST)),
-            batches=True, provider_batches=True))
+            config, worker=True, given=Given(
+                queue=await stack.enter_async_context(Queue.from_url(config.queue_url, **FAST)))))
         worker = await stack.enter_async_context(Worker(
-            parts.queue, config, WorkerSettings(concurrency=8, lease_s=5.0, claim_wait_s=0.1),
-            relay=parts.relay, tenants=parts.tenants, ledger=parts.ledger))
+            parts.for_worker(), config, WorkerSettings(concurrency=8, lease_s=5.0, claim_wait_s=0.1)))
         task = asyncio.create_task(worker.run())
         stack.push_async_callback(lambda: task)
         stack.callback(worker.request_stop)
+        gateway_queue = await stack.enter_async_context(Queue.from_url(config.queue_url, **FAST))
         state = await stack.enter_async_context(open_gateway_state(
-            config, queue=await stack.enter_async_context(Queue.from_url(config.queue_url, **FAST)),
-            relay=parts.relay, recs_url=None))
+            config, given=Given(queue=gateway_queue, relay=parts.relay), recs_url=None))
         yield await stack.enter_async_context(serving(state)), worker
 
 

@@ -27,10 +27,11 @@ from support.redis_keys import delete_keys
 from support.waiting import eventually
 from tidegate.app.components import Components
 from tidegate.app.gateway import open_gateway_state
-from tidegate.config import TidegateConfig, WorkerSettings, default_models
+from tidegate.config import TidegateConfig, WorkerSettings
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.jobs import JobState
 from tidegate.queue import Queue
+from tidegate.simulator.catalogue import default_models
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import SimulatorSettings
 

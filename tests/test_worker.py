@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from decimal import Decimal
 
 import orjson
@@ -15,6 +16,7 @@ from conftest import QueueFactory
 from support.claims import ClaimWaits
 from support.dispatch import chat, queue_url_of, running_worker, sim_config, wait_final, wait_received
 from support.waiting import eventually
+from tidegate.app.components import open_worker_parts
 from tidegate.callback_urls import SIGNATURE_HEADER, verify
 from tidegate.config import BudgetConfig, CallbackConfig
 from tidegate.coord.budget import budget_ledger_for
@@ -450,10 +452,25 @@ async def test_a_stop_ends_a_claim_waiting_for_work_at_once(
     _, base_url = simulator
     settings = WorkerSettings(concurrency=2, lease_s=5, claim_wait_s=60)
     waits = ClaimWaits(queue)
-    async with Worker(queue, sim_config(base_url), settings, metrics=DispatchMetrics()) as worker:
+    config = sim_config(base_url)
+    async with open_worker_parts(config, queue) as parts, \
+            Worker(parts, config, settings, metrics=DispatchMetrics()) as worker:
         run = asyncio.create_task(worker.run())
         await eventually(lambda: waits.count, "its claim waits for work")
         # When it is asked to stop
         worker.request_stop()
         # Then run() returns without waiting out the claim (10 s: far below its 60 s wait)
         await asyncio.wait_for(run, 10)
+
+
+async def test_a_worker_refuses_parts_that_miss_what_its_config_needs(queue: Queue) -> None:
+    # Given a config with a provider and a daily budget, and parts with neither a pool nor a ledger
+    config = sim_config("http://127.0.0.1:9/v1", budgets=BudgetConfig(global_daily_usd=Decimal("1")))
+    async with open_worker_parts(config, queue) as parts:
+        # When a worker is made on parts without the provider's pool, or without a ledger
+        # Then it refuses at once, naming what is missing, rather than fail every job later
+        with pytest.raises(ValueError, match="no upstream client for provider"):
+            Worker(replace(parts, upstreams={}), config)
+        with pytest.raises(ValueError, match="budget ledger"):
+            Worker(replace(parts, ledger=None), config)
+        assert Worker(parts, config).queue is queue

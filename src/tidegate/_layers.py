@@ -28,6 +28,9 @@ Inside the gateway, one package per surface (`openai/`, `responses/`, `anthropic
 seam included; the core imports no surface's routes. A surface imports the core and, where it
 builds on another (a batch's lines are OpenAI and Responses requests; the Messages routes wait as
 the OpenAI ones do), that one's modules, never in a cycle.
+
+The product never imports its development tools: the simulator and the demo sit above every
+product layer, so nothing below `app` may import them (tests/test_layers.py says so by name).
 """
 
 from __future__ import annotations
@@ -60,11 +63,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__",),  # 3. the public facade: `from tidegate import Queue, Job, …`
     ("coord",),  # 4. tenants and keys, rate limiter, budget ledger, relay
     ("providers",),  # 5. the upstream client and its adapters
-    ("simulator",),  # 6. the simulated provider (a tool the demo, tests and benchmarks call)
-    ("dispatch",),  # 7. workers: route, pace, budget, retry, dead-letter
-    ("sync",),  # 8. the change flow
-    ("recs",),  # 9. recommendations fed by the change flow
-    ("gateway",),  # 10. the HTTP API
+    ("dispatch",),  # 6. workers: route, pace, budget, retry, dead-letter
+    ("sync",),  # 7. the change flow
+    ("recs",),  # 8. recommendations fed by the change flow
+    ("gateway",),  # 9. the HTTP API
+    # 10. the simulated provider: a development tool above the whole product, which knows
+    # nothing of it; the composition roots that start one (app, demo, cli) inject its config.
+    ("simulator",),
     ("app",),  # 11. composition roots: open the parts of a process and wire them
     ("demo",),  # 12. `tidegate demo` and its shop
     ("cli",),  # 13. the command line

@@ -364,7 +364,7 @@ class RedisClient:
     none) is how many replicas must have a write of `replicated_script` before it returns, within
     `wait_timeout_s`."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (outstanding, issue 27)
         self,
         url: str,
         *,

@@ -12,7 +12,6 @@ API keys are never stored here: a provider names the environment variable that h
 
 from __future__ import annotations
 
-import enum
 import os
 import socket
 from collections.abc import Mapping
@@ -42,7 +41,6 @@ from tidegate.errors import ConfigError
 from tidegate.jobs import Priority
 
 DEFAULT_CONFIG_FILE = "tidegate.toml"
-SIMULATED_PROVIDER = "simulated"
 
 ServiceTier = Literal["auto", "default", "flex", "priority"]
 """The processing tiers of OpenAI's `service_tier` field a caller may ask for. `auto` lets the
@@ -434,16 +432,8 @@ class TracingSettings(Section):
     sample_ratio: float = Field(1.0, ge=0, le=1)  # of new traces; a caller's sampled flag is followed
 
 
-class InteractionKind(enum.StrEnum):
-    """What a user did with an item; each kind weighs differently (view < cart < purchase).
-    Defined with the recommender's settings, whose weights are keyed by it (tidegate.recs
-    exports it)."""
-
-    VIEW = "view"
-    ADD_TO_CART = "add_to_cart"
-    PURCHASE = "purchase"
-
-
+# How much each kind of interaction weighs, keyed by the recommender's InteractionKind values
+# (tidegate.recs.model, which checks that the two name the same kinds).
 DEFAULT_KIND_WEIGHTS: Mapping[str, float] = {"view": 1.0, "add_to_cart": 3.0, "purchase": 5.0}
 
 Count = Annotated[int, Field(ge=1)]
@@ -489,7 +479,7 @@ class RecsSettings(Section):
     @field_validator("kind_weights")
     @classmethod
     def _every_kind_weighed(cls, weights: Mapping[str, float]) -> Mapping[str, float]:
-        missing = [kind.value for kind in InteractionKind if kind.value not in weights]
+        missing = [kind for kind in DEFAULT_KIND_WEIGHTS if kind not in weights]
         if missing:
             raise ValueError(f"needs a weight for every interaction kind; missing {', '.join(missing)}")
         return weights
@@ -596,44 +586,6 @@ class SyncConfig(BaseModel):
         return {**data, "pipeline": pipeline}
 
 
-def default_models() -> tuple[ModelConfig, ...]:
-    """The shipped price table (USD per 1M tokens); input prices are configurable."""
-    return (
-        ModelConfig(name="deepseek-v3.2", input_usd_per_1m=Decimal("0.28"),
-                    output_usd_per_1m=Decimal("0.42"), rpm=3000, tpm=2_000_000),
-        ModelConfig(name="gemini-2.5-flash", input_usd_per_1m=Decimal("0.30"),
-                    output_usd_per_1m=Decimal("2.50"), rpm=2000, tpm=4_000_000,
-                    context_tokens=1_048_576),
-        ModelConfig(name="gpt-4.1", input_usd_per_1m=Decimal("2.00"),
-                    output_usd_per_1m=Decimal("8.00"), rpm=1000, tpm=1_000_000,
-                    context_tokens=1_047_576),
-        ModelConfig(name="claude-sonnet-4.5", input_usd_per_1m=Decimal("3.00"),
-                    output_usd_per_1m=Decimal("15.00"), rpm=1000, tpm=800_000,
-                    context_tokens=200_000),
-        ModelConfig(name="text-embedding-3-small", input_usd_per_1m=Decimal("0.02"),
-                    output_usd_per_1m=Decimal("0"), rpm=3000, tpm=5_000_000,
-                    context_tokens=8_192, kind="embeddings"),
-    )
-
-
-def legacy_models() -> tuple[ModelConfig, ...]:
-    """OpenAI's models of its legacy endpoints, with their prices (moderations are free): not
-    served unless a provider lists them, as they are not in the shipped table."""
-    return (
-        ModelConfig(name="gpt-3.5-turbo-instruct", input_usd_per_1m=Decimal("1.50"),
-                    output_usd_per_1m=Decimal("2.00"), rpm=3500, tpm=90_000, context_tokens=4_096,
-                    kind="completion"),
-        ModelConfig(name="omni-moderation-latest", input_usd_per_1m=Decimal("0"),
-                    output_usd_per_1m=Decimal("0"), rpm=1000, tpm=150_000, context_tokens=32_768,
-                    kind="moderation"),
-    )
-
-
-def simulated_models() -> tuple[ModelConfig, ...]:
-    """What the simulated provider serves: the shipped table and the legacy endpoints' models."""
-    return (*default_models(), *legacy_models())
-
-
 class TidegateConfig(BaseSettings):
     """Everything a tidegate process needs; see the module docstring for where it comes from."""
 
@@ -678,13 +630,6 @@ class TidegateConfig(BaseSettings):
         except ValidationError as exc:
             path = os.environ.get("TIDEGATE_CONFIG", DEFAULT_CONFIG_FILE)
             raise ConfigError(f"invalid configuration ({path} and TIDEGATE_* variables): {exc}") from None
-
-    def with_simulator(self, base_url: str) -> TidegateConfig:
-        """This config with the simulated provider serving the default models and those of the
-        legacy endpoints, as the simulator does, for when no real provider is configured (demo,
-        tests, benchmarks)."""
-        simulated = ProviderConfig(name=SIMULATED_PROVIDER, base_url=base_url, models=simulated_models())
-        return self.model_copy(update={"providers": (simulated,)})
 
     def find_model(self, name: str) -> tuple[ProviderConfig, ModelConfig] | None:
         """The first provider serving a model of that name."""

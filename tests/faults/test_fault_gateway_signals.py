@@ -25,7 +25,9 @@ async def test_a_stopped_gateway_answers_a_call_that_outlives_its_grace_with_503
 ) -> None:
     url = f"sqlite:///{tmp_path}/queue.db"
     grace_s = 1
-    async with tidegate("gateway", "--queue", url, "--port", "0", "--grace-s", str(grace_s)) as gateway:
+    # The simulated provider's models offered, at a URL nothing calls: no worker runs.
+    async with tidegate("gateway", "--queue", url, "--port", "0", "--grace-s", str(grace_s),
+                        "--simulator-url", "http://127.0.0.1:9/v1") as gateway:
         await gateway.printed("Uvicorn running on")
         port = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", gateway.output)
         assert port, gateway.output

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from support.waiting import eventually
-from tidegate.config import default_models
+from tidegate.simulator.catalogue import default_models
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0

@@ -10,12 +10,14 @@ from typing import Any
 
 from support.redis_keys import REDIS_BACKENDS
 from support.waiting import eventually
-from tidegate.config import BudgetConfig, ProviderConfig, RoutingConfig, TidegateConfig, default_models
+from tidegate.app.components import Given, open_worker_parts
+from tidegate.config import BudgetConfig, ProviderConfig, RoutingConfig, TidegateConfig
 from tidegate.dispatch.callbacks import CallbackSender
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.worker import Worker, WorkerSettings
 from tidegate.jobs import Job
 from tidegate.queue import Queue
+from tidegate.simulator.catalogue import default_models
 
 PROVIDER = "sim"
 
@@ -50,12 +52,16 @@ async def running_worker(
     queue: Queue,
     config: TidegateConfig,
     settings: WorkerSettings | None = None,
-    **options: Any,
+    *,
+    metrics: DispatchMetrics | None = None,
+    **given: Any,
 ) -> AsyncIterator[Worker]:
-    """A worker serving `queue` in the background until the block ends (then stopped gracefully)."""
+    """A worker serving `queue` in the background until the block ends (then stopped gracefully),
+    on parts opened as a worker process opens them (`open_worker_parts`); `given` names the parts
+    the test shares with it (relay, tenants, ledger, callbacks, pacing: see `Given`)."""
     settings = settings or WorkerSettings(concurrency=8, lease_s=5.0, claim_wait_s=0.2)
-    options.setdefault("metrics", DispatchMetrics())
-    async with Worker(queue, config, settings, **options) as worker:
+    async with (open_worker_parts(config, queue, Given(**given)) as parts,
+                Worker(parts, config, settings, metrics=metrics or DispatchMetrics()) as worker):
         task = asyncio.create_task(worker.run())
         try:
             yield worker

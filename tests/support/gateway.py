@@ -19,8 +19,9 @@ from openai import AsyncOpenAI
 from conftest import QueueFactory, factory_for
 from support.dispatch import queue_url_of, running_worker, sim_config
 from support.waiting import eventually
+from tidegate.app.components import Given
 from tidegate.app.gateway import open_gateway_state
-from tidegate.config import TidegateConfig, legacy_models
+from tidegate.config import TidegateConfig
 from tidegate.coord.relay import ChunkRelay, relay_for
 from tidegate.coord.tenants import Tenant, TenantStore
 from tidegate.dispatch.metrics import DispatchMetrics
@@ -31,6 +32,7 @@ from tidegate.gateway.core.settings import GatewaySettings
 from tidegate.gateway.core.state import GatewayState
 from tidegate.jobs import Priority
 from tidegate.queue import Queue
+from tidegate.simulator.catalogue import legacy_models
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import SimulatorSettings
 
@@ -159,8 +161,8 @@ async def open_gateway(
         metrics = DispatchMetrics()
         # A recommender of its own in memory, so the recommendations API serves too.
         state = await stack.enter_async_context(open_gateway_state(
-            config, settings=settings, queue=queue, relay=relay, extra_registries=[metrics.registry],
-            recs_url="memory://"))
+            config, settings=settings, given=Given(queue=queue, relay=relay),
+            extra_registries=[metrics.registry], recs_url="memory://"))
         keys = await add_tenants(state.tenants) if tenants else {}
         if worker:
             worker_relay: ChunkRelay | None = None

@@ -41,7 +41,6 @@ from tidegate.config import (
     SyncConfig,
     TidegateConfig,
     WorkerSettings,
-    default_models,
 )
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.coord.tenants import Tenant, tenant_store_for
@@ -54,6 +53,12 @@ try:  # this release: provider batches, their store included, are one package of
     from tidegate.dispatch.provider_batches.store import provider_batch_store_for
 except ImportError:  # the previous release kept their store among the coordination state
     from tidegate.coord.provider_batches import provider_batch_store_for  # type: ignore[import-not-found,no-redef]
+# The tests of this release import this module too (its models, tenants and records): the price
+# table lives with the simulator now; v0.1.0 kept it in tidegate.config.
+try:
+    from tidegate.simulator.catalogue import default_models
+except ImportError:
+    from tidegate.config import default_models
 
 GATEWAY = "http://old-gateway.invalid"  # an in-process ASGI app: never resolved
 FAST_MODEL = "deepseek-v3.2"

@@ -13,6 +13,7 @@ from conftest import QueueFactory
 from support.dispatch import chat, queue_url_of, running_worker, sim_config
 from support.gateway import Gateway, add_tenants, serving
 from support.waiting import eventually
+from tidegate.app.components import Given
 from tidegate.app.gateway import open_gateway_state
 from tidegate.config import BudgetConfig, ProviderBatchConfig, TidegateConfig
 from tidegate.dispatch.worker import WorkerSettings
@@ -65,7 +66,8 @@ async def gateway_sending_batches(factory: QueueFactory, *, batch_latency_s: flo
     async with contextlib.AsyncExitStack() as stack:
         base_url = await stack.enter_async_context(sim.running())
         config = batch_config(base_url, queue_url_of(factory))
-        state = await stack.enter_async_context(open_gateway_state(config, queue=await factory.open(**fast)))
+        state = await stack.enter_async_context(open_gateway_state(
+            config, given=Given(queue=await factory.open(**fast))))
         keys = await add_tenants(state.tenants) if tenants else {}
         if worker:
             await stack.enter_async_context(running_worker(

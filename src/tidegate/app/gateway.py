@@ -17,13 +17,9 @@ from prometheus_client import CollectorRegistry
 from tidegate._redis import is_redis_url
 from tidegate._shutdown import enter_bounded, stop_on_signals
 from tidegate._urls import redact_url
-from tidegate.app.components import Components
+from tidegate.app.components import NOTHING_GIVEN, Components, Given
 from tidegate.app.ports import bind_port
 from tidegate.config import TidegateConfig
-from tidegate.coord.budget import BudgetLedger
-from tidegate.coord.limiter import RateLimiter
-from tidegate.coord.relay import ChunkRelay
-from tidegate.coord.tenants import TenantStore
 from tidegate.errors import ConfigError
 from tidegate.gateway.app import create_app
 from tidegate.gateway.batches.sweep import sweeping
@@ -31,11 +27,9 @@ from tidegate.gateway.core.http_server import UVICORN_OPTIONS
 from tidegate.gateway.core.metrics import GatewayMetrics
 from tidegate.gateway.core.settings import GatewaySettings, is_loopback_host
 from tidegate.gateway.core.state import GatewayState
-from tidegate.queue import Queue
 from tidegate.tracing import configured
 
 if TYPE_CHECKING:
-    from tidegate.recs.engine import Recommender
     from tidegate.recs.monitor import RecsMonitor
 
 __all__ = ["FROM_CONFIG", "GRACE_S", "GatewayServer", "check_bind", "gateway_state", "open_gateway_state",
@@ -65,10 +59,8 @@ def gateway_state(
 ) -> GatewayState:
     """The state a gateway serves from, around opened parts (a rate limiter and a batch store
     among them)."""
-    if parts.limiter is None:
-        raise ValueError("a gateway needs a rate limiter: open the parts with limiter=True")
-    if parts.batches is None:
-        raise ValueError("a gateway needs a batch store: open the parts with batches=True")
+    if parts.limiter is None or parts.batches is None:
+        raise ValueError("a gateway needs its rate limiter and batch store: open the parts with gateway=True")
     return GatewayState(config=parts.config, settings=settings or parts.config.gateway, queue=parts.queue,
                         tenants=parts.tenants, limiter=parts.limiter, ledger=parts.ledger, relay=parts.relay,
                         batches=parts.batches, provider_batches=parts.provider_batches,
@@ -82,34 +74,25 @@ async def open_gateway_state(
     config: TidegateConfig,
     *,
     settings: GatewaySettings | None = None,
-    queue: Queue | None = None,
-    tenants: TenantStore | None = None,
-    limiter: RateLimiter | None = None,
-    ledger: BudgetLedger | None = None,
-    relay: ChunkRelay | None = None,
-    metrics: GatewayMetrics | None = None,
+    given: Given = NOTHING_GIVEN,
     extra_registries: Sequence[CollectorRegistry] = (),
-    recommender: Recommender | None = None,
     recs_url: str | _FromConfig | None = FROM_CONFIG,
     recs_monitor: RecsMonitor | None = None,
 ) -> AsyncIterator[GatewayState]:
-    """A gateway's state: the parts given, the others opened from `config.queue_url` (see
+    """A gateway's state: the parts `given`, the others opened from `config.queue_url` (see
     `Components.open`) and closed on exit; its batch sweep (tidegate.gateway.batches.sweep) runs
     meanwhile.
 
-    A relay must be shared with the workers: on SQLite (in-process MemoryRelay) pass the
+    A relay must be shared with the workers: on SQLite (in-process MemoryRelay) give the
     workers' relay, or streamed chunks never reach this gateway.
 
     The recommender, when not given, is opened on the store at `recs_url` (None: none). By
     default that is the change flow's cache (`sync.cache_url`, with its prefix) when it is on
     Redis, where the change flow's sink and every gateway share it; a memory cache lives in
     another process's memory, so a gateway on its own serves no recommendations."""
-    async with Components.open(
-        config, queue=queue, tenants=tenants, ledger=ledger, relay=relay,
-        limiter=True if limiter is None else limiter, batches=True, provider_batches=True,
-        recommender=_recs_url(config, recs_url) if recommender is None else recommender,
-    ) as parts:
-        state = gateway_state(parts, settings=settings, metrics=metrics, extra_registries=extra_registries,
+    recs = _recs_url(config, recs_url)
+    async with Components.open(config, gateway=True, recs_url=recs, given=given) as parts:
+        state = gateway_state(parts, settings=settings, extra_registries=extra_registries,
                               recs_monitor=recs_monitor)
         async with sweeping(state):
             yield state

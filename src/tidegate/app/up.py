@@ -47,6 +47,7 @@ from tidegate.gateway.app import create_app
 from tidegate.gateway.batches.sweep import sweeping
 from tidegate.gateway.core.http_server import UVICORN_OPTIONS
 from tidegate.gateway.core.state import GatewayState
+from tidegate.simulator.catalogue import with_simulator
 from tidegate.simulator.server import Simulator
 from tidegate.simulator.settings import ServedModel, SimulatorSettings
 from tidegate.sync.metrics import SyncMetrics
@@ -117,22 +118,20 @@ async def _run(
         if not config.providers:
             simulator = Simulator(simulator_settings)
             simulator_url = await enter_bounded(stack, simulator.running(), "the simulator")
-            config = with_simulator_limits(config.with_simulator(simulator_url), simulator.settings)
+            config = with_simulator_limits(with_simulator(config, simulator_url), simulator.settings)
         # One set of parts for the worker and the gateway: the relay especially, since the worker
         # publishes what the gateway streams.
         parts = await stack.enter_async_context(Components.open(
-            config, limiter=True, batches=True, provider_batches=True, callbacks=True,
-            cache=settings.change_flow, recommender=config.sync.cache_url))
+            config, worker=True, gateway=True, cache=settings.change_flow, recs_url=config.sync.cache_url))
         queue, tenants = parts.queue, parts.tenants
         sync_metrics = SyncMetrics()
         recs = await open_recommendations(stack, config, queue=queue, cache=parts.cache,
                                           recommender=parts.recommender)
         dispatch_metrics = DispatchMetrics()
         worker = await stack.enter_async_context(Worker(
-            queue, config, config.worker.model_copy(update={"concurrency": settings.concurrency,
-                                                            "shutdown_grace_s": settings.shutdown_grace_s}),
-            metrics=dispatch_metrics, ledger=parts.ledger, relay=parts.relay, tenants=tenants,
-            callbacks=parts.callbacks,
+            parts.for_worker(), config, config.worker.model_copy(update={
+                "concurrency": settings.concurrency, "shutdown_grace_s": settings.shutdown_grace_s}),
+            metrics=dispatch_metrics,
         ))
         state = gateway_state(
             parts, settings=config.gateway.model_copy(update={"host": settings.host, "port": settings.port}),

@@ -66,10 +66,9 @@ async def run_worker(
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(configured(config.tracing))  # exported last, after the worker stopped
             # Each part closes after the worker that uses it, each close bounded.
-            parts = await stack.enter_async_context(Components.open(config, callbacks=True))
             # A ledger always, so spend is tracked per tenant and model even where no budget is set.
-            worker = Worker(parts.queue, config, settings, metrics=metrics, callbacks=parts.callbacks,
-                            relay=parts.relay, tenants=parts.tenants, ledger=parts.ledger)
+            parts = await stack.enter_async_context(Components.open(config, worker=True))
+            worker = Worker(parts.for_worker(), config, settings, metrics=metrics)
             stops.attach(worker)
             await stack.enter_async_context(worker)
             log.info("worker %s serving %s", worker.worker_id, redact_url(config.queue_url))

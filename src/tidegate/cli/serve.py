@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from tidegate.app.up import UpInfo
+    from tidegate.config import TidegateConfig
 
 __all__ = ["gateway", "simulate", "up", "worker"]
 
@@ -101,8 +102,7 @@ def worker(
     with errors_as_exit():
         ensure_sqlite_folder(queue)
         settings = load_config(config, queue_url=queue)
-        if not settings.providers and simulator_url is not None:
-            settings = settings.with_simulator(simulator_url)
+        settings = _with_simulator(settings, simulator_url)
         # Flags left out fall back to the [worker] section (file, TIDEGATE_WORKER__*), then the defaults.
         worker_settings = settings.worker.given(
             worker_id=worker_id, priorities=priorities and parse_priorities(priorities),
@@ -133,12 +133,16 @@ def gateway(
     processes: Annotated[int | None, typer.Option(
         min=1, help="Gateway processes sharing the port, one per core (default: the config's "
         "gateway.processes, else 1); above 1 needs a fixed --port.")] = None,
+    simulator_url: Annotated[str | None, typer.Option(
+        help="Offer the simulated provider's models (at this base URL, where the workers call it) "
+        "when no provider is configured.")] = None,
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible, jobs, admin, metrics) until SIGTERM or SIGINT.
 
     Bound to loopback with no tenant or key in the store, requests without a key are served as a
     built-in local tenant; once a key exists a valid key is required. Point any number of gateways
-    and workers at one Redis queue to scale out."""
+    and workers at one Redis queue to scale out. Without a configured provider (or
+    --simulator-url) every AI call is refused with 503."""
     from tidegate._sqlite import ensure_sqlite_folder
     from tidegate.app.gateway import serve_gateway
     from tidegate.app.gateway_processes import serve_gateways
@@ -147,7 +151,7 @@ def gateway(
     log_to_stderr(logging.INFO)
     with errors_as_exit():
         ensure_sqlite_folder(queue)
-        settings = load_config(config, queue_url=queue)
+        settings = _with_simulator(load_config(config, queue_url=queue), simulator_url)
         # Flags left out fall back to the [gateway] section (file, TIDEGATE_GATEWAY__* or
         # TIDEGATE_GATEWAY_* variables), then the defaults.
         gateway_settings = settings.gateway.given(
@@ -161,6 +165,16 @@ def gateway(
                                     grace_s=grace_s)
             raise typer.Exit(status)
     run(serve_gateway(settings, gateway_settings, grace_s=grace_s))
+
+
+def _with_simulator(settings: TidegateConfig, simulator_url: str | None) -> TidegateConfig:
+    """`settings` with the simulated provider at `simulator_url` when no provider is configured
+    and a URL is given; else as they are."""
+    if settings.providers or simulator_url is None:
+        return settings
+    from tidegate.simulator.catalogue import with_simulator
+
+    return with_simulator(settings, simulator_url)
 
 
 def up(

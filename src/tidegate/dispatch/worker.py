@@ -18,11 +18,12 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from tidegate._shutdown import CLOSE_BOUND_S, bounded, cancel_bounded, close_bounded
+from tidegate._shutdown import CLOSE_BOUND_S, bounded, cancel_bounded
 from tidegate.ai import AIRequest, AIResult, StreamPart, Timings
 from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.config import WorkerSettings as WorkerSettings  # its home before it was a section
@@ -30,10 +31,9 @@ from tidegate.coord.budget import (
     BUDGET_EXHAUSTED,
     BudgetExhausted,
     BudgetLedger,
-    budget_ledger_for,
     budget_outcome,
 )
-from tidegate.coord.limiter import AdaptiveConcurrency, RateLimiter, rate_limiter_for
+from tidegate.coord.limiter import AdaptiveConcurrency, RateLimiter
 from tidegate.coord.relay import ChunkRelay
 from tidegate.costs import (
     cost_micros,
@@ -47,7 +47,8 @@ from tidegate.dispatch.health import ModelHealth
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.dispatch.provider_batches import Found, ProviderBatches
 from tidegate.dispatch.provider_batches.clients import batch_client
-from tidegate.dispatch.provider_batches.store import provider_batch_store_for
+from tidegate.dispatch.provider_batches.collection import BatchServices
+from tidegate.dispatch.provider_batches.store import ProviderBatchStore
 from tidegate.dispatch.router import RouteDecision, Router, RoutingError
 from tidegate.dispatch.spending import Hold, Spending, cheaper_route, estimated_micros
 from tidegate.dispatch.tiers import answered_with_tier, priced, tier_of, with_tier
@@ -94,37 +95,67 @@ class _Call:
     span: Span = NOOP_SPAN  # its `worker.process` span (tidegate.dispatch.traces)
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerParts:
+    """What a worker works with, opened by its composition root and closed by it after the
+    worker: `tidegate.app.components.open_worker_parts` opens them for a config and a queue. A
+    worker opens none of them itself."""
+
+    queue: Queue
+    # One opened pool per configured provider, by provider name.
+    upstreams: Mapping[str, UpstreamClient]
+    limiter: RateLimiter  # paces calls under the providers' limits (keys "provider/model")
+    # Spend per tenant and model (None: spend is not recorded, so no budget may be configured).
+    ledger: BudgetLedger | None = None
+    # What was sent to providers' own batch APIs: needed when a provider has a `batch` section.
+    provider_batches: ProviderBatchStore | None = None
+    relay: ChunkRelay | None = None  # None: results are not streamed to a gateway
+    tenants: TenantStore | None = None  # None: only the configured budgets apply
+    callbacks: CallbackSender | None = None  # None: results are not sent to callback URLs
+
+
+def _check_parts(parts: WorkerParts, config: TidegateConfig) -> None:
+    """A ValueError naming what a worker of `config` needs and was not given: a part missing
+    here would fail every job that needs it, long after the start."""
+    missing = [provider.name for provider in config.providers if provider.name not in parts.upstreams]
+    if missing:
+        raise ValueError(f"no upstream client for provider(s) {', '.join(missing)}")
+    if config.budgets.limited and parts.ledger is None:
+        raise ValueError("a budget is configured: the worker needs a budget ledger")
+    if parts.provider_batches is None and any(p.batch is not None for p in config.providers):
+        raise ValueError("a provider has a `batch` section: the worker needs a provider-batch store")
+
+
 class Worker:
     """Turns queued AI jobs into provider calls. Use as an async context manager, then `run()`."""
 
     def __init__(
         self,
-        queue: Queue,
+        parts: WorkerParts,
         config: TidegateConfig,
         settings: WorkerSettings | None = None,
         *,
-        limiter: RateLimiter | None = None,
-        ledger: BudgetLedger | None = None,
         metrics: DispatchMetrics | None = None,
-        callbacks: CallbackSender | None = None,
-        relay: ChunkRelay | None = None,
-        tenants: TenantStore | None = None,
     ) -> None:
-        self.queue = queue
+        _check_parts(parts, config)
+        self.queue = parts.queue
         self.config = config
         self.settings = settings or config.worker
         self.worker_id = self.settings.worker_id or f"worker-{uuid.uuid4().hex[:8]}"
         self.metrics = metrics or DispatchMetrics()
         self.router = Router(config)
-        self._owns_limiter = limiter is None
-        self._limiter = limiter or rate_limiter_for(config.queue_url)
-        self._spending = Spending(config.budgets, ledger, tenants)
-        self._callbacks = callbacks
-        self._relay = relay
+        self._parts = parts
+        self._limiter = parts.limiter
+        self._spending = Spending(config.budgets, parts.ledger, parts.tenants)
+        self._callbacks = parts.callbacks
+        self._relay = parts.relay
         self._concurrency = AdaptiveConcurrency()
         self._turnstiles: dict[str, PriorityTurnstile] = {}  # per provider/model key
         self._health = ModelHealth(config.routing.fallback_after_failures, self.settings.model_cooldown_s)
-        self._adapters: dict[str, ProviderAdapter] = {}  # per provider, over its pooled client
+        # Per provider, over its pooled client.
+        self._adapters: dict[str, ProviderAdapter] = {
+            provider.name: adapter_for(parts.upstreams[provider.name], provider.api)
+            for provider in config.providers}
         self._provider_batches: ProviderBatches | None = None  # set when a provider has a `batch` section
         self._active: dict[str, tuple[asyncio.Task[None], _Call]] = {}
         self._slot_freed = asyncio.Event()
@@ -145,33 +176,20 @@ class Worker:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Worker:
-        for provider in self.config.providers:
-            client = UpstreamClient(provider)
-            await client.open()
-            self._adapters[provider.name] = adapter_for(client, provider.api)
-            close_bounded(self._stack, client.close, f"the upstream pool of {provider.name}")
-        if self._owns_limiter:
-            close_bounded(self._stack, self._limiter.close, "the worker's rate limiter")
-        if self._spending.ledger is None and self.config.budgets.limited:
-            ledger = self._spending.ledger = budget_ledger_for(self.config.queue_url)
-            close_bounded(self._stack, ledger.close, "the worker's budget ledger")
-        if any(provider.batch is not None for provider in self.config.providers):
-            self._open_provider_batches()
+        store = self._parts.provider_batches
+        if store is not None and any(provider.batch is not None for provider in self.config.providers):
+            self._start_provider_batches(store)
         return self
 
-    def _open_provider_batches(self) -> None:
-        store = provider_batch_store_for(self.config.queue_url)
-        close_bounded(self._stack, store.close, "the worker's provider-batch store")
-        providers = {provider.name: provider for provider in self.config.providers}
+    def _start_provider_batches(self, store: ProviderBatchStore) -> None:
+        providers = {p.name: p for p in self.config.providers if p.batch is not None}
+        services = BatchServices(
+            providers, {name: batch_client(self._adapters[name].client) for name in providers},
+            self.queue, store, self._spending, self.metrics, self.worker_id)
         batches = self._provider_batches = ProviderBatches(
-            providers,
-            {name: batch_client(self._adapters[name].client) for name, provider in providers.items()
-             if provider.batch is not None},
-            queue=self.queue, store=store, spending=self._spending, metrics=self.metrics,
-            worker_id=self.worker_id, lease_s=self.settings.lease_s,
-            succeeded=lambda job, result: self._callback(job, JobState.SUCCEEDED, result=result),
-        )
-        # Closed first: the jobs it still gathers go back to the queue before the pools close.
+            services, lease_s=self.settings.lease_s,
+            succeeded=lambda job, result: self._callback(job, JobState.SUCCEEDED, result=result))
+        # Its jobs still gathered go back to the queue on exit, before the parts close.
         self._stack.push_async_callback(batches.close)
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -145,7 +145,7 @@ def _view(result: RecResult, user_id: str) -> RecommendationsView:
             summary="A user's recommendations",
             dependencies=[_only_query("n", "context", "category", "min_price", "max_price", "explain",
                                       "diversity")])
-async def recommendations(
+async def recommendations(  # noqa: PLR0913 (a route: each parameter is a query parameter FastAPI reads)
     user_id: UserId,
     state: StateDep,
     tenant: TenantDep,

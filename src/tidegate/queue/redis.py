@@ -199,7 +199,7 @@ class RedisQueue(Queue):
     async def _enqueue(self, jobs: Sequence[NewJob]) -> list[str]:
         if len(jobs) == 1:
             # One-job enqueues (a gateway's calls) made in the same loop turn, or while the last
-            # group was on its way, go out in one script call (see tidegate._batching).
+            # group was on its way, go out in one script call (see tidegate._group_commit).
             return [await self._enqueues.call(jobs[0])]
         return await self._enqueue_now(jobs)
 
@@ -280,7 +280,7 @@ class RedisQueue(Queue):
 
     async def _complete(self, job_id: str, token: int, result: bytes) -> None:
         # Results finished in the same loop turn, or while the last batch was on its way, go
-        # out in one script call (see tidegate._batching).
+        # out in one script call (see tidegate._group_commit).
         lost = await self._completes.call((job_id, token, result))
         if lost:
             raise LeaseLost(lost)

@@ -13,12 +13,13 @@ Signals, all decayed with time so that yesterday's behaviour counts less than th
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-# The settings and the kinds their weights are keyed by are a section of the configuration.
-from tidegate.config import DEFAULT_KIND_WEIGHTS, InteractionKind, RecsSettings
+# The settings are a section of the configuration, their weights keyed by the kinds below.
+from tidegate.config import DEFAULT_KIND_WEIGHTS, RecsSettings
 
 __all__ = [
     "DEFAULT_KIND_WEIGHTS",
@@ -30,6 +31,16 @@ __all__ = [
     "Recommendation",
     "RecsSettings",
 ]
+
+
+class InteractionKind(enum.StrEnum):
+    """What a user did with an item; each kind weighs differently (view < cart < purchase), as
+    `RecsSettings.kind_weights` says. The configuration, below the recommender, names the kinds
+    by their values (`DEFAULT_KIND_WEIGHTS`); tests/test_recs_engine.py checks they agree."""
+
+    VIEW = "view"
+    ADD_TO_CART = "add_to_cart"
+    PURCHASE = "purchase"
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from tidegate.config import default_models, legacy_models
 from tidegate.errors import ConfigError
+from tidegate.simulator.catalogue import default_models, legacy_models
 
 __all__ = ["BatchFault", "ModelBehaviour", "ModelKind", "RetryAfterFormat", "ServedModel",
            "SimulatorSettings"]
@@ -88,8 +88,9 @@ class SimulatorSettings(BaseModel):
     """Everything the simulator does; see the module docstring for the TOML form.
 
     `models` maps a model name to overrides of `defaults` (any ModelBehaviour field, plus `kind`);
-    the models served are the price table's (`tidegate.config.default_models()`), OpenAI's legacy
-    completion and moderation models (`legacy_models()`) and every other name in `models`. With
+    the models served are the price table's (`default_models()` of tidegate.simulator.catalogue),
+    OpenAI's legacy completion and moderation models (`legacy_models()`) and every other name in
+    `models`. With
     `price_table_limits`, the price table's rpm/tpm become the served models' limits unless
     overridden.
     """

@@ -165,8 +165,11 @@ class Change:
                 still.append(column)
         return dataclasses.replace(self, after=after, unchanged=tuple(still), checksum="")
 
+    # of_row and of_canonical_row take over seven parameters (PLR0913): keyword-only, one per
+    # field of the Change record they build, as its own constructor does.
     @classmethod
-    def of_row(cls, *, entity_type: str, op: Op, key_columns: Sequence[str], version: Version,
+    def of_row(cls, *, entity_type: str, op: Op, key_columns: Sequence[str],  # noqa: PLR0913
+               version: Version,
                commit_time: datetime, after: Mapping[str, Any] | None = None,
                before: Mapping[str, Any] | None = None, xid: int | None = None,
                captured_at: float = 0.0, unchanged: Sequence[str] = (),
@@ -180,7 +183,7 @@ class Change:
             captured_at=captured_at, unchanged=unchanged, source_key=source_key, documents=documents)
 
     @classmethod
-    def of_canonical_row(cls, *, entity_type: str, op: Op, key_columns: Sequence[str],
+    def of_canonical_row(cls, *, entity_type: str, op: Op, key_columns: Sequence[str],  # noqa: PLR0913
                          version: Version, commit_time: datetime, after: Row | None = None,
                          before: Row | None = None, xid: int | None = None,
                          captured_at: float = 0.0, unchanged: Sequence[str] = (),

@@ -45,7 +45,7 @@ def seconds_to_next_day(now: datetime) -> float:
     return (midnight - now).total_seconds()
 
 
-def budget_outcome(
+def budget_outcome(  # noqa: PLR0913 (outstanding, issue 27)
     refusal: BudgetExhausted,
     amount_micros: int,
     *,

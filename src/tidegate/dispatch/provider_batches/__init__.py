@@ -40,23 +40,18 @@ above).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from enum import Enum
 
 from tidegate.ai import AIRequest
-from tidegate.config import ProviderConfig
-from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.provider_batches.clients.openai import BatchClient
 from tidegate.dispatch.provider_batches.collection import BatchCollection, BatchServices, Succeeded
-from tidegate.dispatch.provider_batches.store import BatchedJob, ProviderBatchStore
+from tidegate.dispatch.provider_batches.store import BatchedJob
 from tidegate.dispatch.provider_batches.submission import PENDING, SUBMISSION, BatchSubmission
 from tidegate.dispatch.provider_batches.upkeep import BatchUpkeep
 from tidegate.dispatch.router import RouteDecision
-from tidegate.dispatch.spending import Spending, hold_from_json
+from tidegate.dispatch.spending import hold_from_json
 from tidegate.errors import TidegateError
 from tidegate.jobs import Job
-from tidegate.queue import Queue
 
 __all__ = ["Found", "ProviderBatches"]
 
@@ -77,25 +72,14 @@ class ProviderBatches:
     """One worker's side of provider batches (see the module's docstring). `close()` gives back
     what is still gathered; submissions under way are given a bound to finish."""
 
-    def __init__(
-        self,
-        providers: Mapping[str, ProviderConfig],
-        clients: Mapping[str, BatchClient],
-        *,
-        queue: Queue,
-        store: ProviderBatchStore,
-        spending: Spending,
-        metrics: DispatchMetrics,
-        worker_id: str,
-        lease_s: float,
-        succeeded: Succeeded,
-    ) -> None:
-        self._providers = {name: p for name, p in providers.items() if p.batch is not None}
-        self._clients = clients
-        self._queue = queue
-        self._store = store
-        self._spending = spending
-        services = BatchServices(self._providers, clients, queue, store, spending, metrics, worker_id)
+    def __init__(self, services: BatchServices, *, lease_s: float, succeeded: Succeeded) -> None:
+        """`services.providers` holds the providers with a `batch` section, `services.clients`
+        their batch clients; jobs are leased for `lease_s` while they are submitted."""
+        self._providers = services.providers
+        self._clients = services.clients
+        self._queue = services.queue
+        self._store = services.store
+        self._spending = services.spending
         self._submission = BatchSubmission(services, lease_s)
         self._collection = BatchCollection(services, succeeded)
         self._upkeep = BatchUpkeep(services)

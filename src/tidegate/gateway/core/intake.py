@@ -53,6 +53,10 @@ __all__ = [
 PRIORITY_HEADER: Final = "X-Priority"
 TIMEOUT_HEADER: Final = "X-Tidegate-Timeout"
 IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
+# The answer to every AI call of a gateway whose config names no provider: no model is offered,
+# and a job queued would only end dead at a worker.
+NO_PROVIDER: Final = ("no provider is configured: add [[providers]] to tidegate.toml, or start the "
+                      "gateway with --simulator-url to offer the simulated provider's models")
 
 MAX_IDEMPOTENCY_KEY_CHARS: Final = 255
 MAX_TIMEOUT_HEADER_S: Final = MAX_RELATIVE_S  # ten years, like every relative time tidegate takes
@@ -182,6 +186,8 @@ def wait_timeout_s(header: str | None, state: GatewayState) -> float:
 def _check_model(state: GatewayState, tenant: Tenant, request: AIRequest, priority: Priority) -> None:
     """The model named may serve the request for this tenant; `auto` is routed now, as the worker
     will route it (see `_check_routable`)."""
+    if not state.models:
+        raise ApiError(503, NO_PROVIDER, code="no_provider_configured")
     kind, model = request.kind, request.body.get("model")
     if model in (None, "", AUTO):
         _check_routable(state, request, priority)
@@ -213,7 +219,7 @@ def _check_routable(state: GatewayState, request: AIRequest, priority: Priority)
                        param=failure.get("param")) from None
 
 
-def draft_job(
+def draft_job(  # noqa: PLR0913 (outstanding, issue 27)
     state: GatewayState,
     tenant: Tenant,
     request: AIRequest,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from tidegate.callback_urls import check_callback_url
-from tidegate.config import ModelConfig, TidegateConfig, simulated_models
+from tidegate.config import ModelConfig, TidegateConfig
 from tidegate.coord.budget import BudgetLedger
 from tidegate.coord.limiter import RateLimiter
 from tidegate.coord.relay import ChunkRelay
@@ -73,15 +73,14 @@ class GatewayState:
         # Read on every request, and the settings hold for the state's life.
         self._may_serve_without_keys = (
             self.settings.allow_unauthenticated_local and is_loopback_host(self.settings.host))
-        # Without configured providers the workers serve through the simulator
-        # (TidegateConfig.with_simulator), so what it serves is what the gateway offers too.
-        served = [model for provider in self.config.providers for model in provider.models]
+        # What the configured providers serve, nothing else: without a provider the gateway
+        # offers no model and refuses every AI call (tidegate.gateway.intake). A process that
+        # runs with the simulator gives its provider in the config (tidegate.simulator.catalogue).
         self.models = {}
-        for model in served or simulated_models():
-            self.models.setdefault(model.name, model)  # the first provider serving a name wins
-        # Routing reads the models and the tiers, never a provider's URL: the simulator's is not
-        # known here, and not needed.
-        self.router = Router(self.config if served else self.config.with_simulator("http://127.0.0.1/"))
+        for provider in self.config.providers:
+            for model in provider.models:
+                self.models.setdefault(model.name, model)  # the first provider serving a name wins
+        self.router = Router(self.config)
 
     def offers(self, kind: str) -> bool:
         """Whether a configured model serves jobs of `kind`: a provider offers OpenAI's legacy

@@ -135,7 +135,7 @@ async def embeddings(
                        idempotency_key=idempotency_key)
 
 
-async def serve(
+async def serve(  # noqa: PLR0913 (outstanding, issue 27)
     state: GatewayState,
     tenant: Tenant,
     request: AIRequest,

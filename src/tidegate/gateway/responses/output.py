@@ -164,7 +164,8 @@ def echoed(origin: Origin) -> dict[str, Any]:
     }
 
 
-def response_object(job_id: str, created_at: int, origin: Origin, *, status: str, model: str | None,
+# Over seven parameters (PLR0913): outstanding, issue 27: not yet folded into an object.
+def response_object(job_id: str, created_at: int, origin: Origin, *, status: str, model: str | None,  # noqa: PLR0913
                     output: list[dict[str, Any]], usage: dict[str, Any] | None,
                     error: dict[str, str] | None = None, incomplete: dict[str, Any] | None = None,
                     completed_at: int | None = None, service_tier: object = None) -> dict[str, Any]:
