@@ -7,6 +7,7 @@ without (FIFO).
     .venv/bin/python bench/dispatch.py --queue redis    # private redis-server on a free port
     .venv/bin/python bench/dispatch.py --sim inproc     # simulator on the benchmark's own loop
     .venv/bin/python bench/dispatch.py --modes cost --no-ceiling   # the cost scenario alone, ~90 s
+    .venv/bin/python bench/dispatch.py --ceiling-only   # the dispatch ceiling alone, ~15 s
 
 Each run (priority, then FIFO, with the same seeded arrivals) sends the nominal phase, then the
 overload phase, then lets the backlog drain for at most --drain-s and cancels the rest; every

@@ -109,6 +109,8 @@ def parser(description: str | None) -> argparse.ArgumentParser:
     p.add_argument("--latency-p99-ms", type=float, help="simulated provider p99 latency (default 400)")
     p.add_argument("--seed", type=int, help="seed of arrivals and simulator (default 7)")
     p.add_argument("--no-ceiling", action="store_true", help="skip the unlimited-throughput run")
+    p.add_argument("--ceiling-only", action="store_true",
+                   help="only the unlimited-throughput run (no load or cost runs, whatever --modes says)")
     p.add_argument("--ceiling-concurrency", type=int, default=256,
                    help="calls in flight per worker in the ceiling run (default 256)")
     p.add_argument("--output", type=Path, help="also write the markdown report to this file")
@@ -134,9 +136,13 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
 
 def options_from(args: argparse.Namespace) -> Options:
     """Backend, simulator placement, modes and the ceiling run."""
+    if args.ceiling_only and args.no_ceiling:
+        raise BenchmarkError("--ceiling-only and --no-ceiling exclude each other")
     named = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not named or any(m not in ("priority", "fifo", "cost") for m in named):
         raise BenchmarkError(f"--modes takes priority, fifo and/or cost, not {args.modes!r}")
+    if args.ceiling_only:
+        named = []
     modes = tuple(mode for mode in _LOAD_MODES if mode in named)
     cost_jobs = args.cost_jobs or (400 if args.quick else 1200)
     if cost_jobs < 1 or args.cost_rate <= 0:
@@ -219,10 +225,10 @@ def render(scenario: Scenario, options: Options, runs: dict[str, ModeResult], ce
            costs: list[CostResult], facts: dict[str, str], command: str, elapsed_s: float) -> str:
     """The whole markdown report."""
     named = [mode.upper() if mode == "fifo" else mode for mode in runs] + (["cost"] if costs else [])
-    what = " vs ".join(named)
+    what = " vs ".join(named) or "the dispatch ceiling alone"
     out = [f"## Dispatch under load: {what} ({options.queue}, simulator {options.sim})\n",
            f"`{command}` — {elapsed_s:.0f} s\n", _facts_table(scenario, options, facts)]
-    if runs or ceiling is not None:
+    if runs:  # the scenario's load; the ceiling's own text says how it runs
         out.append(_setup(scenario, options))
     for mode, run in runs.items():
         fifo_note = f" (everything enqueued at {FIFO_LEVEL.name})" if mode == "fifo" else ""

@@ -390,6 +390,44 @@ async def test_a_claim_woken_while_work_arrives_holds_every_job_leased_to_it(que
             await queue.complete(job)
 
 
+@pytest.mark.redis_only
+async def test_a_claim_woken_at_any_moment_of_its_wait_drops_no_connection(queue_factory: Any) -> None:
+    # A wake ends a Redis claim's BLPOP from the server's side, never by cancelling the command:
+    # a command cancelled in flight costs its connection, and a cancellation that arrives while
+    # it is being sent is lost (the claim then waits out its BLPOP while a worker's slots empty).
+    q: Queue = await queue_factory.open(maintenance_interval_s=None)
+    observer = redis_client(queue_factory.url)
+
+    async def woken_claim(loop_turns: int) -> list[Job]:
+        wake = asyncio.Event()
+        claimer = asyncio.create_task(q.claim("w", priorities=[Priority.CRITICAL], timeout_s=30, wake=wake))
+        for _ in range(loop_turns):
+            await asyncio.sleep(0)
+        wake.set()
+        return await claimer
+
+    try:
+        # Given a queue that has claimed and been woken before
+        assert await woken_claim(50) == []
+        closed_before = await connections_closed(observer)
+
+        # When claims are woken at every moment from their start to a BLPOP under way
+        for loop_turns in range(50):
+            assert await woken_claim(loop_turns) == []
+
+        # Then each returned and kept its connections: the server saw none of them close
+        assert await connections_closed(observer) == closed_before
+    finally:
+        await observer.aclose()
+
+
+async def connections_closed(client: Any) -> int:
+    """Connections the Redis server (every node of a cluster) has accepted and seen close."""
+    info = await client.info()
+    per_node = info.values() if "total_connections_received" not in info else [info]
+    return sum(int(node["total_connections_received"]) - int(node["connected_clients"]) for node in per_node)
+
+
 async def test_one_batch_wakes_as_many_blocked_claimers_as_it_has_jobs(queue_factory: Any) -> None:
     consumers = [await queue_factory.open(maintenance_interval_s=None) for _ in range(2)]
     producer = await queue_factory.open(maintenance_interval_s=None)

@@ -339,9 +339,8 @@ class Queue(Lifecycle):
             remaining = give_up - time.monotonic()
             if jobs or remaining <= 0 or (wake is not None and wake.is_set()):
                 return jobs
-            for_work = self._wait_for_work(levels, remaining, marker)
-            if wake is not None:
-                for_work = _until_set(for_work, wake)
+            for_work = (self._wait_for_work(levels, remaining, marker) if wake is None
+                        else self._wait_for_work_or_wake(levels, remaining, marker, wake))
             if not self.hands_off:
                 await for_work
                 continue
@@ -523,6 +522,13 @@ class Queue(Lifecycle):
     async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float, marker: object) -> None:
         """Return when work may have arrived for these levels since `marker` was taken, or
         after `timeout_s`."""
+
+    async def _wait_for_work_or_wake(self, levels: tuple[int, ...], timeout_s: float, marker: object,
+                                     wake: asyncio.Event) -> None:
+        """`_wait_for_work`, ended early once `wake` is set. Here by cancelling the wait, which
+        suits a wait in this process; a backend whose wait is a command in flight on a server
+        ends it from the server's side instead."""
+        await _until_set(self._wait_for_work(levels, timeout_s, marker), wake)
 
     @abc.abstractmethod
     async def _heartbeat(self, job_id: str, token: int, lease_ms: int) -> int:

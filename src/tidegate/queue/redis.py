@@ -4,9 +4,10 @@ All keys of a queue carry its `{hash tag}`, and each script is passed in KEYS ex
 it touches (named on its `-- KEYS:` line, see queue/_lua.py), so the queue works on Redis Cluster
 (`redis+cluster://host:port`) and a call packs no more arguments than it needs. Times come from
 the Redis server's clock (`TIME` inside the scripts), so workers with drifting clocks still agree
-on lease expiry. Blocked claimers wait in BLPOP on per-level token lists that the scripts push;
-`wait()` listens on a pub/sub channel of finished job ids (sharded on a cluster, so the messages
-stay within the queue's shard).
+on lease expiry. Blocked claimers wait in BLPOP on per-level token lists that the scripts push
+(a claim its caller may wake, also on a list of its own that the wake pushes to); `wait()`
+listens on a pub/sub channel of finished job ids (sharded on a cluster, so the messages stay
+within the queue's shard).
 
 With `wait_replicas` set, every state change returns only once that many replicas hold it (WAIT
 after the script, on its connection): a failover that promotes one of them loses no acknowledged
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +70,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 SAFETY_WAKE_S = 5.0  # longest a blocked claimer waits without re-checking
+# How long a wake token (see _wait_for_work_or_wake) outlives a wait that ended without reading it:
+# longer than a BLPOP may wait for a pooled connection to be sent at all.
+WAKE_TOKEN_TTL_MS = 60_000
 UPKEEP_BATCH = 1_000  # jobs one maintenance step touches, so a script never blocks Redis long
 REDRIVE_BATCH = 10_000
 _SCRIPTS = (
@@ -244,10 +249,12 @@ class RedisQueue(Queue):
             return []
         return [Job.from_record(msgpack.unpackb(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
-    async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float, marker: object) -> None:
+    async def _wait_for_work(self, levels: tuple[int, ...], timeout_s: float, marker: object, *,
+                             wake_key: str | None = None) -> None:
         # Tokens pushed by the scripts persist in the lists, so nothing arriving between the empty
         # claim and this wait is missed. The marker holds what the empty claim saw of the next due
-        # time; without it (a claim that never ran), the stats script tells.
+        # time; without it (a claim that never ran), the stats script tells. `wake_key`, if any,
+        # is one more list to wait on (see _wait_for_work_or_wake).
         if isinstance(marker, _EmptyClaim) and marker.server_now_ms is not None:
             server_now, next_due = marker.server_now_ms, marker.next_due_ms
         else:
@@ -258,7 +265,7 @@ class RedisQueue(Queue):
             wait_s = min(wait_s, max(next_due - server_now, 0) / 1000)
         if wait_s <= 0.001:
             return
-        keys = [self._signal_keys[level] for level in levels]
+        keys = [self._signal_keys[level] for level in levels] + ([wake_key] if wake_key else [])
         give_up = time.monotonic() + wait_s
         while (remaining := give_up - time.monotonic()) > 0.001:
             try:
@@ -274,6 +281,40 @@ class RedisQueue(Queue):
                 continue
             self._wakeup_outage.restored()
             return
+
+    async def _wait_for_work_or_wake(self, levels: tuple[int, ...], timeout_s: float, marker: object,
+                                     wake: asyncio.Event) -> None:
+        """The wait for work, woken from the server's side once `wake` is set: it also waits on a
+        list of its own, onto which the wake pushes a token, so the BLPOP returns as it would for
+        work. A BLPOP is never cancelled to wake it: redis-py loses a cancellation that arrives
+        while the command is being sent (Python 3.11's asyncio.wait_for swallows it), and the
+        BLPOP then holds the claim to its timeout, up to a second in which a busy worker's slots
+        run empty; a cancellation that lands costs the connection besides."""
+        wake_key = f"{self._prefix}wake:{uuid.uuid4().hex}"
+        waiting = asyncio.ensure_future(self._wait_for_work(levels, timeout_s, marker, wake_key=wake_key))
+        woken = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait([waiting, woken], return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done():
+                try:
+                    await self._wake(wake_key)
+                except _DRIVER_ERRORS:
+                    # Redis is out of reach, so the wait is in its backoff, which a cancel ends.
+                    waiting.cancel()
+            await asyncio.wait([waiting])
+        finally:
+            woken.cancel()
+            if not waiting.done():  # this claim itself was cancelled
+                waiting.cancel()
+                await asyncio.wait([waiting])
+        if not waiting.cancelled():
+            waiting.result()  # a failing wait fails the claim, as it does without `wake`
+
+    async def _wake(self, wake_key: str) -> None:
+        """Push the token that ends a wait on `wake_key`. It expires unread when the wait ended
+        on its own meanwhile (the key is never used again)."""
+        assert self._client is not None
+        await self._client.pipelined([("LPUSH", wake_key, b"1"), ("PEXPIRE", wake_key, WAKE_TOKEN_TTL_MS)])
 
     async def _heartbeat(self, job_id: str, token: int, lease_ms: int) -> int:
         return int(await self._call("heartbeat", job_id, token, lease_ms))
