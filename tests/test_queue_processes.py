@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from conftest import QueueFactory
 from support.claims import ClaimWaits
 from support.waiting import eventually, eventually_sync
 from tidegate import JobState, LeaseLost, Priority, Queue, QueueUnavailable
+from tidegate._redis import SOCKET_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,18 +89,42 @@ async def test_a_killed_worker_s_job_is_recovered_at_its_priority(queue_factory:
     assert final is not None and final.result == "done"
 
 
-async def test_a_blocked_claim_is_woken_by_another_process(queue_factory: QueueFactory) -> None:
-    queue = await queue_factory.open(maintenance_interval_s=None)
-    waits = ClaimWaits(queue)
-    claim = asyncio.create_task(queue.claim("waiter", timeout_s=60))
-    await eventually(lambda: waits.count, "the claim waits for work")
-    assert not claim.done()
-    started = time.monotonic()
-    job_id = (await _finish(_spawn(queue_factory, "enqueue", "normal"))).strip()
-    jobs = await claim
-    assert [job.id for job in jobs] == [job_id]
-    # Woken by the other process's commit, not by a periodic re-check (those are 5 s apart).
-    assert time.monotonic() - started < 5.0
+async def test_a_blocked_claim_is_woken_by_another_process(
+    queue_factory: QueueFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim's whole wait is one blocking read: the periodic re-check a lost signal falls back
+    # on is pushed past it (on Redis one BLPOP of CLAIM_S, inside the client's socket timeout),
+    # so the claim returns the job only if the other process's enqueue woke it.
+    import tidegate.queue.redis
+    import tidegate.queue.sqlite
+
+    claim_s = 9.0
+    assert claim_s < SOCKET_TIMEOUT_S
+    monkeypatch.setattr(tidegate.queue.redis, "BLOCK_MAX_S", claim_s)
+    for backend in (tidegate.queue.redis, tidegate.queue.sqlite):
+        monkeypatch.setattr(backend, "SAFETY_WAKE_S", 3600.0)
+    enqueuer = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.support.queue_process", queue_factory.url, queue_factory.queue_name,
+        "enqueue-on-go", "normal",
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    assert enqueuer.stdout is not None and enqueuer.stdin is not None
+    try:
+        assert await enqueuer.stdout.readline() == b"ready\n"
+        queue = await queue_factory.open(maintenance_interval_s=None)
+        waits = ClaimWaits(queue)
+        claim = asyncio.create_task(queue.claim("waiter", timeout_s=claim_s))
+        await eventually(lambda: waits.count, "the claim waits for work")
+        enqueuer.stdin.write(b"go\n")
+        await enqueuer.stdin.drain()
+        jobs = await claim
+        job_id = (await enqueuer.stdout.readline()).decode().strip()
+        assert [job.id for job in jobs] == [job_id]
+        assert waits.count == 1  # one wait, ended by the enqueue: no empty re-check in between
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            enqueuer.kill()
+        await enqueuer.wait()
 
 
 @pytest.fixture

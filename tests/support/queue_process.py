@@ -7,6 +7,9 @@
         claim one job with a one-second lease, print its id and token, then hang until killed
     python -m tests.support.queue_process URL NAME enqueue PRIORITY
         enqueue one job and print its id
+    python -m tests.support.queue_process URL NAME enqueue-on-go PRIORITY
+        open the queue, print "ready", wait for a line on stdin, then enqueue one job and print
+        its id (the enqueue comes at a moment the test chooses, not after an interpreter start)
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ async def main(url: str, name: str, mode: str, *rest: str) -> list[str]:
             print(jobs[0].id, jobs[0].lease_token, flush=True)
             await asyncio.sleep(3600)
         elif mode == "enqueue":
+            print(await queue.enqueue({"from": worker}, priority=rest[0]), flush=True)
+        elif mode == "enqueue-on-go":
+            print("ready", flush=True)
+            await asyncio.to_thread(sys.stdin.readline)
             print(await queue.enqueue({"from": worker}, priority=rest[0]), flush=True)
         else:
             raise SystemExit(f"unknown mode {mode!r}")
