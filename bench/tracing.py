@@ -2,8 +2,8 @@
 into tidegate.tracing for one job, timed in a loop, with tracing off (the default) and on (the
 OpenTelemetry SDK, its spans batched to an exporter that drops them, so no network is timed).
 
-    .venv/bin/python bench/tracing.py                  # about 10 seconds
-    .venv/bin/python bench/tracing.py --jobs 50000
+    .venv/bin/python -m bench.tracing                  # about 10 seconds
+    .venv/bin/python -m bench.tracing --jobs 50000
 
 Each round is one job's share: the gateway's server span (on only: the middleware is not added
 when off), the intake's carrier and annotation, the worker's queue-wait record, its
@@ -11,17 +11,7 @@ when off), the intake's carrier and annotation, the worker's queue-wait record, 
 five spans when on. The last row times one bare SDK span, for scale.
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Run as `python bench/tracing.py`, Python puts bench/ first on sys.path, where bench/queue.py
-# would shadow the standard library's `queue` (the SDK's thread pools import it): mended before
-# any other import, hence the imports below the code (ruff's E402, allowed for this file).
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
 
 import argparse
 import time
