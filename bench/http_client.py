@@ -36,8 +36,7 @@ import aiohttp
 import orjson
 
 from bench.common import BenchmarkError, command_line, percentile
-from tidegate.config import ProviderConfig
-from tidegate.providers.client import UpstreamClient
+from tidegate.testing import ProviderConfig, UpstreamClient
 
 MODEL = "deepseek-v3.2"
 BODY: dict[str, Any] = {"model": MODEL, "max_tokens": 8,

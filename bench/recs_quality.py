@@ -67,7 +67,7 @@ from bench.recs_quality_methods import (
     TidegateBuyAgain,
     TidegateMethod,
 )
-from tidegate.recs import RecsSettings
+from tidegate.testing import RecsSettings
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "online_retail.csv.gz"
 TIDEGATE = "tidegate"

@@ -52,7 +52,7 @@ import aiohttp
 import orjson
 
 from bench.common import BenchmarkError, command_line, percentile
-from tidegate.config import default_models
+from tidegate.testing import default_models
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0

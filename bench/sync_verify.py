@@ -20,11 +20,16 @@ import time
 from bench.servers import private_redis
 from bench.sync_cpu import tree_cpu_s
 from bench.sync_servers import create_database, postgres, postmaster_pid
-from tidegate.app.sync import open_sync
-from tidegate.config import SyncConfig, TidegateConfig
-from tidegate.sync.cache import cache_for
-from tidegate.sync.contracts import EntityCache
-from tidegate.sync.verify import VerifySettings, row_source_for, verify
+from tidegate.testing import (
+    EntityCache,
+    SyncConfig,
+    TidegateConfig,
+    VerifySettings,
+    cache_for,
+    open_sync,
+    row_source_for,
+    verify,
+)
 
 
 async def _snapshot(sync: SyncConfig, cache: EntityCache, rows: int) -> None:

@@ -22,14 +22,22 @@ from decimal import Decimal
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from tidegate._otel import OtelTracing
-from tidegate.ai import AIRequest, Usage
-from tidegate.config import ModelConfig, ProviderConfig
-from tidegate.dispatch import traces
-from tidegate.dispatch.router import RouteDecision
-from tidegate.jobs import Job, JobState, Priority
-from tidegate.providers.client import UpstreamClient, _answered
-from tidegate.tracing import NOOP, Tracing, installed, tracer
+from tidegate import Job, JobState, Priority
+from tidegate.testing import (
+    NOOP,
+    AIRequest,
+    ModelConfig,
+    OtelTracing,
+    ProviderConfig,
+    RouteDecision,
+    Tracing,
+    UpstreamClient,
+    Usage,
+    http_answered,
+    installed,
+    tracer,
+    worker_traces,
+)
 
 MODEL = ModelConfig(name="gpt-4.1", input_usd_per_1m=Decimal("2"), output_usd_per_1m=Decimal("8"))
 PROVIDER = ProviderConfig(name="openai", base_url="http://127.0.0.1:9/v1", models=(MODEL,))
@@ -58,12 +66,12 @@ def one_job(client: UpstreamClient, job: Job) -> None:
     if tracing.enabled:  # intake.submit
         tracing.annotate({"tidegate.job_id": job.id, "tidegate.tenant": job.tenant,
                           "tidegate.priority": "normal"})
-    with traces.processing(job, time.time_ns()) as process:
-        with traces.model_call(ROUTE, REQUEST) as call:
+    with worker_traces.processing(job, time.time_ns()) as process:
+        with worker_traces.model_call(ROUTE, REQUEST) as call:
             with client._http_span(client._chat_url) as http:
-                _answered(http, 200)
-            traces.answered(call, RESPONSE, USAGE)
-        traces.charged(process, 84, "0.000084", ROUTE, None)
+                http_answered(http, 200)
+            worker_traces.answered(call, RESPONSE, USAGE)
+        worker_traces.charged(process, 84, "0.000084", ROUTE, None)
     if server is not None:
         server.__exit__(None, None, None)
 
