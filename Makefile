@@ -183,19 +183,19 @@ demo: venv-base
 	$(BIN)/tidegate demo
 
 bench: venv-bench servers peers
-	$(BIN)/python bench/queue.py
-	$(BIN)/python bench/dispatch.py
-	$(BIN)/python bench/http_client.py
-	$(BIN)/python bench/gateway.py
-	$(BIN)/python bench/sync.py
-	$(BIN)/python bench/recs.py
-	$(BIN)/python bench/recs_quality.py --months 3
+	$(BIN)/python -m bench.queues
+	$(BIN)/python -m bench.dispatch
+	$(BIN)/python -m bench.http_client
+	$(BIN)/python -m bench.gateway
+	$(BIN)/python -m bench.sync
+	$(BIN)/python -m bench.recs
+	$(BIN)/python -m bench.recs_quality --months 3
 
 # Not part of `bench` (30 minutes): `tidegate up` at 200 req/s of mixed traffic, its memory and
-# data folder sampled every 30 s (bench/soak.py --help for shorter runs).
+# data folder sampled every 30 s (python -m bench.soak --help for shorter runs).
 .PHONY: soak
 soak: venv-bench
-	$(BIN)/python bench/soak.py
+	$(BIN)/python -m bench.soak
 
 clean:
 	rm -rf $(VENV) $(ALT_VENVS) $(TOOLS) $(PEERS_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis .tidegate build dist site

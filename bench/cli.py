@@ -1,5 +1,5 @@
 """The queue benchmark's command line and its plan: which systems, which paths, how big, how
-often. `bench/queue.py` is the entry point; see its docstring."""
+often. `python -m bench.queues` (bench/queues.py) is the entry point; see its docstring."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
-import shlex
 import sys
 import tempfile
 import uuid
@@ -27,6 +25,7 @@ from bench.common import (
     SINGLE,
     BenchmarkError,
     Result,
+    command_line,
     median_result,
 )
 from bench.machine import CpuMeter
@@ -69,7 +68,7 @@ def parse_args(argv: list[str], description: str | None = None) -> argparse.Name
     """The command line; `description` is the entry script's docstring, shown by --help."""
     defaults = PeerSettings()
     parser = argparse.ArgumentParser(
-        prog="bench/queue.py",
+        prog="python -m bench.queues",
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -279,16 +278,6 @@ class Session:
         )
 
 
-def command_line(argv: list[str]) -> str:
-    """The command as typed from the repository root, for BENCHMARKS.md."""
-    executable = Path(sys.executable)
-    try:
-        shown = str(executable.relative_to(Path.cwd()))
-    except ValueError:
-        shown = str(executable)
-    script = os.path.relpath(Path(sys.argv[0]).resolve(), Path.cwd())
-    return shlex.join([shown, script, *argv])
-
 
 def main(argv: list[str] | None = None, description: str | None = None) -> int:
     """Start a private Redis, run the plan, print the report."""
@@ -317,11 +306,11 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     except BenchmarkError as exc:
         progress.print(f"[bold red]benchmark failed:[/bold red] {exc}")
         return 1
-    print_report(console, results, skipped, facts, command_line(argv))
+    print_report(console, results, skipped, facts, command_line("bench.queues", argv))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
-            "command": command_line(argv),
+            "command": command_line("bench.queues", argv),
             "machine": facts,
             "plan": asdict(plan),
             "results": [{**asdict(r), "rate": r.rate} for r in results],

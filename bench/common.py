@@ -1,14 +1,29 @@
-"""What every benchmark part shares: the result record, percentiles, and the one error."""
+"""What every benchmark part shares: the result record, percentiles, the command line of a run,
+and the one error."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 SINGLE = "single"
 BATCHED = "batched"
 BATCHED_EACH = "batched/each"  # tidegate only: batched, but each job completed on its own
 ROUND_TRIP = "round trip"
+
+
+def command_line(module: str, argv: Sequence[str]) -> str:
+    """The command that reproduces a run, as typed at the repository root (BENCHMARKS.md shows
+    it): this interpreter, relative to the current folder when it lives there, with `-m module`."""
+    executable = Path(sys.executable)
+    try:
+        shown = str(executable.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(executable)
+    return shlex.join([shown, "-m", module, *argv])
 
 
 class BenchmarkError(RuntimeError):

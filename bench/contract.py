@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import orjson
 
-from tidegate.gateway.openai.schemas import ChatCompletionRequest
+from tidegate.testing import ChatCompletionRequest
 
 __all__ = ["main"]
 

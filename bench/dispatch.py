@@ -2,12 +2,12 @@
 overload) through the queue and a worker against the simulated provider, with priorities and
 without (FIFO).
 
-    .venv/bin/python bench/dispatch.py                  # full: ~4 minutes on 2 cores
-    .venv/bin/python bench/dispatch.py --quick          # ~40 s
-    .venv/bin/python bench/dispatch.py --queue redis    # private redis-server on a free port
-    .venv/bin/python bench/dispatch.py --sim inproc     # simulator on the benchmark's own loop
-    .venv/bin/python bench/dispatch.py --modes cost --no-ceiling   # the cost scenario alone, ~90 s
-    .venv/bin/python bench/dispatch.py --ceiling-only   # the dispatch ceiling alone, ~15 s
+    .venv/bin/python -m bench.dispatch                  # full: ~4 minutes on 2 cores
+    .venv/bin/python -m bench.dispatch --quick          # ~40 s
+    .venv/bin/python -m bench.dispatch --queue redis    # private redis-server on a free port
+    .venv/bin/python -m bench.dispatch --sim inproc     # simulator on the benchmark's own loop
+    .venv/bin/python -m bench.dispatch --modes cost --no-ceiling   # the cost scenario alone, ~90 s
+    .venv/bin/python -m bench.dispatch --ceiling-only   # the dispatch ceiling alone, ~15 s
 
 Each run (priority, then FIFO, with the same seeded arrivals) sends the nominal phase, then the
 overload phase, then lets the backlog drain for at most --drain-s and cancels the rest; every
@@ -30,16 +30,8 @@ tidegate and roughly halves the ceiling: the subprocess is the more faithful of 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-# Run as `python bench/dispatch.py`, Python puts bench/ first on sys.path, where bench/queue.py
-# would shadow the standard library's `queue` (asyncio's executors and redis-py import it). Put
-# the repository root there instead, so the helpers import as the `bench` package.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
+from bench.dispatch_cli import main
 
 if __name__ == "__main__":
-    from bench.dispatch_cli import main  # only now: its imports pull in `queue`
-
     sys.exit(main(description=__doc__))

@@ -9,7 +9,6 @@ import contextlib
 import logging
 import os
 import platform
-import shlex
 import sqlite3
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
 
-from bench.common import BenchmarkError
+from bench.common import BenchmarkError, command_line
 from bench.dispatch_cost import CostResult, cost_report, run_costs
 from bench.dispatch_report import (
     depth_block,
@@ -349,7 +348,7 @@ def main(description: str | None = None, argv: Sequence[str] | None = None) -> i
     """Run the benchmark and print its markdown report; 1 on a failed check."""
     args = parser(description).parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    command = shlex.join(["python", "bench/dispatch.py", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("bench.dispatch", sys.argv[1:] if argv is None else argv)
     try:
         scenario, options = scenario_from(args), options_from(args)
         load_before = load_average()

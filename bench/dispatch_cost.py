@@ -21,13 +21,18 @@ from typing import Literal
 from bench.common import BenchmarkError, percentile
 from bench.dispatch_scenario import Scenario
 from bench.dispatch_sim import SimHandle
-from tidegate.app.components import open_worker_parts
-from tidegate.config import ProviderBatchConfig, ProviderConfig, RoutingConfig, TidegateConfig, WorkerSettings
-from tidegate.costs import micros_to_usd
-from tidegate.dispatch.worker import Worker
-from tidegate.jobs import Job, JobState, Priority
-from tidegate.queue import Queue
-from tidegate.simulator.catalogue import default_models
+from tidegate import Job, JobState, Priority, Queue
+from tidegate.testing import (
+    ProviderBatchConfig,
+    ProviderConfig,
+    RoutingConfig,
+    TidegateConfig,
+    Worker,
+    WorkerSettings,
+    default_models,
+    micros_to_usd,
+    open_worker_parts,
+)
 
 CostRun = Literal["premium", "tiers", "batches"]
 COST_RUNS: tuple[CostRun, ...] = ("premium", "tiers", "batches")

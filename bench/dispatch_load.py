@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.dispatch_scenario import FIFO_LEVEL, PRIORITIES, Phase, Scenario
-from tidegate.jobs import Priority
-from tidegate.queue import Queue, QueueStats
+from tidegate import Priority, Queue, QueueStats
 
 LAG_PROBE_S = 0.05
 SAMPLE_EVERY_S = 1.0

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from bench.dispatch_load import DepthSample
 from bench.dispatch_run import CeilingResult, JobOutcome, ModeResult
 from bench.dispatch_scenario import PRIORITIES, Phase, Scenario
-from tidegate.jobs import JobState, Priority
+from tidegate import JobState, Priority
 
 SPARKS = "▁▂▃▄▅▆▇█"
 CRITICAL_WAIT_TARGET_MS = 50.0

@@ -27,13 +27,17 @@ from bench.dispatch_load import Arrival, Clock, DepthSample, DepthSampler, LoopL
 from bench.dispatch_scenario import Scenario
 from bench.dispatch_sim import SimHandle
 from bench.machine import CpuMeter
-from tidegate.ai import Timings, result_of
-from tidegate.app.components import Given, open_worker_parts
-from tidegate.coord.limiter import rate_limiter_for
-from tidegate.dispatch.metrics import DispatchMetrics
-from tidegate.dispatch.worker import Worker, WorkerSettings
-from tidegate.jobs import Job, JobState, Priority
-from tidegate.queue import Queue
+from tidegate import Job, JobState, Priority, Queue
+from tidegate.testing import (
+    DispatchMetrics,
+    Given,
+    Timings,
+    Worker,
+    WorkerSettings,
+    open_worker_parts,
+    rate_limiter_for,
+    result_of,
+)
 
 Mode = Literal["priority", "fifo"]
 T = TypeVar("T")

@@ -15,9 +15,16 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from tidegate.config import ModelConfig, ProviderConfig, RoutingConfig, TidegateConfig, WorkerSettings
-from tidegate.jobs import Priority
-from tidegate.simulator.settings import ModelBehaviour, SimulatorSettings
+from tidegate import Priority
+from tidegate.testing import (
+    ModelBehaviour,
+    ModelConfig,
+    ProviderConfig,
+    RoutingConfig,
+    SimulatorSettings,
+    TidegateConfig,
+    WorkerSettings,
+)
 
 PRIORITIES: tuple[Priority, ...] = tuple(Priority)
 DEFAULT_MIX_TEXT = "critical=5,high=15,normal=30,low=25,bulk=25"

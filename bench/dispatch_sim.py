@@ -21,7 +21,7 @@ import aiohttp
 from bench.common import BenchmarkError
 from bench.dispatch_scenario import Scenario
 from bench.servers import free_port
-from tidegate.simulator.server import Simulator
+from tidegate.testing import Simulator
 
 SimPlacement = Literal["inproc", "subprocess"]
 START_TIMEOUT_S = 20.0

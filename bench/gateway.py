@@ -2,11 +2,11 @@
 end-to-end rate through gateway → queue → worker → provider, side by side with LiteLLM's proxy
 and Portkey's gateway.
 
-    .venv/bin/python bench/gateway.py                   # about 5 minutes on a quiet 2-core machine
-    .venv/bin/python bench/gateway.py --quick           # a smoke run, about 2 minutes
-    .venv/bin/python bench/gateway.py --systems up,redis --rates 100,200 --duration-s 15
-    .venv/bin/python bench/gateway.py --systems up,redis,litellm   # without Portkey (no Node.js)
-    .venv/bin/python bench/gateway.py --litellm-workers 2 --clients 256 --json bench/results/gw.json
+    .venv/bin/python -m bench.gateway                   # about 5 minutes on a quiet 2-core machine
+    .venv/bin/python -m bench.gateway --quick           # a smoke run, about 2 minutes
+    .venv/bin/python -m bench.gateway --systems up,redis --rates 100,200 --duration-s 15
+    .venv/bin/python -m bench.gateway --systems up,redis,litellm   # without Portkey (no Node.js)
+    .venv/bin/python -m bench.gateway --litellm-workers 2 --clients 256 --json bench/results/gw.json
 
 Every part runs in a process of its own on loopback: the simulated provider (`tidegate simulate`,
 a fixed answer time, no limits), each system, and the load generator (this process, which does
@@ -40,16 +40,8 @@ during which they took more than 20 % of a core is measured again (at most twice
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-# Run as `python bench/gateway.py`, Python puts bench/ first on sys.path, where bench/queue.py
-# would shadow the standard library's `queue` (asyncio imports it). Put the repository root there
-# instead, so the helpers import as the `bench` package.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
+from bench.gateway_cli import main
 
 if __name__ == "__main__":
-    from bench.gateway_cli import main  # only now: its imports pull in `queue`
-
     sys.exit(main(description=__doc__))

@@ -10,7 +10,6 @@ import asyncio
 import functools
 import json
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import tidegate
-from bench.common import BenchmarkError
+from bench.common import BenchmarkError, command_line
 from bench.gateway_load import LoadRun, client_session, closed_loop, open_loop, warm_up
 from bench.gateway_procs import REPO_ROOT, CpuWatch, tree_pids
 from bench.gateway_report import NotRun, RatePair, Report, Sustained, SystemInfo, as_json, print_report
@@ -432,7 +431,7 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
     # 1, 5 and 15 minutes, as `uptime` shows them: how busy the machine was before the run.
     load_before = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     plan, json_path = parse_args(argv, description)
-    command = shlex.join([".venv/bin/python", "bench/gateway.py", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("bench.gateway", sys.argv[1:] if argv is None else argv)
     try:
         report = asyncio.run(run(plan, load_before))
     except BenchmarkError as error:

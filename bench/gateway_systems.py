@@ -28,9 +28,8 @@ from bench.gateway_load import MODEL, Endpoint
 from bench.gateway_procs import REPO_ROOT, running, tidegate_command, wait_for_http, wait_for_line
 from bench.gateway_up import READY_PREFIX
 from bench.servers import free_port, private_redis
-from tidegate.coord.tenants import Tenant, tenant_store_for
-from tidegate.jobs import Priority
-from tidegate.simulator.catalogue import default_models
+from tidegate import Priority
+from tidegate.testing import Tenant, default_models, tenant_store_for
 
 SIM_KEY = "sk-bench"  # the simulator checks no key; clients send one as they would to a provider
 SIM_READY = r"Simulated provider listening on (\S+)"

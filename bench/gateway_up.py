@@ -17,10 +17,7 @@ import logging
 import os
 import sys
 
-from tidegate._eventloop import run as run_loop
-from tidegate._sqlite import ensure_sqlite_folder
-from tidegate.app.up import UpInfo, UpSettings, run_up
-from tidegate.config import TidegateConfig
+from tidegate.testing import TidegateConfig, UpInfo, UpSettings, ensure_sqlite_folder, run_loop, run_up
 
 READY_PREFIX = "tidegate up ready: "
 

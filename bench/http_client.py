@@ -1,8 +1,8 @@
 """Which HTTP client for the provider hot path: aiohttp vs httpx, against the simulated provider.
 
-    .venv/bin/python bench/http_client.py             # 5 rounds of 20,000 requests per client
-    .venv/bin/python bench/http_client.py --quick     # a smoke run, a few seconds
-    .venv/bin/python bench/http_client.py --requests 50000 --concurrency 128 --rounds 3
+    .venv/bin/python -m bench.http_client             # 5 rounds of 20,000 requests per client
+    .venv/bin/python -m bench.http_client --quick     # a smoke run, a few seconds
+    .venv/bin/python -m bench.http_client --requests 50000 --concurrency 128 --rounds 3
 
 `tidegate simulate` runs in its own process (zero latency, no limits, no faults), so the client
 process measures only client work. Each client keeps one pooled session and the same number of
@@ -17,35 +17,26 @@ plus classification, usage and rate-limit parsing) to show what the wrapper cost
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import statistics
 import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-# Run as a script, Python puts bench/ first on sys.path, where bench/queue.py would shadow the
-# standard library's `queue` (asyncio imports it). Put the repository root there instead.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
+import aiohttp
+import orjson
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import shlex  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import AsyncIterator, Awaitable, Callable  # noqa: E402
-from contextlib import asynccontextmanager  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from importlib import metadata  # noqa: E402
-from typing import Any  # noqa: E402
-
-import aiohttp  # noqa: E402
-import orjson  # noqa: E402
-
-from bench.common import BenchmarkError, percentile  # noqa: E402
-from tidegate.config import ProviderConfig  # noqa: E402
-from tidegate.providers.client import UpstreamClient  # noqa: E402
+from bench.common import BenchmarkError, command_line, percentile
+from tidegate.testing import ProviderConfig, UpstreamClient
 
 MODEL = "deepseek-v3.2"
 BODY: dict[str, Any] = {"model": MODEL, "max_tokens": 8,
@@ -232,7 +223,7 @@ async def main(args: argparse.Namespace) -> int:
     for runs in rounds.values():
         rate = statistics.median_low([r.rate for r in runs])
         medians.append(next(r for r in runs if r.rate == rate))
-    print(f"Command: `{shlex.join(['.venv/bin/python', 'bench/http_client.py', *sys.argv[1:]])}`\n")
+    print(f"Command: `{command_line('bench.http_client', sys.argv[1:])}`\n")
     print(header + "\n")
     print(markdown(medians))
     return 0

@@ -1,10 +1,10 @@
 """Recommendations: freshness under a stream of interactions, serving latency, and memory per user.
 
-    .venv/bin/python bench/recs.py                  # about 6 minutes on 2 cores
-    .venv/bin/python bench/recs.py --quick          # a smoke run, about 1.5 minutes
-    .venv/bin/python bench/recs.py --parts fresh --stores memory --gc freeze --duration-s 60
-    .venv/bin/python bench/recs.py --parts serve --stores memory --queries 3000
-    .venv/bin/python bench/recs.py --markdown bench/results/recs.md --json bench/results/recs.json
+    .venv/bin/python -m bench.recs                  # about 6 minutes on 2 cores
+    .venv/bin/python -m bench.recs --quick          # a smoke run, about 1.5 minutes
+    .venv/bin/python -m bench.recs --parts fresh --stores memory --gc freeze --duration-s 60
+    .venv/bin/python -m bench.recs --parts serve --stores memory --queries 3000
+    .venv/bin/python -m bench.recs --markdown bench/results/recs.md --json bench/results/recs.json
 
 The issue's targets: an interaction committed in PostgreSQL shows in that user's recommendations
 within 100 ms at p99 at 1,000 interactions/s; n=10 served in under 20 ms at p99 over 50,000
@@ -40,16 +40,8 @@ port) and a redis-server.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-# Run as `python bench/recs.py`, Python puts bench/ first on sys.path, where bench/queue.py
-# would shadow the standard library's `queue` (asyncio imports it). Put the repository root there
-# instead, so the helpers import as the `bench` package.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
+from bench.recs_bench_cli import main
 
 if __name__ == "__main__":
-    from bench.recs_bench_cli import main  # only now: its imports pull in `queue`
-
     sys.exit(main(description=__doc__))

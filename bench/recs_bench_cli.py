@@ -33,7 +33,7 @@ from bench.recs_bench_serve import measure as measure_serve
 from bench.report import load_average, source_revision
 from bench.servers import private_redis
 from bench.sync_servers import postgres, postgres_version, postmaster_pid
-from tidegate._eventloop import server_gc
+from tidegate.testing import server_gc
 
 PARTS = ("fresh", "serve", "memory")
 STORES = ("memory", "redis")

@@ -21,8 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from tidegate.demo.shop import categories_of
-from tidegate.recs import Interaction, InteractionKind, Item, Recommender
+from tidegate.testing import Interaction, InteractionKind, Item, Recommender, categories_of
 
 ADJECTIVES = ("Vintage", "Red", "Pink", "Blue", "Ivory", "Regency", "Rustic", "Polkadot", "Retro", "Floral",
               "Glass", "Enamel", "Wooden", "Zinc", "Paper", "Green", "Gold", "Silver", "Striped", "Spotty")

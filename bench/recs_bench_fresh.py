@@ -37,9 +37,7 @@ from bench.recs_bench_writer import run_writer
 from bench.sync_cpu import CpuWatch
 from bench.sync_servers import WRITER_OPTIONS, PostgresServer
 from bench.sync_writer import WriterResult
-from tidegate.app.recs import open_recommendations
-from tidegate.app.sync import open_sync
-from tidegate.config import PipelineSettings, SyncConfig, TidegateConfig
+from tidegate.testing import PipelineSettings, SyncConfig, TidegateConfig, open_recommendations, open_sync
 
 SHOP_DDL = """
 CREATE TABLE products (

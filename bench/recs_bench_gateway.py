@@ -36,12 +36,17 @@ import uvicorn
 
 from bench.common import percentile
 from bench.recs_bench_data import Shop, seed, user_id
-from tidegate.app.components import Given
-from tidegate.app.gateway import open_gateway_state
-from tidegate.config import SyncConfig, TidegateConfig
-from tidegate.coord.tenants import Tenant
-from tidegate.gateway.app import create_app
-from tidegate.recs import Recommender, RecQuery, recs_store_for
+from tidegate.testing import (
+    Given,
+    Recommender,
+    RecQuery,
+    SyncConfig,
+    Tenant,
+    TidegateConfig,
+    create_app,
+    open_gateway_state,
+    recs_store_for,
+)
 
 WARMUP_QUERIES = 50
 KINDS = ("personal", "cold")

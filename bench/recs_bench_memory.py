@@ -31,9 +31,15 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from bench.recs_bench_data import Shop
-from tidegate.recs import InteractionKind, RecsSettings, recs_store_for
-from tidegate.recs.store.base import RecsStore, UserEvent, UserParams
-from tidegate.recs.vectors import item_vector
+from tidegate.testing import (
+    InteractionKind,
+    RecsSettings,
+    RecsStore,
+    UserEvent,
+    UserParams,
+    item_vector,
+    recs_store_for,
+)
 
 BATCH_USERS = 500
 TYPICAL_MEAN = 8

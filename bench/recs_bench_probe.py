@@ -37,7 +37,7 @@ from typing import Any
 
 import psycopg2  # type: ignore[import-untyped]
 
-from tidegate.recs import Recommender, RecQuery, RecResult
+from tidegate.testing import Recommender, RecQuery, RecResult
 
 PROBE_PREFIX = "probe-"  # users with a history, who buy
 FRESH_PREFIX = "fresh-"  # users never seen before their one view

@@ -1,11 +1,11 @@
 """Offline quality of tidegate's recommendations on the real UCI Online Retail purchases.
 
-    .venv/bin/python bench/recs_quality.py              # the full run: about 7 minutes on 2 cores
-    .venv/bin/python bench/recs_quality.py --quick      # shorter history and test, 300 customers: ~75 s
-    .venv/bin/python bench/recs_quality.py --markdown   # also print the tables as markdown
-    .venv/bin/python bench/recs_quality.py --months 3   # the last 3 test months, each with its rows,
+    .venv/bin/python -m bench.recs_quality              # the full run: about 7 minutes on 2 cores
+    .venv/bin/python -m bench.recs_quality --quick      # shorter history and test, 300 customers: ~75 s
+    .venv/bin/python -m bench.recs_quality --markdown   # also print the tables as markdown
+    .venv/bin/python -m bench.recs_quality --months 3   # the last 3 test months, each with its rows,
                                                         # the pooled mean and the findings: ~5 minutes
-    .venv/bin/python bench/recs_quality.py --quick --months 2   # two-week months, 300 customers: ~50 s
+    .venv/bin/python -m bench.recs_quality --quick --months 2   # two-week months, 300 customers: ~50 s
 
 The purchases replay in time order through every method at once: tidegate's incremental
 Recommender (fed interaction by interaction, as the change flow feeds it), global popularity,
@@ -22,37 +22,31 @@ https://doi.org/10.24432/C5BW33, CC BY 4.0; the copy is expected at ../shared/da
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
-# Run as a script, Python puts bench/ first on sys.path, where bench/queue.py would shadow the
-# standard library's `queue` (asyncio imports it). Put the repository root there instead.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
 # implicit runs its own threads; a multi-threaded BLAS underneath would oversubscribe the cores
 # (implicit warns about it). Set before numpy is imported.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import importlib.util  # noqa: E402
-import platform  # noqa: E402
-import shlex  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Mapping, Sequence  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from datetime import date  # noqa: E402
-from importlib import metadata  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import asyncio
+import importlib.util
+import platform
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date
+from importlib import metadata
+from pathlib import Path
+from typing import Any
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from bench.common import BenchmarkError  # noqa: E402
-from bench.recs_quality_data import Month, Split, last_months, load, local_midnight, months_back, split  # noqa: E402
-from bench.recs_quality_eval import (  # noqa: E402
+from bench.common import BenchmarkError, command_line
+from bench.recs_quality_data import Month, Split, last_months, load, local_midnight, months_back, split
+from bench.recs_quality_eval import (
     MODES,
     Outcome,
     Window,
@@ -63,7 +57,7 @@ from bench.recs_quality_eval import (  # noqa: E402
     replay_windows,
     sample_customers,
 )
-from bench.recs_quality_methods import (  # noqa: E402
+from bench.recs_quality_methods import (
     BATCH_SPECS,
     DailyBatch,
     DecayedPopularity,
@@ -73,9 +67,9 @@ from bench.recs_quality_methods import (  # noqa: E402
     TidegateBuyAgain,
     TidegateMethod,
 )
-from tidegate.recs import RecsSettings  # noqa: E402
+from tidegate.testing import RecsSettings
 
-DEFAULT_DATA = _BENCH_DIR.parent.parent / "shared" / "data" / "online_retail.csv.gz"
+DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "online_retail.csv.gz"
 TIDEGATE = "tidegate"
 
 
@@ -584,7 +578,7 @@ def main_months(plan: Plan, console: Console, as_markdown: bool) -> int:
         for title, headers, rows in tables:
             print(f"\n{title}\n\n{markdown(headers, rows)}")
         print("\n" + "\n".join(lines))
-        print("\n```\n" + shlex.join([Path(sys.executable).name, *sys.argv]) + "\n```")
+        print("\n```\n" + command_line("bench.recs_quality", sys.argv[1:]) + "\n```")
     return 0
 
 
@@ -609,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     if as_markdown:
         for title, headers, rows in tables:
             print(f"\n{title}\n\n{markdown(headers, rows)}")
-        print("\n```\n" + shlex.join([Path(sys.executable).name, *sys.argv]) + "\n```")
+        print("\n```\n" + command_line("bench.recs_quality", sys.argv[1:]) + "\n```")
     return 0
 
 

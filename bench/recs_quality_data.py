@@ -27,8 +27,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from bench.common import BenchmarkError
-from tidegate.demo.shop import categories_of
-from tidegate.recs import Item
+from tidegate.testing import Item, categories_of
 
 RETAIL_ZONE = ZoneInfo("Europe/London")
 _PRODUCT_CODE = re.compile(r"^\d{5}[A-Z]{0,2}$")

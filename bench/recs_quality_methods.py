@@ -35,7 +35,7 @@ import numpy as np
 
 from bench.common import BenchmarkError
 from bench.recs_quality_data import RETAIL_ZONE, Invoice
-from tidegate.recs import Interaction, InteractionKind, Item, RecQuery, RecsSettings
+from tidegate.testing import Interaction, InteractionKind, Item, RecQuery, RecsSettings
 
 
 class Method(Protocol):
@@ -345,8 +345,7 @@ class TidegateMethod(_Timed):
     _recommender: Any = None
 
     async def start(self, catalogue: dict[str, Item]) -> None:
-        from tidegate.recs import Recommender
-        from tidegate.recs.store.base import recs_store_for
+        from tidegate.testing import Recommender, recs_store_for
 
         store = await self._stack.enter_async_context(recs_store_for("memory://"))
         self._recommender = Recommender(store, self.settings, clock=lambda: self._now)

@@ -27,8 +27,7 @@ import redis.asyncio as aioredis
 from bench.recs_bench_data import Shop, seed
 from bench.servers import private_redis
 from bench.sync_cpu import process_cpu_s
-from tidegate._redis import lua_source
-from tidegate.recs import Interaction, Recommender, recs_store_for
+from tidegate.testing import Interaction, Recommender, lua_source, recs_store_for
 
 RATE_PER_S = 3000.0
 

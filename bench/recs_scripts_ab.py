@@ -19,12 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-import tidegate.recs.store.redis as redis_store
 from bench.recs_bench_data import Shop, seed
 from bench.servers import RedisServer, private_redis
 from bench.sync_cpu import process_cpu_s
-from tidegate.recs import Interaction, Recommender, recs_store_for
-from tidegate.recs.store.base import RecsStore
+from tidegate.testing import Interaction, Recommender, RecsStore, recs_redis_store, recs_store_for
 
 RATE_PER_S = 3000.0
 LUA = "src/tidegate/recs/store/lua"
@@ -39,12 +37,12 @@ async def _open_with_scripts_of(url: str, revision: str) -> RecsStore:
                                         capture_output=True, text=True, check=True).stdout for n in names)
 
     # The store reads its scripts when it opens: swap the reader for that moment only.
-    original = getattr(redis_store, "lua_source")  # noqa: B009 - not part of the module's API
-    setattr(redis_store, "lua_source", source)  # noqa: B010
+    original = getattr(recs_redis_store, "lua_source")  # noqa: B009 - not part of the module's API
+    setattr(recs_redis_store, "lua_source", source)  # noqa: B010
     try:
         return await recs_store_for(url, prefix="ab").open()
     finally:
-        setattr(redis_store, "lua_source", original)  # noqa: B010
+        setattr(recs_redis_store, "lua_source", original)  # noqa: B010
 
 
 async def measure(args: argparse.Namespace, here: RedisServer, there: RedisServer) -> None:

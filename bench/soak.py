@@ -1,7 +1,7 @@
 """Soak: `tidegate up` under steady mixed traffic for a long time, watching memory and disk.
 
-    .venv/bin/python bench/soak.py                          # 200 req/s for 30 minutes
-    .venv/bin/python bench/soak.py --minutes 4 --rate 100 --answered-ttl-s 30 --finished-ttl-s 60 \\
+    .venv/bin/python -m bench.soak                          # 200 req/s for 30 minutes
+    .venv/bin/python -m bench.soak --minutes 4 --rate 100 --answered-ttl-s 30 --finished-ttl-s 60 \\
         --baseline-min 1 --sample-s 15                      # a short check of the harness
 
 It starts `tidegate simulate` (its own process: latency ~300 ms median, 2 s at p99 for chat, a
@@ -29,37 +29,30 @@ and the rate achieved with the latencies of the synchronous calls.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-# Run as a script, Python puts bench/ first on sys.path, where bench/queue.py would shadow the
-# standard library's `queue` (asyncio imports it). Put the repository root there instead.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
+import aiohttp
+import orjson
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import random  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections import Counter  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
-from datetime import UTC, datetime  # noqa: E402
-from typing import Any  # noqa: E402
-
-import aiohttp  # noqa: E402
-import orjson  # noqa: E402
-
-from bench.common import BenchmarkError, percentile  # noqa: E402
-from tidegate.simulator.catalogue import default_models  # noqa: E402
+from bench.common import BenchmarkError, command_line, percentile
+from tidegate.testing import default_models
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
@@ -366,7 +359,7 @@ def summarise(args: argparse.Namespace, load: Load, samples: list[Sample], sent_
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"Python {platform.python_version()} on {platform.system()} {platform.machine()}, "
                    f"{os.cpu_count()} CPUs",
-        "command": " ".join(["bench/soak.py", *sys.argv[1:]]),
+        "command": command_line("bench.soak", sys.argv[1:]),
         "settings": {"rate": args.rate, "minutes": args.minutes, "answered_ttl_s": args.answered_ttl_s,
                      "finished_ttl_s": args.finished_ttl_s, "sample_s": args.sample_s,
                      "baseline_min": args.baseline_min, "concurrency": args.concurrency,
@@ -476,7 +469,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="tidegate up's calls in flight (default 256)")
     parser.add_argument("--work", type=Path, default=None,
                         help="folder for the configs, logs and data (default: a temporary one, removed)")
-    parser.add_argument("--out", type=Path, default=_BENCH_DIR / "results",
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="where soak-<time>.json and .md go (default bench/results/)")
     args = parser.parse_args(argv)
     if args.rate <= 0 or args.minutes <= 0 or args.sample_s <= 0:

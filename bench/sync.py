@@ -1,10 +1,10 @@
 """The change flow's freshness and throughput: PostgreSQL → tidegate's pipeline → entity cache,
 through the memory, Redis Streams and Kafka buses, next to pg_recvlogical on the same workload.
 
-    .venv/bin/python bench/sync.py                      # about 5 minutes on 2 cores
-    .venv/bin/python bench/sync.py --quick              # a smoke run, about 1.5 minutes
-    .venv/bin/python bench/sync.py --systems memory,memory:redis --rate 4000 --duration-s 30
-    .venv/bin/python bench/sync.py --profile bench/results/prof --markdown bench/results/sync.md
+    .venv/bin/python -m bench.sync                      # about 5 minutes on 2 cores
+    .venv/bin/python -m bench.sync --quick              # a smoke run, about 1.5 minutes
+    .venv/bin/python -m bench.sync --systems memory,memory:redis --rate 4000 --duration-s 30
+    .venv/bin/python -m bench.sync --profile bench/results/prof --markdown bench/results/sync.md
 
 Every server is private to the run: a PostgreSQL cluster (initdb in a temporary folder,
 wal_level=logical, fsync off, on a free port), a redis-server and a Kafka-protocol broker (Tansu,
@@ -31,16 +31,8 @@ time wakes up ("sleeper late"): the scheduling stalls every process of the run w
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-# Run as `python bench/sync.py`, Python puts bench/ first on sys.path, where bench/queue.py
-# would shadow the standard library's `queue` (asyncio imports it). Put the repository root there
-# instead, so the helpers import as the `bench` package.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
+from bench.sync_cli import main
 
 if __name__ == "__main__":
-    from bench.sync_cli import main  # only now: its imports pull in `queue`
-
     sys.exit(main(description=__doc__))

@@ -263,7 +263,7 @@ def _emit(message: dict[str, Any]) -> None:
 def _database_checksums(dsn: str, table: str) -> dict[str, str]:
     import psycopg2  # type: ignore[import-untyped]
 
-    from tidegate.sync.values import canonical, checksum
+    from tidegate.testing import canonical, checksum
 
     with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
         cur.execute(f"SELECT * FROM {table}")
@@ -321,8 +321,7 @@ async def _progress(recorder: Recorder) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     """Run the change flow with the recorder until `stop`."""
-    from tidegate.app.sync import open_sync
-    from tidegate.config import SyncConfig, TidegateConfig
+    from tidegate.testing import SyncConfig, TidegateConfig, open_sync
 
     sync = SyncConfig(source_url=args.source_url, bus_url=args.bus_url, cache_url=args.cache_url,
                       tables=(args.table,), slot=args.slot, publication=args.publication,
@@ -361,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # As `tidegate sync` runs: uvloop, and the collector set for a server, the loaded snapshot
     # frozen out of its reach (`tidegate._eventloop`).
-    from tidegate._eventloop import run
+    from tidegate.testing import run_loop as run
 
     run_loop: Callable[[Any], Any] = asyncio.run if args.plain_loop else run
     if args.profile is None:

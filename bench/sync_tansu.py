@@ -1,8 +1,8 @@
 """How the Kafka-protocol broker the change-flow benchmark runs on (Tansu, in memory) answers the
 Kafka bus's consumer: the figures behind the Kafka lines of BENCHMARKS.md's change-flow section.
 
-    .venv/bin/python bench/sync_tansu.py            # about 2 minutes
-    .venv/bin/python bench/sync_tansu.py --quick    # shorter partitions, about 40 s
+    .venv/bin/python -m bench.sync_tansu            # about 2 minutes
+    .venv/bin/python -m bench.sync_tansu --quick    # shorter partitions, about 40 s
 
 On a private broker (`tests/support/tansu.py`), with aiokafka as the bus uses it:
 
@@ -27,14 +27,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]  # see bench/sync.py
-sys.path.insert(0, str(_BENCH_DIR.parent))
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
-
-from bench.sync_servers import TansuBroker, kafka_broker, tansu_version  # noqa: E402
+from bench.sync_servers import TansuBroker, kafka_broker, tansu_version
 
 WAITS_MS = (500, 100, 20, 5)
 VALUE = b"v" * 300  # about one change's JSON

@@ -1,7 +1,7 @@
 """What `tidegate sync verify` costs: rows checked per second and CPU, on a synced table.
 
-    .venv/bin/python bench/sync_verify.py                 # 100,000 rows, memory and Redis caches
-    .venv/bin/python bench/sync_verify.py --rows 20000 --caches redis
+    .venv/bin/python -m bench.sync_verify                 # 100,000 rows, memory and Redis caches
+    .venv/bin/python -m bench.sync_verify --rows 20000 --caches redis
 
 A private PostgreSQL cluster and redis-server (the test suite's starters); one database with the
 change-flow benchmark's `products` table (`bench/sync_servers.py`). Per cache: the pipeline takes
@@ -12,28 +12,24 @@ and the PostgreSQL server's CPU (its whole process tree) over the pass.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
+import asyncio
+import contextlib
+import time
 
-# Run as `python bench/sync_verify.py`, Python puts bench/ first on sys.path, where bench/queue.py
-# would shadow the standard library's `queue`: the repository root goes there instead.
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
-sys.path.insert(0, str(_BENCH_DIR.parent))
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import time  # noqa: E402
-
-from bench.servers import private_redis  # noqa: E402
-from bench.sync_cpu import tree_cpu_s  # noqa: E402
-from bench.sync_servers import create_database, postgres, postmaster_pid  # noqa: E402
-from tidegate.app.sync import open_sync  # noqa: E402
-from tidegate.config import SyncConfig, TidegateConfig  # noqa: E402
-from tidegate.sync.cache import cache_for  # noqa: E402
-from tidegate.sync.contracts import EntityCache  # noqa: E402
-from tidegate.sync.verify import VerifySettings, row_source_for, verify  # noqa: E402
+from bench.servers import private_redis
+from bench.sync_cpu import tree_cpu_s
+from bench.sync_servers import create_database, postgres, postmaster_pid
+from tidegate.testing import (
+    EntityCache,
+    SyncConfig,
+    TidegateConfig,
+    VerifySettings,
+    cache_for,
+    open_sync,
+    row_source_for,
+    verify,
+)
 
 
 async def _snapshot(sync: SyncConfig, cache: EntityCache, rows: int) -> None:

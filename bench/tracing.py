@@ -2,8 +2,8 @@
 into tidegate.tracing for one job, timed in a loop, with tracing off (the default) and on (the
 OpenTelemetry SDK, its spans batched to an exporter that drops them, so no network is timed).
 
-    .venv/bin/python bench/tracing.py                  # about 10 seconds
-    .venv/bin/python bench/tracing.py --jobs 50000
+    .venv/bin/python -m bench.tracing                  # about 10 seconds
+    .venv/bin/python -m bench.tracing --jobs 50000
 
 Each round is one job's share: the gateway's server span (on only: the middleware is not added
 when off), the intake's carrier and annotation, the worker's queue-wait record, its
@@ -11,17 +11,7 @@ when off), the intake's carrier and annotation, the worker's queue-wait record, 
 five spans when on. The last row times one bare SDK span, for scale.
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Run as `python bench/tracing.py`, Python puts bench/ first on sys.path, where bench/queue.py
-# would shadow the standard library's `queue` (the SDK's thread pools import it): mended before
-# any other import, hence the imports below the code (ruff's E402, allowed for this file).
-_BENCH_DIR = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
 
 import argparse
 import time
@@ -32,14 +22,22 @@ from decimal import Decimal
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from tidegate._otel import OtelTracing
-from tidegate.ai import AIRequest, Usage
-from tidegate.config import ModelConfig, ProviderConfig
-from tidegate.dispatch import traces
-from tidegate.dispatch.router import RouteDecision
-from tidegate.jobs import Job, JobState, Priority
-from tidegate.providers.client import UpstreamClient, _answered
-from tidegate.tracing import NOOP, Tracing, installed, tracer
+from tidegate import Job, JobState, Priority
+from tidegate.testing import (
+    NOOP,
+    AIRequest,
+    ModelConfig,
+    OtelTracing,
+    ProviderConfig,
+    RouteDecision,
+    Tracing,
+    UpstreamClient,
+    Usage,
+    http_answered,
+    installed,
+    tracer,
+    worker_traces,
+)
 
 MODEL = ModelConfig(name="gpt-4.1", input_usd_per_1m=Decimal("2"), output_usd_per_1m=Decimal("8"))
 PROVIDER = ProviderConfig(name="openai", base_url="http://127.0.0.1:9/v1", models=(MODEL,))
@@ -68,12 +66,12 @@ def one_job(client: UpstreamClient, job: Job) -> None:
     if tracing.enabled:  # intake.submit
         tracing.annotate({"tidegate.job_id": job.id, "tidegate.tenant": job.tenant,
                           "tidegate.priority": "normal"})
-    with traces.processing(job, time.time_ns()) as process:
-        with traces.model_call(ROUTE, REQUEST) as call:
+    with worker_traces.processing(job, time.time_ns()) as process:
+        with worker_traces.model_call(ROUTE, REQUEST) as call:
             with client._http_span(client._chat_url) as http:
-                _answered(http, 200)
-            traces.answered(call, RESPONSE, USAGE)
-        traces.charged(process, 84, "0.000084", ROUTE, None)
+                http_answered(http, 200)
+            worker_traces.answered(call, RESPONSE, USAGE)
+        worker_traces.charged(process, 84, "0.000084", ROUTE, None)
     if server is not None:
         server.__exit__(None, None, None)
 

@@ -3,8 +3,9 @@
 The site's Benchmarks page (`docs/benchmarks.md`) includes BENCHMARKS.md's `current` section with
 pymdownx.snippets when MkDocs builds it, so the figures live in one file. These tests keep that
 section where the page expects it and fit for the site (no links, which would point elsewhere
-there), keep every benchmark `make bench` runs in it with what reproduces its figures, and keep the
-history the current tables replaced where BENCHMARKS.md points. `make docs` (`--strict`) is what
+there), keep every benchmark `make bench` runs in it with what reproduces its figures (run as a
+module, `python -m bench.<name>`), and keep the history the current tables replaced where
+BENCHMARKS.md points. `make docs` (`--strict`) is what
 checks the page renders: a missing section fails the build.
 """
 
@@ -39,12 +40,13 @@ def current_sections() -> dict[str, str]:
     return {chunk.split("\n", 1)[0]: chunk for chunk in chunks}
 
 
-def make_bench_scripts() -> list[str]:
-    """The scripts the Makefile's `bench` target runs, as `bench/<name>.py`."""
+def make_bench_modules() -> list[str]:
+    """The benchmarks the Makefile's `bench` target runs, as `bench.<name>` (`python -m bench.<name>`)."""
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     target = re.search(r"^bench:.*?\n((?:\t.*\n)+)", makefile, re.M)
     assert target is not None, "the Makefile has no bench target"
-    return re.findall(r"(bench/\w+\.py)", target.group(1))
+    assert "bench/" not in target.group(1), "benchmarks run as modules (-m bench.<name>), not scripts"
+    return re.findall(r"-m (bench\.\w+)", target.group(1))
 
 
 def test_docs_page_includes_the_current_figures() -> None:
@@ -79,13 +81,21 @@ def test_every_benchmark_names_command_commit_date_and_machine() -> None:
             assert field in body, f"{heading!r} has no {field!r}"
 
 
-def test_every_script_of_make_bench_has_a_current_table() -> None:
+def test_every_benchmark_of_make_bench_has_a_current_table() -> None:
     """What `make bench` runs is what the current tables report on."""
     headings = " ".join(current_sections())
-    scripts = make_bench_scripts()
-    assert scripts, "the bench target runs no bench/*.py script"
-    for script in scripts:
-        assert f"`{script}" in headings, f"no current table for {script}"
+    modules = make_bench_modules()
+    assert modules, "the bench target runs no bench.<name> module"
+    for module in modules:
+        assert f"`{module}" in headings, f"no current table for {module}"
+
+
+def test_every_current_command_runs_a_module() -> None:
+    """The commands BENCHMARKS.md gives run benchmarks as modules, the way they import."""
+    commands = re.findall(r"`\.venv/bin/python ([^`]*)`", current_part())
+    assert commands
+    for command in commands:
+        assert " ".join(command.split()).startswith("-m bench."), command
 
 
 def test_the_soak_has_its_slot() -> None:
@@ -96,9 +106,9 @@ def test_the_soak_has_its_slot() -> None:
 
 
 def test_history_is_linked_and_holds_every_benchmark() -> None:
-    """The archive BENCHMARKS.md links to exists and has a part for each script of `make bench`."""
+    """The archive BENCHMARKS.md links to exists and has a part for each benchmark of `make bench`."""
     assert "](bench/results/history.md)" in BENCHMARKS.read_text(encoding="utf-8")
     history = HISTORY.read_text(encoding="utf-8")
     assert history.startswith("# Benchmark history\n")
-    for script in make_bench_scripts():
-        assert re.search(rf"^## .*`{re.escape(script)}`", history, re.M), script
+    for module in make_bench_modules():
+        assert re.search(rf"^## .*`{re.escape(module)}`", history, re.M), module

@@ -72,8 +72,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("simulator",),
     ("app",),  # 11. composition roots: open the parts of a process and wire them
     ("demo",),  # 12. `tidegate demo` and its shop
-    ("cli",),  # 13. the command line
-    ("__main__",),  # 14. `python -m tidegate`
+    ("testing",),  # 13. what tools outside the package may rely on (bench/, users' own tests)
+    ("cli",),  # 14. the command line
+    ("__main__",),  # 15. `python -m tidegate`
 )
 
 # Pairs (importer, imported) of packages in one layer that may import each other. None today:
