@@ -15,7 +15,7 @@ from conftest import QueueFactory
 from support.dispatch import chat, queue_url_of, running_worker, sim_config, wait_final
 from support.waiting import eventually
 from tidegate.config import BudgetConfig, RoutingConfig
-from tidegate.coord.budget import budget_ledger_for, budget_outcome, seconds_to_next_day
+from tidegate.coord.budget import RefusedCall, budget_ledger_for, budget_outcome, seconds_to_next_day
 from tidegate.costs import usd_to_micros
 from tidegate.dispatch.metrics import DispatchMetrics
 from tidegate.errors import BudgetExhausted
@@ -147,12 +147,12 @@ def test_a_deferral_never_outlives_the_job_s_deadline() -> None:
     now = datetime.now(UTC)
     refusal = BudgetExhausted("tenant 'acme' daily budget is exhausted", scope="tenant",
                               remaining_micros=0, limit_micros=1_000_000)
-    outcome = budget_outcome(refusal, 1_000, tenant="acme", mode="defer", defer_s=300, defer_max_s=90_000,
-                             created_at=now, deadline=now + timedelta(seconds=60), now=now)
+    budgets = BudgetConfig(on_exhausted="defer", defer_s=300, defer_max_s=90_000)
+    outcome = budget_outcome(refusal, RefusedCall(1_000, "acme", now, deadline=now + timedelta(seconds=60)),
+                             budgets, now)
     assert (outcome.action, outcome.reason) == ("dead", "budget_exhausted")
     assert "deadline" in outcome.message
-    later = budget_outcome(refusal, 1_000, tenant="acme", mode="defer", defer_s=300, defer_max_s=90_000,
-                           created_at=now, deadline=None, now=now)
+    later = budget_outcome(refusal, RefusedCall(1_000, "acme", now), budgets, now)
     assert later.action == "defer" and 0 < later.defer_s <= 300
 
 

@@ -31,6 +31,7 @@ from tidegate.coord.budget import (
     BUDGET_EXHAUSTED,
     BudgetExhausted,
     BudgetLedger,
+    RefusedCall,
     budget_outcome,
 )
 from tidegate.coord.limiter import AdaptiveConcurrency, RateLimiter
@@ -453,11 +454,8 @@ class Worker:
     async def _on_budget_refusal(self, call: _Call, refusal: BudgetExhausted, amount: int) -> None:
         budgets, job = self.config.budgets, call.job
         # A job whose caller waits is ended now, whatever the mode: its caller gets 429 at once.
-        outcome = budget_outcome(
-            refusal, amount, tenant=job.tenant, mode=budgets.on_exhausted, defer_s=budgets.defer_s,
-            defer_max_s=budgets.defer_max_s, created_at=job.created_at, deadline=job.deadline,
-            now=datetime.now(UTC), caller_waits=job.caller_waits,
-        )
+        refused = RefusedCall(amount, job.tenant, job.created_at, job.deadline, job.caller_waits)
+        outcome = budget_outcome(refusal, refused, budgets, datetime.now(UTC))
         self.metrics.budget_refusals.labels(
             "deferred" if outcome.action == "defer" else "dead", outcome.reason).inc()
         if outcome.action == "defer":

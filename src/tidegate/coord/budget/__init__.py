@@ -21,6 +21,7 @@ from tidegate.coord.budget.outcomes import (
     BUDGET_EXCEEDS_LIMIT,
     BUDGET_EXHAUSTED,
     BudgetOutcome,
+    RefusedCall,
     budget_outcome,
     seconds_to_next_day,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "BudgetOutcome",
     "BudgetStatus",
     "RedisBudgetLedger",
+    "RefusedCall",
     "Reservation",
     "SqliteBudgetLedger",
     "budget_ledger_for",

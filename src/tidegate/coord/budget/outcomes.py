@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from typing import Literal
 
+from tidegate.config import BudgetConfig
 from tidegate.costs import micros_to_usd
 from tidegate.errors import BudgetExhausted
 
@@ -15,6 +16,7 @@ __all__ = [
     "BUDGET_EXCEEDS_LIMIT",
     "BUDGET_EXHAUSTED",
     "BudgetOutcome",
+    "RefusedCall",
     "budget_outcome",
     "seconds_to_next_day",
 ]
@@ -45,20 +47,23 @@ def seconds_to_next_day(now: datetime) -> float:
     return (midnight - now).total_seconds()
 
 
-def budget_outcome(  # noqa: PLR0913 (outstanding, issue 27)
-    refusal: BudgetExhausted,
-    amount_micros: int,
-    *,
-    tenant: str,
-    mode: str,
-    defer_s: float,
-    defer_max_s: float,
-    created_at: datetime,
-    deadline: datetime | None,
-    now: datetime,
-    caller_waits: bool = False,
+@dataclass(frozen=True, slots=True)
+class RefusedCall:
+    """The call a budget refused, as far as its end depends on it: a queued job, or a
+    synchronous call at the gateway's door (created now, no deadline, its caller waiting)."""
+
+    amount_micros: int  # its estimated cost
+    tenant: str
+    created_at: datetime
+    deadline: datetime | None = None
+    caller_waits: bool = False  # a synchronous caller waits for the answer
+
+
+def budget_outcome(
+    refusal: BudgetExhausted, call: RefusedCall, budgets: BudgetConfig, now: datetime
 ) -> BudgetOutcome:
-    """Decide, where the refusal is known, how a refused job ends or waits:
+    """Decide, where the refusal is known, how a refused job ends or waits, by the budgets'
+    `on_exhausted` mode:
 
     - a job estimated above the refusing budget's whole daily limit can never fit: dead with
       `budget_exceeds_limit`, in every mode (waiting would defer it forever);
@@ -70,20 +75,22 @@ def budget_outcome(  # noqa: PLR0913 (outstanding, issue 27)
       recorded. Bounded: a job that would wait past `defer_max_s` since its creation, or past its
       own deadline, ends dead with the budget's reason instead of waiting on or expiring mutely.
     """
-    owner = f"tenant {tenant!r}" if refusal.scope == "tenant" else "global"
+    owner = f"tenant {call.tenant!r}" if refusal.scope == "tenant" else "global"
+    amount_micros = call.amount_micros
     if amount_micros > refusal.limit_micros:
         return BudgetOutcome("dead", BUDGET_EXCEEDS_LIMIT, (
             f"the job's estimated cost of {micros_to_usd(amount_micros)} USD is more than the whole "
             f"{owner} daily budget of {micros_to_usd(refusal.limit_micros)} USD: it can never run "
             "(raise the budget, or ask for fewer max_tokens or a cheaper model)"))
-    if mode == "reject" or caller_waits:
+    if budgets.on_exhausted == "reject" or call.caller_waits:
         return BudgetOutcome("dead", BUDGET_EXHAUSTED, f"budget exhausted: {refusal}")
-    wait_s = min(defer_s, seconds_to_next_day(now))
+    wait_s = min(budgets.defer_s, seconds_to_next_day(now))
     retry_at = now + timedelta(seconds=wait_s)
-    if (retry_at - created_at).total_seconds() > defer_max_s:
+    if (retry_at - call.created_at).total_seconds() > budgets.defer_max_s:
         return BudgetOutcome("dead", BUDGET_DEFERRED_TOO_LONG, (
-            f"budget exhausted: waited for budget longer than the {defer_max_s:g}s allowed: {refusal}"))
-    if deadline is not None and retry_at >= deadline:
+            f"budget exhausted: waited for budget longer than the {budgets.defer_max_s:g}s allowed: "
+            f"{refusal}"))
+    if call.deadline is not None and retry_at >= call.deadline:
         return BudgetOutcome("dead", BUDGET_EXHAUSTED, (
             f"budget exhausted, and the job's deadline passes before budget may free up: {refusal}"))
     return BudgetOutcome("defer", BUDGET_EXHAUSTED, (

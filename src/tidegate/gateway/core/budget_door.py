@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from tidegate.ai import AIRequest
 from tidegate.config import BudgetConfig
-from tidegate.coord.budget import BUDGET_EXHAUSTED, budget_outcome, seconds_to_next_day
+from tidegate.coord.budget import BUDGET_EXHAUSTED, RefusedCall, budget_outcome, seconds_to_next_day
 from tidegate.coord.tenants import Tenant
 from tidegate.costs import estimate_input_tokens
 from tidegate.dispatch.spending import cheaper_route, estimated_micros, limits_of
@@ -79,8 +79,7 @@ async def refuse_over_budget(state: GatewayState, tenant: Tenant, request: AIReq
 def _answer(refusal: BudgetExhausted, amount_micros: int, tenant: Tenant, budgets: BudgetConfig) -> ApiError:
     """The error a worker would record for the call's job, had it been queued."""
     now = datetime.now(UTC)
-    outcome = budget_outcome(refusal, amount_micros, tenant=tenant.name, mode=budgets.on_exhausted,
-                             defer_s=budgets.defer_s, defer_max_s=budgets.defer_max_s, created_at=now,
-                             deadline=None, now=now, caller_waits=True)
+    refused = RefusedCall(amount_micros, tenant.name, created_at=now, caller_waits=True)
+    outcome = budget_outcome(refusal, refused, budgets, now)
     return ApiError(429, outcome.message, code=outcome.reason, type_=BUDGET_ERROR_TYPE,
                     headers=budget_headers(outcome.reason))
