@@ -14,11 +14,7 @@ from pydantic import ValidationError
 from tidegate.coord.budget import GLOBAL
 from tidegate.coord.tenants import Tenant
 from tidegate.costs import micros_to_usd
-from tidegate.gateway.core.auth import AdminDep, StateDep
-from tidegate.gateway.core.errors import ApiError, error_responses
-from tidegate.gateway.core.limits import MAX_OFFSET, MAX_PAGE
-from tidegate.gateway.core.metrics import Percentiles
-from tidegate.gateway.core.schemas import (
+from tidegate.gateway.admin.schemas import (
     DeadLetterPage,
     KeyCreated,
     KeyView,
@@ -33,8 +29,13 @@ from tidegate.gateway.core.schemas import (
     TenantSpendView,
     TenantView,
 )
+from tidegate.gateway.admin.views import key_view, tenant_view
+from tidegate.gateway.core.auth import AdminDep, StateDep
+from tidegate.gateway.core.errors import ApiError, error_responses
+from tidegate.gateway.core.limits import MAX_OFFSET, MAX_PAGE
+from tidegate.gateway.core.metrics import Percentiles
 from tidegate.gateway.core.state import GatewayState
-from tidegate.gateway.core.views import job_view, key_view, tenant_view
+from tidegate.gateway.core.views import job_view
 from tidegate.jobs import Priority
 
 __all__ = ["router"]

@@ -1,4 +1,4 @@
-"""Stored records as the API shows them: jobs, tenants and keys."""
+"""Stored jobs as the API shows them."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from decimal import Decimal, InvalidOperation
 from pydantic import ValidationError
 
 from tidegate.ai import AIResult, result_of
-from tidegate.coord.tenants import ApiKeyInfo, Tenant
-from tidegate.gateway.core.schemas import JobFailureView, JobView, KeyView, TenantView
+from tidegate.gateway.core.schemas import JobFailureView, JobView
 from tidegate.jobs import Job, JobState
 
-__all__ = ["failure_view", "job_view", "key_view", "tenant_view"]
+__all__ = ["failure_view", "job_view"]
 
 
 def job_view(job: Job) -> JobView:
@@ -62,22 +61,3 @@ def _decimal(value: object) -> Decimal | None:
         return Decimal(value)
     except InvalidOperation:
         return None
-
-
-def tenant_view(tenant: Tenant) -> TenantView:
-    """A tenant with its priorities by name."""
-    return TenantView(
-        name=tenant.name,
-        max_priority=tenant.max_priority.name.lower(),
-        default_priority=tenant.default_priority.name.lower(),
-        rpm=tenant.rpm,
-        daily_budget_usd=tenant.daily_budget_usd,
-        allowed_models=None if tenant.allowed_models is None else list(tenant.allowed_models),
-        admin=tenant.admin,
-    )
-
-
-def key_view(info: ApiKeyInfo) -> KeyView:
-    """A key's listing."""
-    return KeyView(key_id=info.key_id, tenant=info.tenant, created_at=info.created_at,
-                   revoked_at=info.revoked_at)
