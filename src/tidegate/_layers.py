@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "errors",
         "jobs",
+        "contract",
         "ai",
         "costs",
         "config",
