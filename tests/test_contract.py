@@ -13,7 +13,9 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from test_gateway_validation import CHAT_ERRORS
+from tidegate.ai import AIRequest
 from tidegate.contract import ChatRequest, InvalidRequestBody, decode, to_body
+from tidegate.errors import InvalidJob
 from tidegate.gateway.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -150,3 +152,11 @@ def test_a_body_that_is_not_an_object_is_refused() -> None:
         decode("chat", ["not", "an", "object"])
 
     assert refused.value.param == "body"
+
+
+def test_a_job_request_holds_the_struct_of_its_kind() -> None:
+    embeddings = decode("embeddings", BASE["embeddings"])
+
+    assert AIRequest("embeddings", embeddings).body is embeddings
+    with pytest.raises(InvalidJob, match="EmbeddingsRequest"):
+        AIRequest("chat", embeddings)

@@ -50,7 +50,11 @@ __all__ = [
     "ModerationText",
     "RequestBody",
     "decode",
+    "requested_tier",
+    "struct_of",
     "to_body",
+    "unstreamed",
+    "with_tier",
 ]
 
 # The bounds of a request body, as OpenAI's API reference states them (gateway/core/limits.py
@@ -67,11 +71,13 @@ MAX_OUTPUT_TOKENS: Final = 1_000_000
 
 
 class InvalidRequestBody(InvalidJob):
-    """A request body its struct refuses; `param` is the field, as a dotted path."""
+    """A request body its struct refuses; `param` is the field, as a dotted path, and the message
+    names it first (`messages.0.role: Invalid enum value 'wizard'`)."""
 
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
+    def __init__(self, detail: str, param: str) -> None:
+        super().__init__(f"{param}: {detail}")
         self.param = param
+        self.detail = detail
 
 
 _Model = Annotated[str, msgspec.Meta(min_length=1)]
@@ -217,6 +223,11 @@ _STRUCTS: Final[Mapping[str, type[RequestBody]]] = {
     "moderation": ModerationRequest}
 
 
+def struct_of(kind: str) -> type[RequestBody]:
+    """The struct of a request `kind` ("chat", "embeddings", "completion", "moderation")."""
+    return _STRUCTS[kind]
+
+
 def _named(struct: type[msgspec.Struct]) -> frozenset[str]:
     return frozenset(struct.__struct_fields__) - {"extra"}
 
@@ -318,4 +329,27 @@ def to_body(request: RequestBody) -> dict[str, Any]:
         carried = message.pop("extra", None)
         if carried:
             message.update(carried)
+    return body
+
+
+def requested_tier(body: RequestBody) -> str | None:
+    """The `service_tier` the caller named (a legacy completion's or moderation's, which OpenAI
+    does not define, is carried in `extra`)."""
+    if isinstance(body, ChatRequest | EmbeddingsRequest):
+        return body.service_tier
+    tier = body.extra.get("service_tier")
+    return tier if isinstance(tier, str) else None
+
+
+def with_tier(body: RequestBody, tier: str) -> RequestBody:
+    """`body` sent at `tier`."""
+    if isinstance(body, ChatRequest | EmbeddingsRequest):
+        return msgspec.structs.replace(body, service_tier=tier)
+    return msgspec.structs.replace(body, extra={**body.extra, "service_tier": tier})
+
+
+def unstreamed(body: RequestBody) -> RequestBody:
+    """`body` asking for the whole answer at once (a request whose chunks nobody reads)."""
+    if isinstance(body, ChatRequest | CompletionRequest) and (body.stream or body.stream_options is not None):
+        return msgspec.structs.replace(body, stream=False, stream_options=None)
     return body
