@@ -10,8 +10,8 @@ string where a number belongs is refused, not coerced.
 
 Every field a struct does not name (tools, response_format, whatever providers add next) is kept
 in its `extra` dict, at the request's level and at each chat message's, and goes back into the
-body the provider is sent (`to_body`) untouched. A struct never sees the key `extra` of the
-caller's body: the body is split into named fields and the rest before it is converted.
+body the provider is sent (`to_body`) untouched. A caller's own field named `extra` is one of
+those: it never reaches the struct's field of that name.
 
 A request field the caller left out or sent as null reads None (or its default) and is left out
 of the body again: OpenAI reads a null as an absent field. A message's `content` keeps the
@@ -273,18 +273,15 @@ def _split(document: Mapping[str, Any], named: frozenset[str]) -> dict[str, Any]
     return known
 
 
-def _carried(document: Mapping[str, Any], struct: type[RequestBody]) -> Mapping[str, Any]:
-    """The document as its struct converts it: the unknown fields of the request (and of each
-    chat message) in `extra`. Most bodies have no unknown field, and are converted as they are."""
-    named = _NAMED[struct]
-    carried = document if document.keys() <= named else _split(document, named)
-    messages = document.get("messages") if struct is ChatRequest else None
-    if isinstance(messages, list) and not all(
+def _with_messages_carried(document: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A chat document whose messages carry their unknown fields in `extra` (most messages have
+    none, and the document is converted as it is)."""
+    messages = document.get("messages")
+    if not isinstance(messages, list) or all(
             isinstance(message, dict) and message.keys() <= _MESSAGE_NAMED for message in messages):
-        carried = {**carried, "messages": [
-            _split(message, _MESSAGE_NAMED) if isinstance(message, dict) else message
-            for message in messages]}
-    return carried
+        return document
+    return {**document, "messages": [_split(message, _MESSAGE_NAMED) if isinstance(message, dict) else message
+                                     for message in messages]}
 
 
 _PATH: Final = re.compile(r" - at `\$(?P<path>[^`]*)`$")
@@ -311,11 +308,19 @@ def decode(kind: str, document: object) -> RequestBody:
     struct = _STRUCTS[kind]
     if not isinstance(document, dict):
         raise InvalidRequestBody("the request body must be a JSON object", "body")
+    named = _NAMED[struct]
+    given = _with_messages_carried(document) if struct is ChatRequest else document
     try:
-        return msgspec.convert(_carried(document, struct), struct, strict=True)
+        if "extra" in given:  # the caller's own field of that name, not the struct's
+            return msgspec.convert(_split(given, named), struct, strict=True)
+        # The struct ignores the fields it does not name; they are kept beside it.
+        request = msgspec.convert(given, struct, strict=True)
     except msgspec.ValidationError as exc:
         param, detail = _param(exc)
         raise InvalidRequestBody(detail, param) from None
+    if not given.keys() <= named:
+        request.extra = {key: value for key, value in given.items() if key not in named}
+    return request
 
 
 def to_body(request: RequestBody) -> dict[str, Any]:
