@@ -96,13 +96,20 @@ class _Body(msgspec.Struct, kw_only=True, omit_defaults=True):
     extra: dict[str, Any] = {}
 
 
-class ChatMessage(_Body, kw_only=True, omit_defaults=True):
+class ChatMessage(_Body, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """One message of a conversation: its role, as OpenAI publishes them, and its content (text,
-    or parts); its other fields (name, tool_calls, tool_call_id, …) are in `extra`."""
+    or parts). The other fields OpenAI defines for a message are named, and carried as given
+    (UNSET when left out); any further field is in `extra`."""
 
     role: ChatRole
     # UNSET when left out: an explicit null (an assistant's message of tool calls) goes on as null.
     content: str | list[dict[str, Any]] | msgspec.UnsetType | None = msgspec.UNSET
+    name: Any = msgspec.UNSET
+    tool_calls: Any = msgspec.UNSET
+    tool_call_id: Any = msgspec.UNSET
+    function_call: Any = msgspec.UNSET
+    refusal: Any = msgspec.UNSET
+    audio: Any = msgspec.UNSET
 
 
 class ChatRequest(_Body, kw_only=True, omit_defaults=True):
@@ -274,8 +281,7 @@ def _split(document: Mapping[str, Any], named: frozenset[str]) -> dict[str, Any]
 
 
 def _with_messages_carried(document: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A chat document whose messages carry their unknown fields in `extra` (most messages have
-    none, and the document is converted as it is)."""
+    """A chat document whose messages carry the fields they do not name in `extra`."""
     messages = document.get("messages")
     if not isinstance(messages, list) or all(
             isinstance(message, dict) and message.keys() <= _MESSAGE_NAMED for message in messages):
@@ -286,6 +292,7 @@ def _with_messages_carried(document: Mapping[str, Any]) -> Mapping[str, Any]:
 
 _PATH: Final = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _MISSING: Final = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
+_UNKNOWN_IN_MESSAGE: Final = re.compile(r"^Object contains unknown field `[^`]*` - at `\$\.messages\[\d+\]`$")
 
 
 def _param(error: msgspec.ValidationError) -> tuple[str, str]:
@@ -302,6 +309,11 @@ def _param(error: msgspec.ValidationError) -> tuple[str, str]:
     return ".".join(parts) or "body", detail
 
 
+def _refusal(error: msgspec.ValidationError) -> InvalidRequestBody:
+    param, detail = _param(error)
+    return InvalidRequestBody(detail, param)
+
+
 def decode(kind: str, document: object) -> RequestBody:
     """The request of `kind` in `document` (a JSON object, parsed), checked; InvalidRequestBody
     names the first field refused."""
@@ -309,16 +321,22 @@ def decode(kind: str, document: object) -> RequestBody:
     if not isinstance(document, dict):
         raise InvalidRequestBody("the request body must be a JSON object", "body")
     named = _NAMED[struct]
-    given = _with_messages_carried(document) if struct is ChatRequest else document
+    # A caller's own field named `extra` is not the struct's: split the body first.
+    given: Mapping[str, Any] = _split(document, named) if "extra" in document else document
     try:
-        if "extra" in given:  # the caller's own field of that name, not the struct's
-            return msgspec.convert(_split(given, named), struct, strict=True)
-        # The struct ignores the fields it does not name; they are kept beside it.
+        # The struct ignores the request's fields it does not name; they are kept beside it.
         request = msgspec.convert(given, struct, strict=True)
     except msgspec.ValidationError as exc:
-        param, detail = _param(exc)
-        raise InvalidRequestBody(detail, param) from None
-    if not given.keys() <= named:
+        if struct is not ChatRequest or not _UNKNOWN_IN_MESSAGE.match(str(exc)):
+            raise _refusal(exc) from None
+        # A message refuses a field it does not name (checking each message first would cost
+        # every request): carry such fields in its extra, and convert again.
+        given = _with_messages_carried(given)
+        try:
+            request = msgspec.convert(given, struct, strict=True)
+        except msgspec.ValidationError as again:
+            raise _refusal(again) from None
+    if "extra" not in given and not given.keys() <= named:
         request.extra = {key: value for key, value in given.items() if key not in named}
     return request
 

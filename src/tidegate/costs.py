@@ -208,12 +208,11 @@ def _chat_tokens(body: ChatRequest) -> int:
 
 def _message_tokens(message: ChatMessage) -> int:
     total = MESSAGE_OVERHEAD_TOKENS + _content_tokens(message.content)
-    name = message.extra.get("name")
-    if isinstance(name, str) and name:
-        total += _text_tokens(name) + NAME_OVERHEAD_TOKENS
-    for field in ("tool_calls", "function_call"):
-        if message.extra.get(field):
-            total += _json_tokens(message.extra[field])
+    if isinstance(message.name, str) and message.name:
+        total += _text_tokens(message.name) + NAME_OVERHEAD_TOKENS
+    for calls in (message.tool_calls, message.function_call):
+        if calls:
+            total += _json_tokens(calls)
     return total
 
 

@@ -107,7 +107,7 @@ def messages_body(chat: ChatRequest, model: str) -> dict[str, Any]:
         if role in ("system", "developer"):
             system.append(_text(message.content))
         elif role == "tool":
-            result = {"type": "tool_result", "tool_use_id": str(message.extra.get("tool_call_id") or ""),
+            result = {"type": "tool_result", "tool_use_id": str(message.tool_call_id or ""),
                       "content": _text(message.content)}
             _add(turns, "user", [result])
         else:
@@ -160,7 +160,7 @@ def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
             blocks.append(_image((part.get("image_url") or {}).get("url") or ""))
         elif part.get("type") == "text":
             blocks.append({"type": "text", "text": str(part.get("text") or "")})
-    for call in message.extra.get("tool_calls") or ():
+    for call in message.tool_calls or ():
         function = call.get("function") or {}
         blocks.append({"type": "tool_use", "id": str(call.get("id") or ""),
                        "name": str(function.get("name")), "input": _arguments(function.get("arguments"))})
