@@ -19,6 +19,12 @@ and as `model_validate_json`; msgspec decodes into a `Struct` whose fields carry
 fields; this is what carrying them through costs). Two bodies: a short chat (3 messages) and a
 long one (40 messages, 4 tools). The figure is CPU µs per request (process time over `--n`
 requests, the best of `--rounds`), and the ratio of each to the fastest.
+
+A second table measures what ships against what it replaced: the door as it was (pydantic, then
+the body dumped) against `tidegate.contract.decode` into the job's AIRequest and its payload; the
+worker as it was (the payload read as a dict, one field checked, the body sent with the routed
+model) against `AIRequest.from_payload` (the payload decoded into the struct once) and the body
+rendered from it (`contract.to_body`).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import orjson
 
-from tidegate.testing import ChatCompletionRequest
+from tidegate.testing import AIRequest, ChatCompletionRequest, decode_request, request_body
 
 __all__ = ["main"]
 
@@ -142,6 +148,32 @@ def _msgspec_worker(payload: bytes) -> bytes:
     return orjson.dumps(body)
 
 
+# -- what ships, against what it replaced ----------------------------------------------------------
+
+def _door_before(raw: bytes) -> bytes:
+    body = ChatCompletionRequest.model_validate(orjson.loads(raw)).model_dump(exclude_unset=True)
+    body.pop("priority", None)
+    return orjson.dumps({"kind": "chat", "body": body})
+
+
+def _worker_before(payload: bytes) -> bytes:
+    body = orjson.loads(payload)["body"]
+    if not isinstance(body.get("messages"), list):  # the one check the worker made
+        raise ValueError("no messages")
+    return orjson.dumps({**body, "model": "gpt-4.1"})
+
+
+def _door_shipped(raw: bytes) -> bytes:
+    # As the intake does: the priority is tidegate's, not the provider's.
+    body = msgspec.structs.replace(decode_request("chat", orjson.loads(raw)), priority=None)
+    return orjson.dumps(AIRequest("chat", body).to_payload())
+
+
+def _worker_shipped(payload: bytes) -> bytes:
+    request = AIRequest.from_payload(orjson.loads(payload))
+    return orjson.dumps({**request_body(request.body), "model": "gpt-4.1"})
+
+
 def _cpu_us(step: Callable[[bytes], bytes], raw: bytes, n: int, rounds: int) -> float:
     best = float("inf")
     for _ in range(rounds):
@@ -161,6 +193,9 @@ def main() -> None:
     for raw in bodies.values():  # both sides accept both bodies and agree on what reaches the provider
         sent_by_pydantic = orjson.loads(_pydantic_worker(_pydantic_door(raw)))
         assert sent_by_pydantic == orjson.loads(_msgspec_worker(_msgspec_door(raw)))
+        # what ships sends the provider what the code it replaced sent
+        sent_before = orjson.loads(_worker_before(_door_before(raw)))
+        assert sent_before == orjson.loads(_worker_shipped(_door_shipped(raw)))
     print("| body | step | pydantic (orjson + model_validate) | pydantic (model_validate_json) "
           "| msgspec | msgspec / pydantic |")
     print("|---|---|---:|---:|---:|---:|")
@@ -174,6 +209,19 @@ def main() -> None:
               f"| {door['msgspec']:.1f} us | {door['msgspec'] / door['pydantic']:.2f}x |")
         print(f"| {name} | worker | {worker['pydantic']:.1f} us | - | {worker['msgspec']:.1f} us "
               f"| {worker['msgspec'] / worker['pydantic']:.2f}x |")
+    print("\n| body | step | before (pydantic door, dict worker) | tidegate.contract | ratio |")
+    print("|---|---|---:|---:|---:|")
+    for name, raw in bodies.items():
+        before = {"door": _cpu_us(_door_before, raw, args.n, args.rounds),
+                  "worker": _cpu_us(_worker_before, _door_before(raw), args.n, args.rounds)}
+        shipped = {"door": _cpu_us(_door_shipped, raw, args.n, args.rounds),
+                   "worker": _cpu_us(_worker_shipped, _door_shipped(raw), args.n, args.rounds)}
+        for step in ("door", "worker"):
+            print(f"| {name} | {step} | {before[step]:.1f} us | {shipped[step]:.1f} us "
+                  f"| {shipped[step] / before[step]:.2f}x |")
+        total_before, total_shipped = sum(before.values()), sum(shipped.values())
+        print(f"| {name} | both | {total_before:.1f} us | {total_shipped:.1f} us "
+              f"| {total_shipped / total_before:.2f}x |")
 
 if __name__ == "__main__":
     main()

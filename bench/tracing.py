@@ -42,7 +42,7 @@ from tidegate.testing import (
 MODEL = ModelConfig(name="gpt-4.1", input_usd_per_1m=Decimal("2"), output_usd_per_1m=Decimal("8"))
 PROVIDER = ProviderConfig(name="openai", base_url="http://127.0.0.1:9/v1", models=(MODEL,))
 ROUTE = RouteDecision(PROVIDER, MODEL, "tier normal", ())
-REQUEST = AIRequest("chat", {"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+REQUEST = AIRequest.of("chat", {"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
 RESPONSE = {"id": "chatcmpl-1", "model": "gpt-4.1", "choices": []}
 USAGE = Usage(12, 30, 42)
 

@@ -131,15 +131,18 @@ async def test_a_route_of_a_dialect_answers_its_errors_in_the_dialect_shape() ->
     assert unrouted.status_code == 404 and unrouted.json()["error"]["code"] == "unknown_url"  # no dialect
 
 
+HI = [{"role": "user", "content": "Hi"}]
+
+
 def test_a_requests_origin_crosses_the_payload_and_a_malformed_one_is_refused() -> None:
-    request = AIRequest(kind="chat", body={"messages": [{"role": "user", "content": "Hi"}]},
+    request = AIRequest.of("chat", {"model": "auto", "messages": [{"role": "user", "content": "Hi"}]},
                         origin=Origin("responses", {"input": "Hi", "store": True}))
 
     payload = orjson.loads(orjson.dumps(request.to_payload()))
 
     assert payload["origin"] == {"api": "responses", "body": {"input": "Hi", "store": True}}
     assert AIRequest.from_payload(payload) == request
-    assert "origin" not in AIRequest(kind="chat", body={"messages": []}).to_payload()
+    assert "origin" not in AIRequest.of("chat", {"model": "auto", "messages": HI}).to_payload()
     for origin in ({"api": "gemini", "body": {}}, {"api": "responses", "body": []}, {"api": "responses"},
                    "responses", {"api": "responses", "body": {}, "native_only": "yes"},
                    {"api": "responses", "body": {}, "context": [1]},
@@ -152,9 +155,10 @@ def test_a_requests_origin_crosses_the_payload_and_a_malformed_one_is_refused() 
 
 def test_a_native_origin_keeps_what_only_its_api_carries_and_a_native_event_is_named() -> None:
     context = ({"type": "reasoning", "id": "rs_1", "summary": []},)
-    request = AIRequest(kind="chat", body={"messages": [{"role": "user", "content": "Hi"}]},
+    request = AIRequest.of("chat", {"model": "auto", "messages": [{"role": "user", "content": "Hi"}]},
                         origin=Origin("responses", {"input": "Hi"}, native_only=True, context=context))
-    message = AIRequest(kind="chat", body={"messages": []}, origin=Origin("anthropic", {"top_k": 3}))
+    message = AIRequest.of("chat", {"model": "auto", "messages": [{"role": "user", "content": "Hi"}]},
+                            origin=Origin("anthropic", {"top_k": 3}))
 
     payload = orjson.loads(orjson.dumps(request.to_payload()))
     delta = StreamPart.decode(b'{"type": "response.output_text.delta", "delta": "Hi", "sequence_number": 3}')

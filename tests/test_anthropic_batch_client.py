@@ -12,6 +12,7 @@ import pytest
 
 from support.waiting import eventually
 from tidegate.config import ProviderBatchConfig, ProviderConfig
+from tidegate.contract import decode
 from tidegate.dispatch.provider_batches.clients import batch_client
 from tidegate.dispatch.provider_batches.clients.anthropic import AnthropicBatchClient
 from tidegate.dispatch.provider_batches.clients.openai import (
@@ -30,9 +31,9 @@ KEY = "sk-anthropic-batch-test"
 
 
 def line(custom_id: str, model: str = MODEL, **body: Any) -> BatchLineRequest:
-    return BatchLineRequest(custom_id, CHAT, {
+    return BatchLineRequest(custom_id, CHAT, decode("chat", {
         "model": model, "max_tokens": 10, **body,
-        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]})
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}))
 
 
 @pytest.fixture
@@ -140,7 +141,8 @@ async def test_a_submission_is_found_again_by_its_metadata_once_its_batch_ended(
     ([], CHAT, "at least one line"),
     ([line("a"), line("a")], CHAT, "custom_id"),
     ([line("a b")], CHAT, "letters, digits"),
-    ([BatchLineRequest("e", "/v1/embeddings", {"model": "m", "input": "x"})], "/v1/embeddings", "chat"),
+    ([BatchLineRequest("e", "/v1/embeddings", decode("embeddings", {"model": "m", "input": "x"}))],
+     "/v1/embeddings", "chat"),
     ([line("x" * 60)], CHAT, "letters, digits"),  # no room for the tags
 ])
 async def test_a_batch_anthropic_would_refuse_is_not_sent(

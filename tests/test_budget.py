@@ -10,11 +10,13 @@ from collections.abc import AsyncIterator
 from datetime import date, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
 from tidegate.config import ModelConfig
+from tidegate.contract import RequestBody, decode
 from tidegate.coord.budget import (
     GLOBAL,
     KEEP_DAYS,
@@ -34,7 +36,7 @@ from tidegate.costs import (
     micros_to_usd,
     usd_to_micros,
 )
-from tidegate.errors import DispatchClosed, InvalidJob
+from tidegate.errors import DispatchClosed
 
 DAY = date(2025, 3, 14)
 
@@ -326,6 +328,11 @@ async def test_the_factory_follows_the_queue_url(tmp_path: Path) -> None:
 MODEL = ModelConfig(name="m", input_usd_per_1m=Decimal("2.00"), output_usd_per_1m=Decimal("8.00"))
 
 
+def typed(kind: str, body: dict[str, Any]) -> RequestBody:
+    """The typed request of `body` (its model "auto")."""
+    return decode(kind, {"model": "auto", **body})
+
+
 def test_cost_is_exact_and_rounds_up_to_a_micro() -> None:
     assert cost_micros(MODEL, 1_000_000, 0) == 2_000_000
     assert cost_micros(MODEL, 1_000, 500) == 2_000 + 4_000
@@ -354,25 +361,23 @@ def test_chat_input_estimate() -> None:
             {"type": "image_url", "image_url": {"url": "https://example.org/cat.png"}},
         ]},
     ]}
-    assert estimate_input_tokens("chat", body) == (4 + 4) + (4 + 2 + 6 + IMAGE_TOKENS) + 3
+    assert estimate_input_tokens(typed("chat", body)) == (4 + 4) + (4 + 2 + 6 + IMAGE_TOKENS) + 3
     # Non-ASCII text counts a token per character, where length / 4 would undercount CJK
     japanese = {"messages": [{"role": "user", "content": "日本語です"}]}
-    assert estimate_input_tokens("chat", japanese) == 4 + 5 + 3
+    assert estimate_input_tokens(typed("chat", japanese)) == 4 + 5 + 3
 
 
 def test_embeddings_input_estimate() -> None:
-    assert estimate_input_tokens("embeddings", {"input": "a" * 10}) == 3
-    assert estimate_input_tokens("embeddings", {"input": ["abcd", "abcde"]}) == 1 + 2
-    assert estimate_input_tokens("embeddings", {"input": [101, 102, 103]}) == 3
-    assert estimate_input_tokens("embeddings", {"input": [[1, 2], [3, 4, 5]]}) == 5
-    with pytest.raises(InvalidJob):
-        estimate_input_tokens("images", {})
+    assert estimate_input_tokens(typed("embeddings", {"input": "a" * 10})) == 3
+    assert estimate_input_tokens(typed("embeddings", {"input": ["abcd", "abcde"]})) == 1 + 2
+    assert estimate_input_tokens(typed("embeddings", {"input": [101, 102, 103]})) == 3
+    assert estimate_input_tokens(typed("embeddings", {"input": [[1, 2], [3, 4, 5]]})) == 5
 
 
 def test_cost_estimate_includes_the_most_output_the_request_allows() -> None:
     body = {"messages": [{"role": "user", "content": "abcd"}], "max_tokens": 100}
-    assert estimate_output_tokens("chat", body) == 100
-    assert estimate_output_tokens("chat", {**body, "max_completion_tokens": 50, "n": 2}) == 100
-    assert estimate_output_tokens("chat", {"messages": []}) == DEFAULT_MAX_OUTPUT_TOKENS
-    assert estimate_output_tokens("embeddings", {"input": "x", "max_tokens": 9}) == 0
-    assert estimate_cost_micros(MODEL, "chat", body) == cost_micros(MODEL, 4 + 1 + 3, 100)
+    assert estimate_output_tokens(typed("chat", body)) == 100
+    assert estimate_output_tokens(typed("chat", {**body, "max_completion_tokens": 50, "n": 2})) == 100
+    assert estimate_output_tokens(typed("chat", {"messages": body["messages"]})) == DEFAULT_MAX_OUTPUT_TOKENS
+    assert estimate_output_tokens(typed("embeddings", {"input": "x", "max_tokens": 9})) == 0
+    assert estimate_cost_micros(MODEL, typed("chat", body)) == cost_micros(MODEL, 4 + 1 + 3, 100)

@@ -20,6 +20,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from conftest import QueueFactory
 from support.dispatch import PROVIDER
 from support.gateway import Gateway, open_gateway
+from tidegate.contract import ChatMessage, ChatRequest
 from tidegate.gateway.anthropic.dialect import message_of
 from tidegate.jobs import JobState, Priority
 from tidegate.providers.adapters.anthropic import chat_completion, messages_body
@@ -393,8 +394,8 @@ def test_a_tier_crosses_an_anthropic_upstream_in_its_own_words(
 
 
 def test_the_adapter_speaks_anthropics_tiers_both_ways() -> None:
-    hello = [{"role": "user", "content": "Hi"}]
-    sent = [messages_body({"messages": hello, "service_tier": tier}, "m").get("service_tier")
+    hello = [ChatMessage(role="user", content="Hi")]
+    sent = [messages_body(ChatRequest(model="m", messages=hello, service_tier=tier), "m").get("service_tier")
             for tier in ("auto", "priority", "default", "flex", None)]
     message: dict[str, Any] = {"id": "msg_1", "model": "m", "content": [{"type": "text", "text": "Hi"}],
                                "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}

@@ -15,6 +15,7 @@ from openai.types import Completion, ModerationCreateResponse
 
 from tidegate.ai import AIRequest, Finish, StreamPart, TextDelta
 from tidegate.config import ProviderConfig, TidegateConfig
+from tidegate.contract import RequestBody, decode, to_body
 from tidegate.costs import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     IMAGE_TOKENS,
@@ -39,9 +40,9 @@ MODERATION = "omni-moderation-latest"
     {"prompt": "Once"}, {"prompt": ["Once", "Twice"]}, {"prompt": [1, 2, 3]}, {"prompt": [[1], [2, 3]]},
 ])
 def test_a_completion_payload_takes_every_prompt_shape(body: dict[str, Any]) -> None:
-    request = AIRequest.from_payload({"kind": "completion", "body": body})
+    request = AIRequest.from_payload({"kind": "completion", "body": {"model": "auto", **body}})
 
-    assert request.kind == "completion" and request.body == body
+    assert request.kind == "completion" and to_body(request.body) == {"model": "auto", **body}
 
 
 @pytest.mark.parametrize(("kind", "body"), [
@@ -50,7 +51,7 @@ def test_a_completion_payload_takes_every_prompt_shape(body: dict[str, Any]) -> 
     ("moderation", {}), ("moderation", {"input": 7}),
 ])
 def test_a_malformed_legacy_payload_is_an_invalid_job(kind: str, body: dict[str, Any]) -> None:
-    with pytest.raises(InvalidJob, match=kind):
+    with pytest.raises(InvalidJob, match="prompt" if kind == "completion" else "input"):
         AIRequest.from_payload({"kind": kind, "body": body})
 
 
@@ -66,14 +67,17 @@ def test_a_text_completion_chunk_reads_as_its_text_and_finish() -> None:
 
 
 def test_legacy_estimates() -> None:
-    assert estimate_input_tokens("completion", {"prompt": "a" * 10, "suffix": "abcd"}) == 3 + 1
-    assert estimate_input_tokens("completion", {"prompt": [[1, 2], [3]]}) == 3
-    assert estimate_output_tokens("completion", {"prompt": "x"}) == COMPLETION_DEFAULT_MAX_TOKENS
-    assert estimate_output_tokens("completion", {"prompt": ["x", "y"], "max_tokens": 5, "best_of": 3}) == 30
-    assert estimate_output_tokens("completion", {"prompt": [1, 2, 3], "max_tokens": 5}) == 5  # one prompt
+    def completion(**body: Any) -> RequestBody:
+        return decode("completion", {"model": INSTRUCT, **body})
+
+    assert estimate_input_tokens(completion(prompt="a" * 10, suffix="abcd")) == 3 + 1
+    assert estimate_input_tokens(completion(prompt=[[1, 2], [3]])) == 3
+    assert estimate_output_tokens(completion(prompt="x")) == COMPLETION_DEFAULT_MAX_TOKENS
+    assert estimate_output_tokens(completion(prompt=["x", "y"], max_tokens=5, best_of=3)) == 30
+    assert estimate_output_tokens(completion(prompt=[1, 2, 3], max_tokens=5)) == 5  # one prompt
     items = [{"type": "text", "text": "abcd"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]
-    assert estimate_input_tokens("moderation", {"input": items}) == 1 + IMAGE_TOKENS
-    assert estimate_output_tokens("moderation", {"input": "anything", "max_tokens": 9}) == 0
+    assert estimate_input_tokens(decode("moderation", {"input": items})) == 1 + IMAGE_TOKENS
+    assert estimate_output_tokens(decode("moderation", {"input": "anything", "max_tokens": 9})) == 0
 
 
 def _router(*, legacy: bool = True) -> Router:
@@ -132,7 +136,8 @@ async def test_an_anthropic_upstream_refuses_legacy_jobs_as_a_client_error() -> 
     provider = ProviderConfig(name="claude", base_url="http://127.0.0.1:9/v1", api="anthropic")
     async with UpstreamClient(provider) as client:
         adapter = AnthropicAdapter(client)
-        for request in (AIRequest("completion", {"prompt": "Hi"}), AIRequest("moderation", {"input": "Hi"})):
+        for request in (AIRequest.of("completion", {"model": INSTRUCT, "prompt": "Hi"}),
+                        AIRequest.of("moderation", {"input": "Hi"})):
             with pytest.raises(UpstreamError) as refused:
                 await adapter.complete(request, "claude-sonnet-4.5")
             error = refused.value
@@ -142,7 +147,8 @@ async def test_an_anthropic_upstream_refuses_legacy_jobs_as_a_client_error() -> 
 def test_the_tier_policy_adds_no_tier_to_legacy_jobs() -> None:
     provider = ProviderConfig(name="openai", base_url="http://127.0.0.1:9/v1", service_tiers={"bulk": "flex"})
 
-    assert tier_of(AIRequest("chat", {"messages": []}), provider, Priority.BULK) == "flex"
-    assert tier_of(AIRequest("moderation", {"input": "x"}), provider, Priority.BULK) is None
-    assert tier_of(AIRequest("completion", {"prompt": "x", "service_tier": "flex"}), provider,
-                   Priority.NORMAL) == "flex"  # the caller's own, as given
+    chat = {"model": "auto", "messages": [{"role": "user", "content": "x"}]}
+    assert tier_of(AIRequest.of("chat", chat), provider, Priority.BULK) == "flex"
+    assert tier_of(AIRequest.of("moderation", {"input": "x"}), provider, Priority.BULK) is None
+    assert tier_of(AIRequest.of("completion", {"model": INSTRUCT, "prompt": "x", "service_tier": "flex"}),
+                   provider, Priority.NORMAL) == "flex"  # the caller's own, as given

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
+import msgspec
 import pytest
 
 from support.waiting import eventually
 from tidegate.config import ProviderConfig
+from tidegate.contract import decode
 from tidegate.dispatch.provider_batches.clients.openai import (
     BatchLineRequest,
     ProviderBatch,
@@ -29,8 +32,8 @@ KEY = "sk-batch-test"
 
 
 def line(custom_id: str, model: str = CHAT_MODEL, **body: Any) -> BatchLineRequest:
-    return BatchLineRequest(custom_id, CHAT, {"model": model, "messages": [{"role": "user", "content": "Hi"}],
-                                              "max_tokens": 10, **body})
+    return BatchLineRequest(custom_id, CHAT, decode("chat", {
+        "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10, **body}))
 
 
 @pytest.fixture
@@ -72,7 +75,10 @@ async def test_a_submitted_batch_is_collected_with_a_result_for_every_line(
 
 
 async def test_a_failed_line_keeps_its_status_and_error_body(batches: ProviderBatchClient) -> None:
-    lines = [line("good"), line("unknown", model="no-such-model"), line("bad", max_tokens=-1)]
+    # A line the provider refuses: built past the contract's check, which would refuse it first
+    bad = line("bad")
+    bad = replace(bad, body=msgspec.structs.replace(bad.body, max_tokens=-1))
+    lines = [line("good"), line("unknown", model="no-such-model"), bad]
 
     batch = await ended(batches, (await batches.submit(lines, endpoint=CHAT)).id)
     results = await batches.results(batch, ["good", "unknown", "bad"])
@@ -136,7 +142,8 @@ async def test_results_wait_for_the_batch_to_end(simulator: Simulator, batches: 
 @pytest.mark.parametrize(("lines", "problem"), [
     ([], "at least one line"),
     ([line("a"), line("a")], "custom_id 'a'"),
-    ([BatchLineRequest("e", "/v1/embeddings", {"model": "text-embedding-3-small", "input": "x"})],
+    ([BatchLineRequest("e", "/v1/embeddings", decode("embeddings", {"model": "text-embedding-3-small",
+                                                                      "input": "x"}))],
      "endpoint"),
 ], ids=["empty", "duplicate", "other-endpoint"])
 async def test_a_batch_the_provider_would_fail_is_not_sent(

@@ -16,6 +16,7 @@ from conftest import QueueFactory
 from support.gateway import Gateway, open_gateway
 from tidegate.ai import AIRequest, result_of
 from tidegate.config import BudgetConfig, ModelConfig, PricedTier, ProviderConfig, TidegateConfig, TierPrice
+from tidegate.contract import decode, requested_tier
 from tidegate.costs import at_tier, billed_tier, cost_micros, estimate_cost_micros, usd_to_micros
 from tidegate.dispatch.tiers import priced, tier_of, with_tier
 from tidegate.jobs import Priority
@@ -136,7 +137,7 @@ async def test_the_budget_is_reserved_at_the_price_of_the_tier_sent(queue_factor
     async with gateway as gw, gw.openai("acme") as client:
         ask = {"model": MODEL, "messages": HELLO, "max_tokens": 600}
         model = default_model(gw.state.config)
-        at_flex, at_default = (estimate_cost_micros(at_tier(model, tier), "chat", ask)
+        at_flex, at_default = (estimate_cost_micros(at_tier(model, tier), decode("chat", ask))
                                for tier in ("flex", "default"))
         assert at_flex < usd_to_micros(limit_usd) < at_default
 
@@ -196,13 +197,14 @@ def test_the_budget_reserved_is_priced_at_the_tier_the_call_is_sent_with() -> No
     model = ModelConfig(name="m", input_usd_per_1m=Decimal("2"), output_usd_per_1m=Decimal("8"))
     provider = ProviderConfig(name="p", base_url="http://127.0.0.1:1/v1", models=(model,),
                               service_tiers={"BULK": "flex"}, tier_price_factors={"flex": Decimal("0.5")})
-    request = AIRequest("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100})
+    request = AIRequest.of("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                    "max_tokens": 100})
 
     tier = tier_of(request, provider, Priority.BULK)
     sent = with_tier(request, tier)
 
-    assert tier == "flex" and sent.body["service_tier"] == "flex" and "service_tier" not in request.body
+    assert tier == "flex" and requested_tier(sent.body) == "flex" and requested_tier(request.body) is None
     assert tier_of(request, provider, Priority.NORMAL) is None
     assert tier_of(with_tier(request, "priority"), provider, Priority.BULK) == "priority"  # the caller's
-    full = estimate_cost_micros(model, "chat", request.body)
-    assert estimate_cost_micros(priced(model, provider, tier), "chat", sent.body) == math.ceil(full / 2)
+    full = estimate_cost_micros(model, request.body)
+    assert estimate_cost_micros(priced(model, provider, tier), sent.body) == math.ceil(full / 2)

@@ -28,6 +28,7 @@ from support.waiting import eventually
 from tidegate._otel import OtelTracing
 from tidegate.ai import AIRequest
 from tidegate.config import TracingSettings
+from tidegate.contract import decode
 from tidegate.errors import InvalidJob
 from tidegate.simulator.server import InjectedFault
 from tidegate.tracing import NOOP, configured, installed, tracer
@@ -264,11 +265,12 @@ def test_configured_tracing_exports_with_otlp_over_http_and_is_removed_after() -
 
 
 def test_the_trace_crosses_the_queue_in_the_job_payload() -> None:
-    body = {"messages": [{"role": "user", "content": "hi"}]}
-    request = AIRequest("chat", body, trace={"traceparent": CALLER_PARENT, "tracestate": "a=b"})
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+    trace = {"traceparent": CALLER_PARENT, "tracestate": "a=b"}
+    request = AIRequest("chat", decode("chat", body), trace=trace)
 
     assert AIRequest.from_payload(request.to_payload()) == request
-    assert "trace" not in AIRequest("chat", body).to_payload()
+    assert "trace" not in AIRequest.of("chat", body).to_payload()
     with pytest.raises(InvalidJob, match="trace"):
         AIRequest.from_payload({"kind": "chat", "body": body, "trace": {"traceparent": 1}})
     with pytest.raises(InvalidJob, match="unknown"):

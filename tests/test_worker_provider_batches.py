@@ -22,6 +22,7 @@ from support.dispatch import chat, queue_url_of, running_worker, wait_final
 from support.provider_batches import TWO_DAYS_S, batch_config, bulk_jobs, waiting_in_a_batch
 from support.waiting import eventually
 from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig
+from tidegate.contract import decode
 from tidegate.coord.budget import budget_ledger_for
 from tidegate.costs import cost_micros, estimate_cost_micros, micros_to_usd, usd_to_micros
 from tidegate.dispatch.metrics import DispatchMetrics
@@ -242,7 +243,8 @@ async def test_a_budget_that_allows_part_of_the_jobs_is_never_overspent(
     [model] = [model for model in provider.models if model.name == BULK_MODEL]
     body = chat("Summarise item 0", max_tokens=40)["body"]
     # Room for three and a half batch-priced estimates: three jobs go, the rest cannot
-    per_job = estimate_cost_micros(batch_priced(model, provider), "chat", body)
+    typed = decode("chat", {"model": BULK_MODEL, **body})
+    per_job = estimate_cost_micros(batch_priced(model, provider), typed)
     limit_micros = per_job * 7 // 2
     budgets = BudgetConfig(tenant_daily_usd={"acme": micros_to_usd(limit_micros)}, on_exhausted="reject")
     config = batch_config(base_url, queue_url_of(queue_factory), budgets=budgets)
@@ -354,7 +356,8 @@ async def test_jobs_left_pending_by_a_worker_killed_mid_submission_are_neither_l
             [BatchedJob(job_id, "sim", pending) for job_id in ids])
     if created:
         jobs = [await queue.get(job_id) for job_id in ids]
-        lines = [BatchLineRequest(job.id, ENDPOINTS["chat"], {**job.payload["body"], "model": BULK_MODEL})
+        lines = [BatchLineRequest(job.id, ENDPOINTS["chat"],
+                                  decode("chat", {**job.payload["body"], "model": BULK_MODEL}))
                  for job in jobs if job is not None]
         async with UpstreamClient(provider) as upstream:
             client = batch_client(upstream)

@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "errors",
         "jobs",
+        "contract",
         "ai",
         "costs",
         "config",

@@ -5,6 +5,7 @@ A job payload:
 
     {"kind": "chat" | "embeddings" | "completion" | "moderation",
      "body": {...},                      # the OpenAI-compatible request body, as the client sent it
+                                         # (in process: its typed struct, tidegate.contract)
      "allowed_models": ["gpt-4.1", ...], # optional: the tenant's entitlement, set by the gateway
      "origin": {"api": "responses",      # optional: the request in another API's shape that the
                 "body": {...},           # body was translated from, so that API can render the job
@@ -49,6 +50,10 @@ These wire forms are the contract between gateway, dispatch, the change flow and
 recommender; a provider adapter of another upstream converts its answers into them, and a
 gateway dialect renders them in its own API's shape.
 
+In process the body is typed: `AIRequest.body` is the struct of its kind (tidegate.contract),
+decoded once (at the door, or from the stored payload by the worker) and read as fields; the
+stored JSON is the body the struct encodes back (`contract.to_body`), the layout above.
+
 Stored records are read, not trusted: `AIResult.from_json` takes what it can use and leaves the
 rest at its empty value, as the readers of job results always did.
 
@@ -70,6 +75,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from tidegate.contract import RequestBody, decode, struct_of, to_body
 from tidegate.errors import InvalidJob, PayloadFormatError
 from tidegate.jobs import Job
 
@@ -119,31 +125,42 @@ def _format_of(document: Mapping[str, Any], what: str, readable: int, absent: in
 
 @dataclass(frozen=True, slots=True)
 class AIRequest:
-    """A validated AI job payload."""
+    """A validated AI job payload: its body typed (the struct of its kind, tidegate.contract)."""
 
     kind: Kind
-    body: dict[str, Any]
+    body: RequestBody
     allowed_models: frozenset[str] | None = None
     # The request as another API shaped it (OpenAI's Responses), when `body` is its translation:
     # the job is that API's object too, rendered from it. Workers never read it.
     origin: Origin | None = None
     trace: dict[str, str] | None = None  # W3C traceparent (and tracestate) of the enqueuing request
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.body, struct_of(self.kind)):
+            raise InvalidJob(f"a {self.kind} request's body is a {struct_of(self.kind).__name__}, "
+                             f"not a {type(self.body).__name__}")
+
     @property
     def requested_model(self) -> str | None:
         """The model the caller named, or None for routing (`"auto"` or absent)."""
-        model = self.body.get("model")
-        return None if model in (None, "", AUTO) else str(model)
+        model = self.body.model
+        return None if model in ("", AUTO) else model
 
     @property
     def stream(self) -> bool:
         """Whether the caller asked for server-sent events."""
-        return bool(self.body.get("stream"))
+        return getattr(self.body, "stream", False)
+
+    @classmethod
+    def of(cls, kind: Kind, body: Mapping[str, Any], *, origin: Origin | None = None) -> AIRequest:
+        """The request of `kind` whose body is `body` (a JSON object), decoded and checked: an
+        InvalidJob (contract.InvalidRequestBody) names the field refused."""
+        return cls(kind=kind, body=decode(kind, body), origin=origin)
 
     def to_payload(self) -> dict[str, Any]:
         """The job payload for this request, in format PAYLOAD_FORMAT (1: without `"v"`, so that
         0.1.0's workers take it; see the module's docstring)."""
-        payload: dict[str, Any] = {"kind": self.kind, "body": self.body}
+        payload: dict[str, Any] = {"kind": self.kind, "body": to_body(self.body)}
         if self.allowed_models is not None:
             payload["allowed_models"] = sorted(self.allowed_models)
         if self.origin is not None:
@@ -166,7 +183,8 @@ class AIRequest:
         body = payload.get("body")
         if not isinstance(body, dict):
             raise InvalidJob("AI job body must be a JSON object")
-        _check_body(kind, body)
+        if "model" not in body:  # a job enqueued through the queue's API without one is routed
+            body = {**body, "model": AUTO}
         allowed = payload.get("allowed_models")
         if allowed is not None and not (
             isinstance(allowed, list) and all(isinstance(name, str) for name in allowed)
@@ -177,33 +195,9 @@ class AIRequest:
             isinstance(trace, dict) and all(isinstance(value, str) for value in trace.values())
         ):
             raise InvalidJob("trace must be an object of W3C trace context fields (strings)")
-        return cls(kind=kind, body=body, allowed_models=None if allowed is None else frozenset(allowed),
+        return cls(kind=kind, body=decode(kind, body),
+                   allowed_models=None if allowed is None else frozenset(allowed),
                    origin=Origin.from_payload(payload.get("origin")), trace=trace)
-
-
-def _check_body(kind: Kind, body: dict[str, Any]) -> None:
-    """The field each kind cannot do without, of the type its endpoint takes."""
-    if kind == "chat" and not isinstance(body.get("messages"), list):
-        raise InvalidJob("a chat request needs 'messages' (a list)")
-    if kind in ("embeddings", "moderation") and not isinstance(body.get("input"), str | list):
-        raise InvalidJob(f"{'an' if kind == 'embeddings' else 'a'} {kind} request needs 'input' "
-                         "(a string or a list)")
-    if kind == "completion" and not _is_prompt(body.get("prompt")):
-        raise InvalidJob("a completion request needs 'prompt': a string, a list of strings, a list of "
-                         "token ids or a list of such lists")
-
-
-def _is_prompt(prompt: object) -> bool:
-    if isinstance(prompt, str):
-        return True
-    if not isinstance(prompt, list) or not prompt:
-        return False
-    if all(_whole(item) is not None for item in prompt):
-        return True  # one prompt as token ids
-    if all(isinstance(item, str) for item in prompt):
-        return True
-    return all(isinstance(item, list) and item and all(_whole(token) is not None for token in item)
-               for item in prompt)
 
 
 OriginApi = Literal["responses", "anthropic"]

@@ -20,9 +20,19 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any, Final, get_args
 
 import orjson
+from msgspec import UNSET
 
 from tidegate.config import ModelConfig, PricedTier
-from tidegate.errors import InvalidJob
+from tidegate.contract import (
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingsRequest,
+    ModerationImage,
+    ModerationRequest,
+    ModerationText,
+    RequestBody,
+)
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -121,7 +131,7 @@ def micros_to_usd(micros: int) -> Decimal:
 # ---------------------------------------------------------------------- token estimates
 
 
-def estimate_input_tokens(kind: str, body: Mapping[str, Any]) -> int:
+def estimate_input_tokens(body: RequestBody) -> int:
     """Estimate the prompt tokens of an OpenAI-compatible request body without a tokenizer.
 
     Text costs ceil(ASCII characters / 4) plus one token per non-ASCII character.
@@ -144,40 +154,36 @@ def estimate_input_tokens(kind: str, body: Mapping[str, Any]) -> int:
     token per character for the same reason: CJK text runs about one token per character,
     where a plain length / 4 would under-count it four times over.
     """
-    if kind == "chat":
+    if isinstance(body, ChatRequest):
         return _chat_tokens(body)
-    if kind in ("embeddings", "moderation"):
-        return _embedding_tokens(body.get("input"))
-    if kind == "completion":
-        suffix = body.get("suffix")
-        suffix_tokens = _text_tokens(suffix) if isinstance(suffix, str) else 0
-        return _embedding_tokens(body.get("prompt")) + suffix_tokens
-    raise InvalidJob(f"cannot estimate tokens of request kind {kind!r}: use chat, embeddings, "
-                     "completion or moderation")
+    if isinstance(body, EmbeddingsRequest):
+        return _embedding_tokens(body.input)
+    if isinstance(body, ModerationRequest):
+        return _embedding_tokens([_moderation_item(item) for item in body.input]
+                                 if isinstance(body.input, list) else body.input)
+    suffix_tokens = _text_tokens(body.suffix) if body.suffix is not None else 0
+    return _embedding_tokens(body.prompt) + suffix_tokens
 
 
-def estimate_output_tokens(kind: str, body: Mapping[str, Any]) -> int:
+def estimate_output_tokens(body: RequestBody) -> int:
     """The most output tokens a request can bill: `max_completion_tokens` (or the older
     `max_tokens`; DEFAULT_MAX_OUTPUT_TOKENS when neither is set) times `n` replies. A legacy
     completion bills `max_tokens` (COMPLETION_DEFAULT_MAX_TOKENS unset) for `best_of` (or `n`)
     replies to each prompt. Embeddings and moderations produce none."""
-    if kind in ("embeddings", "moderation"):
+    if isinstance(body, EmbeddingsRequest | ModerationRequest):
         return 0
-    if kind == "completion":
-        cap = _positive_int(body.get("max_tokens")) or COMPLETION_DEFAULT_MAX_TOKENS
-        drawn = _positive_int(body.get("best_of")) or _positive_int(body.get("n")) or 1
-        return cap * drawn * _prompt_count(body.get("prompt"))
-    limit = _positive_int(body.get("max_completion_tokens"))
-    if limit is None:
-        limit = _positive_int(body.get("max_tokens"))
-    replies = _positive_int(body.get("n")) or 1
-    return (limit if limit is not None else DEFAULT_MAX_OUTPUT_TOKENS) * replies
+    if isinstance(body, CompletionRequest):
+        cap = body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS
+        drawn = body.best_of or body.n or 1
+        return cap * drawn * _prompt_count(body.prompt)
+    limit = body.max_completion_tokens or body.max_tokens
+    return (limit or DEFAULT_MAX_OUTPUT_TOKENS) * (body.n or 1)
 
 
-def estimate_cost_micros(model: ModelConfig, kind: str, body: Mapping[str, Any]) -> int:
+def estimate_cost_micros(model: ModelConfig, body: RequestBody) -> int:
     """The budget to reserve before a call: the input estimate at input prices plus the most
     output the request can produce at output prices (see `estimate_output_tokens`)."""
-    return cost_micros(model, estimate_input_tokens(kind, body), estimate_output_tokens(kind, body))
+    return cost_micros(model, estimate_input_tokens(body), estimate_output_tokens(body))
 
 
 def _text_tokens(text: str) -> int:
@@ -192,32 +198,26 @@ def _json_tokens(value: Any) -> int:
     return _text_tokens(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode())
 
 
-def _chat_tokens(body: Mapping[str, Any]) -> int:
-    messages = body.get("messages")
-    total = REPLY_PRIMING_TOKENS
-    if isinstance(messages, list):
-        total += sum(_message_tokens(message) for message in messages)
-    for field in ("tools", "functions"):
-        if body.get(field):
-            total += _json_tokens(body[field])
+def _chat_tokens(body: ChatRequest) -> int:
+    total = REPLY_PRIMING_TOKENS + sum(_message_tokens(message) for message in body.messages)
+    for field in ("tools", "functions"):  # carried through: the contract does not name them
+        if body.extra.get(field):
+            total += _json_tokens(body.extra[field])
     return total
 
 
-def _message_tokens(message: Any) -> int:
-    if not isinstance(message, Mapping):
-        return MESSAGE_OVERHEAD_TOKENS + _json_tokens(message)
-    total = MESSAGE_OVERHEAD_TOKENS + _content_tokens(message.get("content"))
-    name = message.get("name")
-    if isinstance(name, str) and name:
-        total += _text_tokens(name) + NAME_OVERHEAD_TOKENS
-    for field in ("tool_calls", "function_call"):
-        if message.get(field):
-            total += _json_tokens(message[field])
+def _message_tokens(message: ChatMessage) -> int:
+    total = MESSAGE_OVERHEAD_TOKENS + _content_tokens(message.content)
+    if isinstance(message.name, str) and message.name:
+        total += _text_tokens(message.name) + NAME_OVERHEAD_TOKENS
+    for calls in (message.tool_calls, message.function_call):
+        if calls:
+            total += _json_tokens(calls)
     return total
 
 
 def _content_tokens(content: Any) -> int:
-    if content is None:
+    if content is None or content is UNSET:
         return 0
     if isinstance(content, str):
         return _text_tokens(content)
@@ -251,6 +251,13 @@ def _embedding_tokens(value: Any) -> int:
     return sum(_embedding_item_tokens(item) for item in value)
 
 
+def _moderation_item(item: str | ModerationText | ModerationImage) -> object:
+    """A moderation's input item as a chat part counts it: text as text, an image as an image."""
+    if isinstance(item, ModerationText):
+        return {"type": "text", "text": item.text}
+    return {"type": "image_url"} if isinstance(item, ModerationImage) else item
+
+
 def _embedding_item_tokens(item: Any) -> int:
     if isinstance(item, str):
         return _text_tokens(item)
@@ -266,9 +273,3 @@ def _prompt_count(prompt: Any) -> int:
     if isinstance(prompt, list) and prompt and not all(isinstance(item, int) for item in prompt):
         return len(prompt)
     return 1
-
-
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return None
-    return value

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
         TidegateConfig,
         WorkerSettings,
     )
+    from tidegate.contract import decode as decode_request
+    from tidegate.contract import to_body as request_body
     from tidegate.coord.limiter import rate_limiter_for
     from tidegate.coord.tenants import Tenant, tenant_store_for
     from tidegate.costs import micros_to_usd
@@ -132,7 +134,9 @@ SURFACE: dict[str, tuple[str, str]] = {
     "result_of": ("tidegate.ai:result_of", "a finished job's answer, usage and timings"),
     "micros_to_usd": ("tidegate.costs:micros_to_usd", "a cost counted in micro-dollars, in dollars"),
     "ChatCompletionRequest": ("tidegate.gateway.openai.schemas:ChatCompletionRequest",
-                              "a chat request as the door decodes it"),
+                              "a chat request as the OpenAPI document describes it (pydantic)"),
+    "decode_request": ("tidegate.contract:decode", "a request body decoded as the door decodes it"),
+    "request_body": ("tidegate.contract:to_body", "a decoded request as the provider is sent it"),
     "UpstreamClient": ("tidegate.providers.client:UpstreamClient",
                        "the client the worker calls providers with"),
     "RouteDecision": ("tidegate.dispatch.router:RouteDecision", "the provider and model a job is routed to"),
@@ -220,6 +224,7 @@ __all__ = [
     "categories_of",
     "checksum",
     "create_app",
+    "decode_request",
     "default_models",
     "ensure_sqlite_folder",
     "http_answered",
@@ -234,6 +239,7 @@ __all__ = [
     "rate_limiter_for",
     "recs_redis_store",
     "recs_store_for",
+    "request_body",
     "result_of",
     "row_source_for",
     "run_loop",

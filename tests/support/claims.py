@@ -4,6 +4,7 @@ observe the first half instead of sleeping for it."""
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from typing import Any
 
 from tidegate.queue import Queue
 
@@ -21,8 +22,10 @@ class ClaimWaits:
     def _hook(self, queue: Queue) -> None:
         wait_for_work = queue._wait_for_work
 
-        def waiting(levels: tuple[int, ...], timeout_s: float, marker: object) -> Awaitable[None]:
+        def waiting(
+            levels: tuple[int, ...], timeout_s: float, marker: object, **options: Any
+        ) -> Awaitable[None]:
             self.count += 1
-            return wait_for_work(levels, timeout_s, marker)
+            return wait_for_work(levels, timeout_s, marker, **options)
 
         queue._wait_for_work = waiting  # type: ignore[method-assign,assignment]

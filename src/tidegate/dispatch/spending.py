@@ -58,7 +58,7 @@ def estimated_micros(route: RouteDecision, request: AIRequest, priority: Priorit
     """The most a call can cost on `route` (its max_tokens included), at the prices of the tier
     it would be sent with: what a reservation holds."""
     model = priced(route.model, route.provider, tier_of(request, route.provider, priority))
-    return estimate_cost_micros(model, request.kind, request.body)
+    return estimate_cost_micros(model, request.body)
 
 
 def cheaper_route(router: Router, request: AIRequest, route: RouteDecision,
@@ -68,7 +68,7 @@ def cheaper_route(router: Router, request: AIRequest, route: RouteDecision,
     caller named is never swapped (see Router)."""
     if request.kind != "chat" or request.requested_model not in (None, "", AUTO):
         return None
-    cheaper = router.cheapest(estimated_input_tokens=estimate_input_tokens(request.kind, request.body),
+    cheaper = router.cheapest(estimated_input_tokens=estimate_input_tokens(request.body),
                               allowed_models=request.allowed_models, exclude=exclude)
     return None if cheaper is None or cheaper.model.name == route.model.name else cheaper
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from tidegate import contract
 from tidegate.ai import AIRequest
 from tidegate.config import ModelConfig, ProviderConfig
 from tidegate.costs import at_tier, billed_tier
@@ -27,17 +28,17 @@ FIELD = "service_tier"
 
 def tier_of(request: AIRequest, provider: ProviderConfig, priority: Priority) -> str | None:
     """The tier to send: the caller's, else the provider's policy for `priority`, else none."""
-    chosen = request.body.get(FIELD)
-    if isinstance(chosen, str):
+    chosen = contract.requested_tier(request.body)
+    if chosen is not None:
         return chosen
     return provider.tier_for(priority) if request.kind in ("chat", "embeddings") else None
 
 
 def with_tier(request: AIRequest, tier: str | None) -> AIRequest:
     """`request` with `tier` in its body (unchanged when it already says so, or there is none)."""
-    if tier is None or request.body.get(FIELD) == tier:
+    if tier is None or contract.requested_tier(request.body) == tier:
         return request
-    return replace(request, body={**request.body, FIELD: tier})
+    return replace(request, body=contract.with_tier(request.body, tier))
 
 
 def priced(model: ModelConfig, provider: ProviderConfig, tier: str | None) -> ModelConfig:

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from tidegate.ai import AIRequest, Usage
+from tidegate.contract import requested_tier
 from tidegate.dispatch.router import RouteDecision
 from tidegate.jobs import Job
 from tidegate.tracing import NOTHING, Span, carrier_of, tracer
@@ -49,14 +50,14 @@ def model_call(route: RouteDecision, request: AIRequest) -> AbstractContextManag
         "gen_ai.system": route.provider.name, "gen_ai.request.model": route.model.name,
         "tidegate.route": route.reason,
     }
-    tier = request.body.get("service_tier")
-    if isinstance(tier, str):
+    tier = requested_tier(request.body)
+    if tier is not None:
         attributes["openai.request.service_tier"] = tier
     for field, name in (("max_tokens", "gen_ai.request.max_tokens"),
                         ("max_completion_tokens", "gen_ai.request.max_tokens"),
                         ("temperature", "gen_ai.request.temperature")):
-        value = request.body.get(field)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        value = getattr(request.body, field, None)  # the fields of the kinds that have them
+        if value is not None:
             attributes[name] = value
     return tracing.span(f"{operation} {route.model.name}", kind="client", attributes=attributes)
 

@@ -370,7 +370,7 @@ class Worker:
         found = Found.LIVE if batches is None else await batches.collect(job, request, call.queue_wait_ms)
         if found is Found.SERVED:
             return
-        estimated_input = estimate_input_tokens(request.kind, request.body)
+        estimated_input = estimate_input_tokens(request.body)
         fraction_left = await self._spending.fraction_left(job.tenant)
         failing = self._health.failing()
         try:
@@ -469,7 +469,7 @@ class Worker:
     async def _pace(self, call: _Call, model: ModelConfig, request: AIRequest, estimated_input: int) -> bool:
         """Wait briefly, most urgent job first, for the model's concurrency and rate limits; or
         park the job in the queue when the wait would be long."""
-        tokens = estimated_input + estimate_output_tokens(request.kind, request.body)
+        tokens = estimated_input + estimate_output_tokens(request.body)
         give_up = time.monotonic() + self.settings.pace_wait_max_s
         turnstile = self._turnstiles.setdefault(call.key, PriorityTurnstile())
         if not await turnstile.acquire(int(call.job.priority), give_up - time.monotonic()):

@@ -93,8 +93,8 @@ class RefreshSink:
             text = _render(rule.text, after)
             if not text:
                 continue
-            request = AIRequest(kind="embeddings", body={"model": rule.model or self._embedding_model,
-                                                         "input": text})
+            request = AIRequest.of("embeddings", {"model": rule.model or self._embedding_model,
+                                                  "input": text})
             specs.append(JobSpec(payload=request.to_payload(), priority=rule.priority, tenant=rule.tenant,
                                  idempotency_key=refresh_idempotency_key(change, number)))
         return specs

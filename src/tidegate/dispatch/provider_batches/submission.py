@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from tidegate._shutdown import CLOSE_BOUND_S
 from tidegate.ai import AIRequest
 from tidegate.config import ProviderConfig
+from tidegate.contract import RequestBody, unstreamed
 from tidegate.costs import estimate_cost_micros
 from tidegate.dispatch.provider_batches.clients.openai import BatchLineRequest
 from tidegate.dispatch.provider_batches.collection import BatchPart, BatchServices
@@ -38,7 +41,6 @@ __all__ = ["ENDPOINTS", "PENDING", "SUBMISSION", "BatchSubmission"]
 log = logging.getLogger("tidegate.worker.provider_batches")
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}
-_STREAM_FIELDS = ("stream", "stream_options")
 SUBMISSION = "tidegate_submission"  # the metadata naming a submission, to find its batch again
 PENDING = "pending-"  # the batch id a job is recorded with while its batch is being submitted
 SUBMIT_BOUND_S = CLOSE_BOUND_S  # how long closing waits for a submission under way (then it is pending)
@@ -49,7 +51,7 @@ class _Held:
     """A job gathered for a batch: its body as the line sends it and the budget it holds."""
 
     job: Job
-    body: dict[str, Any]
+    body: RequestBody
     hold: Hold | None
 
 
@@ -99,11 +101,10 @@ class BatchSubmission(BatchPart):
             return False
         assert provider.batch is not None
         model = route.model.name
-        body = {key: value for key, value in request.body.items() if key not in _STREAM_FIELDS}
-        body["model"] = model
+        body = msgspec.structs.replace(unstreamed(request.body), model=model)
         hold: Hold | None = None
         if self._spending.ledger is not None:
-            amount = estimate_cost_micros(batch_priced(route.model, provider), request.kind, request.body)
+            amount = estimate_cost_micros(batch_priced(route.model, provider), request.body)
             try:
                 hold = await self._spending.reserve(job, amount, await self._spending.limits(job.tenant))
             except BudgetExhausted:

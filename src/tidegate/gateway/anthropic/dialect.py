@@ -48,6 +48,7 @@ from tidegate.ai import (
     ToolCallDelta,
     UsageReport,
 )
+from tidegate.contract import requested_tier
 from tidegate.gateway.anthropic.schemas import (
     ContentBlock,
     ImageBlock,
@@ -60,7 +61,7 @@ from tidegate.gateway.anthropic.schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from tidegate.gateway.core.dialect import Dialect, StreamRenderer, validated
+from tidegate.gateway.core.dialect import Dialect, StreamRenderer, decoded, validated
 from tidegate.gateway.core.errors import ApiError
 
 __all__ = ["ANTHROPIC", "AnthropicDialect", "anthropic_tier", "chat_body", "conversation", "json_text",
@@ -105,9 +106,9 @@ class AnthropicDialect(Dialect):
         except ApiError as refused:
             if not native or refused.code not in _UNTRANSLATABLE:
                 raise
-            return AIRequest(kind="chat", body=summary_body(body),
+            return AIRequest(kind="chat", body=decoded("chat", summary_body(body)),
                              origin=Origin("anthropic", given, native_only=True))
-        return AIRequest(kind="chat", body=chat, origin=Origin("anthropic", given))
+        return AIRequest(kind="chat", body=decoded("chat", chat), origin=Origin("anthropic", given))
 
     def parse(self, kind: Kind, body: Mapping[str, Any], where: str) -> AIRequest:
         """A Messages body that came inside another document, checked as /v1/messages checks it."""
@@ -122,7 +123,7 @@ class AnthropicDialect(Dialect):
     def stream(self, request: AIRequest) -> StreamRenderer:
         """Anthropic's event sequence; the worker always asks for the usage chunk, which
         `message_delta` carries."""
-        return _MessageStream(request.body.get("service_tier"))
+        return _MessageStream(requested_tier(request.body))
 
     def error_body(self, error: ApiError) -> dict[str, Any]:
         """`{"type": "error", "error": {"type", "message", "code"}}` (and `job_id` when a job is

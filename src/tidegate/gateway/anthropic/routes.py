@@ -29,6 +29,7 @@ from tidegate.gateway.anthropic.schemas import (
     TokenCount,
 )
 from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
+from tidegate.gateway.core.dialect import decoded
 from tidegate.gateway.core.errors import error_responses
 from tidegate.gateway.core.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, draft_job
 from tidegate.gateway.core.native import served_natively
@@ -103,6 +104,7 @@ async def count_tokens(
     model and the conversation are checked as a message call's would be."""
     chat = {"model": body.model, "messages": conversation(body.system, body.messages),
             **tool_fields(body.tools, body.tool_choice)}
-    draft = draft_job(state, tenant, AIRequest(kind="chat", body=chat), priority=tenant.default_priority)
+    request = AIRequest(kind="chat", body=decoded("chat", chat))
+    draft = draft_job(state, tenant, request, priority=tenant.default_priority)
     json_text(chat, "body")  # what a message call's queue would refuse, refused alike
-    return TokenCount(input_tokens=estimate_input_tokens("chat", draft.request.body))
+    return TokenCount(input_tokens=estimate_input_tokens(draft.request.body))

@@ -61,7 +61,7 @@ async def refuse_over_budget(state: GatewayState, tenant: Tenant, request: AIReq
     try:
         route = state.router.route(
             kind=request.kind, requested_model=request.requested_model, priority=priority,
-            estimated_input_tokens=estimate_input_tokens(request.kind, request.body),
+            estimated_input_tokens=estimate_input_tokens(request.body),
             budget_fraction_left=status.fraction_left, allowed_models=request.allowed_models)
     except RoutingError:
         return  # not the budget's to answer: the intake's model checks are, or the worker's

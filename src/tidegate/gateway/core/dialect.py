@@ -13,7 +13,8 @@ A new dialect (Anthropic Messages, say) is a package of its surface under `tideg
 `dialect.py` with one `Dialect` subclass, `schemas.py` with the pydantic models of its bodies
 (which its routes name for validation and the OpenAPI document) and `routes.py`. It implements:
 
-- `request(kind, body)`: a body its routes validated → the `AIRequest` that is queued;
+- `request(kind, body)`: a body its routes validated (OpenAI's: decoded into the typed contract,
+  tidegate.contract; the other dialects': their pydantic models) → the `AIRequest` that is queued;
 - `parse(kind, body, where)`: a raw body (one inside another document) → an `AIRequest`, a body
   that does not validate refused with an `ApiError` naming `where`;
 - `answer(result, headers)`: the job's `AIResult` → the HTTP response of a call that waited;
@@ -38,9 +39,10 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
 from tidegate.ai import AIRequest, AIResult, Kind, StreamPart
+from tidegate.contract import InvalidRequestBody, RequestBody, decode
 from tidegate.gateway.core.errors import ApiError
 
-__all__ = ["Dialect", "StreamRenderer", "validated"]
+__all__ = ["Dialect", "StreamRenderer", "decoded", "validated"]
 
 _Body = TypeVar("_Body", bound=BaseModel)
 
@@ -55,6 +57,17 @@ def validated(model: type[_Body], body: Mapping[str, Any], where: str) -> _Body:
             f"{'.'.join([where, *map(str, error['loc'])])}: {error['msg']}" for error in exc.errors()[:10]
         )
         raise ApiError(400, f"invalid request: {problems}", code="invalid_request", param=where) from None
+
+
+def decoded(kind: Kind, body: object, where: str = "") -> RequestBody:
+    """A raw body decoded into the struct of its kind (tidegate.contract), once: a body that does
+    not decode is a 400 naming the field (inside another document: from `where`, its `param`)."""
+    try:
+        return decode(kind, body)
+    except InvalidRequestBody as exc:
+        field = f"{where}.{exc.param}" if where else exc.param
+        raise ApiError(400, f"invalid request: {field}: {exc.detail}", code="invalid_request",
+                       param=where or field) from None
 
 
 class StreamRenderer(abc.ABC):
@@ -89,8 +102,8 @@ class Dialect(abc.ABC):
     name: ClassVar[str]
 
     @abc.abstractmethod
-    def request(self, kind: Kind, body: BaseModel) -> AIRequest:
-        """The job request of a body this dialect's route validated."""
+    def request(self, kind: Kind, body: Any) -> AIRequest:
+        """The job request of a body this dialect's route validated (its struct or its model)."""
 
     @abc.abstractmethod
     def parse(self, kind: Kind, body: Mapping[str, Any], where: str) -> AIRequest:

@@ -14,13 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
+import msgspec
 from fastapi import Header
 
 from tidegate.ai import AUTO, AIRequest, Kind
+from tidegate.contract import ChatRequest, unstreamed
 from tidegate.coord.tenants import Tenant
 from tidegate.costs import estimate_input_tokens
 from tidegate.dispatch.failures import routing_refused
-from tidegate.errors import InvalidJob, InvalidPriority, RoutingError
+from tidegate.errors import InvalidPriority, RoutingError
 from tidegate.gateway.core.budget_door import refuse_over_budget
 from tidegate.gateway.core.dialect import Dialect
 from tidegate.gateway.core.errors import ApiError
@@ -188,11 +190,10 @@ def _check_model(state: GatewayState, tenant: Tenant, request: AIRequest, priori
     will route it (see `_check_routable`)."""
     if not state.models:
         raise ApiError(503, NO_PROVIDER, code="no_provider_configured")
-    kind, model = request.kind, request.body.get("model")
-    if model in (None, "", AUTO):
+    kind, name = request.kind, request.body.model
+    if name in ("", AUTO):
         _check_routable(state, request, priority)
         return
-    name = str(model)
     if tenant.allowed_models is not None and name not in tenant.allowed_models:
         raise ApiError(403, f"model {name!r} is not allowed for tenant {tenant.name!r}",
                        code="model_not_allowed", param="model")
@@ -209,7 +210,7 @@ def _check_routable(state: GatewayState, request: AIRequest, priority: Priority)
     a request no model may ever serve (none allowed: 403; its input fits none: 400) is refused
     here rather than queued to end dead. The worker routes again with the budget left and the
     models failing, which only widen or reorder what was found here."""
-    estimated = estimate_input_tokens(request.kind, request.body) if request.kind == "chat" else 0
+    estimated = estimate_input_tokens(request.body) if request.kind == "chat" else 0
     try:
         state.router.route(kind=request.kind, requested_model=None, priority=priority,
                            estimated_input_tokens=estimated, allowed_models=request.allowed_models)
@@ -232,26 +233,19 @@ def draft_job(  # noqa: PLR0913 (outstanding, issue 27)
 ) -> JobDraft:
     """Check one request against the limits and the tenant's entitlements and build its job.
     The `priority` field is taken out of the body: it is tidegate's, not the provider's."""
-    kind = request.kind
-    body = {key: value for key, value in request.body.items() if key != "priority"}
+    body = request.body
+    if body.priority is not None:
+        body = msgspec.structs.replace(body, priority=None)
     if not keep_stream:
-        # Nobody listens to an asynchronous job's chunks: store the whole answer instead.
-        body.pop("stream", None)
-        body.pop("stream_options", None)
-    if kind == "chat":
-        messages = body.get("messages")
-        if isinstance(messages, list) and len(messages) > state.settings.max_messages:
-            raise ApiError(400, f"{len(messages)} messages is over the limit of "
-                           f"{state.settings.max_messages}", code="too_many_messages", param="messages")
+        body = unstreamed(body)  # nobody listens to an asynchronous job's chunks: store the answer
+    if isinstance(body, ChatRequest) and len(body.messages) > state.settings.max_messages:
+        raise ApiError(400, f"{len(body.messages)} messages is over the limit of "
+                       f"{state.settings.max_messages}", code="too_many_messages", param="messages")
     allowed = None if tenant.allowed_models is None else frozenset(tenant.allowed_models)
     # The request's trace goes with its job, so the worker's spans continue it (tidegate.tracing).
-    checked = AIRequest(kind=kind, body=body, allowed_models=allowed, origin=request.origin,
+    checked = AIRequest(kind=request.kind, body=body, allowed_models=allowed, origin=request.origin,
                         trace=tracer().carrier())
     _check_model(state, tenant, checked, priority)
-    try:
-        AIRequest.from_payload(checked.to_payload())  # the worker's own check, before queueing
-    except InvalidJob as exc:
-        raise ApiError(400, str(exc), code="invalid_request") from None
     return JobDraft(checked, priority, idempotency_key, callback_url, timeout_s)
 
 
@@ -275,7 +269,7 @@ def draft_from_job_request(
                        param=param)
     request = dialect.parse(job.kind, job.body, f"{where}.body" if where else "body")
     try:
-        priority = resolve_priority(tenant, job.priority, request.body.get("priority"), fallback_priority)
+        priority = resolve_priority(tenant, job.priority, request.body.priority, fallback_priority)
         return draft_job(state, tenant, request, priority=priority, idempotency_key=idempotency_key,
                          callback_url=job.callback_url, timeout_s=job.timeout_s, keep_stream=False)
     except ApiError as exc:
@@ -310,7 +304,7 @@ async def submit(
     `priority`); `waits=False` for a call answered at once, whose job runs in the background.
     Every check comes before the enqueue: a refused call leaves nothing queued."""
     timeout_s = wait_timeout_s(timeout_header, state)
-    chosen = resolve_priority(tenant, header_priority(priority_header), request.body.get("priority"))
+    chosen = resolve_priority(tenant, header_priority(priority_header), request.body.priority)
     draft = draft_job(state, tenant, request, priority=chosen, keep_stream=waits,
                       idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
     [job_id] = await enqueue(state, tenant, [draft], will_wait=waits)

@@ -1,6 +1,6 @@
 """The bounds of what the gateway accepts, in one place: the request models, the query parameters
 and the OpenAPI document are all built from these constants, so the document states exactly what
-the code refuses.
+the code refuses. A request body's bounds are the typed contract's (tidegate.contract), re-exported.
 
 Where OpenAI's API has a bound the gateway takes it (a client written against OpenAI never meets a
 stricter one); elsewhere a bound keeps a value inside what the queue and its backends can store
@@ -10,6 +10,17 @@ and read back (SQLite and Redis integers are 64-bit: 2**63 answered a 500 before
 from __future__ import annotations
 
 from typing import Final
+
+# A request body's bounds are the typed contract's, which the door decodes with.
+from tidegate.contract import (
+    MAX_CHOICES,
+    MAX_EMBEDDING_DIMENSIONS,
+    MAX_EMBEDDING_INPUTS,
+    MAX_INPUT_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    MAX_STOPS,
+    MAX_TOP_LOGPROBS,
+)
 
 __all__ = [
     "MAX_BUDGET_USD",
@@ -26,15 +37,6 @@ __all__ = [
     "MAX_TOP_LOGPROBS",
 ]
 
-MAX_EMBEDDING_DIMENSIONS: Final = 3072  # text-embedding-3-large's own size, OpenAI's largest
-MAX_EMBEDDING_INPUTS: Final = 2048  # inputs in one embeddings request, as OpenAI allows
-MAX_INPUT_TOKENS: Final = 8192  # token ids of one embeddings input, as OpenAI allows
-MAX_CHOICES: Final = 128  # `n` of a chat completion, as OpenAI allows
-MAX_TOP_LOGPROBS: Final = 20  # `top_logprobs` of a chat completion or a response, as OpenAI allows
-MAX_STOPS: Final = 4  # `stop` sequences of a completion, as OpenAI allows
-# max_tokens / max_completion_tokens: above every model's output limit, and small enough that the
-# worker's budget estimate (tokens times price) stays an ordinary number.
-MAX_OUTPUT_TOKENS: Final = 1_000_000
 MAX_NAME_CHARS: Final = 256  # a model name in a tenant's allowed_models
 MAX_PAGE: Final = 1_000  # items in one page of a list (`limit`)
 MAX_OFFSET: Final = 1_000_000_000  # the farthest `offset` of a list: far beyond any retention

@@ -17,14 +17,26 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel, WithJsonSchema
 
 from tidegate.gateway.core.http_server import MAX_HEADER_BYTES
 from tidegate.gateway.core.intake import HEADER_SCHEMAS
 from tidegate.gateway.core.settings import GatewaySettings
 
-__all__ = ["install_openapi"]
+__all__ = ["documented_as", "install_openapi"]
 
 _VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
+_COMPONENTS = "#/components/schemas/{model}"
+# The models that document a body a route decodes itself (see `documented_as`), by name.
+_DOCUMENTED: dict[str, type[BaseModel]] = {}
+
+
+def documented_as(model: type[BaseModel]) -> WithJsonSchema:
+    """The schema of a route's raw JSON body (`Annotated[dict[str, Any], documented_as(model)]`)
+    that the route decodes itself, with the typed contract (tidegate.contract): the document
+    names `model`'s schema for it, and holds that schema among its components."""
+    _DOCUMENTED[model.__name__] = model
+    return WithJsonSchema({"$ref": _COMPONENTS.format(model=model.__name__)})
 
 
 def install_openapi(app: FastAPI, *, max_body_bytes: int, settings: GatewaySettings) -> None:
@@ -43,7 +55,8 @@ def install_openapi(app: FastAPI, *, max_body_bytes: int, settings: GatewaySetti
 
 
 def correct(document: dict[str, Any]) -> None:
-    """Remove the 422 answers and their schemas; give each known header its real schema."""
+    """Remove the 422 answers and their schemas; give each known header its real schema; add the
+    schemas of the bodies routes decode themselves (`documented_as`)."""
     for path_item in document.get("paths", {}).values():
         for operation in path_item.values():
             if not isinstance(operation, dict):
@@ -53,9 +66,13 @@ def correct(document: dict[str, Any]) -> None:
                 schema = HEADER_SCHEMAS.get(parameter.get("name", ""))
                 if parameter.get("in") == "header" and schema is not None:
                     parameter["schema"] = dict(schema)
-    schemas = document.get("components", {}).get("schemas", {})
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for name in _VALIDATION_SCHEMAS:
         schemas.pop(name, None)
+    for name, model in _DOCUMENTED.items():
+        schema = model.model_json_schema(ref_template=_COMPONENTS)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[name] = schema
 
 
 def publish_limits(document: dict[str, Any], max_body_bytes: int, settings: GatewaySettings) -> None:

@@ -15,40 +15,29 @@ from typing import Any, Final
 
 import orjson
 from fastapi.responses import Response
-from pydantic import BaseModel
 
 from tidegate.ai import AIRequest, AIResult, Kind, StreamError, StreamPart
-from tidegate.gateway.core.dialect import Dialect, StreamRenderer, validated
+from tidegate.contract import ChatRequest, CompletionRequest, RequestBody
+from tidegate.gateway.core.dialect import Dialect, StreamRenderer, decoded
 from tidegate.gateway.core.errors import ApiError, error_body, openai_error
-from tidegate.gateway.openai.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingsRequest,
-    ModerationRequest,
-)
 
 __all__ = ["OPENAI", "OpenAIDialect"]
 
 DONE: Final = b"data: [DONE]\n\n"
-
-_BODY_MODELS: Final[Mapping[str, type[BaseModel]]] = {"chat": ChatCompletionRequest,
-                                                       "embeddings": EmbeddingsRequest,
-                                                       "completion": CompletionRequest,
-                                                       "moderation": ModerationRequest}
-
 
 class OpenAIDialect(Dialect):
     """OpenAI's chat completions and embeddings, legacy completions and moderations."""
 
     name = "openai"
 
-    def request(self, kind: Kind, body: BaseModel) -> AIRequest:
-        """The body as the client sent it: the fields it set, the rest passed through."""
-        return AIRequest(kind=kind, body=body.model_dump(exclude_unset=True))
+    def request(self, kind: Kind, body: RequestBody) -> AIRequest:
+        """The job of a body decoded at the door (tidegate.contract): the fields the client set,
+        the rest carried through."""
+        return AIRequest(kind=kind, body=body)
 
     def parse(self, kind: Kind, body: Mapping[str, Any], where: str) -> AIRequest:
         """A body that came inside a job, checked as the OpenAI endpoint would check it."""
-        return self.request(kind, validated(_BODY_MODELS[kind], body, where))
+        return self.request(kind, decoded(kind, body, where))
 
     def answer(self, result: AIResult, headers: Mapping[str, str]) -> Response:
         """The provider's document, unchanged."""
@@ -56,9 +45,10 @@ class OpenAIDialect(Dialect):
 
     def stream(self, request: AIRequest) -> StreamRenderer:
         """The usage chunk is shown only to a client that asked for it (the worker always asks)."""
-        options = request.body.get("stream_options")
-        return _OpenAIStream(isinstance(options, dict) and bool(options.get("include_usage")),
-                             text_completion=request.kind == "completion")
+        body = request.body
+        options = body.stream_options if isinstance(body, ChatRequest | CompletionRequest) else None
+        return _OpenAIStream(bool((options or {}).get("include_usage")),
+                             text_completion=isinstance(body, CompletionRequest))
 
     def error_body(self, error: ApiError) -> dict[str, Any]:
         """`{"error": {"message", "type", "param", "code"}}`."""

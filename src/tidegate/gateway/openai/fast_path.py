@@ -14,14 +14,15 @@ keys, headers), to the app with and without this middleware and requires the sam
 This middleware, the innermost of the gateway's (inside the body limit and the request metrics,
 outside FastAPI's router), takes a request to one of those two routes and:
 
-- reads the body, parses it with orjson and validates it with the route's own pydantic model;
+- reads the body, parses it with orjson and decodes it into the route's typed request
+  (tidegate.contract), as the route does;
 - authenticates and meters the caller with the same dependency functions the route declares;
 - reads X-Priority, X-Tidegate-Timeout and Idempotency-Key as FastAPI would (the first header
   of each name) and calls the route's own handling (`routes.serve`);
 - answers an ApiError or a TidegateError with the app's own exception handlers.
 
 Anything it is not sure to read exactly as FastAPI would — a body that is not a JSON object
-orjson parses and the model accepts, a content type other than JSON — goes to FastAPI untouched
+orjson parses and the contract accepts, a content type other than JSON — goes to FastAPI untouched
 (the body already read is handed on), so every refusal keeps the shape and the order FastAPI
 gives it. Nothing has been changed by then: validation comes before authentication and metering.
 """
@@ -36,13 +37,13 @@ from typing import Any, Final
 
 import orjson
 from fastapi import FastAPI
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegate.ai import Kind
+from tidegate.contract import InvalidRequestBody, RequestBody, decode
 from tidegate.errors import TidegateError
 from tidegate.gateway.core.auth import current_tenant, metered_tenant
 from tidegate.gateway.core.errors import ApiError
@@ -50,7 +51,6 @@ from tidegate.gateway.core.intake import IDEMPOTENCY_HEADER, PRIORITY_HEADER, TI
 from tidegate.gateway.core.state import GatewayState
 from tidegate.gateway.openai import routes
 from tidegate.gateway.openai.dialect import OPENAI
-from tidegate.gateway.openai.schemas import ChatCompletionRequest, EmbeddingsRequest
 
 __all__ = ["FastPath"]
 
@@ -61,13 +61,12 @@ class _HotRoute:
 
     path: str
     kind: Kind
-    model: type[BaseModel]
     error_shape: Callable[[ApiError], dict[str, Any]] = OPENAI.error_body
 
 
 _ROUTES: Final[Mapping[str, _HotRoute]] = {
-    route.path: route for route in (_HotRoute("/v1/chat/completions", "chat", ChatCompletionRequest),
-                                    _HotRoute("/v1/embeddings", "embeddings", EmbeddingsRequest))
+    route.path: route for route in (_HotRoute("/v1/chat/completions", "chat"),
+                                    _HotRoute("/v1/embeddings", "embeddings"))
 }
 _HEADERS: Final = {name.lower().encode("latin-1"): name
                    for name in (PRIORITY_HEADER, TIMEOUT_HEADER, IDEMPOTENCY_HEADER)}
@@ -95,7 +94,7 @@ class FastPath:
             body = await _read_body(receive)
             if body is None:
                 return  # the client went away: nobody to answer
-            parsed = _parsed(body, route.model)
+            parsed = _parsed(body, route.kind)
             if parsed is None:
                 await self.app(scope, _replaying(body, receive), send)
                 return
@@ -106,7 +105,7 @@ class FastPath:
             response = await self._handled(request, exc)
         await response(scope, receive, send)
 
-    async def _serve(self, request: Request, kind: Kind, body: BaseModel, started: float) -> Response:
+    async def _serve(self, request: Request, kind: Kind, body: RequestBody, started: float) -> Response:
         state: GatewayState = self.gateway.state.gateway
         tenant = await metered_tenant(await current_tenant(request, state), state)
         headers = _tidegate_headers(request.scope)
@@ -146,8 +145,8 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
-def _parsed(body: bytes, model: type[BaseModel]) -> BaseModel | None:
-    """The body as the route's model, or None when FastAPI should read it (and refuse it)."""
+def _parsed(body: bytes, kind: Kind) -> RequestBody | None:
+    """The body as the route's typed request, or None when FastAPI should read it (and refuse it)."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -155,8 +154,8 @@ def _parsed(body: bytes, model: type[BaseModel]) -> BaseModel | None:
     if not isinstance(document, dict):
         return None
     try:
-        return model.model_validate(document)
-    except ValidationError:
+        return decode(kind, document)
+    except InvalidRequestBody:
         return None
 
 

@@ -24,9 +24,10 @@ from fastapi.responses import Response
 from tidegate.ai import AIRequest, Kind
 from tidegate.coord.tenants import Tenant
 from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
-from tidegate.gateway.core.dialect import Dialect
+from tidegate.gateway.core.dialect import Dialect, decoded
 from tidegate.gateway.core.errors import ApiError, error_responses, unsupported_endpoint
 from tidegate.gateway.core.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
+from tidegate.gateway.core.openapi import documented_as
 from tidegate.gateway.core.outcomes import result_headers, succeeded
 from tidegate.gateway.core.schemas import ModelList, ModelView
 from tidegate.gateway.core.state import GatewayState
@@ -91,6 +92,14 @@ def _streamed(event: dict[str, Any], chunk: str, answer: str) -> dict[str, Any]:
 
 router = OPENAI.router(prefix="/v1", tags=["OpenAI-compatible"], responses=error_responses(401, 503))
 
+# A body as FastAPI reads it (a JSON object), decoded by the route into the typed contract
+# (tidegate.contract), once; the OpenAPI document shows the dialect's model of it, which
+# tests/test_contract.py holds to the contract.
+ChatBody = Annotated[dict[str, Any], documented_as(ChatCompletionRequest)]
+EmbeddingsBody = Annotated[dict[str, Any], documented_as(EmbeddingsRequest)]
+CompletionBody = Annotated[dict[str, Any], documented_as(CompletionRequest)]
+ModerationBody = Annotated[dict[str, Any], documented_as(ModerationRequest)]
+
 
 @router.post(
     "/chat/completions",
@@ -99,7 +108,7 @@ router = OPENAI.router(prefix="/v1", tags=["OpenAI-compatible"], responses=error
     responses={**_WAIT_ERRORS, 200: _streamed(_SSE_EVENT, "chat.completion.chunk", "completion")},
 )
 async def chat_completions(
-    body: ChatCompletionRequest,
+    body: ChatBody,
     state: StateDep,
     tenant: MeteredTenantDep,
     x_priority: PriorityHeader = None,
@@ -108,7 +117,7 @@ async def chat_completions(
 ) -> Response:
     """Queue the completion at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    return await serve(state, tenant, OPENAI.request("chat", body), started=started,
+    return await serve(state, tenant, OPENAI.request("chat", decoded("chat", body)), started=started,
                        priority=x_priority, timeout_header=x_tidegate_timeout,
                        idempotency_key=idempotency_key)
 
@@ -121,7 +130,7 @@ async def chat_completions(
                200: {"headers": RESULT_HEADERS, "description": "The provider's embeddings."}},
 )
 async def embeddings(
-    body: EmbeddingsRequest,
+    body: EmbeddingsBody,
     state: StateDep,
     tenant: MeteredTenantDep,
     x_priority: PriorityHeader = None,
@@ -130,7 +139,8 @@ async def embeddings(
 ) -> Response:
     """Queue the embeddings request at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    return await serve(state, tenant, OPENAI.request("embeddings", body), started=started,
+    return await serve(state, tenant, OPENAI.request("embeddings", decoded("embeddings", body)),
+                       started=started,
                        priority=x_priority, timeout_header=x_tidegate_timeout,
                        idempotency_key=idempotency_key)
 
@@ -208,11 +218,12 @@ async def _queued(state: GatewayState, tenant: Tenant, request: AIRequest, optio
     responses={**_LEGACY_ERRORS, 200: _streamed({**_SSE_EVENT, "description": _SSE_COMPLETION},
                                                  "text_completion", "text_completion")},
 )
-async def completions(request: Request, body: CompletionRequest, state: StateDep, tenant: MeteredTenantDep,
+async def completions(request: Request, body: CompletionBody, state: StateDep, tenant: MeteredTenantDep,
                       options: CallOptionsDep) -> Response:
     """Queue the legacy completion at the caller's priority and answer with the provider's result."""
+    typed = decoded("completion", body)
     _require_offered(request, state, "completion")
-    return await _queued(state, tenant, OPENAI.request("completion", body), options)
+    return await _queued(state, tenant, OPENAI.request("completion", typed), options)
 
 
 @router.post(
@@ -222,11 +233,12 @@ async def completions(request: Request, body: CompletionRequest, state: StateDep
     responses={**_LEGACY_ERRORS,
                200: {"headers": RESULT_HEADERS, "description": "The provider's moderation."}},
 )
-async def moderations(request: Request, body: ModerationRequest, state: StateDep, tenant: MeteredTenantDep,
+async def moderations(request: Request, body: ModerationBody, state: StateDep, tenant: MeteredTenantDep,
                       options: CallOptionsDep) -> Response:
     """Queue the moderation at the caller's priority and answer with the provider's result."""
+    typed = decoded("moderation", body)
     _require_offered(request, state, "moderation")
-    return await _queued(state, tenant, OPENAI.request("moderation", body), options)
+    return await _queued(state, tenant, OPENAI.request("moderation", typed), options)
 
 
 def _model_views(state: GatewayState, tenant: Tenant) -> list[ModelView]:

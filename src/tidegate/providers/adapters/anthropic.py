@@ -26,6 +26,7 @@ from typing import Any, Final
 import orjson
 
 from tidegate.ai import AIRequest, Usage
+from tidegate.contract import ChatMessage, ChatRequest
 from tidegate.costs import DEFAULT_MAX_OUTPUT_TOKENS
 from tidegate.errors import UpstreamError
 from tidegate.providers.adapters.base import Answer, PartSink, ProviderAdapter
@@ -87,8 +88,8 @@ class AnthropicAdapter(ProviderAdapter):
         return Answer(document, summary.usage, summary.latency_ms, summary.rate_limit, summary.ttft_ms)
 
 
-def _chat(request: AIRequest) -> dict[str, Any]:
-    if request.kind != "chat":
+def _chat(request: AIRequest) -> ChatRequest:
+    if not isinstance(request.body, ChatRequest):
         raise UpstreamError(f"an Anthropic Messages upstream serves chat jobs, not {request.kind}",
                             kind="client", status=400)
     return request.body
@@ -97,38 +98,39 @@ def _chat(request: AIRequest) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- requests
 
 
-def messages_body(chat: dict[str, Any], model: str) -> dict[str, Any]:
-    """The Messages request of a chat completion body (see the module's docstring)."""
+def messages_body(chat: ChatRequest, model: str) -> dict[str, Any]:
+    """The Messages request of a chat completion request (see the module's docstring)."""
     system: list[str] = []
     turns: list[dict[str, Any]] = []
-    for message in chat.get("messages") or ():
-        role = message.get("role")
+    for message in chat.messages:
+        role = message.role
         if role in ("system", "developer"):
-            system.append(_text(message.get("content")))
+            system.append(_text(message.content))
         elif role == "tool":
-            result = {"type": "tool_result", "tool_use_id": str(message.get("tool_call_id") or ""),
-                      "content": _text(message.get("content"))}
+            result = {"type": "tool_result", "tool_use_id": str(message.tool_call_id or ""),
+                      "content": _text(message.content)}
             _add(turns, "user", [result])
         else:
             _add(turns, "assistant" if role == "assistant" else "user", _blocks(message))
-    limit = chat.get("max_completion_tokens") or chat.get("max_tokens") or DEFAULT_MAX_OUTPUT_TOKENS
+    limit = chat.max_completion_tokens or chat.max_tokens or DEFAULT_MAX_OUTPUT_TOKENS
     body: dict[str, Any] = {"model": model, "max_tokens": limit, "messages": turns}
     if system:
         body["system"] = "\n\n".join(system)
-    stop = chat.get("stop")
-    if stop:
-        body["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    for field in ("temperature", "top_p"):
-        if chat.get(field) is not None:
-            body[field] = chat[field]
-    if chat.get("user"):
-        body["metadata"] = {"user_id": chat["user"]}
-    tier = _REQUEST_TIERS.get(str(chat.get("service_tier")))
+    if chat.stop:
+        body["stop_sequences"] = [chat.stop] if isinstance(chat.stop, str) else list(chat.stop)
+    if chat.temperature is not None:
+        body["temperature"] = chat.temperature
+    if chat.top_p is not None:
+        body["top_p"] = chat.top_p
+    if chat.user:
+        body["metadata"] = {"user_id": chat.user}
+    tier = _REQUEST_TIERS.get(str(chat.service_tier))
     if tier is not None:
         body["service_tier"] = tier
-    if chat.get("tools"):
-        body["tools"] = [_tool(tool.get("function") or {}) for tool in chat["tools"]]
-    choice = _tool_choice(chat.get("tool_choice"), chat.get("parallel_tool_calls"))
+    tools = chat.extra.get("tools")  # carried through: the contract does not name them
+    if tools:
+        body["tools"] = [_tool(tool.get("function") or {}) for tool in tools]
+    choice = _tool_choice(chat.extra.get("tool_choice"), chat.extra.get("parallel_tool_calls"))
     if choice is not None:
         body["tool_choice"] = choice
     return body
@@ -148,8 +150,8 @@ def _text(content: object) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
-    content = message.get("content")
+def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
+    content = message.content
     blocks: list[dict[str, Any]] = []
     if isinstance(content, str):
         blocks.append({"type": "text", "text": content})
@@ -158,7 +160,7 @@ def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
             blocks.append(_image((part.get("image_url") or {}).get("url") or ""))
         elif part.get("type") == "text":
             blocks.append({"type": "text", "text": str(part.get("text") or "")})
-    for call in message.get("tool_calls") or ():
+    for call in message.tool_calls or ():
         function = call.get("function") or {}
         blocks.append({"type": "tool_use", "id": str(call.get("id") or ""),
                        "name": str(function.get("name")), "input": _arguments(function.get("arguments"))})

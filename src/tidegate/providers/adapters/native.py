@@ -29,6 +29,7 @@ from typing import Any, Final
 import orjson
 
 from tidegate.ai import AIRequest, Origin, Usage
+from tidegate.contract import requested_tier
 from tidegate.errors import ProviderErrorBody, UpstreamError
 from tidegate.providers.adapters.base import Answer, PartSink
 from tidegate.providers.client import UpstreamClient
@@ -94,8 +95,8 @@ def _responses_body(request: AIRequest, origin: Origin, model: str) -> dict[str,
         body["input"] = [*origin.context, *(items or [])]
     if request.stream and isinstance(origin.body.get("stream_options"), dict):
         body["stream_options"] = origin.body["stream_options"]
-    tier = request.body.get("service_tier")
-    if "service_tier" not in body and isinstance(tier, str):
+    tier = requested_tier(request.body)
+    if "service_tier" not in body and tier is not None:
         body["service_tier"] = tier
     return body
 
@@ -103,7 +104,7 @@ def _responses_body(request: AIRequest, origin: Origin, model: str) -> dict[str,
 def _messages_body(request: AIRequest, origin: Origin, model: str) -> dict[str, Any]:
     body = {key: value for key, value in origin.body.items() if key not in _MESSAGES_TIDEGATE_ONLY}
     body["model"] = model
-    tier = _MESSAGES_TIERS.get(str(request.body.get("service_tier")))
+    tier = _MESSAGES_TIERS.get(str(requested_tier(request.body)))
     if "service_tier" not in body and tier is not None:
         body["service_tier"] = tier
     return body

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from tidegate.ai import AIRequest
+from tidegate.contract import CompletionRequest, to_body
 from tidegate.providers.adapters.base import Answer, PartSink, ProviderAdapter
 from tidegate.providers.adapters.native import call_native, native_origin, refuse_native_only
 from tidegate.providers.client import StreamSummary, UpstreamStream
@@ -76,15 +77,15 @@ class OpenAIAdapter(ProviderAdapter):
 
     def _open_stream(self, request: AIRequest, model: str) -> UpstreamStream:
         body = _body(request, model)
-        if request.kind != "completion":
+        if not isinstance(request.body, CompletionRequest):
             return self.client.chat_stream(body)
-        given = body.get("stream_options")
-        options = {**(given if isinstance(given, dict) else {}), "include_usage": True}
+        options = {**(request.body.stream_options or {}), "include_usage": True}
         return self.client.stream(COMPLETIONS_PATH, {**body, "stream": True, "stream_options": options})
 
 
 def _body(request: AIRequest, model: str) -> dict[str, Any]:
-    return {**request.body, "model": model}
+    """The provider's body: the request's, rendered from its struct, with the routed model."""
+    return {**to_body(request.body), "model": model}
 
 
 def _text_completion(model: str, summary: StreamSummary) -> Answer:

@@ -36,6 +36,7 @@ from urllib.parse import quote
 
 import orjson
 
+from tidegate.contract import ChatRequest
 from tidegate.dispatch.provider_batches.clients.openai import (
     BatchLineRequest,
     BatchLineResult,
@@ -99,8 +100,10 @@ class AnthropicBatchClient:
             if not _valid_custom_id(custom_id):
                 raise ValueError(f"custom_id {custom_id!r} is not 1 to {MAX_CUSTOM_ID} letters, digits, '_' "
                                  "or '-'")
+            if not isinstance(line.body, ChatRequest):
+                raise ValueError(f"line {line.custom_id!r} is not a chat completion request")
             requests.append({"custom_id": custom_id,
-                             "params": messages_body(line.body, str(line.body.get("model") or ""))})
+                             "params": messages_body(line.body, line.body.model)})
         created = await self.client.send("POST", BATCHES_PATH, body={"requests": requests})
         return self._batch("POST", BATCHES_PATH, created.body)
 

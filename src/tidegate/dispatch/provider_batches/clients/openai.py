@@ -24,6 +24,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from tidegate.contract import RequestBody, to_body
 from tidegate.errors import UpstreamError
 from tidegate.providers.client import UpstreamClient
 
@@ -53,7 +54,7 @@ class BatchLineRequest:
 
     custom_id: str
     url: str
-    body: dict[str, Any]
+    body: RequestBody
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +286,7 @@ def _jsonl(lines: Sequence[BatchLineRequest], endpoint: str) -> bytes:
     """The input file: one `{"custom_id", "method", "url", "body"}` line each."""
     check_lines(lines, endpoint)
     return b"".join(orjson.dumps({"custom_id": line.custom_id, "method": "POST", "url": line.url,
-                                  "body": line.body}) + b"\n" for line in lines)
+                                  "body": to_body(line.body)}) + b"\n" for line in lines)
 
 
 def check_lines(lines: Sequence[BatchLineRequest], endpoint: str) -> None:
