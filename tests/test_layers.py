@@ -1,5 +1,5 @@
-"""Imports point down the layer list of `tidegate._layers`, no module is part of an import cycle, and
-the README's Layout section shows the same layers in the same order.
+"""Imports point down the layer list of `support/layers.py`, no module is part of an import cycle,
+and the README's Layout section shows the same layers in the same order.
 
 The imports are read from the source with `ast` (see support/import_graph.py), so a lazy import
 inside a function counts and one under `if TYPE_CHECKING:` does not.
@@ -14,7 +14,7 @@ from pathlib import Path
 import networkx as nx
 
 from support.import_graph import Import, modules_of, runtime_imports
-from tidegate._layers import LAYERS, SIDEWAYS
+from support.layers import LAYERS, SIDEWAYS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "tidegate"
@@ -24,7 +24,7 @@ IMPORTS = runtime_imports(PACKAGE)
 
 
 def _name_in_layers(module: str) -> str:
-    """The name `_layers` files a module under: the first part below `tidegate`."""
+    """The name the layer list files a module under: the first part below `tidegate`."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -55,15 +55,15 @@ def test_every_module_belongs_to_a_layer() -> None:
     listed = [name for layer in LAYERS for name in layer]
 
     assert len(listed) == len(set(listed)), "a name is listed in two layers"
-    assert sorted(names - set(listed)) == [], "modules or packages missing from tidegate/_layers.py"
-    assert sorted(set(listed) - names) == [], "tidegate/_layers.py lists names that do not exist"
+    assert sorted(names - set(listed)) == [], "modules or packages missing from tests/support/layers.py"
+    assert sorted(set(listed) - names) == [], "tests/support/layers.py lists names that do not exist"
 
 
 def test_imports_point_down_the_layer_list() -> None:
     # An implicit arrow (to the package of a module named) is in the same layer as its module's.
     wrong = [_describe(arrow) for arrow in IMPORTS if not arrow.implicit and _is_wrong(arrow)]
 
-    assert wrong == [], "imports up the layer list or sideways (tidegate/_layers.py):\n" + "\n".join(wrong)
+    assert wrong == [], "imports up the layer list or sideways (support/layers.py):\n" + "\n".join(wrong)
 
 
 DEVELOPMENT_TOOLS = ("simulator", "demo")

@@ -1,4 +1,5 @@
-"""The layers of tidegate, from the bottom up: the one place the order is written down.
+"""The layers of tidegate, from the bottom up: the one place the order is written down (data the
+layer test reads, so it lives with the tests, not in the product).
 
 Each layer is a tuple of names under `tidegate`: a module (`errors` is `tidegate/errors.py`) or a
 package (`queue` is `tidegate/queue/` and everything in it). `__init__` is `tidegate/__init__.py`,
@@ -56,7 +57,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "_shutdown",
         "_group_commit",
         "_labels",
-        "_layers",
         "tracing",
         "_otel",
     ),
