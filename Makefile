@@ -186,6 +186,7 @@ bench: venv-bench servers peers
 	$(BIN)/python -m bench.queues
 	$(BIN)/python -m bench.dispatch
 	$(BIN)/python -m bench.http_client
+	$(BIN)/python -m bench.contract
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.sync
 	$(BIN)/python -m bench.recs
