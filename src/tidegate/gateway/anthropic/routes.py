@@ -31,7 +31,13 @@ from tidegate.gateway.anthropic.schemas import (
 from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.core.dialect import decoded
 from tidegate.gateway.core.errors import error_responses
-from tidegate.gateway.core.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, draft_job
+from tidegate.gateway.core.intake import (
+    CallOptions,
+    IdempotencyHeader,
+    PriorityHeader,
+    TimeoutHeader,
+    draft_job,
+)
 from tidegate.gateway.core.native import served_natively
 from tidegate.gateway.openai.routes import RESULT_HEADERS, WAIT_ERROR_DESCRIPTIONS, serve
 
@@ -81,9 +87,8 @@ async def create_message(
     """Queue the conversation as a chat job at the caller's priority and answer with a Message."""
     started = time.perf_counter()
     request = ANTHROPIC.translate(body, native=served_natively(state, "anthropic", body.model))
-    return await serve(state, tenant, request, started=started,
-                       priority=x_priority, timeout_header=x_tidegate_timeout,
-                       idempotency_key=idempotency_key, dialect=ANTHROPIC)
+    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
+    return await serve(state, tenant, request, options, started=started, dialect=ANTHROPIC)
 
 
 @router.post(

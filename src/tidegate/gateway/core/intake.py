@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -37,6 +37,7 @@ __all__ = [
     "IDEMPOTENCY_HEADER",
     "PRIORITY_HEADER",
     "TIMEOUT_HEADER",
+    "CallOptions",
     "IdempotencyHeader",
     "JobDraft",
     "PriorityHeader",
@@ -98,6 +99,16 @@ IdempotencyHeader = Annotated[str | None, Header(
     alias=IDEMPOTENCY_HEADER, description="The same key (per tenant) gives the same job: a retried "
     f"request waits for the first one's result instead of calling the provider again. 1-"
     f"{MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters, no spaces.")]
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """The request headers of a synchronous call that the intake reads (X-Priority,
+    X-Tidegate-Timeout, Idempotency-Key), as sent."""
+
+    priority: str | None = None
+    timeout_header: str | None = None
+    idempotency_key: str | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class JobDraft:
@@ -220,19 +231,13 @@ def _check_routable(state: GatewayState, request: AIRequest, priority: Priority)
                        param=failure.get("param")) from None
 
 
-def draft_job(  # noqa: PLR0913 (outstanding, issue 27)
-    state: GatewayState,
-    tenant: Tenant,
-    request: AIRequest,
-    *,
-    priority: Priority,
-    idempotency_key: str | None = None,
-    callback_url: str | None = None,
-    timeout_s: float | None = None,
-    keep_stream: bool = True,
+def draft_job(
+    state: GatewayState, tenant: Tenant, request: AIRequest, *, priority: Priority, keep_stream: bool = True
 ) -> JobDraft:
-    """Check one request against the limits and the tenant's entitlements and build its job.
-    The `priority` field is taken out of the body: it is tidegate's, not the provider's."""
+    """Check one request against the limits and the tenant's entitlements and build its job
+    (how it runs beyond its priority, `dataclasses.replace` adds: its idempotency key, callback,
+    deadline). The `priority` field is taken out of the body: it is tidegate's, not the
+    provider's."""
     body = request.body
     if body.priority is not None:
         body = msgspec.structs.replace(body, priority=None)
@@ -246,7 +251,7 @@ def draft_job(  # noqa: PLR0913 (outstanding, issue 27)
     checked = AIRequest(kind=request.kind, body=body, allowed_models=allowed, origin=request.origin,
                         trace=tracer().carrier())
     _check_model(state, tenant, checked, priority)
-    return JobDraft(checked, priority, idempotency_key, callback_url, timeout_s)
+    return JobDraft(checked, priority)
 
 
 def draft_from_job_request(
@@ -270,8 +275,9 @@ def draft_from_job_request(
     request = dialect.parse(job.kind, job.body, f"{where}.body" if where else "body")
     try:
         priority = resolve_priority(tenant, job.priority, request.body.priority, fallback_priority)
-        return draft_job(state, tenant, request, priority=priority, idempotency_key=idempotency_key,
-                         callback_url=job.callback_url, timeout_s=job.timeout_s, keep_stream=False)
+        draft = draft_job(state, tenant, request, priority=priority, keep_stream=False)
+        return replace(draft, idempotency_key=idempotency_key, callback_url=job.callback_url,
+                       timeout_s=job.timeout_s)
     except ApiError as exc:
         raise (exc.located(where) if where else exc) from None
     except InvalidPriority as exc:
@@ -305,8 +311,8 @@ async def submit(
     Every check comes before the enqueue: a refused call leaves nothing queued."""
     timeout_s = wait_timeout_s(timeout_header, state)
     chosen = resolve_priority(tenant, header_priority(priority_header), request.body.priority)
-    draft = draft_job(state, tenant, request, priority=chosen, keep_stream=waits,
-                      idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
+    draft = replace(draft_job(state, tenant, request, priority=chosen, keep_stream=waits),
+                    idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
     [job_id] = await enqueue(state, tenant, [draft], will_wait=waits)
     tracing = tracer()
     if tracing.enabled:

@@ -47,7 +47,7 @@ from tidegate.contract import InvalidRequestBody, RequestBody, decode
 from tidegate.errors import TidegateError
 from tidegate.gateway.core.auth import current_tenant, metered_tenant
 from tidegate.gateway.core.errors import ApiError
-from tidegate.gateway.core.intake import IDEMPOTENCY_HEADER, PRIORITY_HEADER, TIMEOUT_HEADER
+from tidegate.gateway.core.intake import IDEMPOTENCY_HEADER, PRIORITY_HEADER, TIMEOUT_HEADER, CallOptions
 from tidegate.gateway.core.state import GatewayState
 from tidegate.gateway.openai import routes
 from tidegate.gateway.openai.dialect import OPENAI
@@ -109,11 +109,9 @@ class FastPath:
         state: GatewayState = self.gateway.state.gateway
         tenant = await metered_tenant(await current_tenant(request, state), state)
         headers = _tidegate_headers(request.scope)
-        return await routes.serve(
-            state, tenant, OPENAI.request(kind, body), started=started,
-            priority=headers.get(PRIORITY_HEADER), timeout_header=headers.get(TIMEOUT_HEADER),
-            idempotency_key=headers.get(IDEMPOTENCY_HEADER),
-        )
+        options = CallOptions(headers.get(PRIORITY_HEADER), headers.get(TIMEOUT_HEADER),
+                              headers.get(IDEMPOTENCY_HEADER))
+        return await routes.serve(state, tenant, OPENAI.request(kind, body), options, started=started)
 
     async def _handled(self, request: Request, exc: Exception) -> Response:
         """The app's own answer to `exc`, from the handler Starlette's ExceptionMiddleware would

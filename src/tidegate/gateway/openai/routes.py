@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
 from fastapi import Depends, Request
@@ -26,7 +25,7 @@ from tidegate.coord.tenants import Tenant
 from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.core.dialect import Dialect, decoded
 from tidegate.gateway.core.errors import ApiError, error_responses, unsupported_endpoint
-from tidegate.gateway.core.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
+from tidegate.gateway.core.intake import CallOptions, IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
 from tidegate.gateway.core.openapi import documented_as
 from tidegate.gateway.core.outcomes import result_headers, succeeded
 from tidegate.gateway.core.schemas import ModelList, ModelView
@@ -117,9 +116,8 @@ async def chat_completions(
 ) -> Response:
     """Queue the completion at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    return await serve(state, tenant, OPENAI.request("chat", decoded("chat", body)), started=started,
-                       priority=x_priority, timeout_header=x_tidegate_timeout,
-                       idempotency_key=idempotency_key)
+    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
+    return await serve(state, tenant, OPENAI.request("chat", decoded("chat", body)), options, started=started)
 
 
 @router.post(
@@ -139,28 +137,25 @@ async def embeddings(
 ) -> Response:
     """Queue the embeddings request at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    return await serve(state, tenant, OPENAI.request("embeddings", decoded("embeddings", body)),
-                       started=started,
-                       priority=x_priority, timeout_header=x_tidegate_timeout,
-                       idempotency_key=idempotency_key)
+    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
+    return await serve(state, tenant, OPENAI.request("embeddings", decoded("embeddings", body)), options,
+                       started=started)
 
 
-async def serve(  # noqa: PLR0913 (outstanding, issue 27)
+async def serve(
     state: GatewayState,
     tenant: Tenant,
     request: AIRequest,
+    options: CallOptions,
     *,
     started: float,
-    priority: str | None,
-    timeout_header: str | None,
-    idempotency_key: str | None,
     dialect: Dialect = OPENAI,
 ) -> Response:
     """Queue the call's job and answer with its result (or relay its stream) in `dialect`'s
     shape: what every AI route does once FastAPI, or the gateway's fast path
     (tidegate.gateway.openai.fast_path), has read the request."""
-    submitted = await submit(state, tenant, request, priority_header=priority, timeout_header=timeout_header,
-                             idempotency_key=idempotency_key)
+    submitted = await submit(state, tenant, request, priority_header=options.priority,
+                             timeout_header=options.timeout_header, idempotency_key=options.idempotency_key)
     if submitted.request.kind in ("chat", "completion") and submitted.request.stream:
         return await stream_job(state, dialect, submitted, started=started)
     job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
@@ -189,15 +184,6 @@ _LEGACY_ERRORS = error_responses(400, 403, 413, 429, described={
          "unknown (`model_not_found`) or the provider answered 404 for it."})
 
 
-@dataclass(frozen=True, slots=True)
-class CallOptions:
-    """The request headers of a synchronous call that the intake reads."""
-
-    priority: str | None
-    timeout_header: str | None
-    idempotency_key: str | None
-
-
 async def _call_options(x_priority: PriorityHeader = None, x_tidegate_timeout: TimeoutHeader = None,
                         idempotency_key: IdempotencyHeader = None) -> CallOptions:
     return CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
@@ -207,8 +193,7 @@ CallOptionsDep = Annotated[CallOptions, Depends(_call_options)]
 
 
 async def _queued(state: GatewayState, tenant: Tenant, request: AIRequest, options: CallOptions) -> Response:
-    return await serve(state, tenant, request, started=time.perf_counter(), priority=options.priority,
-                       timeout_header=options.timeout_header, idempotency_key=options.idempotency_key)
+    return await serve(state, tenant, request, options, started=time.perf_counter())
 
 
 @router.post(
