@@ -126,20 +126,22 @@ async def sync_status(config: SyncConfig) -> dict[str, JsonValue]:
     return {"source": source, "tables": tables, "verify": last_verify}
 
 
-# Over seven parameters (PLR0913): outstanding, issue 27: not yet folded into an object.
-async def supervise_sync(config: TidegateConfig, stop: asyncio.Event, *, queue: Queue | None = None,  # noqa: PLR0913
+RESTART_AFTER_S = 2.0  # how long `supervise_sync` waits before it reopens a failed change flow
+
+
+async def supervise_sync(config: TidegateConfig, stop: asyncio.Event, *, queue: Queue | None = None,
                          cache: EntityCache | None = None, sinks: Sequence[Sink] = (),
-                         metrics: SyncMetrics | None = None, retry_s: float = 2.0,
+                         metrics: SyncMetrics | None = None,
                          on_refresh: RefreshListener | None = None) -> None:
     """Run the change flow until `stop` is set, reopening it after a failure of the source, the
-    bus or the cache (logged, then retried after `retry_s`): what `tidegate up` runs beside the
-    gateway, where one lost connection must not take the request flow down with it."""
+    bus or the cache (logged, then retried after RESTART_AFTER_S): what `tidegate up` runs beside
+    the gateway, where one lost connection must not take the request flow down with it."""
     while not stop.is_set():
         try:
             async with open_sync(config, queue=queue, cache=cache, sinks=sinks, metrics=metrics,
                                  on_refresh=on_refresh) as pipeline:
                 await pipeline.run(stop)
         except (SourceError, BusUnavailable, CacheUnavailable) as exc:
-            log.error("change flow stopped: %s; restarting in %.0f s", exc, retry_s)
+            log.error("change flow stopped: %s; restarting in %.0f s", exc, RESTART_AFTER_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), retry_s)
+                await asyncio.wait_for(stop.wait(), RESTART_AFTER_S)
