@@ -20,6 +20,7 @@ from conftest import BACKENDS
 from support.gateway import Gateway, module_gateway
 from support.waiting import eventually
 from tidegate.ai import AIResult
+from tidegate.costs import estimate_input_tokens
 from tidegate.gateway.responses.dialect import RESPONSES
 from tidegate.gateway.responses.schemas import ResponseCreateRequest
 from tidegate.jobs import JobState, Priority
@@ -445,6 +446,53 @@ async def test_what_cannot_be_translated_is_refused_and_nothing_is_queued(
     error = answer.json()["error"]
     assert (error["code"], error["param"]) == (code, param)
     assert await enqueued(gw) == before
+
+
+async def test_input_tokens_are_counted_as_the_budget_estimates_them_and_nothing_is_queued(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    before = await enqueued(gw)
+
+    short = await acme.responses.input_tokens.count(model="gpt-4.1", input="Say hello")
+    longer = await acme.responses.input_tokens.count(model="gpt-4.1", input="Say hello",
+                                                     instructions="Be brief. " * 20, tools=[WEATHER])
+    unnamed = await acme.responses.input_tokens.count(input="Say hello")
+
+    request = ResponseCreateRequest(model="gpt-4.1", input="Say hello")
+    assert short.object == "response.input_tokens"
+    assert short.input_tokens == estimate_input_tokens("chat", RESPONSES.translate(request).body)
+    assert longer.input_tokens > short.input_tokens + 40  # 200 characters of instructions, and a tool
+    assert unnamed.input_tokens == short.input_tokens  # the model left out is "auto"
+    assert await enqueued(gw) == before
+
+
+async def test_input_tokens_of_a_continued_response_count_its_conversation(acme: AsyncOpenAI) -> None:
+    first = await acme.responses.create(model="gpt-4.1", input="Say hello " * 10)
+
+    alone = await acme.responses.input_tokens.count(model="gpt-4.1", input="Go on")
+    continued = await acme.responses.input_tokens.count(model="gpt-4.1", input="Go on",
+                                                        previous_response_id=first.id)
+
+    assert continued.input_tokens > alone.input_tokens + 25  # the first input and its answer
+
+
+@pytest.mark.parametrize(("tenant", "request_body", "status", "code", "param"), [
+    ("acme", {"input": "Hi", "stream": True}, 400, "invalid_request", "stream"),
+    ("acme", {"input": "Hi", "tools": [{"type": "web_search"}]}, 400, "unsupported_tool", "tools[0].type"),
+    ("acme", {"instructions": None}, 400, "empty_input", "input"),
+    ("acme", {"input": "Hi", "model": "no-such-model"}, 404, "model_not_found", "model"),
+    ("acme", {"input": "Hi", "previous_response_id": "resp_unknown"}, 404, "response_not_found",
+     "previous_response_id"),
+    ("narrow", {"input": "Hi", "model": "gpt-4.1"}, 403, "model_not_allowed", "model"),
+])
+async def test_input_tokens_of_a_bad_request_are_refused_as_a_response_would_be(
+    gw: Gateway, tenant: str, request_body: dict[str, Any], status: int, code: str, param: str
+) -> None:
+    answer = await gw.http.post("/v1/responses/input_tokens", json=request_body, headers=gw.auth(tenant))
+
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
 
 
 async def test_an_agent_of_the_openai_agents_sdk_runs_a_function_tool_through_the_queue(

@@ -1,11 +1,12 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id},
-POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items.
+POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items, and
+POST /v1/responses/input_tokens.
 
 An OpenAI SDK pointed at `http://host:port/v1` works unchanged: `client.responses.create(...)`,
-`.stream(...)`, `.retrieve`, `.cancel`, `.delete`, `.input_items.list`. A response is a job of the
-queue (`resp_<job id>`), at the caller's priority like every call: its store, its tenant
-isolation (another tenant's response answers 404, like an unknown id), its retention and its
-background run are the queue's. The Responses dialect (tidegate.gateway.responses.dialect)
+`.stream(...)`, `.retrieve`, `.cancel`, `.delete`, `.input_items.list`, `.input_tokens.count`. A
+response is a job of the queue (`resp_<job id>`), at the caller's priority like every call: its
+store, its tenant isolation (another tenant's response answers 404, like an unknown id), its
+retention and its background run are the queue's. The Responses dialect (tidegate.gateway.responses.dialect)
 translates the request into the job's chat body and renders the job as a response; to a provider
 that speaks the Responses API natively the request goes as it is (tidegate.gateway.core.native).
 """
@@ -18,9 +19,16 @@ from typing import Annotated, Literal
 from fastapi import Query
 from fastapi.responses import JSONResponse, Response
 
+from tidegate.costs import estimate_input_tokens
 from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.core.errors import ApiError, error_responses
-from tidegate.gateway.core.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
+from tidegate.gateway.core.intake import (
+    IdempotencyHeader,
+    PriorityHeader,
+    TimeoutHeader,
+    draft_job,
+    submit,
+)
 from tidegate.gateway.core.native import served_natively
 from tidegate.gateway.core.outcomes import result_headers, succeeded
 from tidegate.gateway.core.streaming import stream_job
@@ -30,6 +38,8 @@ from tidegate.gateway.responses.output import listed_items, render, response_id
 from tidegate.gateway.responses.schemas import (
     ResponseCreateRequest,
     ResponseDeleted,
+    ResponseInputTokens,
+    ResponseInputTokensRequest,
     ResponseItemList,
     ResponseObject,
 )
@@ -101,6 +111,30 @@ async def create_response(
     job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
     call = RESPONSES.call(job.id, submitted.request, int(job.created_at.timestamp()))
     return call.answer(result, result_headers(job, result))
+
+
+@router.post(
+    "/input_tokens",
+    response_model=ResponseInputTokens,
+    summary="Count a response's input tokens",
+    responses=error_responses(400, 403, 413, described={
+        404: "Unknown model, or `previous_response_id` names no response of this tenant."}),
+)
+async def count_input_tokens(body: ResponseInputTokensRequest, state: StateDep,
+                             tenant: TenantDep) -> ResponseInputTokens:
+    """The request's input tokens, estimated as tidegate estimates every prompt for its budgets and
+    rate limits (tidegate.costs.estimate_input_tokens: characters, no tokenizer; a little high on
+    purpose), over the chat body a response would be sent: instructions, the conversation of
+    `previous_response_id`, the input and the tools. An estimate, not the provider's count: nothing
+    is queued or sent upstream. The request, its model and the tenant's entitlement to it are
+    checked as POST /v1/responses checks them."""
+    request = body.as_response()
+    history = None if request.previous_response_id is None else await conversation(
+        state, tenant, request.previous_response_id)
+    translated = RESPONSES.translate(request, history,
+                                     native=served_natively(state, "responses", request.model))
+    draft = draft_job(state, tenant, translated, priority=tenant.default_priority)
+    return ResponseInputTokens(input_tokens=estimate_input_tokens("chat", draft.request.body))
 
 
 @router.get("/{response_id}", response_model=ResponseObject, summary="Retrieve a response",
