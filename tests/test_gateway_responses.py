@@ -4,6 +4,7 @@ of the queue, rendered back as a response."""
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -425,7 +426,11 @@ async def test_a_response_not_stored_cannot_be_retrieved_or_continued(acme: Asyn
     ({"input": "Hi", "tools": [{"type": "web_search"}]}, "unsupported_tool", "tools[0].type"),
     ({"input": "Hi", "tools": [{"type": "function"}]}, "invalid_value", "tools[0].name"),
     ({"input": "Hi", "prompt": {"id": "pmpt_1"}}, "unsupported_parameter", "prompt"),
-    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-unknown"}]}]},
+     "file_not_found", "input[0].content[0].file_id"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_url": "https://a.example/f.pdf"}]}]},
+     "unsupported_content", "input[0].content[0].file_data"),
+    ({"input": [{"role": "assistant", "content": [{"type": "input_file", "file_data": "data:,x"}]}]},
      "unsupported_content", "input[0].content[0].type"),
     ({"input": "Hi", "tool_choice": {"type": "file_search"}}, "unsupported_tool_choice", "tool_choice"),
     ({"input": "Hi", "background": True, "stream": True}, "unsupported_parameter", "stream"),
@@ -442,9 +447,58 @@ async def test_what_cannot_be_translated_is_refused_and_nothing_is_queued(
     answer = await gw.http.post("/v1/responses", json={"model": "gpt-4.1", **request_body},
                                 headers=gw.auth("acme"))
 
-    assert answer.status_code == (404 if code == "response_not_found" else 400), answer.text
+    assert answer.status_code == (404 if code.endswith("_not_found") else 400), answer.text
     error = answer.json()["error"]
     assert (error["code"], error["param"]) == (code, param)
+    assert await enqueued(gw) == before
+
+
+def file_input(file_id: str, text: str = "What does this file say?") -> list[Any]:
+    """A user message asking about an uploaded file."""
+    return [{"role": "user", "content": [{"type": "input_text", "text": text},
+                                         {"type": "input_file", "file_id": file_id}]}]
+
+
+async def test_a_user_data_file_is_read_by_a_response_inlined_in_its_job(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    uploaded = await acme.files.create(file=("notes.txt", b"The tide turns at noon."), purpose="user_data")
+
+    response = await acme.responses.create(model="gpt-4.1", input=file_input(uploaded.id))
+    count = await acme.responses.input_tokens.count(model="gpt-4.1", input=file_input(uploaded.id))
+    bare = await acme.responses.input_tokens.count(model="gpt-4.1", input="What does this file say?")
+
+    assert (uploaded.purpose, uploaded.bytes, uploaded.expires_at) == ("user_data", 23, None)
+    assert response.status == "completed"
+    job = await gw.queue.get(job_id(response))
+    assert job is not None
+    file_data = "data:text/plain;base64," + base64.b64encode(b"The tide turns at noon.").decode()
+    assert job.payload["body"]["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "What does this file say?"},
+        {"type": "file", "file": {"file_data": file_data, "filename": "notes.txt"}}]}]
+    assert count.input_tokens > bare.input_tokens
+    assert [file.id for file in (await acme.files.list(purpose="user_data")).data] == [uploaded.id]
+
+
+async def test_a_file_of_another_tenant_or_purpose_is_not_read(gw: Gateway, acme: AsyncOpenAI) -> None:
+    private = await acme.files.create(file=("notes.txt", b"acme's own"), purpose="user_data")
+    for_batches = await acme.files.create(file=("lines.jsonl", b"{}\n"), purpose="batch")
+    before = await enqueued(gw)
+
+    async with gw.openai("globex") as globex:
+        with pytest.raises(openai.NotFoundError) as unseen:
+            await globex.responses.create(model="gpt-4.1", input=file_input(private.id))
+        with pytest.raises(openai.NotFoundError):
+            await globex.files.retrieve(private.id)
+    with pytest.raises(openai.BadRequestError) as wrong_purpose:
+        await acme.responses.create(model="gpt-4.1", input=file_input(for_batches.id))
+    with pytest.raises(openai.BadRequestError) as not_a_batch:
+        await acme.batches.create(input_file_id=private.id, endpoint="/v1/responses",
+                                  completion_window="24h")
+
+    assert (unseen.value.code, unseen.value.param) == ("file_not_found", "input[0].content[1].file_id")
+    assert wrong_purpose.value.code == "invalid_file_purpose"
+    assert not_a_batch.value.code == "invalid_file_purpose"
     assert await enqueued(gw) == before
 
 

@@ -33,6 +33,7 @@ from tidegate.gateway.core.native import served_natively
 from tidegate.gateway.core.outcomes import result_headers, succeeded
 from tidegate.gateway.core.streaming import stream_job
 from tidegate.gateway.responses.dialect import RESPONSES
+from tidegate.gateway.responses.files import inline_files
 from tidegate.gateway.responses.lookup import conversation, lookup_response
 from tidegate.gateway.responses.output import listed_items, render, response_id
 from tidegate.gateway.responses.schemas import (
@@ -98,6 +99,7 @@ async def create_response(
                        code="unsupported_parameter", param="store")
     history = None if body.previous_response_id is None else await conversation(
         state, tenant, body.previous_response_id)
+    body = await inline_files(state, tenant, body)
     request = RESPONSES.translate(body, history, native=served_natively(state, "responses", body.model))
     submitted = await submit(state, tenant, request, priority_header=x_priority,
                              timeout_header=x_tidegate_timeout, idempotency_key=idempotency_key,
@@ -128,7 +130,7 @@ async def count_input_tokens(body: ResponseInputTokensRequest, state: StateDep,
     `previous_response_id`, the input and the tools. An estimate, not the provider's count: nothing
     is queued or sent upstream. The request, its model and the tenant's entitlement to it are
     checked as POST /v1/responses checks them."""
-    request = body.as_response()
+    request = await inline_files(state, tenant, body.as_response())
     history = None if request.previous_response_id is None else await conversation(
         state, tenant, request.previous_response_id)
     translated = RESPONSES.translate(request, history,

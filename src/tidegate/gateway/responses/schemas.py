@@ -50,7 +50,8 @@ class ResponseCreateRequest(BaseModel):
         "over the models the key's tenant may use."))
     input: str | list[dict[str, Any]] = Field(description=(
         "Text, or items: messages (roles user, system, developer, assistant; input_text, "
-        "output_text and input_image parts), function_call and function_call_output."))
+        "output_text, input_image and input_file parts: `file_data`, or the `file_id` of an "
+        "upload with purpose user_data), function_call and function_call_output."))
     instructions: str | None = None
     previous_response_id: str | None = Field(None, min_length=1)
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
