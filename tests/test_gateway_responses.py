@@ -332,6 +332,57 @@ async def test_a_background_response_is_queued_then_retrieved(acme: AsyncOpenAI)
     assert response.status == "completed" and response.output_text
 
 
+async def test_a_background_response_streams_its_numbered_events_and_stays_retrievable(
+    acme: AsyncOpenAI
+) -> None:
+    stream = await acme.responses.create(model="gpt-4.1", input="Say hello", background=True, stream=True)
+    events = [event async for event in stream]
+
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    first, last = events[0], events[-1]
+    assert first.type == "response.created" and first.response.background
+    assert last.type == "response.completed"
+    stored = await acme.responses.retrieve(first.response.id)
+    assert (stored.status, stored.output_text) == ("completed", last.response.output_text)
+
+
+async def test_a_stream_is_resumed_after_an_event_numbered_as_it_was(acme: AsyncOpenAI) -> None:
+    stream = await acme.responses.create(model="gpt-4.1", input="Say hello", background=True, stream=True)
+    events = [event async for event in stream]
+    created = events[0]
+    assert created.type == "response.created"
+    response_id = created.response.id
+
+    resumed = await acme.responses.retrieve(response_id, stream=True, starting_after=2)
+    rest = [event async for event in resumed]
+    whole = await acme.responses.retrieve(response_id, stream=True)
+
+    def shown(seen: list[ResponseStreamEvent]) -> list[tuple[str, int, str | None]]:
+        return [(event.type, event.sequence_number, getattr(event, "delta", None)) for event in seen]
+
+    # Several deltas: what is replayed is the relayed stream, not the stored answer in one delta.
+    assert sum(event.type == "response.output_text.delta" for event in events) > 1
+    assert shown(rest) == shown(events[3:])
+    assert shown([event async for event in whole]) == shown(events)
+    assert rest[-1].type == "response.completed"
+
+
+async def test_a_response_that_was_not_streamed_streams_from_its_stored_answer(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    started = await acme.responses.create(model="gpt-4.1", input="Say hello", background=True)
+    finished = await until_finished(acme, started.id)
+
+    events = [event async for event in await acme.responses.retrieve(started.id, stream=True)]
+
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == finished.output_text
+    async with gw.openai("globex") as globex:
+        with pytest.raises(openai.NotFoundError):
+            await globex.responses.retrieve(started.id, stream=True)
+
+
 async def test_a_background_response_is_cancelled_and_only_a_background_one_may_be(
     gw: Gateway, acme: AsyncOpenAI
 ) -> None:
@@ -433,7 +484,6 @@ async def test_a_response_not_stored_cannot_be_retrieved_or_continued(acme: Asyn
     ({"input": [{"role": "assistant", "content": [{"type": "input_file", "file_data": "data:,x"}]}]},
      "unsupported_content", "input[0].content[0].type"),
     ({"input": "Hi", "tool_choice": {"type": "file_search"}}, "unsupported_tool_choice", "tool_choice"),
-    ({"input": "Hi", "background": True, "stream": True}, "unsupported_parameter", "stream"),
     ({"input": "Hi", "background": True, "store": False}, "unsupported_parameter", "store"),
     ({"input": "Hi", "previous_response_id": "resp_unknown"}, "response_not_found", "previous_response_id"),
     ({"input": 7}, "invalid_request", "input.str"),  # the first form the union tried
