@@ -405,3 +405,15 @@ def test_the_adapter_speaks_anthropics_tiers_both_ways() -> None:
     assert sent == ["auto", "auto", "standard_only", "standard_only", None]
     assert answered == ["default", "priority", "flex"]
     assert "service_tier" not in chat_completion(message)
+
+
+def test_the_adapter_sends_a_file_part_as_a_document_block() -> None:
+    part = {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0=",
+                                     "filename": "report.pdf"}}
+    body = messages_body({"messages": [{"role": "user", "content": [{"type": "text", "text": "Sum up"},
+                                                                    part]}]}, "m")
+
+    assert body["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "Sum up"},
+        {"type": "document", "title": "report.pdf",
+         "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}]}]

@@ -184,9 +184,11 @@ async def test_an_upload_over_the_limit_is_refused_with_413(gw: Gateway) -> None
         before = [file.id async for file in client.files.list()]
         with pytest.raises(openai.APIStatusError) as just_over:
             await client.files.create(file=("big.jsonl", b"x" * (MAX_FILE_BYTES + 1)), purpose="batch")
+        with pytest.raises(openai.APIStatusError) as user_data_over:
+            await client.files.create(file=("big.txt", b"x" * (MAX_FILE_BYTES + 1)), purpose="user_data")
         far_status, far_error = await declared_upload(gw, MAX_FILE_BYTES * 3)
 
-        assert status_of(just_over.value) == (413, "file_too_large")
+        assert status_of(just_over.value) == status_of(user_data_over.value) == (413, "file_too_large")
         # A body far over is refused from its Content-Length, before any of it is read
         assert (far_status, far_error["code"]) == (413, "request_too_large")
         assert [file.id async for file in client.files.list()] == before

@@ -4,6 +4,7 @@ of the queue, rendered back as a response."""
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +21,7 @@ from conftest import BACKENDS
 from support.gateway import Gateway, module_gateway
 from support.waiting import eventually
 from tidegate.ai import AIResult
+from tidegate.costs import estimate_input_tokens
 from tidegate.gateway.responses.dialect import RESPONSES
 from tidegate.gateway.responses.schemas import ResponseCreateRequest
 from tidegate.jobs import JobState, Priority
@@ -330,6 +332,57 @@ async def test_a_background_response_is_queued_then_retrieved(acme: AsyncOpenAI)
     assert response.status == "completed" and response.output_text
 
 
+async def test_a_background_response_streams_its_numbered_events_and_stays_retrievable(
+    acme: AsyncOpenAI
+) -> None:
+    stream = await acme.responses.create(model="gpt-4.1", input="Say hello", background=True, stream=True)
+    events = [event async for event in stream]
+
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    first, last = events[0], events[-1]
+    assert first.type == "response.created" and first.response.background
+    assert last.type == "response.completed"
+    stored = await acme.responses.retrieve(first.response.id)
+    assert (stored.status, stored.output_text) == ("completed", last.response.output_text)
+
+
+async def test_a_stream_is_resumed_after_an_event_numbered_as_it_was(acme: AsyncOpenAI) -> None:
+    stream = await acme.responses.create(model="gpt-4.1", input="Say hello", background=True, stream=True)
+    events = [event async for event in stream]
+    created = events[0]
+    assert created.type == "response.created"
+    response_id = created.response.id
+
+    resumed = await acme.responses.retrieve(response_id, stream=True, starting_after=2)
+    rest = [event async for event in resumed]
+    whole = await acme.responses.retrieve(response_id, stream=True)
+
+    def shown(seen: list[ResponseStreamEvent]) -> list[tuple[str, int, str | None]]:
+        return [(event.type, event.sequence_number, getattr(event, "delta", None)) for event in seen]
+
+    # Several deltas: what is replayed is the relayed stream, not the stored answer in one delta.
+    assert sum(event.type == "response.output_text.delta" for event in events) > 1
+    assert shown(rest) == shown(events[3:])
+    assert shown([event async for event in whole]) == shown(events)
+    assert rest[-1].type == "response.completed"
+
+
+async def test_a_response_that_was_not_streamed_streams_from_its_stored_answer(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    started = await acme.responses.create(model="gpt-4.1", input="Say hello", background=True)
+    finished = await until_finished(acme, started.id)
+
+    events = [event async for event in await acme.responses.retrieve(started.id, stream=True)]
+
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == finished.output_text
+    async with gw.openai("globex") as globex:
+        with pytest.raises(openai.NotFoundError):
+            await globex.responses.retrieve(started.id, stream=True)
+
+
 async def test_a_background_response_is_cancelled_and_only_a_background_one_may_be(
     gw: Gateway, acme: AsyncOpenAI
 ) -> None:
@@ -424,10 +477,13 @@ async def test_a_response_not_stored_cannot_be_retrieved_or_continued(acme: Asyn
     ({"input": "Hi", "tools": [{"type": "web_search"}]}, "unsupported_tool", "tools[0].type"),
     ({"input": "Hi", "tools": [{"type": "function"}]}, "invalid_value", "tools[0].name"),
     ({"input": "Hi", "prompt": {"id": "pmpt_1"}}, "unsupported_parameter", "prompt"),
-    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-unknown"}]}]},
+     "file_not_found", "input[0].content[0].file_id"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_url": "https://a.example/f.pdf"}]}]},
+     "unsupported_content", "input[0].content[0].file_data"),
+    ({"input": [{"role": "assistant", "content": [{"type": "input_file", "file_data": "data:,x"}]}]},
      "unsupported_content", "input[0].content[0].type"),
     ({"input": "Hi", "tool_choice": {"type": "file_search"}}, "unsupported_tool_choice", "tool_choice"),
-    ({"input": "Hi", "background": True, "stream": True}, "unsupported_parameter", "stream"),
     ({"input": "Hi", "background": True, "store": False}, "unsupported_parameter", "store"),
     ({"input": "Hi", "previous_response_id": "resp_unknown"}, "response_not_found", "previous_response_id"),
     ({"input": 7}, "invalid_request", "input.str"),  # the first form the union tried
@@ -441,10 +497,106 @@ async def test_what_cannot_be_translated_is_refused_and_nothing_is_queued(
     answer = await gw.http.post("/v1/responses", json={"model": "gpt-4.1", **request_body},
                                 headers=gw.auth("acme"))
 
-    assert answer.status_code == (404 if code == "response_not_found" else 400), answer.text
+    assert answer.status_code == (404 if code.endswith("_not_found") else 400), answer.text
     error = answer.json()["error"]
     assert (error["code"], error["param"]) == (code, param)
     assert await enqueued(gw) == before
+
+
+def file_input(file_id: str, text: str = "What does this file say?") -> list[Any]:
+    """A user message asking about an uploaded file."""
+    return [{"role": "user", "content": [{"type": "input_text", "text": text},
+                                         {"type": "input_file", "file_id": file_id}]}]
+
+
+async def test_a_user_data_file_is_read_by_a_response_inlined_in_its_job(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    uploaded = await acme.files.create(file=("notes.txt", b"The tide turns at noon."), purpose="user_data")
+
+    response = await acme.responses.create(model="gpt-4.1", input=file_input(uploaded.id))
+    count = await acme.responses.input_tokens.count(model="gpt-4.1", input=file_input(uploaded.id))
+    bare = await acme.responses.input_tokens.count(model="gpt-4.1", input="What does this file say?")
+
+    assert (uploaded.purpose, uploaded.bytes, uploaded.expires_at) == ("user_data", 23, None)
+    assert response.status == "completed"
+    job = await gw.queue.get(job_id(response))
+    assert job is not None
+    file_data = "data:text/plain;base64," + base64.b64encode(b"The tide turns at noon.").decode()
+    assert job.payload["body"]["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "What does this file say?"},
+        {"type": "file", "file": {"file_data": file_data, "filename": "notes.txt"}}]}]
+    assert count.input_tokens > bare.input_tokens
+    assert [file.id for file in (await acme.files.list(purpose="user_data")).data] == [uploaded.id]
+
+
+async def test_a_file_of_another_tenant_or_purpose_is_not_read(gw: Gateway, acme: AsyncOpenAI) -> None:
+    private = await acme.files.create(file=("notes.txt", b"acme's own"), purpose="user_data")
+    for_batches = await acme.files.create(file=("lines.jsonl", b"{}\n"), purpose="batch")
+    before = await enqueued(gw)
+
+    async with gw.openai("globex") as globex:
+        with pytest.raises(openai.NotFoundError) as unseen:
+            await globex.responses.create(model="gpt-4.1", input=file_input(private.id))
+        with pytest.raises(openai.NotFoundError):
+            await globex.files.retrieve(private.id)
+    with pytest.raises(openai.BadRequestError) as wrong_purpose:
+        await acme.responses.create(model="gpt-4.1", input=file_input(for_batches.id))
+    with pytest.raises(openai.BadRequestError) as not_a_batch:
+        await acme.batches.create(input_file_id=private.id, endpoint="/v1/responses",
+                                  completion_window="24h")
+
+    assert (unseen.value.code, unseen.value.param) == ("file_not_found", "input[0].content[1].file_id")
+    assert wrong_purpose.value.code == "invalid_file_purpose"
+    assert not_a_batch.value.code == "invalid_file_purpose"
+    assert await enqueued(gw) == before
+
+
+async def test_input_tokens_are_counted_as_the_budget_estimates_them_and_nothing_is_queued(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    before = await enqueued(gw)
+
+    short = await acme.responses.input_tokens.count(model="gpt-4.1", input="Say hello")
+    longer = await acme.responses.input_tokens.count(model="gpt-4.1", input="Say hello",
+                                                     instructions="Be brief. " * 20, tools=[WEATHER])
+    unnamed = await acme.responses.input_tokens.count(input="Say hello")
+
+    request = ResponseCreateRequest(model="gpt-4.1", input="Say hello")
+    assert short.object == "response.input_tokens"
+    assert short.input_tokens == estimate_input_tokens("chat", RESPONSES.translate(request).body)
+    assert longer.input_tokens > short.input_tokens + 40  # 200 characters of instructions, and a tool
+    assert unnamed.input_tokens == short.input_tokens  # the model left out is "auto"
+    assert await enqueued(gw) == before
+
+
+async def test_input_tokens_of_a_continued_response_count_its_conversation(acme: AsyncOpenAI) -> None:
+    first = await acme.responses.create(model="gpt-4.1", input="Say hello " * 10)
+
+    alone = await acme.responses.input_tokens.count(model="gpt-4.1", input="Go on")
+    continued = await acme.responses.input_tokens.count(model="gpt-4.1", input="Go on",
+                                                        previous_response_id=first.id)
+
+    assert continued.input_tokens > alone.input_tokens + 25  # the first input and its answer
+
+
+@pytest.mark.parametrize(("tenant", "request_body", "status", "code", "param"), [
+    ("acme", {"input": "Hi", "stream": True}, 400, "invalid_request", "stream"),
+    ("acme", {"input": "Hi", "tools": [{"type": "web_search"}]}, 400, "unsupported_tool", "tools[0].type"),
+    ("acme", {"instructions": None}, 400, "empty_input", "input"),
+    ("acme", {"input": "Hi", "model": "no-such-model"}, 404, "model_not_found", "model"),
+    ("acme", {"input": "Hi", "previous_response_id": "resp_unknown"}, 404, "response_not_found",
+     "previous_response_id"),
+    ("narrow", {"input": "Hi", "model": "gpt-4.1"}, 403, "model_not_allowed", "model"),
+])
+async def test_input_tokens_of_a_bad_request_are_refused_as_a_response_would_be(
+    gw: Gateway, tenant: str, request_body: dict[str, Any], status: int, code: str, param: str
+) -> None:
+    answer = await gw.http.post("/v1/responses/input_tokens", json=request_body, headers=gw.auth(tenant))
+
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
 
 
 async def test_an_agent_of_the_openai_agents_sdk_runs_a_function_tool_through_the_queue(

@@ -1,17 +1,19 @@
 """The Files API: POST /v1/files (a multipart upload), GET /v1/files, GET /v1/files/{id},
 GET /v1/files/{id}/content, DELETE /v1/files/{id}.
 
-Files are what batches read their requests from (`purpose` batch, the only one served for now)
-and write their answers to (`batch_output`, made by the gateway). They are kept in the batch store
-(tidegate.gateway.batches.store), in the queue's backend, so every gateway replica serves the same ones.
-A tenant sees only its own files: another tenant's answers 404, like an unknown id; admins see
-every file, as they see every job.
+Files are what batches read their requests from (`purpose` batch) and write their answers to
+(`batch_output`, made by the gateway), and what responses read as `input_file` parts (`purpose`
+user_data, inlined into the response's job by tidegate.gateway.responses.files). They are kept in
+the batch store (tidegate.gateway.batches.store), in the queue's backend, so every gateway replica
+serves the same ones. A tenant sees only its own files: another tenant's answers 404, like an
+unknown id; admins see every file, as they see every job.
 
 Retention, as OpenAI's: an upload may say `expires_after[anchor]=created_at` and
-`expires_after[seconds]` (an hour to 30 days), and without it expires after the gateway's
-`batch_upload_retention_s` (30 days); a batch's output and error files expire after its
-`batch_output_retention_s` (30 days). `expires_at` shows when; the gateways' sweep
-(tidegate.gateway.batches.sweep) deletes a file past it, unless a batch in progress reads it.
+`expires_after[seconds]` (an hour to 30 days); without it a `batch` upload expires after the
+gateway's `batch_upload_retention_s` (30 days) and a `user_data` one is kept until deleted; a
+batch's output and error files expire after its `batch_output_retention_s` (30 days).
+`expires_at` shows when; the gateways' sweep (tidegate.gateway.batches.sweep) deletes a file
+past it, unless a batch in progress reads it.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.core.errors import ApiError, error_responses
 from tidegate.gateway.core.state import GatewayState
 
-__all__ = ["MULTIPART_ENVELOPE_BYTES", "UPLOADS_PATH", "UPLOAD_PURPOSES", "router", "visible_file"]
+__all__ = ["MULTIPART_ENVELOPE_BYTES", "UPLOADS_PATH", "UPLOAD_PURPOSES", "USER_DATA", "router",
+           "visible_file"]
 
 UPLOADS_PATH: Final = "/v1/files"
 # What an upload's body holds beyond the file: the parts' headers and boundaries, the purpose.
 MULTIPART_ENVELOPE_BYTES: Final = 64 * 1024
-UPLOAD_PURPOSES: Final = ("batch",)  # what a client may upload for; more come with their APIs
+USER_DATA: Final = "user_data"  # the purpose of a file a response reads (an input_file part)
+UPLOAD_PURPOSES: Final = ("batch", USER_DATA)  # what a client may upload for; more come with their APIs
 MAX_PAGE: Final = 10_000  # OpenAI's most files per page
 EXPIRES_AFTER_S: Final = (3600, 30 * 86_400)  # OpenAI's bounds of expires_after[seconds]
 
@@ -61,15 +65,16 @@ async def visible_file(state: GatewayState, tenant: Tenant, file_id: str) -> Sto
 async def create_file(
     state: StateDep,
     tenant: MeteredTenantDep,
-    file: Annotated[UploadFile, File(description="The file: for `batch`, JSON Lines of requests.")],
-    purpose: Annotated[str, Form(description="What the file is for: `batch` (the only one served "
-                                 "for now).")],
+    file: Annotated[UploadFile, File(description=(
+        "The file: for `batch`, JSON Lines of requests; for `user_data`, a document a response "
+        "reads (an `input_file` part with its `file_id`)."))],
+    purpose: Annotated[str, Form(description="What the file is for: `batch` or `user_data`.")],
     anchor: Annotated[str | None, Form(alias="expires_after[anchor]", description=(
         "What the expiry counts from: `created_at` (the only anchor)."))] = None,
     seconds: Annotated[int | None, Form(alias="expires_after[seconds]", description=(
         f"Seconds after the anchor the file expires and is deleted, {EXPIRES_AFTER_S[0]} to "
         f"{EXPIRES_AFTER_S[1]}; without it a `batch` file is kept the gateway's "
-        "`batch_upload_retention_s` (30 days)."))] = None,
+        "`batch_upload_retention_s` (30 days), a `user_data` one until deleted."))] = None,
 ) -> FileView:
     """Store a file for the tenant, at most the gateway's `max_file_bytes`, until it is deleted
     or expires (`expires_after`, or the gateway's retention of batch uploads)."""

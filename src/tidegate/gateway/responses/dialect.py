@@ -51,17 +51,20 @@ class ResponsesDialect(Dialect):
     name = "responses"
 
     def __init__(self, job_id: str | None = None, origin: Origin | None = None,
-                 created_at: int | None = None) -> None:
+                 created_at: int | None = None, starting_after: int | None = None) -> None:
         self._job_id = job_id
         self._origin = origin
         self._created_at = created_at
+        self._starting_after = starting_after
 
-    def call(self, job_id: str, request: AIRequest, created_at: int | None = None) -> ResponsesDialect:
-        """This dialect bound to the job of one call (made from a Responses request)."""
+    def call(self, job_id: str, request: AIRequest, created_at: int | None = None, *,
+             starting_after: int | None = None) -> ResponsesDialect:
+        """This dialect bound to the job of one call (made from a Responses request); its stream
+        shows the events numbered after `starting_after` (all without it)."""
         if request.origin is None:
             raise ValueError("a response's job carries the Responses request it was made from")
         created = int(time.time()) if created_at is None else created_at
-        return ResponsesDialect(job_id, request.origin, created)
+        return ResponsesDialect(job_id, request.origin, created, starting_after)
 
     def translate(self, body: ResponseCreateRequest, history: Continued | None = None, *,
                   native: bool = False) -> AIRequest:
@@ -115,7 +118,8 @@ class ResponsesDialect(Dialect):
         """The typed events of the call's response."""
         job_id, origin, created_at = self._bound()
         return ResponsesStream(job_id, functools.partial(response_object, job_id, created_at, origin),
-                               functools.partial(native_response, job_id, origin))
+                               functools.partial(native_response, job_id, origin),
+                               starting_after=self._starting_after)
 
     def error_body(self, error: ApiError) -> dict[str, Any]:
         """OpenAI's `{"error": {"message", "type", "param", "code"}}`, as on every OpenAI route."""

@@ -161,9 +161,25 @@ def _part(part: object, role: str, where: str) -> dict[str, Any]:
             raise invalid(f"{where}: an input_image needs an image_url (file_id is not supported)",
                           "unsupported_content", f"{where}.image_url")
         return {"type": "image_url", "image_url": {"url": url, "detail": part.get("detail") or "auto"}}
+    if isinstance(part, dict) and kind == "input_file" and role == "user":
+        return _file(part, where)
     raise invalid(f"{where}: content parts of type {kind!r} are not supported here (input_text, "
-                  "output_text, and input_image in user messages, are)", "unsupported_content",
-                  f"{where}.type")
+                  "output_text, and input_image and input_file in user messages, are)",
+                  "unsupported_content", f"{where}.type")
+
+
+def _file(part: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An input_file as chat's file part. Its `file_id` was replaced by the file's data at the door
+    (tidegate.gateway.responses.files); a `file_url` has no chat counterpart."""
+    data = part.get("file_data")
+    if not isinstance(data, str) or not data or part.get("file_url") is not None:
+        raise invalid(f"{where}: an input_file needs file_data or the file_id of an upload with "
+                      "purpose user_data (file_url is not supported)", "unsupported_content",
+                      f"{where}.file_data")
+    file = {"file_data": data}
+    if isinstance(part.get("filename"), str):
+        file["filename"] = part["filename"]
+    return {"type": "file", "file": file}
 
 
 def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:

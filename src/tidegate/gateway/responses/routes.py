@@ -1,11 +1,12 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id},
-POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items.
+POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items, and
+POST /v1/responses/input_tokens.
 
 An OpenAI SDK pointed at `http://host:port/v1` works unchanged: `client.responses.create(...)`,
-`.stream(...)`, `.retrieve`, `.cancel`, `.delete`, `.input_items.list`. A response is a job of the
-queue (`resp_<job id>`), at the caller's priority like every call: its store, its tenant
-isolation (another tenant's response answers 404, like an unknown id), its retention and its
-background run are the queue's. The Responses dialect (tidegate.gateway.responses.dialect)
+`.stream(...)`, `.retrieve`, `.cancel`, `.delete`, `.input_items.list`, `.input_tokens.count`. A
+response is a job of the queue (`resp_<job id>`), at the caller's priority like every call: its
+store, its tenant isolation (another tenant's response answers 404, like an unknown id), its
+retention and its background run are the queue's. The Responses dialect (tidegate.gateway.responses.dialect)
 translates the request into the job's chat body and renders the job as a response; to a provider
 that speaks the Responses API natively the request goes as it is (tidegate.gateway.core.native).
 """
@@ -18,18 +19,31 @@ from typing import Annotated, Literal
 from fastapi import Query
 from fastapi.responses import JSONResponse, Response
 
+from tidegate.ai import AIRequest
+from tidegate.costs import estimate_input_tokens
 from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.core.errors import ApiError, error_responses
-from tidegate.gateway.core.intake import IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
+from tidegate.gateway.core.intake import (
+    IdempotencyHeader,
+    PriorityHeader,
+    Submitted,
+    TimeoutHeader,
+    draft_job,
+    submit,
+    wait_timeout_s,
+)
 from tidegate.gateway.core.native import served_natively
 from tidegate.gateway.core.outcomes import result_headers, succeeded
 from tidegate.gateway.core.streaming import stream_job
 from tidegate.gateway.responses.dialect import RESPONSES
+from tidegate.gateway.responses.files import inline_files
 from tidegate.gateway.responses.lookup import conversation, lookup_response
 from tidegate.gateway.responses.output import listed_items, render, response_id
 from tidegate.gateway.responses.schemas import (
     ResponseCreateRequest,
     ResponseDeleted,
+    ResponseInputTokens,
+    ResponseInputTokensRequest,
     ResponseItemList,
     ResponseObject,
 )
@@ -80,35 +94,85 @@ async def create_response(
 ) -> Response:
     """Queue the response's job at the caller's priority and answer with the response."""
     started = time.perf_counter()
-    if body.background and body.stream:
-        raise ApiError(400, "a background response is not streamed: retrieve it instead",
-                       code="unsupported_parameter", param="stream")
     if body.background and body.store is False:
         raise ApiError(400, "a background response is stored: it cannot have store false",
                        code="unsupported_parameter", param="store")
     history = None if body.previous_response_id is None else await conversation(
         state, tenant, body.previous_response_id)
+    body = await inline_files(state, tenant, body)
     request = RESPONSES.translate(body, history, native=served_natively(state, "responses", body.model))
+    # A background response streamed is listened to as it runs (and resumable, see
+    # retrieve_response); one not streamed is answered at once, its job left to run.
     submitted = await submit(state, tenant, request, priority_header=x_priority,
                              timeout_header=x_tidegate_timeout, idempotency_key=idempotency_key,
-                             waits=not body.background)
-    if body.background:
-        job, origin = await lookup_response(state, tenant, response_id(submitted.job_id))
-        return JSONResponse(render(job, origin), headers={"X-Tidegate-Job-Id": job.id})
+                             waits=bool(body.stream) or not body.background)
     if body.stream:
         call = RESPONSES.call(submitted.job_id, submitted.request)
         return await stream_job(state, call, submitted, started=started)
+    if body.background:
+        job, origin = await lookup_response(state, tenant, response_id(submitted.job_id))
+        return JSONResponse(render(job, origin), headers={"X-Tidegate-Job-Id": job.id})
     job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
     call = RESPONSES.call(job.id, submitted.request, int(job.created_at.timestamp()))
     return call.answer(result, result_headers(job, result))
 
 
+@router.post(
+    "/input_tokens",
+    response_model=ResponseInputTokens,
+    summary="Count a response's input tokens",
+    responses=error_responses(400, 403, 413, described={
+        404: "Unknown model, or `previous_response_id` names no response of this tenant."}),
+)
+async def count_input_tokens(body: ResponseInputTokensRequest, state: StateDep,
+                             tenant: TenantDep) -> ResponseInputTokens:
+    """The request's input tokens, estimated as tidegate estimates every prompt for its budgets and
+    rate limits (tidegate.costs.estimate_input_tokens: characters, no tokenizer; a little high on
+    purpose), over the chat body a response would be sent: instructions, the conversation of
+    `previous_response_id`, the input and the tools. An estimate, not the provider's count: nothing
+    is queued or sent upstream. The request, its model and the tenant's entitlement to it are
+    checked as POST /v1/responses checks them."""
+    request = await inline_files(state, tenant, body.as_response())
+    history = None if request.previous_response_id is None else await conversation(
+        state, tenant, request.previous_response_id)
+    translated = RESPONSES.translate(request, history,
+                                     native=served_natively(state, "responses", request.model))
+    draft = draft_job(state, tenant, translated, priority=tenant.default_priority)
+    return ResponseInputTokens(input_tokens=estimate_input_tokens("chat", draft.request.body))
+
+
 @router.get("/{response_id}", response_model=ResponseObject, summary="Retrieve a response",
-            responses=error_responses(described=_NOT_FOUND))
-async def retrieve_response(response_id: str, state: StateDep, tenant: TenantDep) -> JSONResponse:
-    """The response as its job stands: queued, in progress, or finished with its output."""
+            responses={**error_responses(400, described={
+                **_NOT_FOUND,
+                409: "With `stream`: the response was cancelled.",
+                502: "With `stream`: the response failed at the provider after every attempt.",
+                504: "With `stream`: no event in time; the response goes on: retrieve it again."}), 200: {
+                "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+                "description": "The response; with `stream=true`, its events as server-sent events."}})
+async def retrieve_response(
+    response_id: str,
+    state: StateDep,
+    tenant: TenantDep,
+    stream: Annotated[bool, Query(description=(
+        "Stream the response's events, from its start (or after `starting_after`), as they come "
+        "while it runs; those of a finished one at once."))] = False,
+    starting_after: Annotated[int | None, Query(ge=0, description=(
+        "With `stream`: the sequence number of the event after which to start, to resume a "
+        "stream."))] = None,
+    x_tidegate_timeout: TimeoutHeader = None,
+) -> Response:
+    """The response as its job stands: queued, in progress, or finished with its output; or its
+    stream. Its events are numbered as they were first streamed while the relay keeps the
+    stream's chunks (CHANNEL_TTL_S after its end); later, and for a response that was not
+    streamed, they are rendered from the stored answer."""
+    started = time.perf_counter()
     job, origin = await lookup_response(state, tenant, response_id)
-    return JSONResponse(render(job, origin))
+    if not stream:
+        return JSONResponse(render(job, origin))
+    request = AIRequest.from_payload(job.payload)
+    call = RESPONSES.call(job.id, request, int(job.created_at.timestamp()), starting_after=starting_after)
+    submitted = Submitted(job.id, job.priority, request, wait_timeout_s(x_tidegate_timeout, state))
+    return await stream_job(state, call, submitted, started=started)
 
 
 @router.delete("/{response_id}", response_model=ResponseDeleted, summary="Delete a response",

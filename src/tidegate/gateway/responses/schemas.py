@@ -23,6 +23,8 @@ __all__ = [
     "MAX_METADATA_KEYS",
     "ResponseCreateRequest",
     "ResponseDeleted",
+    "ResponseInputTokens",
+    "ResponseInputTokensRequest",
     "ResponseItemList",
     "ResponseObject",
 ]
@@ -48,7 +50,8 @@ class ResponseCreateRequest(BaseModel):
         "over the models the key's tenant may use."))
     input: str | list[dict[str, Any]] = Field(description=(
         "Text, or items: messages (roles user, system, developer, assistant; input_text, "
-        "output_text and input_image parts), function_call and function_call_output."))
+        "output_text, input_image and input_file parts: `file_data`, or the `file_id` of an "
+        "upload with purpose user_data), function_call and function_call_output."))
     instructions: str | None = None
     previous_response_id: str | None = Field(None, min_length=1)
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
@@ -81,6 +84,45 @@ class ResponseCreateRequest(BaseModel):
         "The provider's processing tier, sent upstream as given; left out, the provider's tier "
         "policy may pick one by the job's priority. The response's `service_tier` names the tier "
         "the call ran at, and the job is charged that tier's price."))
+
+
+class ResponseInputTokensRequest(BaseModel):
+    """What POST /v1/responses/input_tokens counts: the fields of a Responses request that reach
+    the model's input (OpenAI's own list for this endpoint). `model` may be left out, as OpenAI
+    allows: "auto" then. Any other field is refused by name (`invalid_request`): nothing else
+    reaches the input."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True,
+        json_schema_extra={"examples": [{"model": "auto", "instructions": "Answer in one line.",
+                                         "input": "Summarise this ticket."}]},
+    )
+
+    model: str = Field("auto", min_length=1, description=(
+        'The model the count is for, checked as a response\'s would be; "auto" when left out.'))
+    input: str | list[dict[str, Any]] = Field(default_factory=list, description=(
+        "As a response's `input`."))
+    instructions: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1, description=(
+        "The stored response whose conversation comes before the input, counted with it."))
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    truncation: Literal["disabled", "auto"] | None = None
+
+    def as_response(self) -> ResponseCreateRequest:
+        """The Responses request whose input this counts, to be translated as any other."""
+        return ResponseCreateRequest.model_validate(self.model_dump(exclude_unset=True) | {
+            "model": self.model, "input": self.input})  # the same fields and types: it cannot fail
+
+
+class ResponseInputTokens(BaseModel):
+    """The input tokens of a Responses request, estimated."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
 
 
 class ResponseObject(BaseModel):

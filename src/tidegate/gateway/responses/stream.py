@@ -7,6 +7,10 @@ part and text in between; a function call's arguments), and last `response.compl
 `response.incomplete`) with the whole response and its usage; every event numbered by
 `sequence_number`. A stream that fails after it started ends with `response.failed`.
 
+A stream resumed (GET /v1/responses/{id}?stream=true&starting_after=N) is rendered whole, from the
+job's first chunk, and shows only the events numbered after N: the relay keeps every chunk of a
+stream from its first, so the events are numbered as they were the first time.
+
 A provider that speaks the Responses API natively streams its own typed events (`StreamPart.event`
 names each): they are relayed as they are, the response in them shown as this response
 (`native_of`: its id, tidegate's settings), its own `response.completed` ending the stream.
@@ -51,9 +55,11 @@ class _Item:
 class ResponsesStream(StreamRenderer):
     """Renders one response's stream; `response_of` makes the response object around it."""
 
-    def __init__(self, job_id: str, response_of: ResponseOf, native_of: NativeOf) -> None:
+    def __init__(self, job_id: str, response_of: ResponseOf, native_of: NativeOf, *,
+                 starting_after: int | None = None) -> None:
         super().__init__()
         self._job_id = job_id
+        self._shown_after = -1 if starting_after is None else starting_after  # events up to it are not shown
         self._response_of = response_of
         self._native_of = native_of
         self._native = False  # the upstream streams its own events
@@ -71,8 +77,11 @@ class ResponsesStream(StreamRenderer):
     # -- events
 
     def _event(self, kind: str, **fields: Any) -> bytes:
-        data = {"type": kind, "sequence_number": self._sequence, **fields}
+        number = self._sequence
         self._sequence += 1
+        if number <= self._shown_after:
+            return b""
+        data = {"type": kind, "sequence_number": number, **fields}
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
     def _response(self, status: str, **fields: Any) -> dict[str, Any]:
@@ -150,7 +159,7 @@ class ResponsesStream(StreamRenderer):
             return self.error_frame(ApiError(502, error.message or "the stream failed",
                                              code=error.code or "stream_failed"))
         if part.event is not None:
-            return self._relayed(part)
+            return self._relayed(part) or None
         self._model = part.model or self._model
         self._tier = part.service_tier or self._tier
         frames = self._start()
@@ -178,6 +187,8 @@ class ResponsesStream(StreamRenderer):
             self._sequence = number + 1
         if any(isinstance(found, TextDelta) for found in part.events):
             self.saw_content = True
+        if isinstance(number, int) and number <= self._shown_after:
+            return b""
         return b"event: " + str(part.event).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
     def error_frame(self, error: ApiError) -> bytes:

@@ -3,7 +3,8 @@
 chat.completion and chat.completion.chunk forms, so every gateway route works over it.
 
 The request: system (and developer) messages → `system`; user and assistant turns → their
-content blocks (text; `image_url` parts → image blocks, data URLs inline); an assistant's
+content blocks (text; `image_url` parts → image blocks, data URLs inline; `file` parts →
+document blocks, their base64 data inline); an assistant's
 `tool_calls` → tool_use blocks; `tool` messages → tool_result blocks of the next user turn (turns
 of one role in a row are merged, as the API wants them to alternate); `max_completion_tokens` /
 `max_tokens` (the API requires one: tidegate's default output estimate otherwise), `stop` →
@@ -158,6 +159,8 @@ def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
     for part in content if isinstance(content, list) else ():
         if part.get("type") == "image_url":
             blocks.append(_image((part.get("image_url") or {}).get("url") or ""))
+        elif part.get("type") == "file":
+            blocks.append(_document(part.get("file") or {}))
         elif part.get("type") == "text":
             blocks.append({"type": "text", "text": str(part.get("text") or "")})
     for call in message.tool_calls or ():
@@ -173,6 +176,17 @@ def _image(url: str) -> dict[str, Any]:
         media_type, _, data = url[5:].partition(";base64,")
         return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
     return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _document(file: dict[str, Any]) -> dict[str, Any]:
+    # A chat file part carries its bytes as a base64 data URL (`file_data`); a document block of
+    # another media type than Anthropic reads (PDF, plain text) is refused by the API, not here.
+    media_type, _, data = str(file.get("file_data") or "").removeprefix("data:").partition(";base64,")
+    block: dict[str, Any] = {"type": "document", "source": {"type": "base64", "media_type": media_type,
+                                                             "data": data}}
+    if file.get("filename"):
+        block["title"] = file["filename"]
+    return block
 
 
 def _arguments(arguments: object) -> dict[str, Any]:
