@@ -20,7 +20,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from conftest import QueueFactory
 from support.dispatch import PROVIDER
 from support.gateway import Gateway, open_gateway
-from tidegate.contract import ChatMessage, ChatRequest
+from tidegate.contract import ChatMessage, ChatRequest, decode
 from tidegate.gateway.anthropic.dialect import message_of
 from tidegate.jobs import JobState, Priority
 from tidegate.providers.adapters.anthropic import chat_completion, messages_body
@@ -410,8 +410,10 @@ def test_the_adapter_speaks_anthropics_tiers_both_ways() -> None:
 def test_the_adapter_sends_a_file_part_as_a_document_block() -> None:
     part = {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0=",
                                      "filename": "report.pdf"}}
-    body = messages_body({"messages": [{"role": "user", "content": [{"type": "text", "text": "Sum up"},
-                                                                    part]}]}, "m")
+    chat = decode("chat", {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Sum up"}, part]}]})
+    assert isinstance(chat, ChatRequest)
+    body = messages_body(chat, "m")
 
     assert body["messages"] == [{"role": "user", "content": [
         {"type": "text", "text": "Sum up"},

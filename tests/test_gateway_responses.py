@@ -564,7 +564,7 @@ async def test_input_tokens_are_counted_as_the_budget_estimates_them_and_nothing
 
     request = ResponseCreateRequest(model="gpt-4.1", input="Say hello")
     assert short.object == "response.input_tokens"
-    assert short.input_tokens == estimate_input_tokens("chat", RESPONSES.translate(request).body)
+    assert short.input_tokens == estimate_input_tokens(RESPONSES.translate(request).body)
     assert longer.input_tokens > short.input_tokens + 40  # 200 characters of instructions, and a tool
     assert unnamed.input_tokens == short.input_tokens  # the model left out is "auto"
     assert await enqueued(gw) == before

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import tidegate.app.sync
 from support.cluster import start_gateway, start_worker, write_config
 from support.redis_keys import redis_client
 from support.waiting import eventually, eventually_sync
@@ -465,8 +466,9 @@ async def test_a_relayed_stream_read_across_a_restart_continues_from_its_last_ch
 
 
 async def test_the_change_flow_heals_a_bus_restart_that_lost_the_streams_and_the_cache_equals_the_db(
-    volatile_redis: RestartableRedis, tmp_path: Path,
+    volatile_redis: RestartableRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(tidegate.app.sync, "RESTART_AFTER_S", 0.2)  # reopened at once, for a short test
     # Given the change flow from a SQLite shop over Redis Streams into a cache, as `tidegate up`
     # supervises it, under a steady write load
     shop = tmp_path / "shop.db"
@@ -476,7 +478,7 @@ async def test_the_change_flow_heals_a_bus_restart_that_lost_the_streams_and_the
     config = TidegateConfig.load(queue_url="sqlite:///unused.db").model_copy(update={"sync": sync})
     stop = asyncio.Event()
     async with cache_for("memory://") as cache:
-        flow = asyncio.create_task(supervise_sync(config, stop, cache=cache, retry_s=0.2))
+        flow = asyncio.create_task(supervise_sync(config, stop, cache=cache))
         try:
             await _shop_matches(shop, cache)
             load = asyncio.create_task(ShopLoad(shop).run(rate_per_s=200, duration_s=2.0))

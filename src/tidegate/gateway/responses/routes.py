@@ -138,7 +138,7 @@ async def count_input_tokens(body: ResponseInputTokensRequest, state: StateDep,
     translated = RESPONSES.translate(request, history,
                                      native=served_natively(state, "responses", request.model))
     draft = draft_job(state, tenant, translated, priority=tenant.default_priority)
-    return ResponseInputTokens(input_tokens=estimate_input_tokens("chat", draft.request.body))
+    return ResponseInputTokens(input_tokens=estimate_input_tokens(draft.request.body))
 
 
 @router.get("/{response_id}", response_model=ResponseObject, summary="Retrieve a response",
