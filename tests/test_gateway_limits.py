@@ -390,6 +390,11 @@ def _concrete(path: str) -> str:
     return re.sub(r"\{[^}]+\}", "x", path)
 
 
+def _matches(template: str, url: str) -> bool:
+    """Whether a documented path template (`/v1/responses/{response_id}`) matches `url`."""
+    return re.fullmatch(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)), url) is not None
+
+
 async def test_every_operation_refuses_an_unknown_key_and_a_wrong_method_in_the_apis_shape(
     gw: Gateway,
 ) -> None:
@@ -403,8 +408,11 @@ async def test_every_operation_refuses_an_unknown_key_and_a_wrong_method_in_the_
         assert_error_in_shape(unknown, path, 401, "invalid_api_key")
         missing = await gw.http.request(method.upper(), url)
         assert_error_in_shape(missing, path, 401, "missing_api_key")
-    for path, item in document["paths"].items():
-        allowed = {method.upper() for method in item}
+    for path in document["paths"]:
+        # Every documented path the URL matches allows its methods: /v1/responses/input_tokens is
+        # also /v1/responses/{response_id} (GET, DELETE), as in OpenAI's API.
+        allowed = {method.upper() for template, item in document["paths"].items()
+                   if _matches(template, _concrete(path)) for method in item}
         wrong = next(m for m in ("PATCH", "PUT", "DELETE", "POST", "GET") if m not in allowed)
         answer = await gw.http.request(wrong, _concrete(path), headers=gw.auth("ops"))
         assert_error_in_shape(answer, path, 405, "method_not_allowed")
