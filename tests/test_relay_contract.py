@@ -177,3 +177,21 @@ def test_the_factory_follows_the_queue_url(tmp_path: Path) -> None:
     assert shared.url == "redis://127.0.0.1:1/0"
     cluster = relay_for("redis+cluster://127.0.0.1:1?name=jobs")
     assert isinstance(cluster, RedisRelay) and cluster.url == "redis+cluster://127.0.0.1:1"
+
+
+async def test_the_memory_relay_forgets_a_finished_channel_after_its_ttl_and_keeps_an_open_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tidegate.coord.relay.memory
+
+    monkeypatch.setattr(tidegate.coord.relay.memory, "CHANNEL_TTL_S", 0.0)  # over as soon as finished
+    async with MemoryRelay() as relay:
+        # Given a finished channel and one still being written
+        await relay.publish("ended", b"a")
+        await relay.finish("ended")
+        await relay.publish("open", b"b")
+        # When the next chunk of any job arrives (the relay forgets old channels as it works)
+        await relay.publish("later", b"c")
+        # Then the finished channel is gone, and the open one keeps its chunks for its reader
+        assert set(relay._channels) == {"open", "later"}
+        assert relay._channels["open"].chunks == [b"b"]
