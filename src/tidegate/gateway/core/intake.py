@@ -300,19 +300,17 @@ async def submit(
     state: GatewayState,
     tenant: Tenant,
     request: AIRequest,
+    options: CallOptions,
     *,
-    priority_header: str | None,
-    timeout_header: str | None,
-    idempotency_key: str | None,
     waits: bool = True,
 ) -> Submitted:
     """Check and enqueue the job of a call (its priority from X-Priority, then the body's
     `priority`); `waits=False` for a call answered at once, whose job runs in the background.
     Every check comes before the enqueue: a refused call leaves nothing queued."""
-    timeout_s = wait_timeout_s(timeout_header, state)
-    chosen = resolve_priority(tenant, header_priority(priority_header), request.body.priority)
+    timeout_s = wait_timeout_s(options.timeout_header, state)
+    chosen = resolve_priority(tenant, header_priority(options.priority), request.body.priority)
     draft = replace(draft_job(state, tenant, request, priority=chosen, keep_stream=waits),
-                    idempotency_key=scoped_idempotency_key(idempotency_key, tenant))
+                    idempotency_key=scoped_idempotency_key(options.idempotency_key, tenant))
     [job_id] = await enqueue(state, tenant, [draft], will_wait=waits)
     tracing = tracer()
     if tracing.enabled:

@@ -154,8 +154,7 @@ async def serve(
     """Queue the call's job and answer with its result (or relay its stream) in `dialect`'s
     shape: what every AI route does once FastAPI, or the gateway's fast path
     (tidegate.gateway.openai.fast_path), has read the request."""
-    submitted = await submit(state, tenant, request, priority_header=options.priority,
-                             timeout_header=options.timeout_header, idempotency_key=options.idempotency_key)
+    submitted = await submit(state, tenant, request, options)
     if submitted.request.kind in ("chat", "completion") and submitted.request.stream:
         return await stream_job(state, dialect, submitted, started=started)
     job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)

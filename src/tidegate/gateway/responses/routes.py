@@ -24,6 +24,7 @@ from tidegate.costs import estimate_input_tokens
 from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.core.errors import ApiError, error_responses
 from tidegate.gateway.core.intake import (
+    CallOptions,
     IdempotencyHeader,
     PriorityHeader,
     Submitted,
@@ -103,9 +104,8 @@ async def create_response(
     request = RESPONSES.translate(body, history, native=served_natively(state, "responses", body.model))
     # A background response streamed is listened to as it runs (and resumable, see
     # retrieve_response); one not streamed is answered at once, its job left to run.
-    submitted = await submit(state, tenant, request, priority_header=x_priority,
-                             timeout_header=x_tidegate_timeout, idempotency_key=idempotency_key,
-                             waits=bool(body.stream) or not body.background)
+    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
+    submitted = await submit(state, tenant, request, options, waits=bool(body.stream) or not body.background)
     if body.stream:
         call = RESPONSES.call(submitted.job_id, submitted.request)
         return await stream_job(state, call, submitted, started=started)
