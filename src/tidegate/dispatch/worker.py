@@ -552,7 +552,8 @@ class Worker:
         usage = answer.usage
         response, billed = answered_with_tier(answer.response, call.service_tier)
         spent = cost_micros(priced(model, route.provider, billed), usage.input_tokens, usage.output_tokens)
-        charged(call.span, spent, str(micros_to_usd(spent)), route, billed if call.service_tier else None)
+        spent_usd = micros_to_usd(spent)
+        charged(call.span, spent, str(spent_usd), route, billed if call.service_tier else None)
         reservation, call.reservation = call.reservation, None
         await self._observe_rate_limits(call.key, answer.rate_limit)
         self._concurrency.on_success(call.key)
@@ -560,7 +561,7 @@ class Worker:
         self._health.success(model.name)
         result = AIResult(
             response, model=model.name, provider=route.provider.name, route=route.reason, usage=usage,
-            cost_micros=spent, cost_usd=str(micros_to_usd(spent)),
+            cost_micros=spent, cost_usd=str(spent_usd),
             timings=Timings(call.queue_wait_ms, answer.latency_ms, answer.ttft_ms),
             attempts=job.attempts, worker_id=self.worker_id,
         ).to_json()
@@ -568,7 +569,7 @@ class Worker:
         self.metrics.upstream_latency.labels(priority, model.name).observe(answer.latency_ms / 1000)
         self.metrics.tokens.labels(model.name, "input").inc(usage.input_tokens)
         self.metrics.tokens.labels(model.name, "output").inc(usage.output_tokens)
-        self.metrics.cost_usd.labels(model.name, job.tenant).inc(float(micros_to_usd(spent)))
+        self.metrics.cost_usd.labels(model.name, job.tenant).inc(float(spent_usd))
         # The spend and the result are written together (one transaction on SQLite): the call
         # has happened, so neither waits for the other, and a failure of one undoes nothing.
         settled, completed = await asyncio.gather(
@@ -577,8 +578,7 @@ class Worker:
         if isinstance(settled, BaseException):
             if not isinstance(settled, Exception):
                 raise settled
-            log.error("job %s: its spend of %s USD could not be recorded: %s", job.id, micros_to_usd(spent),
-                      settled)
+            log.error("job %s: its spend of %s USD could not be recorded: %s", job.id, spent_usd, settled)
         if isinstance(completed, LeaseLost):
             # Cancelled or recovered while the call ran; its spend stays recorded.
             log.warning("job %s: result discarded, lease lost: %s", job.id, completed)

@@ -16,11 +16,16 @@ import contextlib
 import os
 import socket
 import sys
+import time
 import uuid
 from pathlib import Path
 
 WORK = b"w"  # new or returned work may be claimable
 DONE = b"d"  # some job reached a final state
+# A folder's mtime is set from a coarse clock: a bell registered within the same tick as the
+# listing that saw that mtime would leave it unchanged. A listing is trusted only once its mtime
+# is older than this, as git treats a "racily clean" index entry.
+RACY_MTIME_NS = 50_000_000
 
 
 class Signal:
@@ -60,6 +65,11 @@ class Doorbell:
         self._sock: socket.socket | None = None
         self._sender: socket.socket | None = None
         self._supported = sys.platform.startswith("linux")
+        # The other instances' bells as last listed, and the folder's mtime then (None: list
+        # again): a ring, two per request, stats the folder instead of listing it, at a quarter
+        # of the cost.
+        self._others: list[str] = []
+        self._listed_mtime_ns: int | None = None
 
     def listen(self) -> None:
         """Start receiving rings from other instances (idempotent; needs a running loop)."""
@@ -93,13 +103,24 @@ class Doorbell:
             (self.work if kind == WORK else self.done).notify()
         if not self._supported:
             return
+        for name in self._other_bells():
+            self._send(name, kind)
+
+    def _other_bells(self) -> list[str]:
+        """The names of the other registered bells, listed again when the folder changed."""
         try:
-            names = os.listdir(self._dir)
+            mtime_ns = os.stat(self._dir).st_mtime_ns
         except FileNotFoundError:
-            return
-        for name in names:
-            if name != self._name:
-                self._send(name, kind)
+            return []
+        if mtime_ns != self._listed_mtime_ns:
+            try:
+                names = os.listdir(self._dir)
+            except FileNotFoundError:
+                return []
+            self._others = [name for name in names if name != self._name]
+            racy = time.time_ns() - mtime_ns < RACY_MTIME_NS
+            self._listed_mtime_ns = None if racy else mtime_ns
+        return self._others
 
     def _send(self, name: str, kind: bytes) -> None:
         if self._sender is None:
@@ -111,6 +132,7 @@ class Doorbell:
             # Its process is gone without closing: drop the stale registration.
             with contextlib.suppress(FileNotFoundError):
                 (self._dir / name).unlink()
+            self._listed_mtime_ns = None
         except (BlockingIOError, FileNotFoundError, OSError):
             pass  # a full buffer already holds a pending wake-up; safety re-checks cover the rest
 

@@ -290,7 +290,7 @@ class Queue(Lifecycle):
         idempotency_key = _checked_text("idempotency_key", spec.idempotency_key)
         caller_waits = bool(spec.caller_waits)
         return NewJob(
-            id=os.urandom(16).hex(),  # 128 random bits, as uuid4 has, at a third of the cost
+            id=new_job_id(now),
             priority=int(priority),
             payload=payload,
             tenant=tenant or "default",
@@ -647,6 +647,14 @@ def _encode_failure(failure: JobFailure) -> bytes:
     if len(encoded) > MAX_FAILURE_BYTES:
         raise InvalidJob(f"failure is {len(encoded)} bytes of JSON, over the limit of {MAX_FAILURE_BYTES}")
     return encoded
+
+
+def new_job_id(now_ms: int) -> str:
+    """32 hex digits: the creation time in milliseconds (48 bits), then 80 random bits. Ids made
+    one after the other sort together, so a store's index of ids grows at its end (SQLite's
+    unique index on `jobs.id` took a random page per insert with fully random ids), and 80 bits
+    keep an id as hard to guess as a secret needs."""
+    return f"{now_ms & 0xFFFF_FFFF_FFFF:012x}{os.urandom(10).hex()}"
 
 
 def _checked_text(name: str, value: object, *, required: bool = False) -> str | None:
