@@ -35,7 +35,8 @@ from tidegate.queue import Queue
 
 BACKENDS = ["sqlite", "redis", "redis-cluster"]
 NEWER = 99
-QUEUE = 2  # the queue's format since jobs say whether a caller waits for them; the tenants' is 1
+QUEUE = 2  # the queue's format since jobs say whether a caller waits for them
+TENANTS = 2  # the tenant store's since keys carry limits of their own
 
 
 @pytest.fixture(params=BACKENDS)
@@ -106,7 +107,7 @@ async def _set_formats(url: str, version: int | None) -> None:
 async def test_a_new_store_is_stamped_with_the_code_s_format(queue_url: str) -> None:
     await _write_some(queue_url)
 
-    assert await _formats(queue_url) == {"queue": QUEUE, "tenants": 1}
+    assert await _formats(queue_url) == {"queue": QUEUE, "tenants": TENANTS}
     if queue_url.startswith("sqlite"):
         with sqlite3.connect(queue_url.removeprefix("sqlite:///")) as conn:
             assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_LAYOUT
@@ -126,7 +127,7 @@ async def test_a_store_without_a_format_is_migrated_on_open_with_its_data_intact
         tenant = await tenants.get_tenant("acme")
 
     # Then it is migrated to the code's formats and everything reads as before
-    assert await _formats(queue_url) == {"queue": QUEUE, "tenants": 1}
+    assert await _formats(queue_url) == {"queue": QUEUE, "tenants": TENANTS}
     assert job is not None and job.payload == chat("hello") and job.state is JobState.QUEUED
     assert tenant is not None and tenant.name == "acme"
 
@@ -203,7 +204,7 @@ async def test_migrate_check_and_apply_from_the_command_line(queue_url: str, tmp
     applied = await asyncio.to_thread(cli, "--apply")
     assert applied.exit_code == 0, applied.output
     assert "migrated" in applied.output and "ran: record the queue" in applied.output
-    assert await _formats(queue_url) == {"queue": QUEUE, "tenants": 1}
+    assert await _formats(queue_url) == {"queue": QUEUE, "tenants": TENANTS}
 
     current = await asyncio.to_thread(cli, "--check")
     assert current.exit_code == 0, current.output

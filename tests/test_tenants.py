@@ -9,6 +9,7 @@ import re
 import secrets
 import sqlite3
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from support.dispatch import queue_url_of
 from support.redis_keys import REDIS_BACKENDS, redis_client
 from tidegate.cli.main import app
 from tidegate.coord.tenants import (
+    NO_KEY_LIMITS,
+    KeyLimits,
     RedisTenantStore,
     SqliteTenantStore,
     Tenant,
@@ -297,6 +300,85 @@ async def test_put_replaces_a_tenant_and_its_keys_see_the_change(store: TenantSt
     assert await store.authenticate(api_key) == tighter  # no stale cache on the same store
 
 
+# ---------------------------------------------------------------------- a key's own limits
+
+LIMITS = KeyLimits(rpm=3, allowed_models=("gpt-4o-mini",), max_priority=Priority.LOW,
+                   expires_at=datetime(2027, 1, 31, tzinfo=UTC))
+
+
+async def test_a_key_keeps_its_own_limits(stores: Stores) -> None:
+    writer, reader = stores.open(), stores.open(auth_cache_s=0)
+    await writer.put_tenant(ACME)
+
+    info, api_key = await writer.create_key("acme", LIMITS)
+
+    assert info.limits == LIMITS
+    caller = await reader.authenticate_key(api_key)
+    assert caller is not None
+    assert (caller.tenant, caller.key_id, caller.limits) == (ACME, info.key_id, LIMITS)
+    assert [key.limits for key in await reader.list_keys("acme")] == [LIMITS]
+    assert (await reader.get_key(info.key_id)) == info
+    _, plain = await writer.create_key("acme")
+    plain_caller = await reader.authenticate_key(plain)
+    assert plain_caller is not None and plain_caller.limits == NO_KEY_LIMITS
+
+
+async def test_changing_a_keys_limits_applies_to_the_key_alone(stores: Stores) -> None:
+    admin, gateway = stores.open(), stores.open()
+    await admin.put_tenant(ACME)
+    info, api_key = await admin.create_key("acme", LIMITS)
+    other, other_key = await admin.create_key("acme")
+    assert (await gateway.authenticate_key(api_key)) is not None  # now in its cache
+
+    changed = await gateway.change_key_limits(
+        info.key_id, lambda limits: limits.model_copy(update={"rpm": 30, "expires_at": None}))
+
+    expected = LIMITS.model_copy(update={"rpm": 30, "expires_at": None})
+    assert changed is not None and changed.limits == expected
+    caller = await gateway.authenticate_key(api_key)  # changed through this store: at once
+    assert caller is not None and caller.limits == expected
+    untouched = await gateway.authenticate_key(other_key)
+    assert untouched is not None and untouched.limits == NO_KEY_LIMITS
+    assert (await admin.get_key(other.key_id)) == other
+
+
+async def test_concurrent_limit_changes_all_apply(store: TenantStore) -> None:
+    await store.put_tenant(ACME)
+    info, _ = await store.create_key("acme")
+
+    def add(model: str) -> Any:
+        return lambda limits: limits.model_copy(
+            update={"allowed_models": (*(limits.allowed_models or ()), model)})
+
+    await asyncio.gather(*(store.change_key_limits(info.key_id, add(f"m{n}")) for n in range(8)))
+
+    found = await store.get_key(info.key_id)
+    assert found is not None and sorted(found.limits.allowed_models or ()) == [f"m{n}" for n in range(8)]
+
+
+async def test_the_limits_of_a_revoked_or_unknown_key_are_not_changed(store: TenantStore) -> None:
+    await store.put_tenant(ACME)
+    info, _ = await store.create_key("acme")
+    await store.revoke_key(info.key_id)
+
+    assert await store.change_key_limits(info.key_id, lambda _: LIMITS) is None
+    assert await store.change_key_limits("0123456789ab", lambda _: LIMITS) is None
+    found = await store.get_key(info.key_id)
+    assert found is not None and found.limits == NO_KEY_LIMITS and found.revoked_at is not None
+
+
+def test_a_key_narrows_its_tenant_the_stricter_wins() -> None:
+    assert NO_KEY_LIMITS.narrow(ACME) is ACME
+    narrowed = KeyLimits(max_priority=Priority.LOW, allowed_models=("gpt-4o-mini", "gpt-4.1")).narrow(ACME)
+    assert narrowed.max_priority == Priority.LOW and narrowed.default_priority == Priority.LOW
+    assert narrowed.allowed_models == ("gpt-4o-mini",)  # gpt-4.1 is not the tenant's
+    assert narrowed.rpm == ACME.rpm and narrowed.daily_budget_usd == ACME.daily_budget_usd
+    # A key that asks for more urgency than its tenant has gets the tenant's.
+    assert KeyLimits(max_priority=Priority.CRITICAL).narrow(ACME).max_priority == Priority.HIGH
+    everything = Tenant(name="open")
+    assert KeyLimits(allowed_models=("x",)).narrow(everything).allowed_models == ("x",)
+
+
 # ---------------------------------------------------------------------- sharing, cache, lifecycle
 
 
@@ -423,6 +505,39 @@ async def test_cli_creates_a_key_that_authenticates_and_revokes_it(stores: Store
     again = await _cli("keys", "revoke", key_id, "--queue", url)
     assert again.exit_code == 2
     assert "no active key" in again.output
+
+
+async def test_cli_creates_and_changes_a_keys_own_limits(stores: Stores) -> None:
+    url = stores.url
+    assert (await _cli("tenants", "put", "acme", "--queue", url)).exit_code == 0
+
+    created = await _cli("keys", "create", "acme", "--queue", url, "--rpm", "3", "--models", "a, b",
+                         "--max-priority", "low", "--expires-at", "2031-01-31T00:00:00+00:00")
+    assert created.exit_code == 0, created.output
+    key_id = created.stdout.strip()[3:15]
+    store = stores.open(auth_cache_s=0)
+    found = await store.get_key(key_id)
+    assert found is not None and found.limits == KeyLimits(
+        rpm=3, allowed_models=("a", "b"), max_priority=Priority.LOW,
+        expires_at=datetime(2031, 1, 31, tzinfo=UTC))
+    listed = await asyncio.to_thread(runner.invoke, app, ["keys", "list", "--queue", url],
+                                     env={"COLUMNS": "250"})  # one line per key
+    assert "rpm 3; models a,b; max priority low; expires 2031-01-31T00:00:00+00:00" in listed.output
+
+    changed = await _cli("keys", "update", key_id, "--queue", url, "--rpm", "30",
+                         "--clear", "models,expires-at")
+    assert changed.exit_code == 0, changed.output
+    found = await store.get_key(key_id)
+    assert found is not None and found.limits == KeyLimits(rpm=30, max_priority=Priority.LOW)
+
+    for args in (("--expires-at", "2031-01-31"), ("--max-priority", "urgent"), ("--clear", "tpm"),
+                 ("--rpm", "5", "--clear", "rpm"), ()):
+        refused = await _cli("keys", "update", key_id, "--queue", url, *args)
+        assert refused.exit_code == 2, (args, refused.output)
+    unknown = await _cli("keys", "update", "0123456789ab", "--queue", url, "--rpm", "1")
+    assert unknown.exit_code == 2 and "no active key" in unknown.output
+    found = await store.get_key(key_id)
+    assert found is not None and found.limits == KeyLimits(rpm=30, max_priority=Priority.LOW)
 
 
 async def test_cli_lists_tenants(stores: Stores) -> None:

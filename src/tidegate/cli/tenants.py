@@ -15,7 +15,7 @@ from tidegate.cli._common import DEFAULT_QUEUE_URL, QueueUrl, errors_as_exit, ru
 from tidegate.errors import TidegateError
 
 if TYPE_CHECKING:
-    from tidegate.coord.tenants import ApiKeyInfo, Tenant, TenantStore
+    from tidegate.coord.tenants import ApiKeyInfo, KeyLimits, Tenant, TenantStore
 
 __all__ = ["keys_app", "tenants_app"]
 
@@ -198,19 +198,131 @@ def _no_such_tenant(name: str) -> NoReturn:
     raise AssertionError("unreachable: errors_as_exit exits")
 
 
+KeyRpm = Annotated[int | None, typer.Option(
+    "--rpm", min=1, help="Requests per minute of this key, inside its tenant's.")]
+KeyModels = Annotated[str | None, typer.Option(
+    "--models", help="Comma-separated models this key may use, among its tenant's.")]
+KeyMaxPriority = Annotated[str | None, typer.Option(
+    "--max-priority", help="The most urgent priority this key may ask for (the less urgent of "
+    "the key's and the tenant's wins).")]
+KeyExpiresAt = Annotated[str | None, typer.Option(
+    "--expires-at", help="When the key stops working: ISO 8601 with a zone, e.g. 2027-01-31T00:00:00Z.")]
+_LIMIT_OPTIONS = {"rpm": "--rpm", "allowed_models": "--models", "max_priority": "--max-priority",
+                  "expires_at": "--expires-at"}
+
+
+def _limit_changes(*, rpm: int | None, models: str | None, max_priority: str | None,
+                   expires_at: str | None) -> dict[str, object]:
+    """The key limits the options give, by KeyLimits field; BadParameter names what is wrong."""
+    from datetime import datetime
+
+    from tidegate.errors import InvalidPriority
+    from tidegate.jobs import Priority
+
+    changes: dict[str, object] = {}
+    if rpm is not None:
+        changes["rpm"] = rpm
+    if models is not None:
+        allowed = tuple(model.strip() for model in models.split(",") if model.strip())
+        if not allowed:
+            raise typer.BadParameter("name at least one model", param_hint="--models")
+        changes["allowed_models"] = allowed
+    if max_priority is not None:
+        try:
+            changes["max_priority"] = Priority.parse(max_priority)
+        except InvalidPriority as exc:
+            raise typer.BadParameter(str(exc), param_hint="--max-priority") from None
+    if expires_at is not None:
+        try:
+            moment = datetime.fromisoformat(expires_at)
+        except ValueError:
+            moment = None
+        if moment is None or moment.tzinfo is None:
+            raise typer.BadParameter(f"not an ISO 8601 time with a zone: {expires_at!r}",
+                                     param_hint="--expires-at")
+        changes["expires_at"] = moment
+    return changes
+
+
+def _changed(limits: KeyLimits, changes: dict[str, object], cleared: list[str]) -> KeyLimits:
+    from tidegate.coord.tenants import KeyLimits
+
+    return KeyLimits.model_validate({**limits.model_dump(), **changes, **dict.fromkeys(cleared)})
+
+
 @keys_app.command("create")
 def keys_create(
     tenant: Annotated[str, typer.Argument(help="The tenant the key acts for.")],
     queue: QueueUrl = DEFAULT_QUEUE_URL,
+    rpm: KeyRpm = None,
+    models: KeyModels = None,
+    max_priority: KeyMaxPriority = None,
+    expires_at: KeyExpiresAt = None,
 ) -> None:
-    """Create an API key and print it: the only time the full key is shown."""
-    info, api_key = run_with(partial(_tenant_store, queue), lambda store: store.create_key(tenant))
+    """Create an API key, with limits of its own inside its tenant's, and print it: the only time
+    the full key is shown."""
+    from tidegate.coord.tenants import NO_KEY_LIMITS
+
+    with errors_as_exit():
+        limits = _changed(NO_KEY_LIMITS, _limit_changes(rpm=rpm, models=models, max_priority=max_priority,
+                                                        expires_at=expires_at), [])
+    info, api_key = run_with(partial(_tenant_store, queue), lambda store: store.create_key(tenant, limits))
     Console(stderr=True).print(
         f"Created key [bold]{info.key_id}[/] for tenant {escape(info.tenant)}. "
         "[yellow]Copy it now: it is not shown again[/] (only a digest is stored).",
         highlight=False, soft_wrap=True,
     )
     typer.echo(api_key)  # alone on stdout, unwrapped, so `KEY=$(tidegate keys create …)` works
+
+
+@keys_app.command("update")
+def keys_update(
+    key_id: Annotated[str, typer.Argument(help="The key's id (the 12 characters after 'tg_').")],
+    queue: QueueUrl = DEFAULT_QUEUE_URL,
+    rpm: KeyRpm = None,
+    models: KeyModels = None,
+    max_priority: KeyMaxPriority = None,
+    expires_at: KeyExpiresAt = None,
+    clear: Annotated[str | None, typer.Option(
+        help="Comma-separated limits to give back to the tenant: rpm, models, max-priority, "
+        "expires-at.")] = None,
+) -> None:
+    """Change a key's own limits: those given are set, those cleared go back to the tenant's,
+    the rest are kept. Gateways apply it within their authentication cache time (1 s)."""
+    with errors_as_exit():
+        changes = _limit_changes(rpm=rpm, models=models, max_priority=max_priority, expires_at=expires_at)
+        by_option = {option.removeprefix("--"): field for field, option in _LIMIT_OPTIONS.items()}
+        cleared = [name.strip() for name in (clear or "").split(",") if name.strip()]
+        unknown = [name for name in cleared if name not in by_option]
+        if unknown:
+            raise typer.BadParameter(f"not a key limit: {', '.join(unknown)} (use {', '.join(by_option)})",
+                                     param_hint="--clear")
+        fields = [by_option[name] for name in cleared]
+        both = sorted(set(fields) & set(changes))
+        if both:
+            raise typer.BadParameter(f"both set and cleared: {', '.join(_LIMIT_OPTIONS[f] for f in both)}")
+        if not changes and not fields:
+            raise typer.BadParameter("give a limit to set or --clear")
+    info = run_with(partial(_tenant_store, queue), lambda store: store.change_key_limits(
+        key_id, lambda limits: _changed(limits, changes, fields)))
+    if info is None:
+        with errors_as_exit():
+            raise TidegateError(f"no active key with id {key_id!r} (unknown or revoked)")
+    typer.echo(f"Changed key {key_id}: {_limits_text(info.limits) or 'none of its own'}.")
+
+
+def _limits_text(limits: KeyLimits) -> str:
+    """A key's own limits in a few words ('' when it has none)."""
+    parts = []
+    if limits.rpm is not None:
+        parts.append(f"rpm {limits.rpm}")
+    if limits.allowed_models is not None:
+        parts.append("models " + ",".join(limits.allowed_models))
+    if limits.max_priority is not None:
+        parts.append(f"max priority {limits.max_priority.name.lower()}")
+    if limits.expires_at is not None:
+        parts.append(f"expires {limits.expires_at.isoformat()}")
+    return "; ".join(parts)
 
 
 @keys_app.command("list")
@@ -226,12 +338,12 @@ def keys_list(
         return
     table = Table(title="API keys")
     table.add_column("key id", no_wrap=True)  # copied into `keys revoke`: keep it whole
-    for column in ("tenant", "created (UTC)", "revoked (UTC)"):
+    for column in ("tenant", "created (UTC)", "revoked (UTC)", "limits"):
         table.add_column(column)
     for key in keys:
         revoked = key.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if key.revoked_at else ""
         table.add_row(key.key_id, escape(key.tenant), key.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                      revoked)
+                      revoked, escape(_limits_text(key.limits)))
     console.print(table)
 
 

@@ -1,5 +1,6 @@
 """Tenants and their API keys: who may call the gateway, at which priorities, how fast, with
-which models and within which daily budget (`Tenant`), kept in the queue's backend by a
+which models and within which daily budget (`Tenant`), and what each of its keys may do inside
+that (`KeyLimits`), kept in the queue's backend by a
 `TenantStore` (`tenant_store_for(queue_url)`: the SQLite file or the Redis server).
 
 An API key reads `tg_<key id>_<secret>`. Only a SHA-256 digest of the secret is stored: the
@@ -13,8 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tidegate.coord._store import imported_when_named
-from tidegate.coord.tenants.base import DEFAULT_AUTH_CACHE_S, TenantStore, parse_api_key, tenant_store_for
-from tidegate.coord.tenants.models import ADMIN_TENANT, ApiKeyInfo, Tenant
+from tidegate.coord.tenants.base import (
+    DEFAULT_AUTH_CACHE_S,
+    Caller,
+    TenantStore,
+    parse_api_key,
+    tenant_store_for,
+)
+from tidegate.coord.tenants.models import ADMIN_TENANT, NO_KEY_LIMITS, ApiKeyInfo, KeyLimits, Tenant
 from tidegate.coord.tenants.sqlite import SqliteTenantStore
 
 if TYPE_CHECKING:
@@ -23,7 +30,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ADMIN_TENANT",
     "DEFAULT_AUTH_CACHE_S",
+    "NO_KEY_LIMITS",
     "ApiKeyInfo",
+    "Caller",
+    "KeyLimits",
     "RedisTenantStore",
     "SqliteTenantStore",
     "Tenant",

@@ -44,7 +44,7 @@ from datetime import UTC, datetime
 
 from tidegate._urls import without_query
 from tidegate.coord._store import OpensOnFirstUse, backend_of, queue_name_of, sqlite_path_of
-from tidegate.coord.tenants.models import ApiKeyInfo, Tenant
+from tidegate.coord.tenants.models import NO_KEY_LIMITS, ApiKeyInfo, KeyLimits, Tenant
 from tidegate.errors import (
     ConfigError,
     Conflict,
@@ -56,8 +56,10 @@ from tidegate.errors import (
 
 __all__ = [
     "DEFAULT_AUTH_CACHE_S",
+    "Caller",
     "Clock",
     "KeyRecord",
+    "LimitsChange",
     "TenantStore",
     "parse_api_key",
     "tenant_store_for",
@@ -68,6 +70,7 @@ __all__ = [
 log = logging.getLogger("tidegate.tenants")
 
 Clock = Callable[[], float]  # monotonic seconds; injectable so tests can move time
+LimitsChange = Callable[[KeyLimits], KeyLimits]  # a key's new limits from its current ones
 
 DEFAULT_AUTH_CACHE_S = 1.0
 AUTH_CACHE_MAX_KEYS = 4_096  # a gateway serves far fewer live keys; the bound only caps memory
@@ -128,17 +131,28 @@ class KeyRecord:
     secret_sha256: str
     created_at: datetime
     revoked_at: datetime | None = None
+    limits: KeyLimits = NO_KEY_LIMITS
 
     def info(self) -> ApiKeyInfo:
         """How the key is listed."""
         return ApiKeyInfo(key_id=self.key_id, tenant=self.tenant, created_at=self.created_at,
-                          revoked_at=self.revoked_at)
+                          revoked_at=self.revoked_at, limits=self.limits)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a valid key says is calling: its tenant, as stored, the key's id and the key's own
+    limits (`limits.narrow(tenant)` is what the caller may do)."""
+
+    tenant: Tenant
+    key_id: str
+    limits: KeyLimits = NO_KEY_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
 class _Cached:
     secret_sha256: str
-    tenant: Tenant
+    caller: Caller
     expires_at: float  # on the store's clock
 
 
@@ -183,13 +197,13 @@ class TenantStore(OpensOnFirstUse):
         await self._ready()
         return sorted(await self._list_tenants(), key=lambda tenant: tenant.name)
 
-    async def create_key(self, tenant: str) -> tuple[ApiKeyInfo, str]:
-        """A new key for an existing tenant: its listing and the full key, shown only now.
-        Raises TenantNotFound for an unknown tenant."""
+    async def create_key(self, tenant: str, limits: KeyLimits = NO_KEY_LIMITS) -> tuple[ApiKeyInfo, str]:
+        """A new key for an existing tenant, with its own `limits` inside the tenant's: its
+        listing and the full key, shown only now. Raises TenantNotFound for an unknown tenant."""
         await self._ready()
         for _ in range(_ID_ATTEMPTS):
             key_id, secret = _new_key()
-            record = KeyRecord(key_id, tenant, _digest(secret), _now())
+            record = KeyRecord(key_id, tenant, _digest(secret), _now(), limits=limits)
             if await self._insert_key(record):
                 log.info("created API key %s for tenant %s", key_id, tenant)
                 return record.info(), f"{KEY_PREFIX}{key_id}_{secret}"
@@ -218,9 +232,26 @@ class TenantStore(OpensOnFirstUse):
             raise Conflict(f"key {key_id} was revoked: choose another key")
         return found[0].info()
 
+    async def change_key_limits(self, key_id: str, change: LimitsChange) -> ApiKeyInfo | None:
+        """Set an unrevoked key's limits to `change(its limits)`, read and written in one atomic
+        step; its listing, or None when there is no such unrevoked key. Takes effect at once
+        through this store, and within `auth_cache_s` through the others."""
+        await self._ready()
+        self._cache.pop(key_id, None)
+        record = await self._change_limits(key_id, change)
+        if record is not None:
+            log.info("changed the limits of API key %s", key_id)
+        return None if record is None else record.info()
+
     async def authenticate(self, api_key: str) -> Tenant | None:
         """The tenant of a valid, unrevoked key of an existing tenant; None for anything else,
         never saying why. See the module docstring for the cache."""
+        caller = await self.authenticate_key(api_key)
+        return None if caller is None else caller.tenant
+
+    async def authenticate_key(self, api_key: str) -> Caller | None:
+        """As `authenticate`, with the key's id and its own limits (an expired key is still
+        a valid one here: the caller may say why it is refused)."""
         await self._ready()
         parsed = parse_api_key(api_key)
         # Hash and compare on every path, so the work done does not depend on the secret.
@@ -231,7 +262,7 @@ class TenantStore(OpensOnFirstUse):
         key_id = parsed[0]
         cached = self._cached(key_id)
         if cached is not None:
-            return cached.tenant if hmac.compare_digest(digest, cached.secret_sha256) else None
+            return cached.caller if hmac.compare_digest(digest, cached.secret_sha256) else None
         found = await self._lookup(key_id)
         if found is None:
             hmac.compare_digest(digest, _DUMMY_DIGEST)
@@ -241,9 +272,9 @@ class TenantStore(OpensOnFirstUse):
             return None
         if record.revoked_at is not None or tenant is None:
             return None
-        self._remember(key_id, _Cached(record.secret_sha256, tenant,
-                                       self._clock() + self.auth_cache_s))
-        return tenant
+        caller = Caller(tenant, key_id, record.limits)
+        self._remember(key_id, _Cached(record.secret_sha256, caller, self._clock() + self.auth_cache_s))
+        return caller
 
     async def revoke_key(self, key_id: str) -> bool:
         """Revoke a key; False when there is no such unrevoked key."""
@@ -263,6 +294,12 @@ class TenantStore(OpensOnFirstUse):
         if revoked is not None:
             log.info("deleted tenant %s and revoked %d key(s)", name, len(revoked))
         return revoked
+
+    async def get_key(self, key_id: str) -> ApiKeyInfo | None:
+        """A key's listing (revoked or not), or None for an unknown id."""
+        await self._ready()
+        found = await self._lookup(key_id)
+        return None if found is None else found[0].info()
 
     async def list_keys(self, tenant: str | None = None) -> list[ApiKeyInfo]:
         """Keys (all, or one tenant's), newest first."""
@@ -314,6 +351,10 @@ class TenantStore(OpensOnFirstUse):
     @abc.abstractmethod
     async def _lookup(self, key_id: str) -> tuple[KeyRecord, Tenant | None] | None:
         """The key and its tenant (None if the tenant is gone), or None for an unknown id."""
+
+    @abc.abstractmethod
+    async def _change_limits(self, key_id: str, change: LimitsChange) -> KeyRecord | None:
+        """Apply `change` to an unrevoked key's limits atomically; the key as now stored, or None."""
 
     @abc.abstractmethod
     async def _revoke(self, key_id: str, when: datetime) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from tidegate.jobs import Priority
 
-__all__ = ["ADMIN_TENANT", "ApiKeyInfo", "Tenant"]
+__all__ = ["ADMIN_TENANT", "NO_KEY_LIMITS", "ApiKeyInfo", "KeyLimits", "Tenant"]
 
 ADMIN_TENANT = "admin"
 
@@ -33,6 +33,37 @@ class Tenant(BaseModel):
         return priority >= self.max_priority
 
 
+class KeyLimits(BaseModel):
+    """What one API key may do inside its tenant's limits: each is checked beside the tenant's
+    own, so the stricter wins. None leaves it to the tenant."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rpm: int | None = Field(None, gt=0)  # requests per minute of this key, metered as the tenant's
+    allowed_models: tuple[str, ...] | None = None  # within the tenant's; None = the tenant's
+    max_priority: Priority | None = None  # the most urgent level; the less urgent of the two wins
+    expires_at: AwareDatetime | None = None  # the key answers 401 `expired_api_key` from then on
+
+    def narrow(self, tenant: Tenant) -> Tenant:
+        """`tenant` as a caller with this key may act: the less urgent highest priority (the
+        default lowered to it), only the models both allow."""
+        changes: dict[str, object] = {}
+        if self.max_priority is not None and self.max_priority > tenant.max_priority:
+            changes["max_priority"] = self.max_priority
+            changes["default_priority"] = max(tenant.default_priority, self.max_priority)
+        if self.allowed_models is not None:
+            changes["allowed_models"] = (self.allowed_models if tenant.allowed_models is None else
+                                         tuple(m for m in self.allowed_models if m in tenant.allowed_models))
+        return tenant.model_copy(update=changes) if changes else tenant
+
+    def expired(self, now: datetime) -> bool:
+        """Whether the key has expired at `now`."""
+        return self.expires_at is not None and now >= self.expires_at
+
+
+NO_KEY_LIMITS = KeyLimits()
+
+
 class ApiKeyInfo(BaseModel):
     """A key as listed: never its secret."""
 
@@ -42,3 +73,4 @@ class ApiKeyInfo(BaseModel):
     tenant: str
     created_at: datetime
     revoked_at: datetime | None = None
+    limits: KeyLimits = NO_KEY_LIMITS

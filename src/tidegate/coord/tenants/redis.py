@@ -6,23 +6,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
 import orjson
 
-from tidegate._formats import FormatCheck, RedisStore, StoreFormat
+from tidegate._formats import FormatCheck, Migration, RedisStore, StoreFormat
 from tidegate._redis import RedisClient, key_prefix, require_redis
 from tidegate._urls import redact_url
 from tidegate.coord.tenants.base import (
     DEFAULT_AUTH_CACHE_S,
     Clock,
     KeyRecord,
+    LimitsChange,
     TenantStore,
     timestamp,
     unknown_tenant,
 )
-from tidegate.coord.tenants.models import Tenant
+from tidegate.coord.tenants.models import NO_KEY_LIMITS, KeyLimits, Tenant
 from tidegate.errors import QueueUnavailable
 
 require_redis("the Redis tenant store")
@@ -33,7 +35,12 @@ T = TypeVar("T")
 
 
 # The tenants' and keys' format (see tidegate._formats). Format 1 is 0.1.0's layout, now recorded.
-REDIS_FORMAT = StoreFormat.initial("tenants")
+# Format 2 keeps a key's own limits in its JSON: code before it would read such a key and ignore
+# them, so it refuses the store instead.
+REDIS_FORMAT = StoreFormat("tenants", 2, (
+    *StoreFormat.initial("tenants").migrations,
+    Migration(2, "API keys may carry limits of their own (a field of a key's JSON; nothing to convert)"),
+))
 
 
 def redis_store(name: str) -> RedisStore:
@@ -46,18 +53,23 @@ def redis_store(name: str) -> RedisStore:
 def _redis_record(key_id: str, raw: str | bytes) -> KeyRecord:
     data = orjson.loads(raw)
     revoked = data.get("revoked_at")
+    limits = data.get("limits")
     return KeyRecord(key_id, data["tenant"], data["secret_sha256"],
                      datetime.fromisoformat(data["created_at"]),
-                     datetime.fromisoformat(revoked) if revoked else None)
+                     datetime.fromisoformat(revoked) if revoked else None,
+                     KeyLimits.model_validate(limits) if limits else NO_KEY_LIMITS)
 
 
 def _redis_value(record: KeyRecord) -> bytes:
-    return orjson.dumps({
+    value: dict[str, Any] = {
         "tenant": record.tenant,
         "secret_sha256": record.secret_sha256,
         "created_at": timestamp(record.created_at),
         "revoked_at": timestamp(record.revoked_at) if record.revoked_at else None,
-    })
+    }
+    if record.limits != NO_KEY_LIMITS:
+        value["limits"] = record.limits.model_dump(mode="json", exclude_none=True)
+    return orjson.dumps(value)
 
 
 class RedisTenantStore(TenantStore):
@@ -128,6 +140,31 @@ class RedisTenantStore(TenantStore):
         tenant_raw = await self._call(lambda r: r.hget(self.tenants_key, record.tenant))
         return record, (None if tenant_raw is None else Tenant.model_validate_json(tenant_raw))
 
+    async def _change_limits(self, key_id: str, change: LimitsChange) -> KeyRecord | None:
+        from redis.exceptions import WatchError
+
+        async def attempt(r: Any) -> tuple[bool, KeyRecord | None]:
+            # (done, the key as stored). WATCH makes read-check-write one step, as in _revoke.
+            async with r.pipeline(transaction=True) as pipe:
+                await pipe.watch(self.keys_key)
+                raw = await pipe.hget(self.keys_key, key_id)
+                record = None if raw is None else _redis_record(key_id, raw)
+                if record is None or record.revoked_at is not None:
+                    return True, None
+                changed = replace(record, limits=change(record.limits))
+                pipe.multi()
+                pipe.hset(self.keys_key, key_id, _redis_value(changed))
+                try:
+                    await pipe.execute()
+                except WatchError:
+                    return False, None  # the hash changed under us: read again
+                return True, changed
+
+        while True:
+            done, stored = await self._call(attempt)
+            if done:
+                return stored
+
     async def _revoke(self, key_id: str, when: datetime) -> bool:
         from redis.exceptions import WatchError
 
@@ -139,10 +176,8 @@ class RedisTenantStore(TenantStore):
                 record = None if raw is None else _redis_record(key_id, raw)
                 if record is None or record.revoked_at is not None:
                     return False
-                revoked = KeyRecord(record.key_id, record.tenant, record.secret_sha256,
-                                     record.created_at, when)
                 pipe.multi()
-                pipe.hset(self.keys_key, key_id, _redis_value(revoked))
+                pipe.hset(self.keys_key, key_id, _redis_value(replace(record, revoked_at=when)))
                 try:
                     await pipe.execute()
                 except WatchError:
@@ -170,8 +205,7 @@ class RedisTenantStore(TenantStore):
                 pipe.multi()
                 pipe.hdel(self.tenants_key, name)
                 for record in live:
-                    pipe.hset(self.keys_key, record.key_id, _redis_value(KeyRecord(
-                        record.key_id, record.tenant, record.secret_sha256, record.created_at, when)))
+                    pipe.hset(self.keys_key, record.key_id, _redis_value(replace(record, revoked_at=when)))
                 try:
                     await pipe.execute()
                 except WatchError:

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from tidegate._formats import StoreFormat
+from tidegate._formats import Migration, StoreFormat
 from tidegate._sqlite import SqliteThread
 from tidegate.coord.tenants.base import (
     DEFAULT_AUTH_CACHE_S,
     Clock,
     KeyRecord,
+    LimitsChange,
     TenantStore,
     timestamp,
     unknown_tenant,
 )
-from tidegate.coord.tenants.models import Tenant
+from tidegate.coord.tenants.models import NO_KEY_LIMITS, KeyLimits, Tenant
 from tidegate.errors import QueueUnavailable
 
 __all__ = ["SQLITE_FORMAT", "SQLITE_SCHEMA", "SqliteTenantStore"]
@@ -37,20 +39,38 @@ CREATE TABLE IF NOT EXISTS api_keys (
     secret_sha256 TEXT NOT NULL,          -- hex digest; the secret itself is never stored
     created_at TEXT NOT NULL,             -- UTC ISO 8601 with microseconds: text order is time order
     revoked_at TEXT,
+    limits TEXT,                          -- the key's own KeyLimits as JSON; NULL: none (format 2)
     PRIMARY KEY (store, key_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS api_keys_tenant ON api_keys(store, tenant);
 """
-# The tables' format (see tidegate._formats), recorded in the file next to the queue's.
-SQLITE_FORMAT = StoreFormat.initial("tenants")
 
-_KEY_COLUMNS = "key_id, tenant, secret_sha256, created_at, revoked_at"
+
+def _add_limits_column(conn: sqlite3.Connection) -> None:
+    """Format 2: a key may carry limits of its own; every key so far has none (NULL)."""
+    if "limits" not in {row[1] for row in conn.execute("PRAGMA table_info(api_keys)")}:
+        conn.execute("ALTER TABLE api_keys ADD COLUMN limits TEXT")
+
+
+# The tables' format (see tidegate._formats), recorded in the file next to the queue's.
+SQLITE_FORMAT = StoreFormat("tenants", 2, (
+    *StoreFormat.initial("tenants").migrations,
+    Migration(2, "API keys may carry limits of their own (a column, empty for every key so far)",
+              _add_limits_column),
+))
+
+_KEY_COLUMNS = "key_id, tenant, secret_sha256, created_at, revoked_at, limits"
 
 
 def _sqlite_record(row: tuple[Any, ...]) -> KeyRecord:
-    key_id, tenant, digest, created, revoked = row
+    key_id, tenant, digest, created, revoked, limits = row
     return KeyRecord(str(key_id), str(tenant), str(digest), datetime.fromisoformat(created),
-                     datetime.fromisoformat(revoked) if revoked else None)
+                     datetime.fromisoformat(revoked) if revoked else None,
+                     KeyLimits.model_validate_json(limits) if limits else NO_KEY_LIMITS)
+
+
+def _limits_column(limits: KeyLimits) -> str | None:
+    return None if limits == NO_KEY_LIMITS else limits.model_dump_json(exclude_none=True)
 
 
 class SqliteTenantStore(TenantStore):
@@ -104,10 +124,10 @@ class SqliteTenantStore(TenantStore):
             if known is None:
                 raise unknown_tenant(record.tenant)
             cursor = conn.execute(
-                f"INSERT INTO api_keys (store, {_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)"
+                f"INSERT INTO api_keys (store, {_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, ?)"
                 " ON CONFLICT DO NOTHING",
                 (self.name, record.key_id, record.tenant, record.secret_sha256,
-                 timestamp(record.created_at)),
+                 timestamp(record.created_at), _limits_column(record.limits)),
             )
             return cursor.rowcount == 1
 
@@ -116,15 +136,31 @@ class SqliteTenantStore(TenantStore):
     async def _lookup(self, key_id: str) -> tuple[KeyRecord, Tenant | None] | None:
         # One statement reads the key and its tenant together: one consistent snapshot.
         row = await self._db.run(lambda conn: conn.execute(
-            "SELECT k.key_id, k.tenant, k.secret_sha256, k.created_at, k.revoked_at, t.tenant"
+            "SELECT k.key_id, k.tenant, k.secret_sha256, k.created_at, k.revoked_at, k.limits, t.tenant"
             " FROM api_keys AS k LEFT JOIN tenants AS t ON t.store = k.store AND t.name = k.tenant"
             " WHERE k.store = ? AND k.key_id = ?",
             (self.name, key_id),
         ).fetchone())
         if row is None:
             return None
-        tenant = Tenant.model_validate_json(row[5]) if row[5] is not None else None
-        return _sqlite_record(row[:5]), tenant
+        tenant = Tenant.model_validate_json(row[6]) if row[6] is not None else None
+        return _sqlite_record(row[:6]), tenant
+
+    async def _change_limits(self, key_id: str, change: LimitsChange) -> KeyRecord | None:
+        def body(conn: sqlite3.Connection) -> KeyRecord | None:
+            # Read and written in one transaction: two changes at once both apply, in turn.
+            row = conn.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys"
+                               " WHERE store = ? AND key_id = ? AND revoked_at IS NULL",
+                               (self.name, key_id)).fetchone()
+            if row is None:
+                return None
+            record = _sqlite_record(row)
+            changed = replace(record, limits=change(record.limits))
+            conn.execute("UPDATE api_keys SET limits = ? WHERE store = ? AND key_id = ?",
+                         (_limits_column(changed.limits), self.name, key_id))
+            return changed
+
+        return await self._db.write(body)
 
     async def _revoke(self, key_id: str, when: datetime) -> bool:
         changed = await self._db.write(lambda conn: conn.execute(

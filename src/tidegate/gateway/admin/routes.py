@@ -12,11 +12,12 @@ from fastapi import APIRouter, Body, Query, Response
 from pydantic import ValidationError
 
 from tidegate.coord.budget import GLOBAL
-from tidegate.coord.tenants import Tenant
+from tidegate.coord.tenants import NO_KEY_LIMITS, Tenant
 from tidegate.costs import micros_to_usd
 from tidegate.gateway.admin.schemas import (
     DeadLetterPage,
     KeyCreated,
+    KeyLimitsBody,
     KeyView,
     LatencyView,
     LevelView,
@@ -29,7 +30,7 @@ from tidegate.gateway.admin.schemas import (
     TenantSpendView,
     TenantView,
 )
-from tidegate.gateway.admin.views import key_view, tenant_view
+from tidegate.gateway.admin.views import changed_limits, key_view, tenant_view
 from tidegate.gateway.core.auth import AdminDep, StateDep
 from tidegate.gateway.core.errors import ApiError, error_responses
 from tidegate.gateway.core.limits import MAX_OFFSET, MAX_PAGE
@@ -244,11 +245,36 @@ async def put_tenant(
 
 
 @router.post("/admin/tenants/{name}/keys", status_code=201, response_model=KeyCreated,
-             summary="Create an API key", responses=_NOT_FOUND)
-async def create_key(name: str, state: StateDep, _: AdminDep) -> KeyCreated:
-    """A new key for the tenant. The full key is in this answer only: it is never stored."""
-    info, api_key = await state.tenants.create_key(name)
+             summary="Create an API key", responses=error_responses(400, 404, 413))
+async def create_key(
+    name: str, state: StateDep, _: AdminDep, body: Annotated[KeyLimitsBody | None, Body()] = None,
+) -> KeyCreated:
+    """A new key for the tenant, with the limits of its own the body gives (none without a
+    body). The full key is in this answer only: it is never stored."""
+    limits = NO_KEY_LIMITS if body is None else changed_limits(NO_KEY_LIMITS, body)
+    info, api_key = await state.tenants.create_key(name, limits)
     return KeyCreated(**key_view(info).model_dump(), api_key=api_key)
+
+
+@router.get("/admin/keys/{key_id}", response_model=KeyView, summary="Get an API key", responses=_NOT_FOUND)
+async def get_key(key_id: str, state: StateDep, _: AdminDep) -> KeyView:
+    """One key, revoked or not, without its secret."""
+    info = await state.tenants.get_key(key_id)
+    if info is None:
+        raise ApiError(404, f"no key with id {key_id!r}", code="key_not_found")
+    return key_view(info)
+
+
+@router.patch("/admin/keys/{key_id}", response_model=KeyView, summary="Change an API key's limits",
+              responses=error_responses(400, 404, 413))
+async def change_key(key_id: str, body: Annotated[KeyLimitsBody, Body()], state: StateDep,
+                     _: AdminDep) -> KeyView:
+    """Change the limits the body gives (null: back to the tenant's), keep the others. Takes
+    effect at once on this gateway, within seconds on the others."""
+    info = await state.tenants.change_key_limits(key_id, lambda limits: changed_limits(limits, body))
+    if info is None:
+        raise ApiError(404, f"no active key with id {key_id!r}", code="key_not_found")
+    return key_view(info)
 
 
 @router.get("/admin/keys", response_model=list[KeyView], summary="List API keys",

@@ -7,7 +7,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from tidegate.gateway.core.limits import MAX_BUDGET_USD, MAX_NAME_CHARS, MAX_RPM
 from tidegate.gateway.core.schemas import JobView, PriorityValue
@@ -15,6 +15,8 @@ from tidegate.gateway.core.schemas import JobView, PriorityValue
 __all__ = [
     "DeadLetterPage",
     "KeyCreated",
+    "KeyLimitsBody",
+    "KeyLimitsView",
     "KeyView",
     "LatencyView",
     "LevelView",
@@ -155,6 +157,40 @@ class TenantView(BaseModel):
     admin: bool
 
 
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
+class KeyLimitsBody(BaseModel):
+    """A key's own limits, inside its tenant's (the stricter of the two wins). Creating a key
+    sets those given; PATCH changes those given (null: back to the tenant's) and keeps the rest.
+    A field this API does not know is refused, never ignored."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
+        "rpm": 60, "allowed_models": ["deepseek-v3.2"], "max_priority": "normal",
+        "expires_at": "2027-01-31T00:00:00Z",
+    }]})
+
+    rpm: int | None = Field(None, gt=0, le=MAX_RPM, description=(
+        "Requests per minute of this key that create work; 429 with Retry-After over it."))
+    allowed_models: list[ModelName] | None = Field(None, description=(
+        "Models this key may use, among its tenant's."))
+    max_priority: PriorityValue | None = Field(None, description=(
+        "The most urgent priority this key may ask for; the less urgent of the key's and the "
+        "tenant's wins."))
+    # JSON has no datetime: an ISO 8601 string (with its zone) is what strictness allows here.
+    expires_at: AwareDatetime | None = Field(None, strict=False, description=(
+        "From then on the key answers 401 with code `expired_api_key`."))
+
+
+class KeyLimitsView(BaseModel):
+    """A key's own limits; null: its tenant's."""
+
+    rpm: int | None = None
+    allowed_models: list[str] | None = None
+    max_priority: str | None = None
+    expires_at: datetime | None = None
+
+
 class KeyView(BaseModel):
     """An API key as listed: never its secret."""
 
@@ -162,6 +198,7 @@ class KeyView(BaseModel):
     tenant: str
     created_at: datetime
     revoked_at: datetime | None = None
+    limits: KeyLimitsView = Field(default_factory=KeyLimitsView)
 
 
 class KeyCreated(KeyView):

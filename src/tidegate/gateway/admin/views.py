@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from tidegate.coord.tenants import ApiKeyInfo, Tenant
-from tidegate.gateway.admin.schemas import KeyView, TenantView
+from tidegate.coord.tenants import ApiKeyInfo, KeyLimits, Tenant
+from tidegate.gateway.admin.schemas import KeyLimitsBody, KeyLimitsView, KeyView, TenantView
+from tidegate.jobs import Priority
 
-__all__ = ["key_view", "tenant_view"]
+__all__ = ["changed_limits", "key_view", "tenant_view"]
 
 
 def tenant_view(tenant: Tenant) -> TenantView:
@@ -24,5 +25,23 @@ def tenant_view(tenant: Tenant) -> TenantView:
 
 def key_view(info: ApiKeyInfo) -> KeyView:
     """A key's listing."""
+    limits = info.limits
     return KeyView(key_id=info.key_id, tenant=info.tenant, created_at=info.created_at,
-                   revoked_at=info.revoked_at)
+                   revoked_at=info.revoked_at, limits=KeyLimitsView(
+                       rpm=limits.rpm,
+                       allowed_models=None if limits.allowed_models is None else list(limits.allowed_models),
+                       max_priority=None if limits.max_priority is None else limits.max_priority.name.lower(),
+                       expires_at=limits.expires_at))
+
+
+def changed_limits(limits: KeyLimits, body: KeyLimitsBody) -> KeyLimits:
+    """`limits` with the fields `body` gives (a null one back to the tenant's)."""
+    changes: dict[str, object] = {}
+    for field in body.model_fields_set:
+        value = getattr(body, field)
+        if value is not None and field == "max_priority":
+            value = Priority.parse(value)
+        elif value is not None and field == "allowed_models":
+            value = tuple(value)
+        changes[field] = value
+    return KeyLimits.model_validate({**limits.model_dump(), **changes})

@@ -1,5 +1,10 @@
 """Who is calling: API keys, the built-in local tenant of embedded mode, admin rights and the
-per-tenant request rate.
+per-tenant and per-key request rates.
+
+A key may carry limits of its own inside its tenant's (`KeyLimits`): the caller's tenant is the
+stored one narrowed by them (the less urgent highest priority, only the models both allow), an
+expired key answers 401 `expired_api_key`, and a request that creates work is metered against the
+key's rpm before the tenant's (so a key refused spends nothing of its tenant's rate).
 
 Keys come as `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>` (Anthropic's),
 on any route, and are checked by the TenantStore. Embedded mode:
@@ -11,11 +16,12 @@ any tenant or key exists, or on a non-loopback bind, a valid key is required.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from tidegate.coord.tenants import ADMIN_TENANT, Tenant
+from tidegate.coord.tenants import ADMIN_TENANT, Caller, Tenant
 from tidegate.gateway.core.errors import ApiError, retry_after_header
 from tidegate.gateway.core.state import GatewayState
 from tidegate.jobs import Priority
@@ -27,6 +33,7 @@ __all__ = [
     "StateDep",
     "TenantDep",
     "admin_tenant",
+    "caller_key",
     "current_tenant",
     "gateway_state",
     "is_admin",
@@ -70,10 +77,21 @@ async def current_tenant(request: Request, state: StateDep) -> Tenant:
     if token is None:
         raise ApiError(401, "an API key is required: send 'Authorization: Bearer <api key>' or "
                        "'x-api-key: <api key>'", code="missing_api_key")
-    tenant = await state.tenants.authenticate(token)
-    if tenant is None:
+    caller = await state.tenants.authenticate_key(token)
+    if caller is None:
         raise ApiError(401, "invalid API key", code="invalid_api_key")
-    return tenant
+    if caller.limits.expired(datetime.now(UTC)):
+        raise ApiError(401, f"API key {caller.key_id} expired at {caller.limits.expires_at}",
+                       code="expired_api_key")
+    request.state.tidegate_caller = caller
+    return caller.limits.narrow(caller.tenant)
+
+
+def caller_key(request: Request) -> Caller | None:
+    """The key the request was authenticated with (by `current_tenant`), with its limits; None
+    for the local tenant of embedded mode."""
+    caller: Caller | None = getattr(request.state, "tidegate_caller", None)
+    return caller
 
 
 TenantDep = Annotated[Tenant, Depends(current_tenant)]
@@ -94,18 +112,23 @@ async def admin_tenant(tenant: TenantDep) -> Tenant:
 AdminDep = Annotated[Tenant, Depends(admin_tenant)]
 
 
-async def metered_tenant(tenant: TenantDep, state: StateDep) -> Tenant:
-    """The caller's tenant, counted against its requests-per-minute limit (429 with
-    Retry-After when over). Only requests that create work are metered: polling is free."""
+async def metered_tenant(request: Request, tenant: TenantDep, state: StateDep) -> Tenant:
+    """The caller's tenant, counted against its key's and then its own requests-per-minute limit
+    (429 with Retry-After when over). Only requests that create work are metered: polling is
+    free."""
+    caller = caller_key(request)
+    if caller is not None and caller.limits.rpm is not None:
+        await _meter(state, f"key:{caller.key_id}", caller.limits.rpm, f"API key {caller.key_id}")
     if tenant.rpm is not None:
-        wait_s = await state.limiter.acquire(f"tenant:{tenant.name}", tokens=0, rpm=tenant.rpm, tpm=None)
-        if wait_s > 0:
-            raise ApiError(
-                429, f"tenant {tenant.name!r} is over its limit of {tenant.rpm} requests per minute; "
-                f"retry in {wait_s:.1f}s",
-                code="rate_limit_exceeded", headers=retry_after_header(wait_s),
-            )
+        await _meter(state, f"tenant:{tenant.name}", tenant.rpm, f"tenant {tenant.name!r}")
     return tenant
+
+
+async def _meter(state: GatewayState, bucket: str, rpm: int, who: str) -> None:
+    wait_s = await state.limiter.acquire(bucket, tokens=0, rpm=rpm, tpm=None)
+    if wait_s > 0:
+        raise ApiError(429, f"{who} is over its limit of {rpm} requests per minute; retry in {wait_s:.1f}s",
+                       code="rate_limit_exceeded", headers=retry_after_header(wait_s))
 
 
 MeteredTenantDep = Annotated[Tenant, Depends(metered_tenant)]

@@ -107,7 +107,7 @@ class FastPath:
 
     async def _serve(self, request: Request, kind: Kind, body: RequestBody, started: float) -> Response:
         state: GatewayState = self.gateway.state.gateway
-        tenant = await metered_tenant(await current_tenant(request, state), state)
+        tenant = await metered_tenant(request, await current_tenant(request, state), state)
         headers = _tidegate_headers(request.scope)
         options = CallOptions(headers.get(PRIORITY_HEADER), headers.get(TIMEOUT_HEADER),
                               headers.get(IDEMPOTENCY_HEADER))
