@@ -132,21 +132,25 @@ async def test_a_route_of_a_dialect_answers_its_errors_in_the_dialect_shape() ->
 
 
 HI = [{"role": "user", "content": "Hi"}]
+RESPONSE = {"model": "auto", "input": "Hi", "store": True}
 
 
 def test_a_requests_origin_crosses_the_payload_and_a_malformed_one_is_refused() -> None:
     request = AIRequest.of("chat", {"model": "auto", "messages": [{"role": "user", "content": "Hi"}]},
-                        origin=Origin("responses", {"input": "Hi", "store": True}))
+                        origin=Origin.of("responses", RESPONSE))
 
     payload = orjson.loads(orjson.dumps(request.to_payload()))
 
-    assert payload["origin"] == {"api": "responses", "body": {"input": "Hi", "store": True}}
+    assert payload["origin"] == {"api": "responses", "body": RESPONSE}
     assert AIRequest.from_payload(payload) == request
     assert "origin" not in AIRequest.of("chat", {"model": "auto", "messages": HI}).to_payload()
-    for origin in ({"api": "gemini", "body": {}}, {"api": "responses", "body": []}, {"api": "responses"},
-                   "responses", {"api": "responses", "body": {}, "native_only": "yes"},
-                   {"api": "responses", "body": {}, "context": [1]},
-                   {"api": "responses", "body": {}, "x": 1}):
+    for origin in ({"api": "gemini", "body": RESPONSE}, {"api": "responses", "body": []},
+                   {"api": "responses"}, "responses",
+                   {"api": "responses", "body": RESPONSE, "native_only": "yes"},
+                   {"api": "responses", "body": RESPONSE, "context": [1]},
+                   {"api": "responses", "body": RESPONSE, "x": 1},
+                   {"api": "responses", "body": {**RESPONSE, "input": 5}},
+                   {"api": "anthropic", "body": RESPONSE}):
         with pytest.raises(InvalidJob):
             AIRequest.from_payload({**payload, "origin": origin})
     with pytest.raises(InvalidJob, match="unknown AI job field"):
@@ -156,9 +160,11 @@ def test_a_requests_origin_crosses_the_payload_and_a_malformed_one_is_refused() 
 def test_a_native_origin_keeps_what_only_its_api_carries_and_a_native_event_is_named() -> None:
     context = ({"type": "reasoning", "id": "rs_1", "summary": []},)
     request = AIRequest.of("chat", {"model": "auto", "messages": [{"role": "user", "content": "Hi"}]},
-                        origin=Origin("responses", {"input": "Hi"}, native_only=True, context=context))
+                        origin=Origin.of("responses", {"model": "auto", "input": "Hi"}, native_only=True,
+                                         context=context))
     message = AIRequest.of("chat", {"model": "auto", "messages": [{"role": "user", "content": "Hi"}]},
-                            origin=Origin("anthropic", {"top_k": 3}))
+                            origin=Origin.of("anthropic", {"model": "auto", "messages": HI, "max_tokens": 16,
+                                                           "top_k": 3}))
 
     payload = orjson.loads(orjson.dumps(request.to_payload()))
     delta = StreamPart.decode(b'{"type": "response.output_text.delta", "delta": "Hi", "sequence_number": 3}')
@@ -166,8 +172,8 @@ def test_a_native_origin_keeps_what_only_its_api_carries_and_a_native_event_is_n
                                  b'"delta": {"type": "thinking_delta", "thinking": "hm"}}')
     failed = StreamPart.decode(b'{"type": "response.failed", "response": {"error": {"message": "no"}}}')
 
-    assert payload["origin"] == {"api": "responses", "body": {"input": "Hi"}, "native_only": True,
-                                 "context": [context[0]]}
+    assert payload["origin"] == {"api": "responses", "body": {"model": "auto", "input": "Hi"},
+                                 "native_only": True, "context": [context[0]]}
     assert AIRequest.from_payload(payload) == request
     assert AIRequest.from_payload(message.to_payload()) == message
     assert (delta.event, delta.text) == ("response.output_text.delta", "Hi")

@@ -137,6 +137,32 @@ async def test_a_translatable_request_to_a_native_provider_goes_natively_too(
     assert job is not None and "native_only" not in job.payload["origin"]
 
 
+async def test_a_native_upstream_is_sent_the_request_field_for_field_in_the_order_it_was_validated(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    # Given a request with a field tidegate does not name, a null, the API's defaults sent
+    # explicitly, and tidegate's own fields
+    raw = await acme.responses.with_raw_response.create(
+        model=RESPONSES_MODEL, input="Say hello", temperature=1.0, parallel_tool_calls=True,
+        metadata={"ticket": "t-2"}, store=True, background=False,
+        extra_body={"instructions": None, "priority": "high", "a_field_tidegate_does_not_name": {"kept": 1}})
+
+    # The upstream is sent it as written: the routed model, tidegate's own fields out, and
+    # `store` false (the response is kept by tidegate, as its job).
+    assert list(last_sent(gw, "/v1/responses").items()) == [
+        ("model", RESPONSES_MODEL), ("input", "Say hello"), ("instructions", None), ("temperature", 1.0),
+        ("parallel_tool_calls", True), ("metadata", {"ticket": "t-2"}),
+        ("a_field_tidegate_does_not_name", {"kept": 1}), ("store", False)]
+    # The job keeps the request as it was validated, and the response repeats tidegate's settings.
+    job = await gw.queue.get(raw.headers["X-Tidegate-Job-Id"])
+    assert job is not None and job.payload["origin"]["body"] == {
+        "model": RESPONSES_MODEL, "input": "Say hello", "instructions": None, "temperature": 1.0,
+        "parallel_tool_calls": True, "metadata": {"ticket": "t-2"}, "store": True, "background": False,
+        "priority": "high", "a_field_tidegate_does_not_name": {"kept": 1}}
+    answered = raw.http_response.json()
+    assert (answered["store"], answered["background"]) == (True, False)
+
+
 async def test_a_native_only_request_for_a_chat_only_model_is_refused_and_nothing_is_queued(
     gw: Gateway, acme: AsyncOpenAI,
 ) -> None:

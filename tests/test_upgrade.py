@@ -200,6 +200,17 @@ async def test_the_new_release_serves_everything_the_old_one_wrote(
             assert states == expected
             _expect_results(old, finals, worker.worker_id)
 
+            # And the response it answered is retrieved as it was, its request read back from the
+            # job's origin, and is continued
+            async with sdk(url, old.keys["acme"]) as client:
+                response = await client.responses.retrieve(old.served["response"]["id"])
+                follow = await client.responses.create(model=FAST_MODEL, input="Once more",
+                                                       previous_response_id=response.id)
+            assert response.output_text == old.served["response"]["output_text"]
+            assert (response.instructions, response.metadata, response.temperature) == (
+                "Be brief.", {"ticket": "t-1"}, 1.0)
+            assert follow.status == "completed" and follow.previous_response_id == response.id
+
             # And the batch in progress completes, its output file holding every line
             async with sdk(url, old.keys["acme"]) as client:
                 batch = await _until_ended(client, old.held["batch"]["id"])
@@ -224,6 +235,7 @@ def _expect_states(old: OldData) -> None:
         return str(records[job_id]["state"])
 
     assert {state(job_id) for job_id in old.served["answered"]} == {"succeeded"}
+    assert state(old.served["response"]["job_id"]) == "succeeded"
     assert state(old.served["dead"]) == "dead"
     assert {state(job_id) for job_id in old.served["provider_batch_jobs"]} == {"delayed"}
     # The old release's upkeep queues them again once their wait for the batch is over.

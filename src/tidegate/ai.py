@@ -52,7 +52,9 @@ gateway dialect renders them in its own API's shape.
 
 In process the body is typed: `AIRequest.body` is the struct of its kind (tidegate.contract),
 decoded once (at the door, or from the stored payload by the worker) and read as fields; the
-stored JSON is the body the struct encodes back (`contract.to_body`), the layout above.
+stored JSON is the body the struct encodes back (`contract.to_body`), the layout above. An
+origin's body is typed the same way (`contract.ResponsesRequest`, `contract.MessagesRequest`),
+and encodes back to the very object the caller sent.
 
 Stored records are read, not trusted: `AIResult.from_json` takes what it can use and leaves the
 rest at its empty value, as the readers of job results always did.
@@ -75,7 +77,16 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from tidegate.contract import RequestBody, decode, struct_of, to_body
+from tidegate.contract import (
+    InvalidRequestBody,
+    OriginBody,
+    RequestBody,
+    decode,
+    decode_origin,
+    origin_struct_of,
+    struct_of,
+    to_body,
+)
 from tidegate.errors import InvalidJob, PayloadFormatError
 from tidegate.jobs import Job
 
@@ -206,19 +217,32 @@ _ORIGIN_APIS: Final = ("responses", "anthropic")
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """The request a job's body was translated from: the API that took it and its body there.
-    `native_only`: the body cannot carry it, only a provider speaking `api` may serve the job;
-    `context`: the Responses items of the conversation the request continues (sent before its
-    input to a native upstream)."""
+    """The request a job's body was translated from: the API that took it and its body there,
+    typed (a ResponsesRequest or a MessagesRequest, tidegate.contract). `native_only`: the body
+    cannot carry it, only a provider speaking `api` may serve the job; `context`: the Responses
+    items of the conversation the request continues (sent before its input to a native upstream)."""
 
     api: OriginApi
-    body: dict[str, Any]
+    body: OriginBody
     native_only: bool = False
     context: tuple[dict[str, Any], ...] = ()
 
+    def __post_init__(self) -> None:
+        expected = origin_struct_of(self.api)
+        if not isinstance(self.body, expected):
+            raise InvalidJob(f"a {self.api} origin's body is a {expected.__name__}, "
+                             f"not a {type(self.body).__name__}")
+
+    @classmethod
+    def of(cls, api: OriginApi, body: Mapping[str, Any], *, native_only: bool = False,
+           context: tuple[dict[str, Any], ...] = ()) -> Origin:
+        """The origin whose body is `body` (a JSON object), decoded and checked: an InvalidJob
+        (contract.InvalidRequestBody) names the field refused."""
+        return cls(api, decode_origin(api, body), native_only, context)
+
     def to_payload(self) -> dict[str, Any]:
-        """The payload's `origin`."""
-        origin: dict[str, Any] = {"api": self.api, "body": self.body}
+        """The payload's `origin`: its body exactly as the caller sent it (`contract.to_body`)."""
+        origin: dict[str, Any] = {"api": self.api, "body": to_body(self.body)}
         if self.native_only:
             origin["native_only"] = True
         if self.context:
@@ -245,7 +269,11 @@ class Origin:
             raise InvalidJob("origin native_only must be a boolean")
         if not (isinstance(context, list) and all(isinstance(item, dict) for item in context)):
             raise InvalidJob("origin context must be a list of items (objects)")
-        return cls(api, origin["body"], native_only, tuple(context))
+        try:
+            body = decode_origin(api, origin["body"])
+        except InvalidRequestBody as exc:
+            raise InvalidJob(f"origin body: {exc}") from None
+        return cls(api, body, native_only, tuple(context))
 
 
 # ---------------------------------------------------------------------------- results

@@ -19,13 +19,22 @@ difference (UNSET when left out), as some upstreams want the null of a message o
 
 `decode(kind, body)` is the one way in and raises InvalidRequestBody naming the field
 (`param`, as a dotted path: `messages.0.role`); `to_body(request)` the one way out.
+
+A job made from a request in another API's shape keeps that request as its origin (tidegate.ai
+`Origin`), typed too: OpenAI's Responses request (`ResponsesRequest`) or Anthropic's Messages
+request (`MessagesRequest`), decoded by `decode_origin(api, body)` and written back by the same
+`to_body`. Their fields are as the caller sent them, UNSET when left out and None when sent as
+null, so the body goes back exactly as it came: to a provider that speaks that API natively, and
+into the stored payload, whose layout is unchanged. Their nested objects (input items, tools,
+content blocks) stay JSON objects, checked item by item by the dialect that translates them;
+`sent_or` reads a field with the default the API documents for one left out or null.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal, TypeAlias
+from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
@@ -37,6 +46,7 @@ __all__ = [
     "MAX_EMBEDDING_DIMENSIONS",
     "MAX_EMBEDDING_INPUTS",
     "MAX_INPUT_TOKENS",
+    "MAX_METADATA_KEYS",
     "MAX_OUTPUT_TOKENS",
     "MAX_STOPS",
     "MAX_TOP_LOGPROBS",
@@ -45,12 +55,19 @@ __all__ = [
     "CompletionRequest",
     "EmbeddingsRequest",
     "InvalidRequestBody",
+    "MessagesRequest",
     "ModerationImage",
     "ModerationRequest",
     "ModerationText",
+    "OriginBody",
     "RequestBody",
+    "ResponsesRequest",
     "decode",
+    "decode_origin",
+    "items_of",
+    "origin_struct_of",
     "requested_tier",
+    "sent_or",
     "struct_of",
     "to_body",
     "unstreamed",
@@ -68,6 +85,7 @@ MAX_STOPS: Final = 4  # `stop` sequences of a completion, as OpenAI allows
 # max_tokens / max_completion_tokens: above every model's output limit, and small enough that the
 # worker's budget estimate (tokens times price) stays an ordinary number.
 MAX_OUTPUT_TOKENS: Final = 1_000_000
+MAX_METADATA_KEYS: Final = 16  # `metadata` pairs of a response, as OpenAI allows
 
 
 class InvalidRequestBody(InvalidJob):
@@ -88,6 +106,10 @@ _TopP = Annotated[float, msgspec.Meta(ge=0, le=1)]
 _Choices = Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)]
 _Priority = int | str  # a priority name or level, checked by tidegate.jobs.Priority.parse
 ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
+_T = TypeVar("_T")
+_D = TypeVar("_D")
+# A field of an origin's request as the caller sent it: a value, null, or left out (UNSET).
+_Sent: TypeAlias = _T | msgspec.UnsetType | None
 
 
 class _Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -223,11 +245,85 @@ class ModerationRequest(_Body, kw_only=True, omit_defaults=True):
             raise InvalidRequestBody("input must be strings or multimodal items, not both", "input")
 
 
+class ResponsesRequest(_Body, kw_only=True, omit_defaults=True):
+    """An OpenAI Responses API request (POST /v1/responses), kept as the origin of the chat job it
+    is translated into. The fields are declared in the order the gateway's pydantic model declares
+    them, so the body is written back in the order it was stored. `model` may be left out: 0.1.0
+    stored a request without one, which then meant "auto" (`sent_or(request.model, "auto")`)."""
+
+    model: _Model | msgspec.UnsetType = msgspec.UNSET
+    input: str | list[dict[str, Any]]
+    instructions: _Sent[str] = msgspec.UNSET
+    previous_response_id: _Sent[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.UNSET
+    max_output_tokens: _Sent[Annotated[int, msgspec.Meta(ge=1, le=MAX_OUTPUT_TOKENS)]] = msgspec.UNSET
+    temperature: _Sent[_Temperature] = msgspec.UNSET
+    top_p: _Sent[_TopP] = msgspec.UNSET
+    top_logprobs: _Sent[Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)]] = msgspec.UNSET
+    tools: _Sent[list[dict[str, Any]]] = msgspec.UNSET
+    tool_choice: _Sent[str | dict[str, Any]] = msgspec.UNSET
+    parallel_tool_calls: _Sent[bool] = msgspec.UNSET
+    text: _Sent[dict[str, Any]] = msgspec.UNSET
+    reasoning: _Sent[dict[str, Any]] = msgspec.UNSET
+    metadata: _Sent[Annotated[dict[str, str], msgspec.Meta(max_length=MAX_METADATA_KEYS)]] = msgspec.UNSET
+    store: _Sent[bool] = msgspec.UNSET
+    background: _Sent[bool] = msgspec.UNSET
+    stream: _Sent[bool] = msgspec.UNSET
+    stream_options: _Sent[dict[str, Any]] = msgspec.UNSET
+    include: _Sent[list[str]] = msgspec.UNSET
+    truncation: _Sent[Literal["disabled", "auto"]] = msgspec.UNSET
+    user: _Sent[str] = msgspec.UNSET
+    prompt_cache_key: _Sent[str] = msgspec.UNSET
+    safety_identifier: _Sent[str] = msgspec.UNSET
+    priority: _Sent[_Priority] = msgspec.UNSET
+    service_tier: _Sent[ServiceTier] = msgspec.UNSET
+
+    @property
+    def input_items(self) -> list[dict[str, Any]]:
+        """The input as items (`items_of`)."""
+        return items_of(self.input)
+
+    @property
+    def stored(self) -> bool:
+        """Whether the response is kept, to be retrieved and continued (`store`: true unless false)."""
+        return self.store is not False
+
+    @property
+    def in_background(self) -> bool:
+        """Whether the caller asked to be answered at once and poll (`background`: false by default)."""
+        return self.background is True
+
+
+class MessagesRequest(_Body, kw_only=True, omit_defaults=True):
+    """An Anthropic Messages API request (POST /v1/messages), kept as the origin of the chat job it
+    is translated into; its fields in the order of the gateway's pydantic model. `priority` is
+    tidegate's, never sent to the provider."""
+
+    model: _Model
+    messages: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1)]
+    system: _Sent[str | list[dict[str, Any]]] = msgspec.UNSET
+    tools: _Sent[list[dict[str, Any]]] = msgspec.UNSET
+    tool_choice: _Sent[dict[str, Any]] = msgspec.UNSET
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_OUTPUT_TOKENS)]
+    stop_sequences: _Sent[Annotated[list[str], msgspec.Meta(max_length=MAX_STOPS)]] = msgspec.UNSET
+    stream: bool | msgspec.UnsetType = msgspec.UNSET  # false when left out; null is refused
+    temperature: _Sent[Annotated[float, msgspec.Meta(ge=0, le=1)]] = msgspec.UNSET
+    top_p: _Sent[_TopP] = msgspec.UNSET
+    top_k: _Sent[Annotated[int, msgspec.Meta(ge=0)]] = msgspec.UNSET
+    thinking: _Sent[dict[str, Any]] = msgspec.UNSET
+    metadata: _Sent[dict[str, Any]] = msgspec.UNSET
+    priority: _Sent[_Priority] = msgspec.UNSET
+    service_tier: _Sent[Literal["auto", "standard_only"]] = msgspec.UNSET
+
+
 RequestBody: TypeAlias = ChatRequest | EmbeddingsRequest | CompletionRequest | ModerationRequest
+OriginBody: TypeAlias = ResponsesRequest | MessagesRequest
 
 _STRUCTS: Final[Mapping[str, type[RequestBody]]] = {
     "chat": ChatRequest, "embeddings": EmbeddingsRequest, "completion": CompletionRequest,
     "moderation": ModerationRequest}
+_ORIGIN_STRUCTS: Final[Mapping[str, type[OriginBody]]] = {
+    "responses": ResponsesRequest, "anthropic": MessagesRequest}
+_Decoded = TypeVar("_Decoded", bound=_Body)
 
 
 def struct_of(kind: str) -> type[RequestBody]:
@@ -235,11 +331,17 @@ def struct_of(kind: str) -> type[RequestBody]:
     return _STRUCTS[kind]
 
 
+def origin_struct_of(api: str) -> type[OriginBody]:
+    """The struct of an origin's request in `api` ("responses", "anthropic")."""
+    return _ORIGIN_STRUCTS[api]
+
+
 def _named(struct: type[msgspec.Struct]) -> frozenset[str]:
     return frozenset(struct.__struct_fields__) - {"extra"}
 
 
-_NAMED: Final = {struct: _named(struct) for struct in _STRUCTS.values()}
+_NAMED: Final[Mapping[type[_Body], frozenset[str]]] = {
+    struct: _named(struct) for struct in (*_STRUCTS.values(), *_ORIGIN_STRUCTS.values())}
 _MESSAGE_NAMED: Final = _named(ChatMessage)
 
 
@@ -317,7 +419,16 @@ def _refusal(error: msgspec.ValidationError) -> InvalidRequestBody:
 def decode(kind: str, document: object) -> RequestBody:
     """The request of `kind` in `document` (a JSON object, parsed), checked; InvalidRequestBody
     names the first field refused."""
-    struct = _STRUCTS[kind]
+    return _decode(_STRUCTS[kind], document)
+
+
+def decode_origin(api: str, document: object) -> OriginBody:
+    """The request in another API's shape (`api`: "responses" or "anthropic") in `document`,
+    checked as `decode` checks a request of a kind."""
+    return _decode(_ORIGIN_STRUCTS[api], document)
+
+
+def _decode(struct: type[_Decoded], document: object) -> _Decoded:
     if not isinstance(document, dict):
         raise InvalidRequestBody("the request body must be a JSON object", "body")
     named = _NAMED[struct]
@@ -341,7 +452,7 @@ def decode(kind: str, document: object) -> RequestBody:
     return request
 
 
-def to_body(request: RequestBody) -> dict[str, Any]:
+def to_body(request: RequestBody | OriginBody) -> dict[str, Any]:
     """The body `request` was decoded from, as the provider is sent it: its fields (those given),
     and what it carried through."""
     body: dict[str, Any] = msgspec.to_builtins(request)
@@ -353,6 +464,17 @@ def to_body(request: RequestBody) -> dict[str, Any]:
         if carried:
             message.update(carried)
     return body
+
+
+def items_of(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A Responses request's input as items: text is one user message."""
+    return [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else given
+
+
+def sent_or(value: _Sent[_T], default: _D) -> _T | _D:
+    """An origin's field as the caller sent it, or the API's `default` when it was left out or
+    sent as null."""
+    return default if value is None or value is msgspec.UNSET else value
 
 
 def requested_tier(body: RequestBody) -> str | None:

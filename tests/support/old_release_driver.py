@@ -8,8 +8,8 @@ prints one line `RESULT <json>` on stdout (logs go to stderr). Commands:
 
     probe    where `tidegate` was imported from
     served   tenants and keys (one revoked), jobs answered through the gateway by a worker
-             (results, spend), a job dead by the worker, BULK jobs waiting in a provider batch;
-             the worker then stops gracefully
+             (results, spend; a response among them), a job dead by the worker, BULK jobs
+             waiting in a provider batch; the worker then stops gracefully
     held     a Batch API batch (a file uploaded through the gateway, its LOW lines half answered)
              and jobs a worker holds mid-call: prints RESULT, then `holding`, and waits to be killed
     queue    jobs queued at every level, delayed, failed awaiting a retry, dead by hand; spend
@@ -180,6 +180,13 @@ async def served(args: Args) -> Args:
         raw_embedding = await old.openai(keys["acme"]).embeddings.with_raw_response.create(
             model="text-embedding-3-small", input="an embedding")
         answered[raw_embedding.headers["X-Tidegate-Job-Id"]] = raw_embedding.parse().model_dump(mode="json")
+        # A response (the Responses API): its request is kept in the job's payload as its origin.
+        raw_response = await old.openai(keys["acme"]).responses.with_raw_response.create(
+            model=FAST_MODEL, input="Hello from a response", instructions="Be brief.",
+            metadata={"ticket": "t-1"}, extra_body={"temperature": None})
+        answered_response = raw_response.parse()
+        response = {"job_id": raw_response.headers["X-Tidegate-Job-Id"], "id": answered_response.id,
+                    "output_text": answered_response.output_text}
         # Dead by the worker: no route to the model, a failure recorded with it.
         dead_id = await queue.enqueue(chat("no such model", model="no-such-model"), tenant="acme")
         assert (await queue.wait(dead_id, WAIT_S)).state == "dead"
@@ -194,8 +201,9 @@ async def served(args: Args) -> Args:
                        for job in jobs)
 
         await until(waiting, "the BULK jobs to wait in a provider batch")
-    return {"keys": keys, "revoked_key": revoked, "answered": answered, "dead": dead_id,
-            "provider_batch_jobs": batched, **await read({**args, "ids": [*answered, dead_id, *batched]})}
+    return {"keys": keys, "revoked_key": revoked, "answered": answered, "response": response, "dead": dead_id,
+            "provider_batch_jobs": batched,
+            **await read({**args, "ids": [*answered, response["job_id"], dead_id, *batched]})}
 
 
 async def held(args: Args) -> Args:

@@ -240,16 +240,16 @@ class UpstreamClient(Lifecycle):
         """POST /embeddings. Raises UpstreamError on any failure."""
         return await self._call(self._embeddings_url, EMBEDDINGS_PATH, body, expect="data")
 
-    def chat_stream(self, body: dict[str, Any]) -> UpstreamStream:
-        """POST /chat/completions with `stream: true` (and `stream_options.include_usage`).
+    def chat_stream(self, body: dict[str, Any],
+                    stream_options: Mapping[str, Any] | None = None) -> UpstreamStream:
+        """POST /chat/completions with `stream: true` and `stream_options`: the request's (read
+        from its struct by the caller), `include_usage` added.
 
         The request is sent on first iteration (or on entering `async with`); chunks are yielded
         as they arrive. Prefer `async with client.chat_stream(body) as stream:` so that a loop left
         early still releases its connection; `stream.summary` is set after `[DONE]`.
         """
-        stream_options = body.get("stream_options")
-        options = dict(stream_options) if isinstance(stream_options, dict) else {}
-        options["include_usage"] = True
+        options = {**(stream_options or {}), "include_usage": True}
         return UpstreamStream(self, {**body, "stream": True, "stream_options": options})
 
     async def post(self, path: str, body: dict[str, Any], *, expect: str) -> UpstreamResponse:

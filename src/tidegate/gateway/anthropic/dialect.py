@@ -41,7 +41,6 @@ from tidegate.ai import (
     AIResult,
     Finish,
     Kind,
-    Origin,
     StreamError,
     StreamPart,
     TextDelta,
@@ -61,7 +60,7 @@ from tidegate.gateway.anthropic.schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from tidegate.gateway.core.dialect import Dialect, StreamRenderer, decoded, validated
+from tidegate.gateway.core.dialect import Dialect, StreamRenderer, decoded, decoded_origin, validated
 from tidegate.gateway.core.errors import ApiError
 
 __all__ = ["ANTHROPIC", "AnthropicDialect", "anthropic_tier", "chat_body", "conversation", "json_text",
@@ -107,8 +106,8 @@ class AnthropicDialect(Dialect):
             if not native or refused.code not in _UNTRANSLATABLE:
                 raise
             return AIRequest(kind="chat", body=decoded("chat", summary_body(body)),
-                             origin=Origin("anthropic", given, native_only=True))
-        return AIRequest(kind="chat", body=decoded("chat", chat), origin=Origin("anthropic", given))
+                             origin=decoded_origin("anthropic", given, native_only=True))
+        return AIRequest(kind="chat", body=decoded("chat", chat), origin=decoded_origin("anthropic", given))
 
     def parse(self, kind: Kind, body: Mapping[str, Any], where: str) -> AIRequest:
         """A Messages body that came inside another document, checked as /v1/messages checks it."""

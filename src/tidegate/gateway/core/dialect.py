@@ -38,11 +38,11 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
-from tidegate.ai import AIRequest, AIResult, Kind, StreamPart
+from tidegate.ai import AIRequest, AIResult, Kind, Origin, OriginApi, StreamPart
 from tidegate.contract import InvalidRequestBody, RequestBody, decode
 from tidegate.gateway.core.errors import ApiError
 
-__all__ = ["Dialect", "StreamRenderer", "decoded", "validated"]
+__all__ = ["Dialect", "StreamRenderer", "decoded", "decoded_origin", "validated"]
 
 _Body = TypeVar("_Body", bound=BaseModel)
 
@@ -65,9 +65,23 @@ def decoded(kind: Kind, body: object, where: str = "") -> RequestBody:
     try:
         return decode(kind, body)
     except InvalidRequestBody as exc:
-        field = f"{where}.{exc.param}" if where else exc.param
-        raise ApiError(400, f"invalid request: {field}: {exc.detail}", code="invalid_request",
-                       param=where or field) from None
+        raise _refused(exc, where) from None
+
+
+def decoded_origin(api: OriginApi, body: Mapping[str, Any], *, native_only: bool = False,
+                   context: tuple[dict[str, Any], ...] = ()) -> Origin:
+    """The origin of a job made from a request in `api`'s shape, its body (as its route validated
+    it) decoded into its struct (tidegate.contract) once; a 400 naming the field it refuses."""
+    try:
+        return Origin.of(api, body, native_only=native_only, context=context)
+    except InvalidRequestBody as exc:
+        raise _refused(exc, "") from None
+
+
+def _refused(exc: InvalidRequestBody, where: str) -> ApiError:
+    field = f"{where}.{exc.param}" if where else exc.param
+    return ApiError(400, f"invalid request: {field}: {exc.detail}", code="invalid_request",
+                    param=where or field)
 
 
 class StreamRenderer(abc.ABC):

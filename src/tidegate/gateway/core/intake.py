@@ -18,7 +18,7 @@ import msgspec
 from fastapi import Header
 
 from tidegate.ai import AUTO, AIRequest, Kind
-from tidegate.contract import ChatRequest, unstreamed
+from tidegate.contract import ChatRequest, ResponsesRequest, unstreamed
 from tidegate.coord.tenants import Tenant
 from tidegate.costs import estimate_input_tokens
 from tidegate.dispatch.failures import routing_refused
@@ -135,7 +135,7 @@ class JobDraft:
         """Whether the answer may be fetched again after it was given: a stored response (GET
         /v1/responses/{id}, `previous_response_id`), kept as long as any finished job."""
         origin = self.request.origin
-        return origin is not None and origin.api == "responses" and origin.body.get("store") is not False
+        return origin is not None and isinstance(origin.body, ResponsesRequest) and origin.body.stored
 
     def spec(self, tenant: Tenant, *, caller_waits: bool = False) -> dict[str, Any]:
         """The queue's job spec; `caller_waits` for a synchronous call's job."""

@@ -27,7 +27,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from tidegate.ai import AIRequest, AIResult, Kind, Origin
-from tidegate.gateway.core.dialect import Dialect, StreamRenderer, decoded, validated
+from tidegate.gateway.core.dialect import Dialect, StreamRenderer, decoded, decoded_origin, validated
 from tidegate.gateway.core.errors import ApiError, openai_error
 from tidegate.gateway.responses.input import UNTRANSLATABLE, chat_body, summary_body
 from tidegate.gateway.responses.output import (
@@ -78,10 +78,10 @@ class ResponsesDialect(Dialect):
         except ApiError as refused:
             if not native or refused.code not in UNTRANSLATABLE:
                 raise
-            origin = Origin("responses", given, native_only=True, context=context)
+            origin = decoded_origin("responses", given, native_only=True, context=context)
             return AIRequest(kind="chat", body=decoded("chat", summary_body(body)), origin=origin)
         return AIRequest(kind="chat", body=decoded("chat", chat),
-                         origin=Origin("responses", given, context=context))
+                         origin=decoded_origin("responses", given, context=context))
 
     def request(self, kind: Kind, body: BaseModel) -> AIRequest:
         """The chat job of a validated Responses request that continues no other."""

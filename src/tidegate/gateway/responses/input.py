@@ -15,10 +15,11 @@ from typing import Any, Final
 
 import orjson
 
+from tidegate.contract import items_of
 from tidegate.gateway.core.errors import ApiError
 from tidegate.gateway.responses.schemas import ResponseCreateRequest
 
-__all__ = ["UNTRANSLATABLE", "chat_body", "input_items", "input_messages", "invalid", "message_of",
+__all__ = ["UNTRANSLATABLE", "chat_body", "input_messages", "invalid", "message_of",
            "summary_body"]
 
 UNTRANSLATABLE: Final = frozenset({"unsupported_parameter", "unsupported_input_item", "unsupported_tool",
@@ -64,7 +65,7 @@ def chat_body(request: ResponseCreateRequest, history: Sequence[dict[str, Any]])
     if request.instructions is not None:
         messages.append({"role": "system", "content": request.instructions})
     messages.extend(history)
-    messages.extend(input_messages(input_items(request.input)))
+    messages.extend(input_messages(items_of(request.input)))
     if not messages:
         raise invalid("input must hold at least one item", "empty_input", "input")
     body = {key: value for key, value in given.items() if key not in _GATEWAY_ONLY}
@@ -97,13 +98,6 @@ def summary_body(request: ResponseCreateRequest) -> dict[str, Any]:
     if request.max_output_tokens is not None:
         body["max_completion_tokens"] = request.max_output_tokens
     return body
-
-
-def input_items(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The input as items: text is one user message."""
-    if isinstance(given, str):
-        return [{"type": "message", "role": "user", "content": given}]
-    return given
 
 
 def input_messages(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from tidegate.coord.tenants import Tenant
 from tidegate.errors import InvalidJob
 from tidegate.gateway.core.errors import ApiError
 from tidegate.gateway.core.state import GatewayState
-from tidegate.gateway.responses.output import Continued, continued, job_id_of, render
+from tidegate.gateway.responses.output import Continued, continued, job_id_of, render, request_of
 from tidegate.jobs import Job, JobState
 
 __all__ = ["conversation", "lookup_response", "origin_of"]
@@ -27,7 +27,7 @@ async def lookup_response(state: GatewayState, tenant: Tenant, response_id: str,
     job_id = job_id_of(response_id)
     job = None if job_id is None else await state.queue.get(job_id)
     origin = None if job is None else origin_of(job)
-    if job is None or origin is None or job.tenant != tenant.name or origin.body.get("store") is False:
+    if job is None or origin is None or job.tenant != tenant.name or not request_of(origin).stored:
         what = "Previous response" if param else "Response"
         raise ApiError(404, f"{what} with id {response_id!r} not found.", code="response_not_found",
                        param=param)

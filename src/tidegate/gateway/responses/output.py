@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from tidegate.ai import AIResult, Origin, result_of
+from tidegate.ai import AIRequest, AIResult, Origin, result_of
+from tidegate.contract import ResponsesRequest, sent_or, to_body
 from tidegate.gateway.core.views import failure_view
-from tidegate.gateway.responses.input import input_items, input_messages
+from tidegate.gateway.responses.input import input_messages
 from tidegate.jobs import Job, JobState
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "native_response",
     "output_items",
     "render",
+    "request_of",
     "response_id",
     "response_object",
     "response_usage",
@@ -147,20 +149,28 @@ def response_usage(usage: object) -> dict[str, Any] | None:
             "output_tokens_details": {"reasoning_tokens": reasoning if isinstance(reasoning, int) else 0}}
 
 
+def request_of(origin: Origin) -> ResponsesRequest:
+    """The Responses request a response was made from (its job's origin)."""
+    if not isinstance(origin.body, ResponsesRequest):
+        raise TypeError(f"a response is made from a Responses request, not a {type(origin.body).__name__}")
+    return origin.body
+
+
 def echoed(origin: Origin) -> dict[str, Any]:
-    """The request's settings as a response repeats them, with the API's defaults."""
-    body = origin.body
+    """The request's settings as a response repeats them, with the API's defaults for those left
+    out (or sent as null)."""
+    body = request_of(origin)
     return {
-        "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
-        "max_output_tokens": body.get("max_output_tokens"), "max_tool_calls": None,
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": body.get("previous_response_id"),
-        "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
-        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-        "text": body.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
-        "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
-        "store": body.get("store", True), "background": bool(body.get("background")),
-        "user": body.get("user"), "service_tier": body.get("service_tier"),
+        "instructions": sent_or(body.instructions, None), "metadata": sent_or(body.metadata, {}),
+        "max_output_tokens": sent_or(body.max_output_tokens, None), "max_tool_calls": None,
+        "parallel_tool_calls": sent_or(body.parallel_tool_calls, True),
+        "previous_response_id": sent_or(body.previous_response_id, None),
+        "temperature": sent_or(body.temperature, 1.0), "top_p": sent_or(body.top_p, 1.0),
+        "tool_choice": sent_or(body.tool_choice, "auto"), "tools": sent_or(body.tools, []),
+        "text": sent_or(body.text, None) or {"format": {"type": "text"}}, "truncation": "disabled",
+        "reasoning": {"effort": (sent_or(body.reasoning, None) or {}).get("effort"), "summary": None},
+        "store": body.stored, "background": body.in_background,
+        "user": sent_or(body.user, None), "service_tier": sent_or(body.service_tier, None),
     }
 
 
@@ -173,7 +183,7 @@ def response_object(job_id: str, created_at: int, origin: Origin, *, status: str
     `service_tier` is the one the answer named (`service_tier`), else the one asked for."""
     document = {"id": response_id(job_id), "object": "response", "created_at": created_at,
                 "status": status, "completed_at": completed_at, "error": error,
-                "incomplete_details": incomplete, "model": model or origin.body.get("model") or "auto",
+                "incomplete_details": incomplete, "model": model or sent_or(request_of(origin).model, "auto"),
                 "output": output, "usage": usage, **echoed(origin)}
     if isinstance(service_tier, str):
         document["service_tier"] = service_tier
@@ -187,10 +197,9 @@ def is_native(document: Mapping[str, Any] | None) -> bool:
 
 def native_response(job_id: str, origin: Origin, document: Mapping[str, Any]) -> dict[str, Any]:
     """A native upstream's Response as this response: its id, and tidegate's own settings."""
-    body = origin.body
-    return {**document, "id": response_id(job_id), "store": body.get("store", True),
-            "background": bool(body.get("background")),
-            "previous_response_id": body.get("previous_response_id")}
+    body = request_of(origin)
+    return {**document, "id": response_id(job_id), "store": body.stored, "background": body.in_background,
+            "previous_response_id": sent_or(body.previous_response_id, None)}
 
 
 def render(job: Job, origin: Origin) -> dict[str, Any]:
@@ -214,7 +223,7 @@ def render(job: Job, origin: Origin) -> dict[str, Any]:
 def listed_items(job_id: str, origin: Origin) -> list[dict[str, Any]]:
     """The response's own input as items with ids, in the order given."""
     listed: list[dict[str, Any]] = []
-    for index, item in enumerate(input_items(origin.body.get("input") or [])):
+    for index, item in enumerate(request_of(origin).input_items):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -257,8 +266,8 @@ class Continued:
 def continued(job: Job, origin: Origin, answer: Mapping[str, Any] | None) -> Continued:
     """The conversation a response continuing `job` (which answered `answer`) brings. Its
     instructions are left out, as the API does not carry them over."""
-    given = origin.body.get("input")
-    earlier = [*origin.context, *input_items(given if isinstance(given, str | list) else [])]
+    request = request_of(origin)
+    earlier = [*origin.context, *request.input_items]
     if is_native(answer):
         assert answer is not None
         output = answer.get("output")
@@ -268,7 +277,7 @@ def continued(job: Job, origin: Origin, answer: Mapping[str, Any] | None) -> Con
                 for item in output_items(job.id, answer)]
     chat = None
     if not origin.native_only:
-        messages = list(job.payload["body"]["messages"])
-        chat = (*(messages[1:] if origin.body.get("instructions") is not None else messages),
+        messages = to_body(AIRequest.from_payload(job.payload).body)["messages"]
+        chat = (*(messages[1:] if sent_or(request.instructions, None) is not None else messages),
                 assistant_message(answer))
     return Continued((*earlier, *produced), chat)

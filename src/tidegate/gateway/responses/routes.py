@@ -39,7 +39,7 @@ from tidegate.gateway.core.streaming import stream_job
 from tidegate.gateway.responses.dialect import RESPONSES
 from tidegate.gateway.responses.files import inline_files
 from tidegate.gateway.responses.lookup import conversation, lookup_response
-from tidegate.gateway.responses.output import listed_items, render, response_id
+from tidegate.gateway.responses.output import listed_items, render, request_of, response_id
 from tidegate.gateway.responses.schemas import (
     ResponseCreateRequest,
     ResponseDeleted,
@@ -193,7 +193,7 @@ async def delete_response(response_id: str, state: StateDep, tenant: TenantDep) 
 async def cancel_response(response_id: str, state: StateDep, tenant: TenantDep) -> JSONResponse:
     """Cancel a background response that has not finished; a finished one is answered as it is."""
     job, origin = await lookup_response(state, tenant, response_id)
-    if not origin.body.get("background"):
+    if not request_of(origin).in_background:
         raise ApiError(400, "only a response created with background: true can be cancelled",
                        code="not_background", param="response_id")
     if not job.is_final and await state.queue.cancel(job.id):

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tidegate.config import ServiceTier
-from tidegate.gateway.core.limits import MAX_OUTPUT_TOKENS, MAX_TOP_LOGPROBS
+from tidegate.gateway.core.limits import MAX_METADATA_KEYS, MAX_OUTPUT_TOKENS, MAX_TOP_LOGPROBS
 from tidegate.gateway.core.schemas import PriorityValue
 
 __all__ = [
@@ -28,8 +28,6 @@ __all__ = [
     "ResponseItemList",
     "ResponseObject",
 ]
-
-MAX_METADATA_KEYS = 16  # as OpenAI allows
 
 
 class ResponseCreateRequest(BaseModel):

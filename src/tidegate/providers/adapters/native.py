@@ -26,10 +26,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+import msgspec
 import orjson
+from msgspec import UNSET
 
 from tidegate.ai import AIRequest, Origin, Usage
-from tidegate.contract import requested_tier
+from tidegate.contract import MessagesRequest, ResponsesRequest, requested_tier, to_body
 from tidegate.errors import ProviderErrorBody, UpstreamError
 from tidegate.providers.adapters.base import Answer, PartSink
 from tidegate.providers.client import UpstreamClient
@@ -39,9 +41,6 @@ __all__ = ["MessageAssembler", "ResponsesDecoder", "call_native", "native_origin
 
 RESPONSES_PATH: Final = "/responses"
 MESSAGES_PATH: Final = "/messages"
-_RESPONSES_TIDEGATE_ONLY: Final = frozenset({"priority", "background", "previous_response_id", "store",
-                                             "stream", "stream_options"})
-_MESSAGES_TIDEGATE_ONLY: Final = frozenset({"priority", "stream"})
 _RESPONSE_ENDS: Final = frozenset({"response.completed", "response.incomplete"})
 # OpenAI's tiers (the policy's, in the job's body) as Anthropic's request field names them.
 _MESSAGES_TIERS: Final = {"auto": "auto", "priority": "auto", "default": "standard_only",
@@ -86,26 +85,30 @@ async def call_native(client: UpstreamClient, request: AIRequest, origin: Origin
 
 
 def _responses_body(request: AIRequest, origin: Origin, model: str) -> dict[str, Any]:
-    body = {key: value for key, value in origin.body.items() if key not in _RESPONSES_TIDEGATE_ONLY}
-    body["model"] = model
-    body["store"] = False
+    given = origin.body
+    assert isinstance(given, ResponsesRequest)  # an origin's body is its API's (Origin checks it)
+    # tidegate's own fields out; `store` (false) and a stream's `stream_options` are put back last,
+    # where the body has always had them.
+    sent = msgspec.structs.replace(given, model=model, priority=UNSET, background=UNSET, store=UNSET,
+                                   previous_response_id=UNSET, stream=UNSET, stream_options=UNSET)
     if origin.context:
-        given = origin.body.get("input")
-        items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else given
-        body["input"] = [*origin.context, *(items or [])]
-    if request.stream and isinstance(origin.body.get("stream_options"), dict):
-        body["stream_options"] = origin.body["stream_options"]
+        sent = msgspec.structs.replace(sent, input=[*origin.context, *given.input_items])
+    body = to_body(sent)
+    body["store"] = False
+    if request.stream and isinstance(given.stream_options, dict):
+        body["stream_options"] = given.stream_options
     tier = requested_tier(request.body)
-    if "service_tier" not in body and tier is not None:
+    if given.service_tier is UNSET and tier is not None:
         body["service_tier"] = tier
     return body
 
 
 def _messages_body(request: AIRequest, origin: Origin, model: str) -> dict[str, Any]:
-    body = {key: value for key, value in origin.body.items() if key not in _MESSAGES_TIDEGATE_ONLY}
-    body["model"] = model
+    given = origin.body
+    assert isinstance(given, MessagesRequest)  # an origin's body is its API's (Origin checks it)
+    body = to_body(msgspec.structs.replace(given, model=model, priority=UNSET, stream=UNSET))
     tier = _MESSAGES_TIERS.get(str(requested_tier(request.body)))
-    if "service_tier" not in body and tier is not None:
+    if given.service_tier is UNSET and tier is not None:
         body["service_tier"] = tier
     return body
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from tidegate.ai import AIRequest
-from tidegate.contract import CompletionRequest, to_body
+from tidegate.contract import ChatRequest, CompletionRequest, to_body
 from tidegate.providers.adapters.base import Answer, PartSink, ProviderAdapter
 from tidegate.providers.adapters.native import call_native, native_origin, refuse_native_only
 from tidegate.providers.client import StreamSummary, UpstreamStream
@@ -78,7 +78,8 @@ class OpenAIAdapter(ProviderAdapter):
     def _open_stream(self, request: AIRequest, model: str) -> UpstreamStream:
         body = _body(request, model)
         if not isinstance(request.body, CompletionRequest):
-            return self.client.chat_stream(body)
+            options = request.body.stream_options if isinstance(request.body, ChatRequest) else None
+            return self.client.chat_stream(body, options)
         options = {**(request.body.stream_options or {}), "include_usage": True}
         return self.client.stream(COMPLETIONS_PATH, {**body, "stream": True, "stream_options": options})
 
