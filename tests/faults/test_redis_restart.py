@@ -157,10 +157,21 @@ async def listening(queue: Queue, server: RestartableRedis) -> None:
         await client.aclose()
 
 
-async def listener_lost(caplog: pytest.LogCaptureFixture) -> None:
-    """Until the queue's listener has noticed that its connection is gone (it logs so)."""
-    await eventually(lambda: "queue lost its Redis connection" in caplog.text,
-                     "the listener notices the loss")
+async def blocked_in_a_read(server: RestartableRedis) -> None:
+    """Until Redis counts a client blocked in a read (XREAD or XREADGROUP with BLOCK): the
+    component under test waits for news on its connection."""
+    client = redis_client(server.url)
+    try:
+        await eventually(lambda: client.info("clients"), "a read is blocked on the server",
+                         until=lambda info: info["blocked_clients"] >= 1)
+    finally:
+        await client.aclose()
+
+
+async def connection_lost(caplog: pytest.LogCaptureFixture, component: str) -> None:
+    """Until `component` has noticed that its connection is gone: it logs so once an outage."""
+    await eventually(lambda: f"{component} lost its Redis connection" in caplog.text,
+                     f"the {component} notices the loss")
 
 
 # ---------------------------------------------------------------------- the queue
@@ -205,7 +216,7 @@ async def test_a_job_finished_while_the_listener_was_down_still_ends_its_wait_pr
         await listening(queue, durable_redis)
         # Given the waiting side loses its connection (its server is gone) ...
         await asyncio.to_thread(durable_redis.kill)
-        await listener_lost(caplog)
+        await connection_lost(caplog, "queue")
         # ... and the job completes on the restarted server before the listener is back
         await asyncio.to_thread(durable_redis.start)
         [job] = await worker_side.claim("w1", limit=1, lease_s=30, timeout_s=5)
@@ -225,7 +236,7 @@ async def test_closing_a_queue_whose_redis_is_down_is_bounded(
     waiting = asyncio.create_task(queue.wait(job_id, timeout_s=1))
     await listening(queue, durable_redis)
     await asyncio.to_thread(durable_redis.kill)
-    await listener_lost(caplog)  # the listener is in its reconnect loop now
+    await connection_lost(caplog, "queue")  # the listener is in its reconnect loop now
     started = time.monotonic()
     await asyncio.wait_for(queue.close(), 5)
     assert time.monotonic() - started < PROMPT_S
@@ -314,9 +325,13 @@ async def test_the_limiter_and_the_budget_keep_working_across_a_restart(
             await limiter.acquire("sim/m", tokens=10, rpm=600, tpm=None)
         assert time.monotonic() - started < 5
 
-        # A call under way when Redis comes back goes through (it may be sent twice)
+        # A call under way when Redis comes back goes through (it may be sent twice): under way
+        # means refused once at least, and waiting for its next attempt
+        outage = limiter._redis.outage  # type: ignore[union-attr]
+        refused = outage._failures  # the attempts of this outage so far: none of this call's yet
         pending = asyncio.create_task(limiter.pause("sim/m", 0.01))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: outage._failures, "the call has been refused by the dead server",
+                         until=lambda failures: failures > refused)
         await asyncio.to_thread(durable_redis.start)
         await asyncio.wait_for(pending, 5)
 
@@ -343,21 +358,20 @@ async def _fetch_until(subscription: Subscription, count: int, timeout_s: float 
     """Changes fetched and acked until `count` arrived; BusUnavailable is retried, as the sync
     pipeline's supervisor does."""
     got: list[Change] = []
-    give_up = time.monotonic() + timeout_s
-    while len(got) < count:
-        assert time.monotonic() < give_up, f"only {len(got)} of {count} changes arrived"
-        try:
-            batch = await subscription.fetch(100, timeout_s=0.5)
-        except BusUnavailable:
-            await asyncio.sleep(0.1)
-            continue
+
+    async def fetch_more() -> int:
+        batch = await subscription.fetch(100, timeout_s=0.5)
         await subscription.ack(batch)
-        got += [delivery.change for delivery in batch]
+        got.extend(delivery.change for delivery in batch)
+        return len(got)
+
+    await eventually(fetch_more, f"{count} changes arrived", until=lambda arrived: arrived >= count,
+                     timeout_s=timeout_s, every_s=0.1, ignoring=(BusUnavailable,))
     return got
 
 
 async def test_a_stream_consumer_resumes_after_a_restart_and_gets_what_was_published_since(
-    durable_redis: RestartableRedis,
+    durable_redis: RestartableRedis, caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with bus_for(durable_redis.url) as bus, bus.subscribe("cache", "c1", ["product"]) as sub:
         before = reconnects("bus")
@@ -366,9 +380,9 @@ async def test_a_stream_consumer_resumes_after_a_restart_and_gets_what_was_publi
 
         # Given a fetch blocked in its read when Redis dies
         fetching = asyncio.create_task(sub.fetch(100, timeout_s=5))
-        await asyncio.sleep(0.2)
+        await blocked_in_a_read(durable_redis)
         await asyncio.to_thread(durable_redis.kill)
-        await asyncio.sleep(0.3)
+        await connection_lost(caplog, "bus")
         # When it is back and a change is published
         await asyncio.to_thread(durable_redis.start)
         await bus.publish([_change("p1", 2)])
@@ -433,7 +447,7 @@ async def test_the_recommendation_store_runs_its_scripts_again_after_a_restart(
 
 
 async def test_a_relayed_stream_read_across_a_restart_continues_from_its_last_chunk(
-    durable_redis: RestartableRedis,
+    durable_redis: RestartableRedis, caplog: pytest.LogCaptureFixture,
 ) -> None:
     relay = RedisRelay(durable_redis.url, f"t{uuid.uuid4().hex[:8]}")
     try:
@@ -446,11 +460,12 @@ async def test_a_relayed_stream_read_across_a_restart_continues_from_its_last_ch
                 received.append(chunk)
 
         reading = asyncio.create_task(read())
-        await asyncio.sleep(0.3)
+        await eventually(lambda: list(received), "the first chunk arrives")
         assert received == [b"one"]
         # When Redis restarts under the blocked read, and the answer goes on afterwards
+        await blocked_in_a_read(durable_redis)
         await asyncio.to_thread(durable_redis.kill)
-        await asyncio.sleep(0.3)
+        await connection_lost(caplog, "relay")
         await asyncio.to_thread(durable_redis.start)
         await relay.publish("job1", b"two")
         await relay.finish("job1")
@@ -463,6 +478,15 @@ async def test_a_relayed_stream_read_across_a_restart_continues_from_its_last_ch
 
 
 # ---------------------------------------------------------------------- the change flow
+
+
+async def stream_entries(server: RestartableRedis) -> int:
+    """Entries in the server's streams: how much the change flow has published to its bus."""
+    client = redis_client(server.url)
+    try:
+        return sum([await client.xlen(key) async for key in client.scan_iter(_type="STREAM")])
+    finally:
+        await client.aclose()
 
 
 async def test_the_change_flow_heals_a_bus_restart_that_lost_the_streams_and_the_cache_equals_the_db(
@@ -481,8 +505,11 @@ async def test_the_change_flow_heals_a_bus_restart_that_lost_the_streams_and_the
         flow = asyncio.create_task(supervise_sync(config, stop, cache=cache))
         try:
             await _shop_matches(shop, cache)
+            published = await stream_entries(volatile_redis)
             load = asyncio.create_task(ShopLoad(shop).run(rate_per_s=200, duration_s=2.0))
-            await asyncio.sleep(0.7)
+            await eventually(lambda: stream_entries(volatile_redis), "the flow publishes writes of the load",
+                             until=lambda entries: entries > published)
+            assert not load.done(), "the load ended before the flow published any of it: no restart mid-load"
             # When Redis restarts without persistence mid-load: the streams, the consumer group
             # and whatever was published and not yet applied are gone
             await asyncio.to_thread(volatile_redis.restart)
