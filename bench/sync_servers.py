@@ -3,9 +3,8 @@ cluster (`wal_level=logical`), a Kafka-protocol broker (Tansu) and, from `bench.
 redis-server. Nothing here touches a server the machine already runs.
 
 PostgreSQL and Tansu are started by the very starters the test suite uses
-(`tests/support/postgres.py`, `tests/support/tansu.py`): one way to run each, kept in one
-place. They live in the tests' `support` package, so the tests folder goes on `sys.path` once,
-here (the tests import them the same way, with pytest putting that folder there).
+(`bench/postgres_server.py`, `bench/tansu_broker.py`, which the tests import from here): one way
+to run each, kept in one place.
 
 The database of one measured system: a fresh database holding `products` seeded with
 `SEED_ROWS` rows, its own publication and slot names, and the session setting every writer
@@ -18,7 +17,6 @@ import contextlib
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -28,14 +26,10 @@ from pathlib import Path
 import psycopg2  # type: ignore[import-untyped]
 
 from bench.common import BenchmarkError
+from bench.postgres_server import PostgresServer, PostgresUnavailable, running_server
+from bench.tansu_broker import TansuBroker, TansuUnavailable, running_broker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_TESTS_DIR = str(REPO_ROOT / "tests")
-if _TESTS_DIR not in sys.path:
-    sys.path.append(_TESTS_DIR)  # appended: nothing there may shadow an installed module
-
-from support.postgres import PostgresServer, PostgresUnavailable, running_server  # noqa: E402
-from support.tansu import TansuBroker, TansuUnavailable, running_broker  # noqa: E402
 
 __all__ = [
     "REPO_ROOT", "SEED_ROWS", "TABLE", "Database", "PostgresServer", "TansuBroker", "create_database",

@@ -4,7 +4,7 @@ Kafka bus's consumer: the figures behind the Kafka lines of BENCHMARKS.md's chan
     .venv/bin/python -m bench.sync_tansu            # about 2 minutes
     .venv/bin/python -m bench.sync_tansu --quick    # shorter partitions, about 40 s
 
-On a private broker (`tests/support/tansu.py`), with aiokafka as the bus uses it:
+On a private broker (`bench/tansu_broker.py`), with aiokafka as the bus uses it:
 
 1. **Wake-up**: a consumer waits in a fetch (`fetch_max_wait_ms`) on an empty partition; a
    change is produced at a random moment; how long after its publish was acknowledged does the

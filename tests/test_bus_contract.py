@@ -462,7 +462,7 @@ async def _server_that_goes_away(factory: BusFactory, tmp_path: Path) -> AsyncIt
         with running_cluster(tmp_path, masters=1) as cluster:
             yield cluster.url, _stopper(cluster.nodes[0].process)
     else:
-        from support.tansu import running_broker
+        from bench.tansu_broker import running_broker
 
         with running_broker(tmp_path) as broker:
             yield broker.bus_url, _stopper(broker.proc)
@@ -793,7 +793,7 @@ async def test_kafka_an_ack_and_close_stay_bounded_when_the_broker_dies(bus_fact
 
 @pytest.mark.kafka_only
 async def test_kafka_a_broker_refusing_the_idempotent_producer_is_named(bus_factory: BusFactory) -> None:
-    # The Tansu broker answers aiokafka's InitProducerId (v0) with an error (see support/tansu.py)
+    # The Tansu broker answers aiokafka's InitProducerId (v0) with an error (see bench/tansu_broker.py)
     with pytest.raises(BusUnavailable, match="idempotence=false"):
         await bus_factory.open(idempotence=True)
 

