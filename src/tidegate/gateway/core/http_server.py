@@ -11,6 +11,7 @@ own check answers) before it buffers more. Serve the app with `uvicorn.Config(ap
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Final
 
 import orjson
@@ -49,6 +50,8 @@ class GatewayHttpToolsProtocol(HttpToolsProtocol):
         """The head is read: what follows is the body, which the app bounds itself."""
         self._in_head = False
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle.transport is self.transport:
+            self.cycle.transport = _Gathered(self.transport, self.loop)  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         """Parse `data`; refuse the request once its unfinished head is over the limit. A chunk
@@ -76,6 +79,47 @@ class GatewayHttpToolsProtocol(HttpToolsProtocol):
             body,
         ]))
         self.transport.close()
+
+
+class _Gathered:
+    """The transport a response is written to, its head sent with the first piece of its body in
+    one write: uvicorn writes them apart, two sends on the socket (and two wake-ups of the
+    client) where one does. The head waits at most until the end of the event loop's turn (a
+    streamed answer's first chunk may come later); everything after it goes through at once,
+    so nothing is held once the response is complete."""
+
+    __slots__ = ("_head", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = b""  # b"": nothing written yet; None: the head has gone
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is None:
+            self._transport.write(data)
+        elif not head:
+            self._head = data
+            self._loop.call_soon(self._send_head)
+        else:
+            self._head = None
+            self._transport.write(head + data)
+
+    def _send_head(self) -> None:
+        head, self._head = self._head, None
+        if head and not self._transport.is_closing():
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self._send_head()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 UVICORN_OPTIONS: Final[dict[str, Any]] = {"http": GatewayHttpToolsProtocol, "ws": "none"}
