@@ -32,7 +32,8 @@ def user(text: str = SHORT) -> ChatCompletionMessageParam:
 
 
 def marked(text: str = LONG, ttl: str | None = None) -> list[TextBlockParam]:
-    """A system prompt of one text block that ends a cache breakpoint."""
+    """A system prompt of one text block that ends a cache breakpoint (of any `ttl`, a wrong one
+    included, to see it refused)."""
     control: dict[str, Any] = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
     return [{"type": "text", "text": text, "cache_control": control}]  # type: ignore[typeddict-item]
 
