@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,6 +40,15 @@ def entity_types_of(config: SyncConfig) -> tuple[str, ...]:
     if urlsplit(config.source_url).scheme in _POSTGRES_SCHEMES:
         return tuple(t.removeprefix("public.") for t in config.tables)
     return config.tables
+
+
+def source_names(config: SyncConfig) -> dict[str, Any]:
+    """What a Debezium-format bus names as its events' source (`source.connector`, `source.db`):
+    the source URL's kind and its database (PostgreSQL) or file name without suffix (SQLite)."""
+    parts = urlsplit(config.source_url)
+    if parts.scheme in _POSTGRES_SCHEMES:
+        return {"connector": "postgresql", "database": parts.path.strip("/")}
+    return {"connector": "sqlite", "database": PurePosixPath(parts.path).stem}
 
 
 def source_for(config: SyncConfig, checkpoints: CheckpointStore) -> ChangeSource:
@@ -81,7 +91,7 @@ async def open_sync(
             with migrating(config.storage.migrate):  # built in the configured migrate mode
                 built = open_cache(sync)
             cache = await stack.enter_async_context(built)
-        bus = await stack.enter_async_context(bus_for(sync.bus_url, prefix=sync.prefix))
+        bus = await stack.enter_async_context(bus_for(sync.bus_url, prefix=sync.prefix, **source_names(sync)))
         source = await stack.enter_async_context(source_for(sync, cache))
         all_sinks = list(sinks)
         if sync.refresh:
