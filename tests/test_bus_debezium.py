@@ -105,6 +105,7 @@ class DebeziumBuses:
         self.url = url
         self.prefix = f"t{uuid.uuid4().hex[:12]}"
         self.opened: list[BusBase] = []
+        self.topic_name: str | None = None  # another table's topic than the products'
 
     async def open(self, **options: Any) -> BusBase:
         """An opened bus publishing Debezium's format; options are BusSettings fields."""
@@ -118,7 +119,7 @@ class DebeziumBuses:
     @property
     def topic(self) -> str:
         """Where the products' changes go: Debezium's `<topic.prefix>.<schema>.<table>`."""
-        return f"{self.prefix}.public.products"
+        return self.topic_name or f"{self.prefix}.public.products"
 
     async def raw(self, count: int) -> list[tuple[bytes | None, bytes | None, dict[str, bytes]]]:
         """The first `count` messages of the topic or stream as they are stored: key, value,
@@ -270,3 +271,64 @@ def test_the_memory_bus_refuses_the_debezium_format() -> None:
 def test_an_unknown_format_is_refused_naming_the_setting() -> None:
     with pytest.raises(ConfigError, match="format"):
         bus_for("kafka://127.0.0.1:9092?format=avro")
+
+
+# ---------------------------------------------------------------------- the PostgreSQL source
+
+PG_TABLE = """
+CREATE TABLE gadgets (id integer PRIMARY KEY, name text NOT NULL, price numeric(10, 2),
+                      seen timestamptz);
+ALTER TABLE gadgets REPLICA IDENTITY FULL;
+INSERT INTO gadgets VALUES (1, 'lamp', 12.5, '2026-03-04 05:06:07.890123+00');
+"""
+
+
+async def test_the_postgresql_source_publishes_debeziums_events(
+        pg_dsn: str, request: pytest.FixtureRequest) -> None:
+    # Given a table with REPLICA IDENTITY FULL and one row, synced over a debezium-format Kafka bus
+    from support.sync import in_one_transaction, pg_url, running
+    from tidegate.app.sync import open_sync
+    from tidegate.config import SyncConfig, TidegateConfig
+
+    in_one_transaction(pg_dsn, PG_TABLE)
+    suffix = uuid.uuid4().hex[:8]
+    buses = DebeziumBuses("kafka", request.getfixturevalue("kafka_broker").bus_url)
+    buses.prefix = f"t{suffix}"
+    sync = SyncConfig(source_url=pg_url(pg_dsn), bus_url=f"{buses.url}&format=debezium",
+                      tables=("gadgets",), slot=f"s_{suffix}", publication=f"p_{suffix}",
+                      prefix=buses.prefix, heartbeat_s=None)
+    config = TidegateConfig.load(queue_url="sqlite:///unused.db").model_copy(update={"sync": sync})
+    async with open_sync(config) as pipeline, running(pipeline):
+        await eventually(lambda: pipeline.cache.get("gadgets", "1"), "the snapshot is cached")
+        # When a row is inserted, updated and deleted
+        in_one_transaction(pg_dsn, "INSERT INTO gadgets VALUES (2, 'desk', 99, NULL)")
+        in_one_transaction(pg_dsn, "UPDATE gadgets SET price = 120.5 WHERE id = 2")
+        in_one_transaction(pg_dsn, "DELETE FROM gadgets WHERE id = 2")
+        buses.topic_name = f"{buses.prefix}.public.gadgets"
+        raw = await buses.raw(5)
+    # Then the topic holds Debezium's events: read, create, update with the old row, delete, tombstone
+    events = _decoded(raw)
+    lamp = {"id": 1, "name": "lamp", "price": "12.50", "seen": "2026-03-04T05:06:07.890123Z"}
+    desk = {"id": 2, "name": "desk", "price": "99.00", "seen": None}
+    desk2 = {**desk, "price": "120.50"}
+    assert [(k, v and (v["op"], v["before"], v["after"])) for k, v in events] == [
+        ({"id": 1}, ("r", None, lamp)),
+        ({"id": 2}, ("c", None, desk)),
+        ({"id": 2}, ("u", desk, desk2)),
+        ({"id": 2}, ("d", desk2, None)),
+        ({"id": 2}, None),
+    ]
+    database = urlsplit(pg_url(pg_dsn)).path.strip("/")
+    for _key, value in events[:4]:
+        assert value is not None
+        source = value["source"]
+        assert {k: source[k] for k in ("connector", "name", "db", "schema", "table", "version")} == {
+            "connector": "postgresql", "name": buses.prefix, "db": database, "schema": "public",
+            "table": "gadgets", "version": tidegate.__version__}
+        assert source["snapshot"] == ("true" if value["op"] == "r" else "false")
+        assert isinstance(source["lsn"], int) and source["lsn"] > 0
+        assert source["ts_ms"] == source["ts_us"] // 1000
+        assert value["transaction"] is None
+    lsns = [value["source"]["lsn"] for _, value in events[1:4] if value is not None]
+    assert lsns == sorted(lsns) and len(set(lsns)) == 3  # three transactions, in commit order
+    assert all(isinstance(value["source"]["txId"], int) for _, value in events[1:4] if value)

@@ -153,8 +153,10 @@ def _before(change: Change) -> Row | None:
 
 def is_snapshot_read(change: Change) -> bool:
     """A row read by a snapshot (or re-read after a schema change) rather than written: the
-    sources give it the last ordinal of its position."""
-    return change.op is Op.INSERT and change.version.ordinal == MAX_ORDINAL
+    source says so (`Change.read`); a change that came through tidegate's own JSON, which does
+    not carry the flag, is a read when it has the last ordinal of its position, which only
+    re-reads take."""
+    return change.op is Op.INSERT and (change.read or change.version.ordinal == MAX_ORDINAL)
 
 
 def change_of(key: bytes | None, value: bytes | None, version_key: bytes | str | None,
@@ -181,6 +183,7 @@ def change_of(key: bytes | None, value: bytes | None, version_key: bytes | str |
             commit_time=_EPOCH + timedelta(microseconds=source["ts_us"]),
             version=Version.from_key(_text(version_key)), xid=source.get("txId"),
             unchanged=unchanged, captured_at=payload.get("ts_us", 0) / 1_000_000,
+            read=payload["op"] == "r",
         )
     except (KeyError, TypeError) as exc:
         raise InvalidChange(f"a Debezium event lacks or mistypes {exc}") from exc
