@@ -48,7 +48,7 @@ import orjson
 
 import tidegate
 from tidegate.errors import InvalidChange
-from tidegate.sync.changes import MAX_ORDINAL, Change, Op, Version
+from tidegate.sync.changes import MAX_ORDINAL, TRUNCATED, Change, Op, Version, entity_id_of
 from tidegate.sync.values import JsonValue, Row
 
 __all__ = [
@@ -161,13 +161,11 @@ def is_snapshot_read(change: Change) -> bool:
 
 def change_of(key: bytes | None, value: bytes | None, version_key: bytes | str | None,
               entity_id: bytes | str | None) -> Change:
-    """The change `records_of` published (tidegate's consumers on a debezium-format bus); raises
-    InvalidChange for what it did not publish."""
+    """The change a Debezium event carries: exactly the one `records_of` published when tidegate's
+    version and entity id came beside it, else (an event of Debezium itself) one derived from
+    its fields (`_version`). Raises InvalidChange for what is not a change event."""
     if value is None:
         raise InvalidChange("a tombstone carries no change")
-    if version_key is None or entity_id is None:
-        raise InvalidChange(f"a Debezium event without the {VERSION_HEADER} and {ENTITY_ID_HEADER} "
-                            "that tidegate publishes beside it")
     payload = _payload(value)
     try:
         source = payload["source"]
@@ -177,16 +175,51 @@ def change_of(key: bytes | None, value: bytes | None, version_key: bytes | str |
         entity_type = table if schema == DEFAULT_SCHEMA.get(connector) else f"{schema}.{table}"
         after, unchanged = _without_placeholders(payload.get("after"))
         key_row = _payload(key) if key is not None else {}
+        if op is Op.TRUNCATE:
+            key_row, entity = {}, TRUNCATED
+        elif entity_id is not None:
+            entity = _text(entity_id)
+        else:
+            entity = entity_id_of(key_row, list(key_row))
         return Change(
-            entity_type=entity_type, entity_id=_text(entity_id), op=op, key=key_row or {},
-            after=after, before=payload.get("before"),
-            commit_time=_EPOCH + timedelta(microseconds=source["ts_us"]),
-            version=Version.from_key(_text(version_key)), xid=source.get("txId"),
-            unchanged=unchanged, captured_at=payload.get("ts_us", 0) / 1_000_000,
-            read=payload["op"] == "r",
+            entity_type=entity_type, entity_id=entity, op=op, key=key_row,
+            after=after, before=payload.get("before"), commit_time=_commit_time(source),
+            version=_version(source, version_key), xid=source.get("txId"), unchanged=unchanged,
+            captured_at=_processed_s(payload), read=payload["op"] == "r",
         )
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, InvalidChange):
+            raise
         raise InvalidChange(f"a Debezium event lacks or mistypes {exc}") from exc
+
+
+def _version(source: Mapping[str, Any], version_key: bytes | str | None) -> Version:
+    """tidegate's version where tidegate published the event; for Debezium's own events, the
+    change's own LSN (`source.lsn`). One row's changes are written to the WAL in commit order
+    (a second writer of a row waits on the first's lock until it commits), so their LSNs order
+    them as versions must; changes of different rows need no order."""
+    if version_key is not None:
+        return Version.from_key(_text(version_key))
+    lsn = source.get("lsn")
+    if not isinstance(lsn, int) or isinstance(lsn, bool) or lsn < 0:
+        raise InvalidChange(f"a Debezium event's source.lsn must be a non-negative integer, got {lsn!r}")
+    return Version(lsn, 0)
+
+
+def _commit_time(source: Mapping[str, Any]) -> datetime:
+    # ts_us (Debezium 2.6 and later) keeps the microseconds ts_ms drops.
+    micros = source.get("ts_us")
+    if not isinstance(micros, int):
+        micros = int(source["ts_ms"]) * 1000
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def _processed_s(payload: Mapping[str, Any]) -> float:
+    micros = payload.get("ts_us")
+    if isinstance(micros, int):
+        return micros / 1_000_000
+    millis = payload.get("ts_ms")
+    return millis / 1000 if isinstance(millis, int) else 0.0
 
 
 # ---------------------------------------------------------------------- rendering details
