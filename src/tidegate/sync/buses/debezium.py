@@ -111,14 +111,18 @@ def records_of(change: Change, source: DebeziumSource, *, schemas: bool, tombsto
     a tombstone (same key, null value) so that a compacted topic can drop the key."""
     topic = topic_of(source, change.entity_type)
     key_row = None if change.op is Op.TRUNCATE else change.key
-    key = None if key_row is None else _json(_wrapped(key_row, _key_schema(topic, key_row), schemas))
-    value = envelope(change, source, now_s=now_s)
+    value: object = envelope(change, source, now_s=now_s)
+    key: object = key_row
+    if schemas:  # built only when asked for: the schemaless default is the hot path
+        value = {"schema": _value_schema(topic, change, source), "payload": value}
+        if key_row is not None:
+            key = {"schema": _key_schema(topic, key_row), "payload": key_row}
     headers = ((VERSION_HEADER, change.version.key.encode()),
                (ENTITY_ID_HEADER, change.entity_id.encode()))
-    records = [DebeziumRecord(topic, key, _json(_wrapped(value, _value_schema(topic, change, source),
-                                                        schemas)), headers)]
+    key_bytes = None if key is None else _json(key)
+    records = [DebeziumRecord(topic, key_bytes, _json(value), headers)]
     if change.op is Op.DELETE and tombstones:
-        records.append(DebeziumRecord(topic, key, None, headers))
+        records.append(DebeziumRecord(topic, key_bytes, None, headers))
     return records
 
 
@@ -267,10 +271,6 @@ def _without_placeholders(after: Row | None) -> tuple[Row | None, tuple[str, ...
     if not unchanged:
         return after, ()
     return {c: v for c, v in after.items() if c not in unchanged}, unchanged
-
-
-def _wrapped(payload: object, schema: dict[str, Any], schemas: bool) -> object:
-    return {"schema": schema, "payload": payload} if schemas else payload
 
 
 # Kafka Connect schemas, as JsonConverter writes them with schemas.enable=true. Column types are
