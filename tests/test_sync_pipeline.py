@@ -180,12 +180,15 @@ def _confirmed(dsn: str, slot: str) -> int:
         return int(cur.fetchone()[0])
 
 
-@pytest.mark.parametrize("bus", ["memory", "redis", "kafka"])
+@pytest.mark.parametrize("bus", ["memory", "redis", "kafka", "redis-debezium", "kafka-debezium"])
 async def test_postgresql_commits_reach_the_cache_through_every_bus(
     pg_dsn: str, redis_server: str, bus: str, request: pytest.FixtureRequest,
 ) -> None:
-    bus_url = {"memory": "memory://", "redis": redis_server}.get(bus) or request.getfixturevalue(
+    backend, _, form = bus.partition("-")
+    bus_url = {"memory": "memory://", "redis": redis_server}.get(backend) or request.getfixturevalue(
         "kafka_broker").bus_url
+    if form:  # the bus publishes Debezium's envelope, which the pipeline's consumer reads back
+        bus_url += f"{'&' if '?' in bus_url else '?'}format={form}"
     in_one_transaction(pg_dsn, ITEMS, SEED.format(50))
     suffix = uuid.uuid4().hex[:8]
     sync = SyncConfig(source_url=pg_url(pg_dsn), bus_url=bus_url, cache_url=redis_server, tables=("items",),

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,9 +20,9 @@ from tidegate._formats import migrating
 from tidegate.config import SyncConfig, TidegateConfig
 from tidegate.errors import BusUnavailable, CacheUnavailable, ConfigError, SourceError
 from tidegate.queue import Queue
-from tidegate.sync.buses.base import bus_for
+from tidegate.sync.buses.base import BusBase, bus_for
 from tidegate.sync.cache import open_cache
-from tidegate.sync.contracts import ChangeSource, CheckpointStore, EntityCache, Sink
+from tidegate.sync.contracts import Bus, ChangeSource, CheckpointStore, EntityCache, Sink
 from tidegate.sync.metrics import SyncMetrics
 from tidegate.sync.pipeline import Pipeline, PipelineSettings
 from tidegate.sync.refresh import RefreshListener, RefreshSink
@@ -35,10 +36,22 @@ _POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
 def entity_types_of(config: SyncConfig) -> tuple[str, ...]:
-    """The entity types the configured tables produce (PostgreSQL drops the `public.` schema)."""
-    if urlsplit(config.source_url).scheme in _POSTGRES_SCHEMES:
+    """The entity types the configured tables produce (PostgreSQL drops the `public.` schema,
+    and so does Debezium's)."""
+    if urlsplit(config.source_url).scheme in (*_POSTGRES_SCHEMES, "debezium"):
         return tuple(t.removeprefix("public.") for t in config.tables)
     return config.tables
+
+
+def source_names(config: SyncConfig) -> dict[str, Any]:
+    """What a Debezium-format bus names as its events' source (`source.connector`, `source.db`):
+    the source URL's kind and its database (PostgreSQL) or file name without suffix (SQLite)."""
+    parts = urlsplit(config.source_url)
+    if parts.scheme == "debezium":
+        return {}  # Debezium names its own events
+    if parts.scheme in _POSTGRES_SCHEMES:
+        return {"connector": "postgresql", "database": parts.path.strip("/")}
+    return {"connector": "sqlite", "database": PurePosixPath(parts.path).stem}
 
 
 def source_for(config: SyncConfig, checkpoints: CheckpointStore) -> ChangeSource:
@@ -52,12 +65,17 @@ def source_for(config: SyncConfig, checkpoints: CheckpointStore) -> ChangeSource
             publication_name=config.publication, heartbeat_s=config.heartbeat_s,
             source_zone=config.source_timezone,
         ), checkpoints)
+    if scheme == "debezium":
+        from tidegate.sync.sources.debezium import DebeziumFeed
+
+        return DebeziumFeed()
     if scheme == "sqlite":
         from tidegate.sync.sources.sqlite.source import SqliteSource
 
         return SqliteSource.from_url(config.source_url, checkpoints, tables=config.tables,
                                      source_zone=config.source_timezone, batch_size=config.batch_size)
-    raise ConfigError(f"unsupported change source URL scheme {scheme!r}: use postgresql://… or sqlite:///…")
+    raise ConfigError(f"unsupported change source URL scheme {scheme!r}: use postgresql://…, sqlite:///… "
+                      "or debezium:// (an existing Debezium deployment writes the bus)")
 
 
 @contextlib.asynccontextmanager
@@ -81,7 +99,9 @@ async def open_sync(
             with migrating(config.storage.migrate):  # built in the configured migrate mode
                 built = open_cache(sync)
             cache = await stack.enter_async_context(built)
-        bus = await stack.enter_async_context(bus_for(sync.bus_url, prefix=sync.prefix))
+        bus = bus_for(sync.bus_url, prefix=sync.prefix, **source_names(sync))
+        _check_debezium_feed(sync, bus)
+        bus = await stack.enter_async_context(bus)
         source = await stack.enter_async_context(source_for(sync, cache))
         all_sinks = list(sinks)
         if sync.refresh:
@@ -94,6 +114,17 @@ async def open_sync(
             all_sinks.insert(0, refresh)
         yield Pipeline(source, bus, cache, entity_types_of(sync), sinks=all_sinks, metrics=metrics,
                        settings=settings or sync.pipeline)
+
+
+def _check_debezium_feed(config: SyncConfig, bus: Bus) -> None:
+    """debezium:// reads Debezium's topics: only a Kafka bus in Debezium's format has them."""
+    if urlsplit(config.source_url).scheme != "debezium":
+        return
+    if not (isinstance(bus, BusBase) and urlsplit(bus.url).scheme == "kafka"
+            and bus.settings.format == "debezium"):
+        raise ConfigError("source debezium:// reads the topics an existing Debezium deployment writes: "
+                          "the bus must be kafka://host:port?format=debezium, with prefix set to "
+                          "Debezium's topic.prefix")
 
 
 async def sync_status(config: SyncConfig) -> dict[str, JsonValue]:
@@ -109,6 +140,9 @@ async def sync_status(config: SyncConfig) -> dict[str, JsonValue]:
             assert isinstance(pg, PostgresSource)
             source = (await pg.status()).to_dict()
             rows = source.pop("table_rows")
+        elif urlsplit(config.source_url).scheme == "debezium":
+            # Debezium's database is not ours to read: its position is the group's offsets.
+            source, rows = {"kind": "debezium"}, {}
         else:
             from tidegate.sync.sources.sqlite.source import SqliteSource
 

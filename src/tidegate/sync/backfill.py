@@ -188,7 +188,8 @@ def row_changes(table: TableInfo, rows: Sequence[Mapping[str, str | None]], vers
         try:
             changes.append(Change.of_row(
                 entity_type=table.entity_type, op=Op.INSERT, key_columns=table.key_columns,
-                version=version, commit_time=commit_time, after=values, documents=documents))
+                version=version, commit_time=commit_time, after=values, documents=documents,
+                read=True))
         except InvalidChange as exc:
             raise SourceError(f"row of {table.entity_type} read from the table: {exc}") from exc
     return changes

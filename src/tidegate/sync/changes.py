@@ -131,6 +131,10 @@ class Change:
     # can read the row back by key to fill `unchanged`; in process only: not on the wire, not
     # compared.
     source_key: tuple[str, ...] | None = field(default=None, compare=False)
+    # The row was read from its table (a snapshot, a re-read after a schema change) rather than
+    # written by a transaction: what Debezium's format calls a read (op "r"). In process and in
+    # Debezium's format only: tidegate's own JSON leaves it out, and it is not compared.
+    read: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.commit_time.tzinfo is None:
@@ -173,14 +177,17 @@ class Change:
                commit_time: datetime, after: Mapping[str, Any] | None = None,
                before: Mapping[str, Any] | None = None, xid: int | None = None,
                captured_at: float = 0.0, unchanged: Sequence[str] = (),
-               source_key: Sequence[str] | None = None, documents: bool = False) -> Change:
+               source_key: Sequence[str] | None = None, documents: bool = False,
+               read: bool = False) -> Change:
         """A Change from raw row values (made canonical here); the key is taken from the
-        after-image, else the before-image. `documents`: see `entity_id_of`."""
+        after-image, else the before-image. `documents`: see `entity_id_of`; `read`: the row
+        was read from its table, not written (see the field)."""
         return cls.of_canonical_row(
             entity_type=entity_type, op=op, key_columns=key_columns, version=version,
             commit_time=commit_time, after=canonical(after) if after is not None else None,
             before=canonical(before) if before is not None else None, xid=xid,
-            captured_at=captured_at, unchanged=unchanged, source_key=source_key, documents=documents)
+            captured_at=captured_at, unchanged=unchanged, source_key=source_key, documents=documents,
+            read=read)
 
     @classmethod
     def of_canonical_row(cls, *, entity_type: str, op: Op, key_columns: Sequence[str],  # noqa: PLR0913
@@ -188,7 +195,7 @@ class Change:
                          before: Row | None = None, xid: int | None = None,
                          captured_at: float = 0.0, unchanged: Sequence[str] = (),
                          source_key: Sequence[str] | None = None,
-                         documents: bool = False) -> Change:
+                         documents: bool = False, read: bool = False) -> Change:
         """`of_row` for rows whose values are canonical already (a source that decodes straight
         to canonical values); the rows are taken as they are, not copied."""
         source = after if after is not None else before
@@ -201,7 +208,7 @@ class Change:
         return cls(entity_type, entity_id_of(key, key_columns, documents=documents), op, key,
                    after, before, commit_time, version, xid, unchanged=tuple(unchanged),
                    captured_at=captured_at,
-                   source_key=tuple(source_key) if source_key is not None else None)
+                   source_key=tuple(source_key) if source_key is not None else None, read=read)
 
     def to_json(self) -> bytes:
         """The change as JSON bytes, the form every bus carries."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, Literal, Self
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -35,6 +35,7 @@ from tidegate._lifecycle import Lifecycle
 from tidegate._redis import is_redis_url
 from tidegate._urls import redact_url, without_query
 from tidegate.errors import BusUnavailable, ConfigError, InvalidChange
+from tidegate.sync.buses.debezium import DebeziumSource, change_of
 from tidegate.sync.changes import Change, changes_from_json
 from tidegate.sync.contracts import Bus, Delivery
 
@@ -81,6 +82,22 @@ class BusSettings(BaseModel):
     # a waiting fetch as soon as a change arrives, so a long wait costs nothing there; Tansu looks
     # again only at points within the wait (see kafka.py), so the wait is the latency it adds.
     fetch_max_wait_ms: int = Field(20, ge=1, le=60_000)
+    # What a change looks like on the bus (kafka, redis): tidegate's own JSON, or Debezium's
+    # envelope for consumers written for Debezium (see `debezium.py`), on topics and streams
+    # named `<prefix>.<schema>.<table>` as Debezium names its topics. tidegate's own consumers
+    # read either.
+    format: Literal["tidegate", "debezium"] = "tidegate"
+    # format=debezium: key and value as `{"schema", "payload"}`, as Kafka's JsonConverter writes
+    # them with schemas.enable=true; false (the default) writes them schemaless.
+    schemas: bool = False
+    # format=debezium on kafka: a tombstone (the key, a null value) after each delete, for
+    # compacted topics (Debezium's tombstones.on.delete). Redis Streams have no compaction and
+    # get none.
+    tombstones: bool = True
+    # format=debezium: `source.connector` and `source.db`; `tidegate sync` sets them from the
+    # source URL.
+    connector: Literal["postgresql", "sqlite"] = "postgresql"
+    database: str = Field("", max_length=200)
 
     @model_validator(mode="after")
     def _heartbeat_within_session(self) -> Self:
@@ -114,6 +131,9 @@ def bus_for(url: str, *, prefix: str | None = None, settings: BusSettings | None
     if parts.scheme == "memory":
         if parts.netloc or parts.path.strip("/"):
             raise ConfigError(f"memory:// takes no host or path, got {redact_url(url)!r}")
+        if resolved.format != "tidegate":
+            raise ConfigError(f"format={resolved.format} is for buses other processes read "
+                              "(kafka://, redis://); memory:// keeps tidegate's own changes")
         from tidegate.sync.buses.memory import MemoryBus
 
         return MemoryBus(resolved)
@@ -162,6 +182,12 @@ class BusBase(Lifecycle):
         if changes:
             await self._publish(changes)
 
+    @property
+    def debezium_source(self) -> DebeziumSource:
+        """What the `source` block of this bus's Debezium events names (format=debezium)."""
+        s = self.settings
+        return DebeziumSource(s.connector, s.prefix, s.database)
+
     def decode(self, raw: bytes | str | None, where: str) -> Change | None:
         """The change an entry carries, or None (logged and counted) when it carries none."""
         try:
@@ -169,9 +195,22 @@ class BusBase(Lifecycle):
                 raise InvalidChange("the entry has no change field")
             return Change.from_json(raw)
         except InvalidChange as exc:
-            self.malformed += 1
-            log.warning("%s: skipping malformed entry %s (acked, not delivered): %s", self, where, exc)
+            self._skip(where, exc)
             return None
+
+    def decode_debezium(self, key: bytes | None, value: bytes, version_key: bytes | None,
+                        entity_id: bytes | None, where: str) -> Change | None:
+        """The change a Debezium event this bus published carries (see `debezium.change_of`), or
+        None (logged and counted) for anything else."""
+        try:
+            return change_of(key, value, version_key, entity_id)
+        except InvalidChange as exc:
+            self._skip(where, exc)
+            return None
+
+    def _skip(self, where: str, exc: InvalidChange) -> None:
+        self.malformed += 1
+        log.warning("%s: skipping malformed entry %s (acked, not delivered): %s", self, where, exc)
 
     def decode_many(self, raw: bytes | str, where: str) -> list[Change]:
         """The changes an entry of several carries (`changes_from_json`'s array); what is not a
@@ -179,8 +218,7 @@ class BusBase(Lifecycle):
         try:
             events = changes_from_json(raw)
         except InvalidChange as exc:
-            self.malformed += 1
-            log.warning("%s: skipping malformed entry %s (acked, not delivered): %s", self, where, exc)
+            self._skip(where, exc)
             return []
         out: list[Change] = []
         for index, event in enumerate(events):

@@ -4,6 +4,10 @@
   subscription, so neither has to come first) with `partitions` partitions and
   `replication_factor` replicas. Key = entity id, value = `Change.to_json()`: one entity's
   changes share a partition, which keeps them in order.
+- `format=debezium`: topics `<prefix>.<schema>.<table>`, key = the primary key and value =
+  Debezium's envelope (see `debezium.py`), then a tombstone after each delete unless
+  `tombstones=false`; tidegate's version and entity id ride as record headers. The key is the
+  same for every change of a row, so its changes still share a partition.
 - Publish: producer with `acks="all"` and, unless `idempotence=false`, idempotence (a retried send
   is never written twice); publish returns once every change is acknowledged. aiokafka keeps at
   most one request in flight per partition, so retries cannot reorder a partition either way.
@@ -45,6 +49,13 @@ from urllib.parse import urlsplit
 
 from tidegate.errors import BusUnavailable, ConfigError, MissingDependency
 from tidegate.sync.buses.base import BusBase, BusSettings, SubscriptionBase, log
+from tidegate.sync.buses.debezium import (
+    ENTITY_ID_HEADER,
+    VERSION_HEADER,
+    DebeziumRecord,
+    records_of,
+    topic_of,
+)
 from tidegate.sync.changes import Change
 from tidegate.sync.contracts import Delivery
 
@@ -83,8 +94,11 @@ class KafkaBus(BusBase):
         self._topic_lock = asyncio.Lock()
 
     def topic(self, entity_type: str) -> str:
-        """The topic of one entity type."""
-        name = f"{self.settings.prefix}.{entity_type}.changes"
+        """The topic of one entity type: Debezium's name for it with format=debezium."""
+        if self.settings.format == "debezium":
+            name = topic_of(self.debezium_source, entity_type)
+        else:
+            name = f"{self.settings.prefix}.{entity_type}.changes"
         if not _TOPIC.match(name):
             raise ConfigError(f"entity type {entity_type!r} cannot name a Kafka topic ({name!r}): topic "
                               "names are 1-249 of the characters A-Z a-z 0-9 . _ -")
@@ -158,13 +172,24 @@ class KafkaBus(BusBase):
                                      f"topic {topic}: {message}")
         self._topics.update(names)
 
+    def _records(self, changes: Sequence[Change], topics: Sequence[str]) -> Iterable[DebeziumRecord]:
+        """What to send for these changes, in order: in tidegate's format one record a change,
+        keyed by entity id; in Debezium's, its events and tombstones (see `debezium.py`)."""
+        if self.settings.format == "debezium":
+            source, s = self.debezium_source, self.settings
+            for change in changes:
+                yield from records_of(change, source, schemas=s.schemas, tombstones=s.tombstones)
+            return
+        for topic, change in zip(topics, changes, strict=True):
+            yield DebeziumRecord(topic, change.entity_id.encode(), change.to_json(), ())
+
     async def _publish(self, changes: Sequence[Change]) -> None:
         topics = await self.ensure_topics(change.entity_type for change in changes)
         sent: list[asyncio.Future[Any]] = []
         try:
-            for topic, change in zip(topics, changes, strict=True):
+            for record in self._records(changes, topics):
                 sent.append(await self._producer.send(
-                    topic, value=change.to_json(), key=change.entity_id.encode()))
+                    record.topic, value=record.value, key=record.key, headers=list(record.headers) or None))
             results = await asyncio.gather(*sent, return_exceptions=True)
         except KafkaError as exc:
             for future in sent:  # they fail too: their errors are this one
@@ -275,7 +300,7 @@ class KafkaSubscription(SubscriptionBase):
             for record in records:
                 handle = (tp, record.offset, track.epoch)
                 track.outstanding[record.offset] = False
-                change = self.bus.decode(record.value, f"{tp.topic}[{tp.partition}]@{record.offset}")
+                change = self._decode(record, f"{tp.topic}[{tp.partition}]@{record.offset}")
                 if change is None:
                     skipped.append(handle)
                 else:
@@ -283,6 +308,15 @@ class KafkaSubscription(SubscriptionBase):
         if skipped:
             await self._commit(skipped)
         return out
+
+    def _decode(self, record: Any, where: str) -> Change | None:
+        if self.bus.settings.format != "debezium":
+            return self.bus.decode(record.value, where)
+        if record.value is None:
+            return None  # a tombstone: the delete before it was the change
+        headers = dict(record.headers or ())
+        return self.bus.decode_debezium(record.key, record.value, headers.get(VERSION_HEADER),
+                                        headers.get(ENTITY_ID_HEADER), where)
 
     async def _ack(self, deliveries: Sequence[Delivery]) -> None:
         self._raise_commit_failure()

@@ -16,6 +16,8 @@
   parses and acks entries in the same proportion. Consumers of versions before several-changes
   entries read them as malformed: a rolling upgrade publishes with `changes_per_entry=1` until
   every consumer runs this version.
+- `format=debezium`: one Debezium event an entry on streams `<prefix>.<schema>.<table>` (the
+  layout: `redis_entries`); `changes_per_entry` does not apply.
 - Groups: `XGROUP CREATE key group 0 MKSTREAM` when a subscription opens. `0`, not `$`: a group
   created after publishing still gets every change the stream retains, as on every bus.
 - Fetch: after a (re)start a consumer first re-reads its own pending entries (`XREADGROUP … 0`),
@@ -67,7 +69,16 @@ from tidegate._redis import Outage, RedisClient, call_with_reconnect, driver_err
 from tidegate._urls import redact_url
 from tidegate.errors import BusUnavailable, MissingDependency
 from tidegate.sync.buses.base import BusBase, BusSettings, SubscriptionBase, log
-from tidegate.sync.buses.redis_entries import FIELD_MANY, FIELD_ONE, TrimWindow, entries_of
+from tidegate.sync.buses.debezium import ENTITY_ID_HEADER, VERSION_HEADER, topic_of
+from tidegate.sync.buses.redis_entries import (
+    FIELD_KEY,
+    FIELD_MANY,
+    FIELD_ONE,
+    FIELD_VALUE,
+    TrimWindow,
+    debezium_entries_of,
+    entries_of,
+)
 from tidegate.sync.changes import Change
 from tidegate.sync.contracts import Delivery
 
@@ -98,7 +109,10 @@ class RedisBus(BusBase):
         self.outage = Outage("bus", url)
 
     def stream_key(self, entity_type: str) -> str:
-        """The stream of one entity type."""
+        """The stream of one entity type: named as Debezium names topics with format=debezium
+        (one key, so it needs no hash tag to stay on one Cluster shard)."""
+        if self.settings.format == "debezium":
+            return topic_of(self.debezium_source, entity_type)
         return f"{self.settings.prefix}:{{{entity_type}}}:changes"
 
     def unavailable(self, exc: Exception) -> BusUnavailable:
@@ -125,7 +139,11 @@ class RedisBus(BusBase):
         await self.redis.aclose()
 
     async def _publish(self, changes: Sequence[Change]) -> None:
-        entries = entries_of(changes, self.stream_key, self.settings.changes_per_entry)
+        debezium = self.settings.format == "debezium"
+        if debezium:
+            entries = debezium_entries_of(changes, self.debezium_source, schemas=self.settings.schemas)
+        else:
+            entries = entries_of(changes, self.stream_key, self.settings.changes_per_entry)
         # The trims earlier publishes asked for ride along with these entries (see redis_entries).
         trims = [(key, window.min_id) for key, window in self._windows.items() if window.min_id is not None]
 
@@ -144,7 +162,7 @@ class RedisBus(BusBase):
             raise self.unavailable(exc) from exc
         for key, min_id in trims:
             self._windows[key].trimmed(min_id)
-        if self.settings.changes_per_entry == 1:
+        if debezium or self.settings.changes_per_entry == 1:
             return  # one change an entry: MAXLEN counts changes already
         for entry, entry_id in zip(entries, replies[len(trims):], strict=True):
             window = self._windows.get(entry.key)
@@ -173,7 +191,8 @@ class RedisSubscription(SubscriptionBase):
         # Changes an entry held in the latest read: reads ask for about `room` changes' worth of
         # entries, so that entries of many changes do not pile up in the buffer. Until a read
         # says otherwise, entries are taken to be as full as this bus writes them.
-        self._changes_per_entry = float(bus.settings.changes_per_entry)
+        debezium = bus.settings.format == "debezium"  # one event an entry
+        self._changes_per_entry = float(1 if debezium else bus.settings.changes_per_entry)
         # The streams by Redis Cluster slot, each group one XREADGROUP (one group off a cluster).
         slots: dict[int, list[str]] = {}
         for key in self._keys:
@@ -420,6 +439,13 @@ class RedisSubscription(SubscriptionBase):
 
     def _decode(self, key: str, entry_id: bytes, fields: dict[bytes, bytes]) -> list[Change]:
         """The changes of an entry in either form (see redis_entries)."""
+        where = f"{key} {entry_id.decode()}"
+        value = fields.get(FIELD_VALUE)
+        if value is not None:
+            change = self.bus.decode_debezium(
+                fields.get(FIELD_KEY), value, fields.get(VERSION_HEADER.encode()),
+                fields.get(ENTITY_ID_HEADER.encode()), where)
+            return [] if change is None else [change]
         many = fields.get(FIELD_MANY)
         if many is not None:
             return self.bus.decode_many(many, f"{key} {entry_id.decode()}")

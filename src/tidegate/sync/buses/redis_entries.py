@@ -10,6 +10,11 @@ An entry carries one field:
 
 Readers take both forms, so a stream written by an older version reads on after an upgrade.
 
+With `format=debezium` (see `debezium.py`) an entry is one Debezium event, the extended form of
+Debezium Server's Redis sink: `key` (absent for a truncate, which has no key), `value`, and
+tidegate's `tidegate.version` and `tidegate.entity_id`. Streams are not compacted, so a delete
+gets no tombstone: the delete event itself says the row is gone.
+
 Stream length counts entries, and an entry now holds one change or many: `MAXLEN ~ max_len`
 alone would keep anywhere from `max_len` to `changes_per_entry * max_len` changes. So the
 producer remembers how many changes each entry it wrote holds (`TrimWindow`) and trims with
@@ -25,12 +30,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from tidegate.sync.buses.debezium import DebeziumSource, records_of
 from tidegate.sync.changes import Change, changes_to_json
 
-__all__ = ["FIELD_MANY", "FIELD_ONE", "MAX_ENTRY_BYTES", "Entry", "TrimWindow", "entries_of"]
+__all__ = ["FIELD_KEY", "FIELD_MANY", "FIELD_ONE", "FIELD_VALUE", "MAX_ENTRY_BYTES", "Entry",
+           "TrimWindow", "debezium_entries_of", "entries_of"]
 
 FIELD_ONE = b"change"
 FIELD_MANY = b"changes"
+FIELD_KEY = b"key"
+FIELD_VALUE = b"value"
 # Far below Redis's limits, and what one read may hand a consumer at once per entry; 100 changes
 # of a few hundred bytes each stay well inside it.
 MAX_ENTRY_BYTES = 512 * 1024
@@ -69,6 +78,20 @@ def entries_of(changes: Sequence[Change], stream_key: Callable[[str], str],
             chunk.append(one)
             size += len(one) + 1
         out.append(Entry(key, {FIELD_MANY: changes_to_json(chunk)}, len(chunk)))
+    return out
+
+
+def debezium_entries_of(changes: Sequence[Change], source: DebeziumSource, *,
+                        schemas: bool) -> list[Entry]:
+    """`changes` as Debezium events, one an entry, on streams named as Debezium names topics."""
+    out: list[Entry] = []
+    for change in changes:
+        for record in records_of(change, source, schemas=schemas, tombstones=False):
+            assert record.value is not None  # no tombstones asked for
+            fields = {FIELD_VALUE: record.value, **{name.encode(): value for name, value in record.headers}}
+            if record.key is not None:
+                fields[FIELD_KEY] = record.key
+            out.append(Entry(record.topic, fields, 1))
     return out
 
 

@@ -375,7 +375,8 @@ class SqliteSource(Lifecycle):
                 image = reader.normalise(orjson.loads(row[width]))
                 changes.append(Change.of_row(
                     entity_type=table, op=Op.INSERT, key_columns=shape.key_columns, after=image,
-                    version=Version(max_seq, SNAPSHOT_ORDINAL), commit_time=read_at, captured_at=captured_at))
+                    version=Version(max_seq, SNAPSHOT_ORDINAL), commit_time=read_at, captured_at=captured_at,
+                    read=True))
             except (orjson.JSONDecodeError, InvalidChange) as exc:
                 log.error("%s row %r cannot become a change and is skipped: %s", table, row[:width], exc)
         return tuple(changes), list(rows[-1][:width]), len(rows) == batch
