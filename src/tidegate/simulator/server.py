@@ -3,17 +3,16 @@
 It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings`, OpenAI's
 legacy `/v1/completions` and `/v1/moderations` (see legacy.py), Anthropic's `/v1/messages` (plain
 and streamed, in Anthropic's shapes: see messages.py), OpenAI's `/v1/responses` (plain and
-streamed typed events: see responses.py), OpenAI's Files and Batch APIs (`/v1/files`,
-`/v1/batches`: see batches.py) and Anthropic's Message Batches (`/v1/messages/batches`: see
-message_batches.py) for the
-price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
-choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
-see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
-enforces its own per-model RPM/TPM over a sliding window (429 with Retry-After and x-ratelimit-*
-headers), and injects faults (500, 503, timeouts, connection resets, malformed bodies) at
-configured rates or on demand. A seeded simulator given the same requests answers the same way.
-The bodies of the last requests it accepted are kept (`received`), so a test can see what an
-upstream was sent.
+streamed typed events) and `/v1/responses/compact` (see responses.py), OpenAI's Files and Batch
+APIs (`/v1/files`, `/v1/batches`: see batches.py) and Anthropic's Message Batches
+(`/v1/messages/batches`: see message_batches.py) for the price table's models (a chat answer stops
+at a `stop` sequence it meets, naming it in the choice's `stop_reason` as vLLM does, and calls a
+function when the request's tools lead to one: see requests.parse_chat), validates requests like a
+real provider, answers with realistic usage, enforces its own per-model RPM/TPM over a sliding
+window (429 with Retry-After and x-ratelimit-* headers), and injects faults (500, 503, timeouts,
+connection resets, malformed bodies) at configured rates or on demand. A seeded simulator given
+the same requests answers the same way. The bodies of the last requests it accepted are kept
+(`received`), so a test can see what an upstream was sent.
 
 Control and observation endpoints live under `/_sim/` and are served only on a loopback address:
 `GET /_sim/stats`, `GET|POST /_sim/settings`, `POST /_sim/reset`, `POST /_sim/faults`.
@@ -85,7 +84,7 @@ from tidegate.simulator.requests import (
     parse_embeddings,
     parse_json_object,
 )
-from tidegate.simulator.responses import parse_responses
+from tidegate.simulator.responses import parse_compaction, parse_responses
 from tidegate.simulator.settings import (
     FAULT_RATES,
     ModelBehaviour,
@@ -230,6 +229,7 @@ class Simulator:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/responses/compact", self._compact)
         app.router.add_post("/v1/completions", self._legacy("completion", parse_completion))
         app.router.add_post("/v1/moderations", self._legacy("moderation", parse_moderation))
         batches = self._batches
@@ -371,6 +371,13 @@ class Simulator:
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         try:
             chat, served = await self._accept(request, "chat", parse_responses)
+        except InvalidRequest as exc:
+            return _error_response(exc)
+        return await self._answer(request, served, chat)
+
+    async def _compact(self, request: web.Request) -> web.StreamResponse:
+        try:
+            chat, served = await self._accept(request, "chat", parse_compaction)
         except InvalidRequest as exc:
             return _error_response(exc)
         return await self._answer(request, served, chat)
