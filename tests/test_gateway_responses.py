@@ -601,11 +601,16 @@ async def test_input_tokens_of_a_continued_response_count_its_conversation(acme:
 async def test_input_tokens_of_a_bad_request_are_refused_as_a_response_would_be(
     gw: Gateway, tenant: str, request_body: dict[str, Any], status: int, code: str, param: str
 ) -> None:
-    answer = await gw.http.post("/v1/responses/input_tokens", json=request_body, headers=gw.auth(tenant))
+    assert await refusal(gw, "/v1/responses/input_tokens", request_body, tenant) == (status, code, param)
 
-    assert answer.status_code == status, answer.text
+
+async def refusal(gw: Gateway, path: str, body: dict[str, Any], tenant: str) -> tuple[int, str, str]:
+    """The status of an error answer to `body` posted to `path`, and its OpenAI-shaped error's code
+    and param."""
+    answer = await gw.http.post(path, json=body, headers=gw.auth(tenant))
+    assert answer.status_code >= 400, answer.text
     error = answer.json()["error"]
-    assert (error["code"], error["param"]) == (code, param)
+    return answer.status_code, error["code"], error["param"]
 
 
 def texts(items: list[Any]) -> list[str]:
@@ -714,11 +719,7 @@ async def test_a_bad_compaction_is_refused_in_openais_shape_and_nothing_is_queue
 ) -> None:
     before = await enqueued(gw)
 
-    answer = await gw.http.post("/v1/responses/compact", json=request_body, headers=gw.auth(tenant))
-
-    assert answer.status_code == status, answer.text
-    error = answer.json()["error"]
-    assert (error["code"], error["param"]) == (code, param)
+    assert await refusal(gw, "/v1/responses/compact", request_body, tenant) == (status, code, param)
     assert await enqueued(gw) == before
 
 

@@ -229,9 +229,9 @@ class Simulator:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/responses", self._responses)
-        app.router.add_post("/v1/responses/compact", self._compact)
-        app.router.add_post("/v1/completions", self._legacy("completion", parse_completion))
-        app.router.add_post("/v1/moderations", self._legacy("moderation", parse_moderation))
+        app.router.add_post("/v1/responses/compact", self._endpoint("chat", parse_compaction))
+        app.router.add_post("/v1/completions", self._endpoint("completion", parse_completion))
+        app.router.add_post("/v1/moderations", self._endpoint("moderation", parse_moderation))
         batches = self._batches
         app.router.add_post("/v1/files", batches.create_file)
         app.router.add_get("/v1/files/{file_id}", batches.get_file)
@@ -375,13 +375,6 @@ class Simulator:
             return _error_response(exc)
         return await self._answer(request, served, chat)
 
-    async def _compact(self, request: web.Request) -> web.StreamResponse:
-        try:
-            chat, served = await self._accept(request, "chat", parse_compaction)
-        except InvalidRequest as exc:
-            return _error_response(exc)
-        return await self._answer(request, served, chat)
-
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         try:
             embed, served = await self._accept(request, "embeddings", parse_embeddings)
@@ -390,9 +383,11 @@ class Simulator:
             return _error_response(exc)
         return await self._answer(request, served, embed)
 
-    def _legacy(self, kind: Literal["completion", "moderation"],
-                parse: Callable[[dict[str, Any]], _R]) -> _Handler:
-        """The handler of a legacy endpoint: accepted as any other request, then answered."""
+    def _endpoint(self, kind: Literal["chat", "completion", "moderation"],
+                  parse: Callable[[dict[str, Any]], _R]) -> _Handler:
+        """The handler of an endpoint whose requests `parse` reads into those of a model of `kind`
+        (a compaction, a legacy completion or moderation): accepted as any other request, then
+        answered in its own wire format."""
 
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
