@@ -34,6 +34,7 @@ from tidegate.config import TidegateConfig
 from tidegate.gateway.anthropic.dialect import ANTHROPIC
 from tidegate.gateway.anthropic.schemas import MessagesRequest
 from tidegate.gateway.core.dialect import StreamRenderer
+from tidegate.gateway.responses.compaction import COMPACTION_PROMPT
 from tidegate.gateway.responses.dialect import RESPONSES
 from tidegate.gateway.responses.schemas import ResponseCreateRequest
 from tidegate.gateway.responses.summaries import SUMMARY_PREFIX
@@ -308,6 +309,32 @@ async def test_a_native_only_job_routed_to_a_chat_only_provider_fails_saying_why
     assert job.state is JobState.DEAD and job.attempts == 1
     assert job.failure is not None and job.failure["code"] == "native_api_required"
     assert "does not speak" in job.failure["message"]
+
+
+async def test_a_compaction_job_routed_to_a_chat_only_provider_is_summarized_unless_only_native(
+    gw: Gateway,
+) -> None:
+    # Given compaction jobs that reach a chat-only model (the configuration changed after they
+    # were queued): one whose chat body is the summary request, one only a native provider may serve
+    summarize = [{"role": "user", "content": "Plan a trip."}, {"role": "user", "content": COMPACTION_PROMPT}]
+    payloads = [
+        {"kind": "chat", "body": {"model": CHAT_ONLY_MODEL, "messages": summarize},
+         "origin": {"api": "compact", "body": {"model": CHAT_ONLY_MODEL, "input": "Plan a trip."}}},
+        {"kind": "chat", "body": {"model": CHAT_ONLY_MODEL, "messages": summarize[:1]},
+         "origin": {"api": "compact", "native_only": True, "body": {
+             "model": CHAT_ONLY_MODEL, "input": [{"type": "compaction", "encrypted_content": "gAAAA"}]}}}]
+    compactions = len(gw.sim.received("/v1/responses/compact"))
+    job_ids = [await gw.queue.enqueue(payload, tenant="acme") for payload in payloads]
+
+    summarized, refused = await wait_final(gw.queue, job_ids)
+
+    # Then the first is summarized by the chat model, and the second fails saying why
+    assert summarized.state is JobState.SUCCEEDED and summarized.result is not None
+    assert summarized.result["response"]["object"] == "chat.completion"
+    assert last_sent(gw, "/v1/chat/completions")["messages"][-1]["content"] == COMPACTION_PROMPT
+    assert refused.state is JobState.DEAD and refused.failure is not None
+    assert refused.failure["code"] == "native_api_required" and "responses API" in refused.failure["message"]
+    assert len(gw.sim.received("/v1/responses/compact")) == compactions
 
 
 async def batch_of(client: AsyncOpenAI, lines: dict[str, dict[str, Any]]) -> Batch:
