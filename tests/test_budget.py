@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from support.redis_keys import REDIS_BACKENDS, delete_keys, redis_client, redis_url_of
+from tidegate.ai import Usage
 from tidegate.config import ModelConfig
 from tidegate.contract import RequestBody, decode
 from tidegate.coord.budget import (
@@ -334,13 +335,13 @@ def typed(kind: str, body: dict[str, Any]) -> RequestBody:
 
 
 def test_cost_is_exact_and_rounds_up_to_a_micro() -> None:
-    assert cost_micros(MODEL, 1_000_000, 0) == 2_000_000
-    assert cost_micros(MODEL, 1_000, 500) == 2_000 + 4_000
+    assert cost_micros(MODEL, Usage(1_000_000, 0)) == 2_000_000
+    assert cost_micros(MODEL, Usage(1_000, 500)) == 2_000 + 4_000
     cheap = ModelConfig(name="c", input_usd_per_1m=Decimal("0.28"), output_usd_per_1m=Decimal("0.42"))
-    assert cost_micros(cheap, 1, 0) == 1  # 0.28 micros bills as one
-    assert cost_micros(cheap, 100, 100) == 70
+    assert cost_micros(cheap, Usage(1, 0)) == 1  # 0.28 micros bills as one
+    assert cost_micros(cheap, Usage(100, 100)) == 70
     with pytest.raises(ValueError):
-        cost_micros(MODEL, -1, 0)
+        cost_micros(MODEL, Usage(-1, 0))
 
 
 def test_usd_and_micros_convert_exactly() -> None:
@@ -380,4 +381,4 @@ def test_cost_estimate_includes_the_most_output_the_request_allows() -> None:
     assert estimate_output_tokens(typed("chat", {**body, "max_completion_tokens": 50, "n": 2})) == 100
     assert estimate_output_tokens(typed("chat", {"messages": body["messages"]})) == DEFAULT_MAX_OUTPUT_TOKENS
     assert estimate_output_tokens(typed("embeddings", {"input": "x", "max_tokens": 9})) == 0
-    assert estimate_cost_micros(MODEL, typed("chat", body)) == cost_micros(MODEL, 4 + 1 + 3, 100)
+    assert estimate_cost_micros(MODEL, typed("chat", body)) == cost_micros(MODEL, Usage(4 + 1 + 3, 100))

@@ -19,6 +19,7 @@ from openai.types import (
 from conftest import QueueFactory
 from support.gateway import open_gateway, with_legacy_models
 from test_gateway_batches import ended, lines_of, upload
+from tidegate.ai import Usage
 from tidegate.costs import cost_micros
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.catalogue import legacy_models
@@ -42,7 +43,8 @@ async def test_a_completion_is_queued_at_its_priority_and_charged_by_the_models_
         assert (view["kind"], view["priority"], view["state"], view["model"]) == (
             "completion", "high", "succeeded", INSTRUCT)
         [priced] = [model for model in legacy_models() if model.name == INSTRUCT]
-        charged = cost_micros(priced, completion.usage.prompt_tokens, completion.usage.completion_tokens)
+        spent = completion.usage
+        charged = cost_micros(priced, Usage(spent.prompt_tokens, spent.completion_tokens))
         assert charged > 0 and view["result"]["cost_micros"] == charged
         assert Decimal(raw.headers["X-Tidegate-Cost-Usd"]) == Decimal(view["cost_usd"]) > 0
 

@@ -27,10 +27,9 @@ from pydantic import TypeAdapter
 
 from conftest import BACKENDS
 from support.dispatch import PROVIDER, wait_final
-from support.gateway import Gateway, module_gateway
+from support.gateway import Gateway, module_gateway, three_providers
 from support.waiting import eventually
 from tidegate.ai import AIResult
-from tidegate.config import TidegateConfig
 from tidegate.gateway.anthropic.dialect import ANTHROPIC
 from tidegate.gateway.anthropic.schemas import MessagesRequest
 from tidegate.gateway.core.dialect import StreamRenderer
@@ -50,19 +49,6 @@ SEARCH: ToolParam = {"type": "web_search_preview"}
 HELLO: list[MessageParam] = [{"role": "user", "content": "Say hello"}]
 THINKING: dict[str, Any] = {"type": "enabled", "budget_tokens": 1024}
 STREAM_EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
-
-
-def three_providers(config: TidegateConfig) -> TidegateConfig:
-    """The simulator as a Responses-native provider, an Anthropic one and a chat-only one."""
-    [sim] = config.providers
-    models = {model.name: model for model in sim.models}
-    responses = sim.model_copy(update={"name": "sim-responses", "native_apis": ("responses",),
-                                       "models": (models[RESPONSES_MODEL],)})
-    messages = sim.model_copy(update={"name": "sim-messages", "api": "anthropic",
-                                      "models": (models[MESSAGES_MODEL],)})
-    chat = sim.model_copy(update={"models": tuple(model for name, model in models.items()
-                                                  if name not in (RESPONSES_MODEL, MESSAGES_MODEL))})
-    return config.model_copy(update={"providers": (responses, messages, chat)})
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=BACKENDS)

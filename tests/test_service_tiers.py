@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from conftest import QueueFactory
 from support.gateway import Gateway, open_gateway
-from tidegate.ai import AIRequest, result_of
+from tidegate.ai import AIRequest, Usage, result_of
 from tidegate.config import BudgetConfig, ModelConfig, PricedTier, ProviderConfig, TidegateConfig, TierPrice
 from tidegate.contract import decode, requested_tier
 from tidegate.costs import at_tier, billed_tier, cost_micros, estimate_cost_micros, usd_to_micros
@@ -185,8 +185,8 @@ def test_a_tier_is_priced_by_the_models_own_price_then_the_providers_factor() ->
                         tier_prices={"flex": flex})
     factors: dict[PricedTier, Decimal] = {"priority": Decimal("1.75"), "flex": Decimal("0.1")}
 
-    assert cost_micros(at_tier(model, "flex", factors), 1000, 1000) == 5000  # its own flex prices
-    assert cost_micros(at_tier(model, "priority", factors), 1000, 1000) == 17500
+    assert cost_micros(at_tier(model, "flex", factors), Usage(1000, 1000)) == 5000  # its own flex prices
+    assert cost_micros(at_tier(model, "priority", factors), Usage(1000, 1000)) == 17500
     assert at_tier(model, "auto", factors) is at_tier(model, None, factors) is model
     assert at_tier(model, "priority") is model  # no factor for the tier: the default prices
     assert [billed_tier("flex", "default"), billed_tier("flex", None), billed_tier("auto", "scale")] == [

@@ -21,6 +21,7 @@ from conftest import QueueFactory
 from support.dispatch import chat, queue_url_of, running_worker, wait_final
 from support.provider_batches import TWO_DAYS_S, batch_config, bulk_jobs, waiting_in_a_batch
 from support.waiting import eventually
+from tidegate.ai import Usage
 from tidegate.config import BudgetConfig, ProviderBatchConfig, ProviderConfig
 from tidegate.contract import decode
 from tidegate.coord.budget import budget_ledger_for
@@ -126,7 +127,7 @@ async def test_bulk_jobs_with_a_long_deadline_go_through_one_provider_batch_at_i
         usage = result["usage"]
         tokens = usage["prompt_tokens"], usage["completion_tokens"]
         # Charged exactly the batch price: half of what a live call with that usage costs
-        spent = cost_micros(batch_priced(model, provider), *tokens)
+        spent = cost_micros(batch_priced(model, provider), Usage(*tokens))
         assert result["cost_micros"] == spent and Decimal(result["cost_usd"]) == micros_to_usd(spent)
         live = (tokens[0] * model.input_usd_per_1m + tokens[1] * model.output_usd_per_1m)
         assert spent - 1 < live / 2 <= spent
@@ -163,7 +164,7 @@ async def test_an_anthropic_provider_serves_bulk_jobs_through_message_batches_as
         tokens = usage["prompt_tokens"], usage["completion_tokens"]
         assert tokens[0] > 0 and tokens[1] > 0
         # Charged the batch price: half of a live call's
-        spent = cost_micros(batch_priced(model, provider), *tokens)
+        spent = cost_micros(batch_priced(model, provider), Usage(*tokens))
         assert result["cost_micros"] == spent and Decimal(result["cost_usd"]) == micros_to_usd(spent)
         live = (tokens[0] * model.input_usd_per_1m + tokens[1] * model.output_usd_per_1m)
         assert spent - 1 < live / 2 <= spent
@@ -503,7 +504,7 @@ async def test_bulk_embeddings_go_through_a_batch_of_their_own_endpoint(
     for job in jobs:
         assert in_a_batch(job) and job.result["response"]["data"][0]["embedding"]
         tokens = job.result["usage"]["prompt_tokens"]
-        assert job.result["cost_micros"] == cost_micros(batch_priced(model, provider), tokens, 0)
+        assert job.result["cost_micros"] == cost_micros(batch_priced(model, provider), Usage(tokens, 0))
 
 
 def test_a_batch_section_of_an_anthropic_provider_is_for_chat_and_priorities_are_named_as_levels() -> None:

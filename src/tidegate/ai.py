@@ -21,7 +21,9 @@ A job result (what `GET /v1/jobs/{id}` shows as `result`):
                                          # chat.completion, an embeddings list, a
                                          # text_completion or a moderation
      "provider": "...", "model": "...", "route": "...",
-     "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+     "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3,
+               "prompt_tokens_details": {...},       # cache reads and writes, when there were
+               "completion_tokens_details": {...}},  # reasoning tokens, when there were (Usage)
      "cost_usd": "0.000123", "cost_micros": 123,
      "queue_wait_ms": 1.5, "upstream_latency_ms": 80.2, "ttft_ms": 20.0,  # ttft_ms: streams only
      "attempts": 1, "worker_id": "..."}
@@ -289,31 +291,95 @@ class Origin:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Tokens a call consumed, as the provider counted them (zeros when it did not say)."""
+    """Tokens a call consumed, as the provider counted them (zeros when it did not say).
+
+    `input_tokens` is every prompt token, the ones read from or written to the provider's prompt
+    cache included (OpenAI's `prompt_tokens`; Anthropic's `input_tokens` leaves those out, and
+    its adapter adds them back). `cached_input_tokens`, `cache_write_5m_tokens` and
+    `cache_write_1h_tokens` say how many of them the cache served or took (an Anthropic cache
+    write lasts 5 minutes or 1 hour, at two prices). `reasoning_tokens` is how many of the
+    `output_tokens` the model spent reasoning: both providers bill them as output, already
+    counted there.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_5m_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    reasoning_tokens: int = 0
 
-    def to_json(self) -> dict[str, int]:
-        """The stored `usage` object (OpenAI's field names)."""
-        return {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens,
-                "total_tokens": self.total_tokens}
+    @property
+    def cache_write_tokens(self) -> int:
+        """The input tokens written to the prompt cache, whatever their lifetime."""
+        return self.cache_write_5m_tokens + self.cache_write_1h_tokens
+
+    @property
+    def uncached_input_tokens(self) -> int:
+        """The input tokens neither read from nor written to the cache: those billed at the
+        plain input price."""
+        return max(0, self.input_tokens - self.cached_input_tokens - self.cache_write_tokens)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored `usage` object, in OpenAI's chat shape: the counts, then
+        `prompt_tokens_details` (`cached_tokens`, `cache_write_tokens` and their lifetimes in
+        `cache_write_tokens_details`) and `completion_tokens_details` (`reasoning_tokens`),
+        each only when it has something to say."""
+        usage: dict[str, Any] = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens,
+                                 "total_tokens": self.total_tokens}
+        if self.cached_input_tokens or self.cache_write_tokens:
+            prompt: dict[str, Any] = {"cached_tokens": self.cached_input_tokens}
+            if self.cache_write_tokens:
+                prompt["cache_write_tokens"] = self.cache_write_tokens
+                prompt["cache_write_tokens_details"] = {_TTL_5M: self.cache_write_5m_tokens,
+                                                        _TTL_1H: self.cache_write_1h_tokens}
+            usage["prompt_tokens_details"] = prompt
+        if self.reasoning_tokens:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return usage
 
     @classmethod
     def from_json(cls, usage: object) -> Usage:
         """An OpenAI-shaped `usage` object; counts that are missing or not positive integers are
-        zeros, and a missing total is the sum of the two."""
+        zeros, and a missing total is the sum of the two. Cache writes whose lifetime is not
+        told are 5-minute ones (Anthropic's default)."""
         if not isinstance(usage, dict):
             return NO_USAGE
         prompt = _count(usage.get("prompt_tokens"))
         completion = _count(usage.get("completion_tokens"))
         total = _count(usage.get("total_tokens")) or prompt + completion
-        return cls(prompt, completion, total)
+        return cls(prompt, completion, total, *_details(usage))
+
+    @classmethod
+    def stored(cls, usage: Mapping[str, Any]) -> Usage:
+        """A stored `usage` object (`to_json`) read back as it was written: no total recomputed,
+        and a count that is not an integer, or absent (a result of an earlier release, written
+        before the details were), reads as 0."""
+        def count(name: str) -> int:
+            return _whole(usage.get(name)) or 0
+
+        return cls(count("prompt_tokens"), count("completion_tokens"), count("total_tokens"),
+                   *_details(usage))
 
 
 NO_USAGE: Final = Usage()
-_USAGE_FIELDS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
+_TTL_5M: Final = "ttl_5m_tokens"
+_TTL_1H: Final = "ttl_1h_tokens"
+
+
+def _details(usage: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """Cached, 5-minute written, 1-hour written and reasoning tokens of an OpenAI-shaped usage."""
+    prompt = usage.get("prompt_tokens_details")
+    prompt = prompt if isinstance(prompt, dict) else {}
+    lifetimes = prompt.get("cache_write_tokens_details")
+    lifetimes = lifetimes if isinstance(lifetimes, dict) else {}
+    written_1h = _count(lifetimes.get(_TTL_1H))
+    written_5m = _count(lifetimes.get(_TTL_5M)) if _TTL_5M in lifetimes else max(
+        0, _count(prompt.get("cache_write_tokens")) - written_1h)
+    completion = usage.get("completion_tokens_details")
+    reasoning = completion.get("reasoning_tokens") if isinstance(completion, dict) else None
+    return _count(prompt.get("cached_tokens")), written_5m, written_1h, _count(reasoning)
 
 
 def _count(value: object) -> int:
@@ -419,9 +485,7 @@ class AIResult:
         return cls(
             response=response, model=_text(document.get("model")), provider=_text(document.get("provider")),
             route=_text(document.get("route")),
-            # Counts are shown as stored (no total recomputed); one that is not an int reads as 0.
-            usage=Usage(*(_whole(usage.get(name)) or 0 for name in _USAGE_FIELDS))
-            if isinstance(usage, dict) else None,
+            usage=Usage.stored(usage) if isinstance(usage, dict) else None,
             cost_micros=_whole(document.get("cost_micros")), cost_usd=_text(document.get("cost_usd")),
             timings=Timings(timing("queue_wait_ms"), timing("upstream_latency_ms"), timing("ttft_ms")),
             attempts=_whole(document.get("attempts")), worker_id=_text(document.get("worker_id")),

@@ -58,6 +58,8 @@ class TierPrice(BaseModel):
 
     input_usd_per_1m: Decimal = Field(ge=0)  # USD per 1M input tokens
     output_usd_per_1m: Decimal = Field(ge=0)  # USD per 1M output tokens
+    # USD per 1M input tokens read from the prompt cache at this tier; unset: the input price above.
+    cached_input_usd_per_1m: Decimal | None = Field(None, ge=0)
 
 
 class ModelConfig(BaseModel):
@@ -67,7 +69,15 @@ class ModelConfig(BaseModel):
 
     name: str = Field(min_length=1)  # what callers and routing tiers name it
     input_usd_per_1m: Decimal = Field(ge=0)  # USD per 1M input tokens
-    output_usd_per_1m: Decimal = Field(ge=0)  # USD per 1M output tokens
+    output_usd_per_1m: Decimal = Field(ge=0)  # USD per 1M output tokens (reasoning tokens included)
+    # Prompt caching (tidegate.costs): USD per 1M input tokens read from the provider's cache
+    # (OpenAI's cached input, Anthropic's cache hits); unset, they cost the input price, which
+    # over-estimates them (providers bill them at a tenth to a half of it).
+    cached_input_usd_per_1m: Decimal | None = Field(None, ge=0)
+    # USD per 1M input tokens written to Anthropic's 5-minute and 1-hour caches; unset, the input
+    # price times Anthropic's published multipliers, 1.25 and 2.
+    cache_write_5m_usd_per_1m: Decimal | None = Field(None, ge=0)
+    cache_write_1h_usd_per_1m: Decimal | None = Field(None, ge=0)
     rpm: int | None = Field(None, gt=0)  # requests per minute; None = no limit known
     tpm: int | None = Field(None, gt=0)  # tokens (input + output) per minute
     # The window rpm and tpm count over. Providers state limits per minute; a shorter window
@@ -79,9 +89,10 @@ class ModelConfig(BaseModel):
     # (`completion`, e.g. gpt-3.5-turbo-instruct) and moderations (`moderation`). A provider
     # offers /v1/completions or /v1/moderations by serving a model of that kind.
     kind: Literal["chat", "embeddings", "completion", "moderation"] = "chat"
-    # Prices at other service tiers than `default` (whose prices are the two above), e.g.
-    # {flex = {input_usd_per_1m = 1.0, output_usd_per_1m = 4.0}}; a tier not listed costs the
-    # default prices times the provider's `tier_price_factors`, else the default prices.
+    # Prices at other service tiers than `default` (whose prices are the ones above), e.g.
+    # {flex = {input_usd_per_1m = 1.0, output_usd_per_1m = 4.0, cached_input_usd_per_1m = 0.25}};
+    # a tier not listed costs the default prices times the provider's `tier_price_factors`, else
+    # the default prices.
     tier_prices: dict[PricedTier, TierPrice] = Field(default_factory=dict)
 
 

@@ -4,6 +4,14 @@ Money is integer micro-dollars (`*_micros`) everywhere inside tidegate; config p
 USD per 1M tokens, and since 1 USD per 1M tokens is exactly 1 micro-dollar per token, a price
 needs no conversion at all: `tokens * usd_per_1m` is already micros. Floats never touch money.
 
+A call is billed by token kind, as the providers invoice it (`cost_micros`): input tokens at the
+input price, those the provider's prompt cache served at the cached-input price, those written to
+Anthropic's cache at the write price of their lifetime (5 minutes or 1 hour), and output tokens,
+reasoning included, at the output price. A model that names no cached-input price bills cache
+reads as plain input, which over-estimates them; one that names no write prices bills writes at
+the input price times Anthropic's published multipliers (`CACHE_WRITE_5M_FACTOR`,
+`CACHE_WRITE_1H_FACTOR`).
+
 A model's prices depend on the service tier a call ran at (`at_tier`): its own prices for that
 tier, else its default prices times the provider's factor for the tier, else the default prices.
 
@@ -16,12 +24,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Any, Final, get_args
 
 import orjson
 from msgspec import UNSET
 
+from tidegate.ai import Usage
 from tidegate.config import ModelConfig, PricedTier
 from tidegate.contract import (
     ChatMessage,
@@ -35,12 +45,15 @@ from tidegate.contract import (
 )
 
 __all__ = [
+    "CACHE_WRITE_1H_FACTOR",
+    "CACHE_WRITE_5M_FACTOR",
     "CHARS_PER_TOKEN",
     "COMPLETION_DEFAULT_MAX_TOKENS",
     "DEFAULT_MAX_OUTPUT_TOKENS",
     "IMAGE_TOKENS",
     "MESSAGE_OVERHEAD_TOKENS",
     "REPLY_PRIMING_TOKENS",
+    "Prices",
     "at_tier",
     "billed_tier",
     "cost_micros",
@@ -48,6 +61,7 @@ __all__ = [
     "estimate_input_tokens",
     "estimate_output_tokens",
     "micros_to_usd",
+    "scaled",
     "usd_to_micros",
 ]
 
@@ -71,15 +85,67 @@ IMAGE_TOKENS = 85  # a low-detail image; high-detail ones cost more and are sett
 
 # ---------------------------------------------------------------------- money
 
+CACHE_WRITE_5M_FACTOR: Final = Decimal("1.25")
+"""A 5-minute cache write's price as a share of the input price, for a model that names none:
+Anthropic's published multiplier (https://platform.claude.com/docs/en/about-claude/pricing)."""
+CACHE_WRITE_1H_FACTOR: Final = Decimal("2")
+"""A 1-hour cache write's price as a share of the input price (Anthropic's, as above)."""
 
-def cost_micros(model: ModelConfig, input_tokens: int, output_tokens: int) -> int:
-    """What a call costs in micro-dollars, exactly, rounded up to a whole micro so that a sum
-    of costs never falls below what the provider bills."""
-    if input_tokens < 0 or output_tokens < 0:
-        raise ValueError(f"token counts must be >= 0, got {input_tokens} and {output_tokens}")
+_PRICE_FIELDS: Final = ("input_usd_per_1m", "output_usd_per_1m", "cached_input_usd_per_1m",
+                        "cache_write_5m_usd_per_1m", "cache_write_1h_usd_per_1m")
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """A model's price of each kind of token, in USD per 1M tokens (which is micro-dollars per
+    token), with the defaults of the prices it leaves unset filled in (see the module)."""
+
+    input: Decimal
+    cached_input: Decimal
+    cache_write_5m: Decimal
+    cache_write_1h: Decimal
+    output: Decimal
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> Prices:
+        """`model`'s prices, each unset one at its default."""
+        given = model.input_usd_per_1m
+
+        def named(price: Decimal | None, default: Decimal) -> Decimal:
+            return default if price is None else price
+
+        return cls(given, named(model.cached_input_usd_per_1m, given),
+                   named(model.cache_write_5m_usd_per_1m, given * CACHE_WRITE_5M_FACTOR),
+                   named(model.cache_write_1h_usd_per_1m, given * CACHE_WRITE_1H_FACTOR),
+                   model.output_usd_per_1m)
+
+
+def cost_micros(model: ModelConfig, usage: Usage) -> int:
+    """What a call that used `usage` costs in micro-dollars, by token kind (see the module),
+    exactly, rounded up to a whole micro so that a sum of costs never falls below what the
+    provider bills. Reasoning tokens are inside the output tokens, as both providers count
+    them, and are not billed again."""
+    counts = (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens,
+              usage.cache_write_5m_tokens, usage.cache_write_1h_tokens)
+    if min(counts) < 0:
+        raise ValueError(f"token counts must be >= 0, got {usage}")
+    prices = Prices.of(model)
     # USD per 1M tokens == micros per token, so the prices multiply token counts directly.
-    exact = input_tokens * model.input_usd_per_1m + output_tokens * model.output_usd_per_1m
+    exact = (usage.uncached_input_tokens * prices.input
+             + usage.cached_input_tokens * prices.cached_input
+             + usage.cache_write_5m_tokens * prices.cache_write_5m
+             + usage.cache_write_1h_tokens * prices.cache_write_1h
+             + usage.output_tokens * prices.output)
     return math.ceil(exact)
+
+
+def scaled(model: ModelConfig, factor: Decimal) -> ModelConfig:
+    """`model` with every price it names times `factor` (a tier's or a provider batch's price
+    factor); the prices it leaves unset follow the scaled input price, as they follow the input
+    price."""
+    named = {name: getattr(model, name) for name in _PRICE_FIELDS}
+    update = {name: price * factor for name, price in named.items() if price is not None}
+    return model.model_copy(update=update)
 
 
 _PRICED_TIERS: Final[Mapping[str, PricedTier]] = {tier: tier for tier in get_args(PricedTier)}
@@ -97,20 +163,20 @@ def billed_tier(sent: str | None, answered: object) -> PricedTier:
 def at_tier(model: ModelConfig, tier: str | None,
             factors: Mapping[PricedTier, Decimal] | None = None) -> ModelConfig:
     """`model` priced at service tier `tier` (see the module's docstring); `factors` are the
-    provider's `tier_price_factors`. The model itself at the default tier."""
+    provider's `tier_price_factors`. The model itself at the default tier. A tier with prices of
+    its own prices cache reads at its cached-input price (its input price when it names none)
+    and cache writes at its input price times the write multipliers."""
     priced = billed_tier(tier, None)
     if priced == "default":
         return model
     own = model.tier_prices.get(priced)
     if own is not None:
-        prices = {"input_usd_per_1m": own.input_usd_per_1m, "output_usd_per_1m": own.output_usd_per_1m}
-    else:
-        factor = (factors or {}).get(priced)
-        if factor is None:
-            return model
-        prices = {"input_usd_per_1m": model.input_usd_per_1m * factor,
-                  "output_usd_per_1m": model.output_usd_per_1m * factor}
-    return model.model_copy(update=prices)
+        return model.model_copy(update={
+            "input_usd_per_1m": own.input_usd_per_1m, "output_usd_per_1m": own.output_usd_per_1m,
+            "cached_input_usd_per_1m": own.cached_input_usd_per_1m,
+            "cache_write_5m_usd_per_1m": None, "cache_write_1h_usd_per_1m": None})
+    factor = (factors or {}).get(priced)
+    return model if factor is None else scaled(model, factor)
 
 
 def usd_to_micros(usd: Decimal | int) -> int:
@@ -183,7 +249,11 @@ def estimate_output_tokens(body: RequestBody) -> int:
 def estimate_cost_micros(model: ModelConfig, body: RequestBody) -> int:
     """The budget to reserve before a call: the input estimate at input prices plus the most
     output the request can produce at output prices (see `estimate_output_tokens`)."""
-    return cost_micros(model, estimate_input_tokens(body), estimate_output_tokens(body))
+    # The estimate assumes no prompt cache at work: no hit, which only errs high, and no write,
+    # which a call that writes its prompt to Anthropic's cache (1.25 or 2 times the input price)
+    # outgrows. The settlement replaces it with what the provider counted either way.
+    prompt, output = estimate_input_tokens(body), estimate_output_tokens(body)
+    return cost_micros(model, Usage(prompt, output, prompt + output))
 
 
 def _text_tokens(text: str) -> int:

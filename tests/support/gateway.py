@@ -195,3 +195,19 @@ def with_legacy_models(config: TidegateConfig) -> TidegateConfig:
     return config.model_copy(update={"providers": tuple(
         provider.model_copy(update={"models": (*provider.models, *legacy_models())})
         for provider in config.providers)})
+
+
+def three_providers(config: TidegateConfig, responses_model: str = "gpt-4.1",
+                    messages_model: str = "claude-sonnet-4.5") -> TidegateConfig:
+    """The simulator as three providers (`open_gateway(configure=...)`): `sim-responses` serves
+    `responses_model` and speaks the Responses API natively, `sim-messages` serves
+    `messages_model` over Anthropic's Messages API, and `sim` every other model over chat only."""
+    [sim] = config.providers
+    models = {model.name: model for model in sim.models}
+    responses = sim.model_copy(update={"name": "sim-responses", "native_apis": ("responses",),
+                                       "models": (models[responses_model],)})
+    messages = sim.model_copy(update={"name": "sim-messages", "api": "anthropic",
+                                      "models": (models[messages_model],)})
+    chat = sim.model_copy(update={"models": tuple(model for name, model in models.items()
+                                                  if name not in (responses_model, messages_model))})
+    return config.model_copy(update={"providers": (responses, messages, chat)})

@@ -213,7 +213,10 @@ async def _serving(
     server, its port and the task that serves until `should_exit` (awaited, and its error
     raised, on leaving)."""
     port = int(sock.getsockname()[1])
+    # No access log: at the warning level `up` logs at, uvicorn would still build each request's
+    # access line (its client address and quoted path) only for the logger to drop it.
     server = GatewayServer(uvicorn.Config(create_app(state), lifespan="off", log_level="warning",
+                                          access_log=False,
                                           timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
                                           **UVICORN_OPTIONS))
     task = asyncio.create_task(server.serve(sockets=[sock]))

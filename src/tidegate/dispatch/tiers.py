@@ -18,7 +18,7 @@ from typing import Any
 from tidegate import contract
 from tidegate.ai import AIRequest
 from tidegate.config import ModelConfig, ProviderConfig
-from tidegate.costs import at_tier, billed_tier
+from tidegate.costs import at_tier, billed_tier, scaled
 from tidegate.jobs import Priority
 
 __all__ = ["answered_with_tier", "batch_priced", "priced", "tier_of", "with_tier"]
@@ -47,13 +47,10 @@ def priced(model: ModelConfig, provider: ProviderConfig, tier: str | None) -> Mo
 
 
 def batch_priced(model: ModelConfig, provider: ProviderConfig) -> ModelConfig:
-    """`model` at the prices of `provider`'s own batch API: the default prices times its batch
-    `discount` (the model itself when the provider has no batch section)."""
-    if provider.batch is None:
-        return model
-    factor = provider.batch.discount
-    return model.model_copy(update={"input_usd_per_1m": model.input_usd_per_1m * factor,
-                                    "output_usd_per_1m": model.output_usd_per_1m * factor})
+    """`model` at the prices of `provider`'s own batch API: the default prices, the cached-input
+    and cache-write ones included, times its batch `discount` (the model itself when the provider
+    has no batch section)."""
+    return model if provider.batch is None else scaled(model, provider.batch.discount)
 
 
 def answered_with_tier(response: dict[str, Any], sent: str | None) -> tuple[dict[str, Any], str]:

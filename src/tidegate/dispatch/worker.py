@@ -551,7 +551,7 @@ class Worker:
         job, model = call.job, route.model
         usage = answer.usage
         response, billed = answered_with_tier(answer.response, call.service_tier)
-        spent = cost_micros(priced(model, route.provider, billed), usage.input_tokens, usage.output_tokens)
+        spent = cost_micros(priced(model, route.provider, billed), usage)
         spent_usd = micros_to_usd(spent)
         charged(call.span, spent, str(spent_usd), route, billed if call.service_tier else None)
         reservation, call.reservation = call.reservation, None

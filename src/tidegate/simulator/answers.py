@@ -26,6 +26,7 @@ from tidegate.simulator.content import (
 from tidegate.simulator.messages import (
     MessageEvents,
     message_body,
+    message_usage,
     thinking_blocks,
 )
 from tidegate.simulator.requests import (
@@ -59,8 +60,9 @@ def completion_id(rng: random.Random) -> str:
     return f"chatcmpl-{rng.getrandbits(96):024x}"
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,14 +125,14 @@ def completion_body(rng: random.Random, model: str, chat: ChatRequest, completio
     if chat.wire == "anthropic":
         return message_body(_message_id(identifier), model, thinking_blocks(chat) + _blocks(message),
                             reply.finish, reply.stop,
-                            (chat.prompt_tokens, reply.tokens), chat.service_tier), reply.tokens
+                            message_usage(chat, reply.tokens)), reply.tokens
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
                               "finish_reason": reply.finish}
     if reply.stop is not None:
         choice["stop_reason"] = reply.stop  # the sequence met, named as vLLM names it
     return {
         "id": identifier, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [choice], "usage": _usage(chat.prompt_tokens, reply.tokens),
+        "choices": [choice], "usage": _usage(chat.prompt_tokens, reply.tokens, chat.cache.read),
     }, reply.tokens
 
 
@@ -169,7 +171,7 @@ def _chunk_frames(rng: random.Random, model: str, chat: ChatRequest, reply: Repl
     chunk = _ChunkWriter(completion_id(rng), model, chat.service_tier)
     tail = chunk.event({}, finish_reason=reply.finish, stop_reason=reply.stop)
     if chat.include_usage:
-        tail += chunk.usage(chat.prompt_tokens, reply.tokens)
+        tail += chunk.usage(chat.prompt_tokens, reply.tokens, chat.cache.read)
     return Frames(chunk.event({"role": "assistant", "content": ""}),
                    [chunk.event(delta) for delta in reply.deltas(rng)], tail + b"data: [DONE]\n\n",
                    b'data: {"id": "chatcmpl-broken", "choi\n\n')
@@ -178,8 +180,7 @@ def _chunk_frames(rng: random.Random, model: str, chat: ChatRequest, reply: Repl
 def _message_frames(rng: random.Random, model: str, chat: ChatRequest, reply: Reply) -> Frames:
     """Anthropic's events: message_start, one content block (text, or the tool call), message_delta
     and message_stop."""
-    events = MessageEvents(_message_id(completion_id(rng)), model, chat.prompt_tokens, chat.service_tier,
-                           thinks=chat.reasons)
+    events = MessageEvents(_message_id(completion_id(rng)), model, chat)
     pieces: list[bytes] = []
     for delta in reply.deltas(rng):
         if "content" in delta:
@@ -247,6 +248,6 @@ class _ChunkWriter:
             choice["stop_reason"] = stop_reason
         return b"data: " + orjson.dumps({**self._head, "choices": [choice]}) + b"\n\n"
 
-    def usage(self, prompt: int, completion: int) -> bytes:
-        body = {**self._head, "choices": [], "usage": _usage(prompt, completion)}
+    def usage(self, prompt: int, completion: int, cached: int) -> bytes:
+        body = {**self._head, "choices": [], "usage": _usage(prompt, completion, cached)}
         return b"data: " + orjson.dumps(body) + b"\n\n"

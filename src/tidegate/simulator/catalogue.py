@@ -19,19 +19,27 @@ SIMULATED_PROVIDER = "simulated"  # the provider's name in a config `with_simula
 
 def default_models() -> tuple[ModelConfig, ...]:
     """The price table the simulator serves (USD per 1M tokens, the providers' list prices, with
-    their published limits): the models a config gains `with_simulator`."""
+    their published limits): the models a config gains `with_simulator`.
+
+    Cached input is each provider's published price of prompt-cache hits: DeepSeek's "cache hit"
+    input (V3.2), Gemini's context-caching input (implicit caching; explicit caches also bill
+    storage by the hour, which is not priced here), OpenAI's "cached input" and Anthropic's
+    "cache hits", whose 5-minute and 1-hour cache writes are its published 1.25 and 2 times the
+    input price (https://platform.claude.com/docs/en/about-claude/pricing)."""
     return (
         ModelConfig(name="deepseek-v3.2", input_usd_per_1m=Decimal("0.28"),
-                    output_usd_per_1m=Decimal("0.42"), rpm=3000, tpm=2_000_000),
+                    output_usd_per_1m=Decimal("0.42"), cached_input_usd_per_1m=Decimal("0.028"),
+                    rpm=3000, tpm=2_000_000),
         ModelConfig(name="gemini-2.5-flash", input_usd_per_1m=Decimal("0.30"),
-                    output_usd_per_1m=Decimal("2.50"), rpm=2000, tpm=4_000_000,
-                    context_tokens=1_048_576),
+                    output_usd_per_1m=Decimal("2.50"), cached_input_usd_per_1m=Decimal("0.03"),
+                    rpm=2000, tpm=4_000_000, context_tokens=1_048_576),
         ModelConfig(name="gpt-4.1", input_usd_per_1m=Decimal("2.00"),
-                    output_usd_per_1m=Decimal("8.00"), rpm=1000, tpm=1_000_000,
-                    context_tokens=1_047_576),
+                    output_usd_per_1m=Decimal("8.00"), cached_input_usd_per_1m=Decimal("0.50"),
+                    rpm=1000, tpm=1_000_000, context_tokens=1_047_576),
         ModelConfig(name="claude-sonnet-4.5", input_usd_per_1m=Decimal("3.00"),
-                    output_usd_per_1m=Decimal("15.00"), rpm=1000, tpm=800_000,
-                    context_tokens=200_000),
+                    output_usd_per_1m=Decimal("15.00"), cached_input_usd_per_1m=Decimal("0.30"),
+                    cache_write_5m_usd_per_1m=Decimal("3.75"), cache_write_1h_usd_per_1m=Decimal("6.00"),
+                    rpm=1000, tpm=800_000, context_tokens=200_000),
         ModelConfig(name="text-embedding-3-small", input_usd_per_1m=Decimal("0.02"),
                     output_usd_per_1m=Decimal("0"), rpm=3000, tpm=5_000_000,
                     context_tokens=8_192, kind="embeddings"),

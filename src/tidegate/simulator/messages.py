@@ -5,8 +5,11 @@ A Messages request is read into the same `ChatRequest` a chat completion is (wit
 "anthropic"), so both endpoints share the simulator's pacing, limits, faults and generated
 content; only what goes on the wire differs. The key may come as `x-api-key` (the chat
 endpoint takes only a Bearer token). `top_k` is checked and `thinking` honoured: enabled, the
-answer opens with a signed thinking block (streamed as thinking and signature deltas). Errors
-are Anthropic-shaped: `{"type": "error", "error": {"type", "message"}}`.
+answer opens with a signed thinking block (streamed as thinking and signature deltas).
+`cache_control` markers (on tools, system and message blocks, at most MAX_BREAKPOINTS, or at the
+top level) are checked and honoured by the simulator's prompt cache (caching.py): the usage counts
+the cache reads and writes apart from `input_tokens`, as Anthropic's does. Errors are
+Anthropic-shaped: `{"type": "error", "error": {"type", "message"}}`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,15 @@ from typing import Any, Final
 
 import orjson
 
+from tidegate.simulator.caching import (
+    CacheUse,
+    Piece,
+    PromptUnit,
+    Ttl,
+    message_pieces,
+    prompt_units,
+    tools_piece,
+)
 from tidegate.simulator.content import estimate_prompt_tokens, estimate_text_tokens
 from tidegate.simulator.requests import (
     ChatRequest,
@@ -26,11 +38,14 @@ from tidegate.simulator.requests import (
     plan_tool_call,
 )
 
-__all__ = ["MessageEvents", "anthropic_error_body", "message_body", "parse_messages", "thinking_blocks"]
+__all__ = ["MAX_BREAKPOINTS", "TTLS", "MessageEvents", "anthropic_error_body", "message_body",
+           "message_usage", "parse_messages", "thinking_blocks"]
 
 ROLES: Final = frozenset({"user", "assistant"})
 SERVICE_TIERS: Final = frozenset({"auto", "standard_only"})
 MIN_THINKING_BUDGET: Final = 1024  # as Anthropic's API requires
+MAX_BREAKPOINTS: Final = 4  # blocks marked with cache_control in one request, as Anthropic allows
+TTLS: Final[tuple[Ttl, ...]] = ("5m", "1h")
 THINKING: Final = "The question is read, then answered in a few words."
 SIGNATURE: Final = "c2ltdWxhdGVkLXRoaW5raW5n"  # what a signed thinking block carries, opaque
 # The Anthropic error type of each status the simulator answers with.
@@ -85,7 +100,51 @@ def parse_messages(body: dict[str, Any]) -> ChatRequest:
         raise InvalidRequest("top_k: Input should be an integer of at least 0", param="top_k")
     return ChatRequest(model, prompt, max_tokens, stream, True, tuple(stop), plan, wire="anthropic",
                        service_tier=_service_tier(body.get("service_tier")),
-                       reasons=_thinks(body.get("thinking"), max_tokens))
+                       reasons=_thinks(body.get("thinking"), max_tokens),
+                       prompt_units=_cache_units(body, tools, chat))
+
+
+def _cache_units(body: dict[str, Any], tools: list[dict[str, Any]],
+                 chat: list[dict[str, Any]]) -> tuple[PromptUnit, ...]:
+    """The prompt's units for the prompt cache: the tools, the system prompt and each message of
+    `chat` (the system prompt first, as a message), a breakpoint where a block is marked with
+    `cache_control` (the last unit too, at the top level's)."""
+    leading = len(chat) - len(body["messages"])  # 1 when a system prompt leads
+    places = ["system"] * leading + [f"messages.{at}.content" for at in range(len(body["messages"]))]
+    marks = [_marks(tools, "tools"),
+             *(_marks(message.get("content"), place) for message, place in zip(chat, places, strict=True))]
+    found = sum(len(marked) for marked in marks)
+    if found > MAX_BREAKPOINTS:
+        raise InvalidRequest(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
+                             f"Found {found}.")
+    lifetimes: list[Ttl | None] = [found[-1] if found else None for found in marks]
+    automatic = _lifetime(body.get("cache_control"), "cache_control")
+    if automatic is not None and lifetimes[-1] is None:
+        lifetimes[-1] = automatic
+    pieces: list[Piece] = [*tools_piece(tools, lifetimes[0]), *message_pieces(chat, lifetimes[1:])]
+    return prompt_units("anthropic", pieces)
+
+
+def _marks(blocks: object, where: str) -> list[Ttl]:
+    """The lifetimes of the blocks of `blocks` (a list of them, or text) marked `cache_control`."""
+    listed = blocks if isinstance(blocks, list) else []
+    found = (_lifetime(block.get("cache_control"), f"{where}.{at}.cache_control")
+             for at, block in enumerate(listed) if isinstance(block, dict))
+    return [lifetime for lifetime in found if lifetime is not None]
+
+
+def _lifetime(marker: object, where: str) -> Ttl | None:
+    """A `cache_control` marker's lifetime (None: no marker): `{"type": "ephemeral"}`, with a
+    `ttl` of "5m" (the default) or "1h"."""
+    if marker is None:
+        return None
+    if not isinstance(marker, dict) or marker.get("type") != "ephemeral":
+        raise InvalidRequest(f"{where}: expected {{type: ephemeral}}", param=where)
+    ttl = marker.get("ttl", "5m")
+    for known in TTLS:
+        if ttl == known:
+            return known
+    raise InvalidRequest(f"{where}.ttl: Input should be '5m' or '1h'", param=f"{where}.ttl")
 
 
 def _thinks(thinking: object, max_tokens: int) -> bool:
@@ -129,25 +188,37 @@ def _tool_choice(choice: object) -> object:
 
 
 def message_body(identifier: str, model: str, content: list[dict[str, Any]], finish: str,
-                 stop: str | None, usage: tuple[int, int], service_tier: str | None = None) -> dict[str, Any]:
-    """A whole Message (its usage naming the tier it was served at)."""
+                 stop: str | None, usage: Mapping[str, Any]) -> dict[str, Any]:
+    """A whole Message, with its `usage` (`message_usage`)."""
     reason = "stop_sequence" if stop is not None else _STOP_REASONS.get(finish, "end_turn")
     return {"id": identifier, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": reason, "stop_sequence": stop,
-            "usage": {"input_tokens": usage[0], "output_tokens": usage[1], "service_tier": service_tier}}
+            "stop_reason": reason, "stop_sequence": stop, "usage": usage}
+
+
+def message_usage(chat: ChatRequest, output_tokens: int) -> dict[str, Any]:
+    """A Message's usage: the prompt's tokens (the cache's apart from `input_tokens`, as Anthropic
+    counts them), the output's and the tier it was served at."""
+    cache = chat.cache
+    return {**_counts(chat.prompt_tokens, cache), "output_tokens": output_tokens,
+            "cache_creation": {"ephemeral_5m_input_tokens": cache.written_5m,
+                               "ephemeral_1h_input_tokens": cache.written_1h},
+            "service_tier": chat.service_tier}
+
+
+def _counts(prompt_tokens: int, cache: CacheUse) -> dict[str, int]:
+    return {"input_tokens": prompt_tokens - cache.read - cache.written,
+            "cache_creation_input_tokens": cache.written, "cache_read_input_tokens": cache.read}
 
 
 class MessageEvents:
     """Encodes the server-sent events of one streamed Message."""
 
-    def __init__(self, identifier: str, model: str, input_tokens: int,
-                 service_tier: str | None = None, *, thinks: bool = False) -> None:
+    def __init__(self, identifier: str, model: str, chat: ChatRequest) -> None:
         self._identifier = identifier
         self._model = model
-        self._input_tokens = input_tokens
-        self._service_tier = service_tier
-        self._thinks = thinks
-        self._index = 1 if thinks else 0  # the answer's block: after the thinking block
+        self._chat = chat
+        self._thinks = chat.reasons
+        self._index = 1 if chat.reasons else 0  # the answer's block: after the thinking block
 
     @staticmethod
     def event(name: str, data: Mapping[str, Any]) -> bytes:
@@ -157,8 +228,7 @@ class MessageEvents:
     def start(self) -> bytes:
         """`message_start`, its content empty and its input tokens known; then the thinking
         block whole, when thinking is on."""
-        message = message_body(self._identifier, self._model, [], "", None, (self._input_tokens, 1),
-                               self._service_tier)
+        message = message_body(self._identifier, self._model, [], "", None, message_usage(self._chat, 1))
         message["stop_reason"] = None
         started = self.event("message_start", {"message": message})
         if not self._thinks:
@@ -189,8 +259,8 @@ class MessageEvents:
     def end(self, finish: str, stop: str | None, output_tokens: int, *, opened: bool) -> bytes:
         """`content_block_stop` (when a block was opened), `message_delta` and `message_stop`."""
         reason = "stop_sequence" if stop is not None else _STOP_REASONS.get(finish, "end_turn")
+        usage = {**_counts(self._chat.prompt_tokens, self._chat.cache), "output_tokens": output_tokens}
         return ((self.event("content_block_stop", {"index": self._index}) if opened else b"")
                 + self.event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": stop},
-                                               "usage": {"input_tokens": self._input_tokens,
-                                                         "output_tokens": output_tokens}})
+                                               "usage": usage})
                 + self.event("message_stop", {}))

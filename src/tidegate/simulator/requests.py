@@ -13,6 +13,14 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from tidegate.simulator.caching import (
+    NO_CACHE,
+    CacheUse,
+    PromptUnit,
+    message_pieces,
+    prompt_units,
+    tools_piece,
+)
 from tidegate.simulator.content import estimate_prompt_tokens, estimate_text_tokens, tool_arguments
 
 __all__ = [
@@ -88,6 +96,8 @@ class ChatRequest:
     service_tier: str | None = None  # the tier it is served at: what was asked, `auto` as default
     reasons: bool = False  # the answer opens with the model's reasoning (a thinking block, say)
     echo: Mapping[str, Any] | None = None  # what the answer repeats of the request (a Response's)
+    prompt_units: tuple[PromptUnit, ...] = ()  # the prompt as its prompt cache sees it (caching.py)
+    cache: CacheUse = NO_CACHE  # what serving it read from the prompt cache and wrote to it
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,9 +243,11 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     tools = _check_tools(body.get("tools"))
     if tools:
         prompt_tokens += estimate_text_tokens(orjson.dumps(body["tools"]).decode())
+    units = prompt_units("openai", [*tools_piece(body["tools"] if tools else None),
+                                    *message_pieces(messages)])
     return ChatRequest(model, prompt_tokens, max_tokens, stream, include_usage, check_stop(body.get("stop")),
                        plan_tool_call(tools, body.get("tool_choice"), messages),
-                       service_tier=service_tier_of(body))
+                       service_tier=service_tier_of(body), prompt_units=units)
 
 
 def check_stream(body: dict[str, Any]) -> tuple[bool, bool]:

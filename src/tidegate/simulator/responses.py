@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import orjson
 
+from tidegate.simulator.caching import message_pieces, prompt_units, tools_piece
 from tidegate.simulator.content import estimate_prompt_tokens, estimate_text_tokens
 from tidegate.simulator.requests import (
     ChatRequest,
@@ -80,9 +81,11 @@ def parse_responses(body: dict[str, Any]) -> ChatRequest:
         prompt += estimate_text_tokens(orjson.dumps(body["tools"]).decode())
     echo = {name: default if body.get(name) is None else body[name] for name, default in _ECHOED.items()}
     served_at = None if tier is None else "default" if tier == "auto" else str(tier)  # as chat's
+    units = prompt_units("openai", [*tools_piece(body.get("tools")), *message_pieces(messages)])
     return ChatRequest(model, prompt, optional_positive_int(body, "max_output_tokens"), stream, True, (),
                        plan_tool_call(tools, _tool_choice(body.get("tool_choice")), messages),
-                       wire="responses", service_tier=served_at, reasons=bool(reasoning), echo=echo)
+                       wire="responses", service_tier=served_at, reasons=bool(reasoning), echo=echo,
+                       prompt_units=units)
 
 
 def parse_compaction(body: dict[str, Any]) -> ChatRequest:
@@ -177,7 +180,7 @@ def _tool_choice(choice: object) -> object:
 def _usage(chat: ChatRequest, output_tokens: int) -> dict[str, Any]:
     reasoning = estimate_text_tokens(REASONING_SUMMARY) if chat.reasons else 0
     return {"input_tokens": chat.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": chat.cache.read, "cache_write_tokens": 0},
             "output_tokens": output_tokens + reasoning,
             "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": chat.prompt_tokens + output_tokens + reasoning}

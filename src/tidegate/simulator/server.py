@@ -10,9 +10,11 @@ at a `stop` sequence it meets, naming it in the choice's `stop_reason` as vLLM d
 function when the request's tools lead to one: see requests.parse_chat), validates requests like a
 real provider, answers with realistic usage, enforces its own per-model RPM/TPM over a sliding
 window (429 with Retry-After and x-ratelimit-* headers), and injects faults (500, 503, timeouts,
-connection resets, malformed bodies) at configured rates or on demand. A seeded simulator given
-the same requests answers the same way. The bodies of the last requests it accepted are kept
-(`received`), so a test can see what an upstream was sent.
+connection resets, malformed bodies) at configured rates or on demand. A repeated prompt prefix is
+reported as cached, as OpenAI's automatic prompt caching and Anthropic's `cache_control`
+breakpoints report it (see caching.py). A seeded simulator given the same requests answers the
+same way. The bodies of the last requests it accepted are kept (`received`), so a test can see
+what an upstream was sent.
 
 Control and observation endpoints live under `/_sim/` and are served only on a loopback address:
 `GET /_sim/stats`, `GET|POST /_sim/settings`, `POST /_sim/reset`, `POST /_sim/faults`.
@@ -35,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any, Final, Literal, TypeVar, cast, get_args
@@ -57,6 +59,7 @@ from tidegate.simulator.answers import (
     embeddings_body,
 )
 from tidegate.simulator.batches import EMBEDDINGS_URL, BatchService, LineAnswer
+from tidegate.simulator.caching import PromptCache
 from tidegate.simulator.content import (
     sample_lognormal,
 )
@@ -157,6 +160,7 @@ class Simulator:
         self._stats: dict[str, ModelStats] = {}
         self._rngs: dict[str, random.Random] = {}
         self._injected: dict[str, deque[InjectedFault]] = {}
+        self._cache = PromptCache()
         self._received: deque[tuple[str, dict[str, Any]]] = deque(maxlen=REQUEST_LOG_SIZE)
         self._started = time.monotonic()
         self._batches = BatchService(lambda: self._settings, self._authorized, self._answer_line)
@@ -187,12 +191,13 @@ class Simulator:
         return settings
 
     def reset(self) -> None:
-        """Forget stats, rate-limit windows and injected faults; restart every generator from the
-        seed, so what follows repeats what followed the start."""
+        """Forget stats, rate-limit windows, injected faults and the prompt cache; restart every
+        generator from the seed, so what follows repeats what followed the start."""
         self._windows.clear()
         self._stats.clear()
         self._rngs.clear()
         self._injected.clear()
+        self._cache.reset()
         self._batches.reset()
         self._message_batches.reset()
         self._started = time.monotonic()
@@ -439,6 +444,9 @@ class Simulator:
         streaming = isinstance(parsed, ChatRequest) and parsed.stream
         if fault is not None and not (streaming and fault.fault in ("reset", "malformed")):
             return await self._fault(request, stats, fault, headers, wire)
+        if isinstance(parsed, ChatRequest) and parsed.prompt_units:
+            parsed = replace(parsed, cache=self._cache.serve(served.name, parsed.prompt_units,
+                                                             explicit=parsed.wire == "anthropic"))
         if isinstance(parsed, ChatRequest) and parsed.stream:
             return await self._stream(request, served, parsed, _Plan(completion, finish, headers, fault))
         await _sleep_ms(sample_lognormal(rng, served.behaviour.latency_ms, served.behaviour.latency_p99_ms))

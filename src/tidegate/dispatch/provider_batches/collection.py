@@ -151,7 +151,7 @@ class BatchCollection(BatchPart):
                         provider: ProviderConfig, line: BatchLineResult, queue_wait_ms: float) -> None:
         model = _model(provider, record.model)
         usage = Usage.from_json(line.body.get("usage"))
-        spent = cost_micros(batch_priced(model, provider), usage.input_tokens, usage.output_tokens)
+        spent = cost_micros(batch_priced(model, provider), usage)
         waited_ms = (datetime.now(UTC) - record.submitted_at).total_seconds() * 1000
         result = AIResult(
             line.body, model=record.model, provider=provider.name,

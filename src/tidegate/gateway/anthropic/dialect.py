@@ -18,8 +18,9 @@ counterpart is accepted too: the job is `native_only`, its chat body a summary (
 Answers: a chat.completion becomes a Message (`msg_…`): the text as a text block, each tool call as
 a tool_use block with its parsed input, finish reasons mapped (stop → end_turn, or stop_sequence
 when the provider names the sequence it met in the choice's `stop_reason`, as vLLM does; length →
-max_tokens; tool_calls → tool_use; content_filter → refusal), usage as input/output tokens and
-the tier the call ran at (`usage.service_tier`, see `anthropic_tier`).
+max_tokens; tool_calls → tool_use; content_filter → refusal), usage in Anthropic's names (the
+input tokens the prompt cache neither served nor took, cache reads and writes apart, see
+`message_usage`) and the tier the call ran at (`usage.service_tier`, see `anthropic_tier`).
 Streams become Anthropic's event sequence (see `_MessageStream`).
 
 Errors: `{"type": "error", "error": {"type", "message", "code", "job_id"?}}`, Anthropic's type for
@@ -45,6 +46,7 @@ from tidegate.ai import (
     StreamPart,
     TextDelta,
     ToolCallDelta,
+    Usage,
     UsageReport,
 )
 from tidegate.contract import requested_tier
@@ -64,7 +66,7 @@ from tidegate.gateway.core.dialect import Dialect, StreamRenderer, decoded, deco
 from tidegate.gateway.core.errors import ApiError
 
 __all__ = ["ANTHROPIC", "AnthropicDialect", "anthropic_tier", "chat_body", "conversation", "json_text",
-           "tool_fields"]
+           "message_usage", "tool_fields"]
 
 # The refusals that mean "a chat completion cannot carry this", not "this is invalid".
 _UNTRANSLATABLE: Final = frozenset({"unsupported_parameter", "unsupported_content"})
@@ -347,13 +349,26 @@ def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
                             "input": _tool_input(function.get("arguments"))})
     finish = choice.get("finish_reason")
     reason, sequence = stop_reason(finish if isinstance(finish, str) else None, choice.get("stop_reason"))
-    usage = _object(completion.get("usage"))
+    usage = message_usage(Usage.from_json(completion.get("usage")))
     return {"id": message_id(completion.get("id")), "type": "message", "role": "assistant",
             "content": content, "model": str(completion.get("model") or ""), "stop_reason": reason,
             "stop_sequence": sequence,
-            "usage": {"input_tokens": _tokens(usage.get("prompt_tokens")),
-                      "output_tokens": _tokens(usage.get("completion_tokens")),
-                      "service_tier": anthropic_tier(completion.get("service_tier"))}}
+            "usage": {**usage, "service_tier": anthropic_tier(completion.get("service_tier"))}}
+
+
+def message_usage(usage: Usage) -> dict[str, Any]:
+    """A job's usage in a Message's names: Anthropic counts the input tokens read from the prompt
+    cache and written to it apart from `input_tokens`, and the reasoning among the output
+    tokens as `output_tokens_details.thinking_tokens`."""
+    counts: dict[str, Any] = {
+        "input_tokens": usage.uncached_input_tokens, "cache_creation_input_tokens": usage.cache_write_tokens,
+        "cache_read_input_tokens": usage.cached_input_tokens,
+        "cache_creation": {"ephemeral_5m_input_tokens": usage.cache_write_5m_tokens,
+                           "ephemeral_1h_input_tokens": usage.cache_write_1h_tokens},
+        "output_tokens": usage.output_tokens}
+    if usage.reasoning_tokens:
+        counts["output_tokens_details"] = {"thinking_tokens": usage.reasoning_tokens}
+    return counts
 
 
 def _object(value: object) -> dict[str, Any]:
@@ -403,7 +418,7 @@ class _MessageStream(StreamRenderer):
         self._block: tuple[str, int] | None = None  # ("text", 0) or ("tool", call index) now open
         self._blocks = 0
         self._reason: tuple[str | None, str | None] = (None, None)
-        self._usage: dict[str, int] | None = None
+        self._usage: dict[str, Any] | None = None
         self._ended = False
         self._native = False  # the upstream streams its own events, its end among them
 
@@ -433,8 +448,9 @@ class _MessageStream(StreamRenderer):
                 out += self._close()
                 self._reason = stop_reason(event.reason, _matched_stop(part.raw))
             elif isinstance(event, UsageReport):
-                self._usage = {"input_tokens": event.usage.input_tokens,
-                               "output_tokens": event.usage.output_tokens}
+                # message_delta's usage has no lifetimes of the cache writes (message_start's has).
+                self._usage = {key: value for key, value in message_usage(event.usage).items()
+                               if key != "cache_creation"}
         return out or None
 
     def error_frame(self, error: ApiError) -> bytes:

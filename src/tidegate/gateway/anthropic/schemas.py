@@ -24,6 +24,7 @@ __all__ = [
     "AnthropicError",
     "AnthropicErrorBody",
     "Base64ImageSource",
+    "CacheCreation",
     "ContentBlock",
     "CountTokensRequest",
     "ImageBlock",
@@ -31,6 +32,7 @@ __all__ = [
     "Message",
     "MessageUsage",
     "MessagesRequest",
+    "OutputTokensDetails",
     "RedactedThinkingBlock",
     "TextBlock",
     "ThinkingBlock",
@@ -230,13 +232,29 @@ class TokenCount(BaseModel):
     input_tokens: int
 
 
+class CacheCreation(BaseModel):
+    """The input tokens written to the prompt cache, by how long they are kept."""
+
+    ephemeral_5m_input_tokens: int
+    ephemeral_1h_input_tokens: int
+
+
+class OutputTokensDetails(BaseModel):
+    """What the output tokens were spent on."""
+
+    thinking_tokens: int
+
+
 class MessageUsage(BaseModel):
-    """Tokens the call consumed, as the provider counted them."""
+    """Tokens the call consumed, as the provider counted them: `input_tokens` leaves out those read
+    from the prompt cache and written to it, counted apart."""
 
     input_tokens: int
     output_tokens: int
     cache_creation_input_tokens: int | None = None
     cache_read_input_tokens: int | None = None
+    cache_creation: CacheCreation | None = None
+    output_tokens_details: OutputTokensDetails | None = None
     service_tier: Literal["standard", "priority", "batch"] | None = None
 
 

@@ -121,7 +121,10 @@ class JobView(BaseModel):
     attempts: int
     max_attempts: int
     model: str | None = None
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = Field(None, description=(
+        "prompt_tokens, completion_tokens, total_tokens; prompt_tokens_details (cached_tokens, "
+        "cache_write_tokens and cache_write_tokens_details.ttl_5m_tokens / ttl_1h_tokens) and "
+        "completion_tokens_details (reasoning_tokens) when there were any"))
     cost_usd: Decimal | None = None
     timings: dict[str, float] = Field(default_factory=dict, description=(
         "queue_wait_ms, upstream_latency_ms, ttft_ms (streams), as known"))

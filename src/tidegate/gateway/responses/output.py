@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from tidegate.ai import AIRequest, AIResult, Origin, result_of
+from tidegate.ai import AIRequest, AIResult, Origin, Usage, result_of
 from tidegate.contract import ResponsesRequest, sent_or, to_body
 from tidegate.gateway.core.views import failure_view
 from tidegate.gateway.responses.input import input_messages
@@ -135,19 +135,12 @@ def response_usage(usage: object) -> dict[str, Any] | None:
     """Chat usage in the Responses API's names."""
     if not isinstance(usage, dict):
         return None
-    counts = {name: value if isinstance(value, int) and not isinstance(value, bool) else 0
-              for name, value in ((name, usage.get(name))
-                                  for name in ("prompt_tokens", "completion_tokens", "total_tokens"))}
-    prompt_details = usage.get("prompt_tokens_details")
-    completion_details = usage.get("completion_tokens_details")
-    cached = prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else None
-    reasoning = completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else None
-    return {"input_tokens": counts["prompt_tokens"], "output_tokens": counts["completion_tokens"],
-            "total_tokens": counts["total_tokens"] or counts["prompt_tokens"] + counts["completion_tokens"],
-            # OpenAI's cache writes are not counted by chat upstreams: none are known.
-            "input_tokens_details": {"cached_tokens": cached if isinstance(cached, int) else 0,
-                                     "cache_write_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": reasoning if isinstance(reasoning, int) else 0}}
+    counts = Usage.from_json(usage)
+    return {"input_tokens": counts.input_tokens, "output_tokens": counts.output_tokens,
+            "total_tokens": counts.total_tokens,
+            "input_tokens_details": {"cached_tokens": counts.cached_input_tokens,
+                                     "cache_write_tokens": counts.cache_write_tokens},
+            "output_tokens_details": {"reasoning_tokens": counts.reasoning_tokens}}
 
 
 def request_of(origin: Origin) -> ResponsesRequest:

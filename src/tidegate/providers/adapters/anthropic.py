@@ -18,6 +18,8 @@ its Message or events come back as they are (tidegate.providers.adapters.native)
 
 The answer's `usage.service_tier` comes back as the completion's `service_tier` in OpenAI's
 names (standard → default, priority → priority, batch → flex), so the job is billed at that tier.
+Its token counts come back in OpenAI's shape (`messages_usage`): the prompt tokens count the cache
+reads and writes Anthropic counts apart, which `prompt_tokens_details` then names.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ from typing import Any, Final
 
 import orjson
 
-from tidegate.ai import AIRequest, Usage
+from tidegate.ai import AIRequest
 from tidegate.contract import ChatMessage, ChatRequest
 from tidegate.costs import DEFAULT_MAX_OUTPUT_TOKENS
 from tidegate.errors import UpstreamError
 from tidegate.providers.adapters.base import Answer, PartSink, ProviderAdapter
-from tidegate.providers.adapters.native import call_native, native_origin, refuse_native_only
+from tidegate.providers.adapters.native import call_native, messages_usage, native_origin, refuse_native_only
 
 __all__ = ["AnthropicAdapter", "MessagesDecoder", "answered_tier", "chat_completion", "messages_body"]
 
@@ -61,8 +63,8 @@ class AnthropicAdapter(ProviderAdapter):
         body = messages_body(_chat(request), model)
         response = await self.client.post(MESSAGES_PATH, body, expect="content")
         document = chat_completion(response.body)
-        usage = Usage.from_json(document["usage"])
-        return Answer(document, usage, response.latency_ms, response.rate_limit)
+        return Answer(document, messages_usage(response.body.get("usage") or {}), response.latency_ms,
+                      response.rate_limit)
 
     async def stream(self, request: AIRequest, model: str, on_part: PartSink) -> Answer:
         """Each event relayed as the chat chunks it amounts to; the answer is the stream as one
@@ -242,11 +244,9 @@ def chat_completion(message: dict[str, Any]) -> dict[str, Any]:
     if message.get("stop_sequence"):
         choice["stop_reason"] = message["stop_sequence"]
     usage = message.get("usage") or {}
-    prompt, completion = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
     document = {"id": _completion_id(message.get("id")), "object": "chat.completion",
                 "model": message.get("model"), "choices": [choice],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                          "total_tokens": prompt + completion}}
+                "usage": messages_usage(usage).to_json()}
     tier = answered_tier(usage)
     if tier is not None:
         document["service_tier"] = tier
@@ -272,7 +272,7 @@ class MessagesDecoder:
         self.service_tier: str | None = None
         self.tool_calls: list[dict[str, Any]] = []
         self._calls: dict[int, int] = {}  # block index → tool call index
-        self._usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        self._usage: dict[str, Any] = {}  # Anthropic's usage, as the events told it so far
 
     def __call__(self, data: bytes) -> tuple[list[bytes], bool]:
         """The chunks of one event, and whether it ends the stream."""
@@ -294,12 +294,11 @@ class MessagesDecoder:
         if kind == "message_delta":
             return self._finish(event), False
         if kind == "message_stop":
-            total = self._usage["prompt_tokens"] + self._usage["completion_tokens"]
-            return [self._chunk(None, usage={**self._usage, "total_tokens": total})], True
+            return [self._chunk(None, usage=messages_usage(self._usage).to_json())], True
         return [], False  # ping, content_block_stop
 
     def _chunk(self, delta: dict[str, Any] | None, *, finish: str | None = None, stop: object = None,
-               usage: dict[str, int] | None = None) -> bytes:
+               usage: dict[str, Any] | None = None) -> bytes:
         document: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk", "model": self.model}
         if self.service_tier is not None:
             document["service_tier"] = self.service_tier
@@ -346,9 +345,8 @@ class MessagesDecoder:
         return [self._chunk({}, finish=reason, stop=delta.get("stop_sequence"))]
 
     def _count(self, usage: object) -> None:
-        # message_delta's counts are cumulative: the latest stands.
+        # message_delta's counts are cumulative: the latest stands, but one it leaves out, or
+        # sends as null or 0, keeps message_start's.
         if isinstance(usage, dict):
-            if usage.get("input_tokens"):
-                self._usage["prompt_tokens"] = int(usage["input_tokens"])
-            if usage.get("output_tokens"):
-                self._usage["completion_tokens"] = int(usage["output_tokens"])
+            self._usage.update((key, value) for key, value in usage.items()
+                               if value is not None and (value or key not in self._usage))

@@ -38,8 +38,8 @@ from tidegate.errors import ProviderErrorBody, UpstreamError
 from tidegate.providers.adapters.base import Answer, PartSink
 from tidegate.providers.client import UpstreamClient
 
-__all__ = ["MessageAssembler", "ResponsesDecoder", "call_native", "native_origin", "refuse_native_only",
-           "usage_of"]
+__all__ = ["MessageAssembler", "ResponsesDecoder", "call_native", "messages_usage", "native_origin",
+           "refuse_native_only", "responses_usage", "usage_of"]
 
 RESPONSES_PATH: Final = "/responses"
 COMPACT_PATH: Final = "/responses/compact"
@@ -136,13 +136,47 @@ def _messages_body(request: AIRequest, origin: Origin, model: str) -> dict[str, 
 
 
 def usage_of(document: Mapping[str, Any]) -> Usage:
-    """The tokens a Response or a Message counts (`input_tokens`, `output_tokens`)."""
+    """The tokens a Response or a Message counts."""
     usage = document.get("usage")
     counts = usage if isinstance(usage, dict) else {}
-    given = [counts.get(name) for name in ("input_tokens", "output_tokens")]
-    spent = [value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-             for value in given]
-    return Usage(spent[0], spent[1], spent[0] + spent[1])
+    return messages_usage(counts) if document.get("type") == "message" else responses_usage(counts)
+
+
+def messages_usage(counts: Mapping[str, Any]) -> Usage:
+    """A Message's `usage` in tidegate's terms. Anthropic's `input_tokens` leave out the tokens
+    read from the prompt cache (`cache_read_input_tokens`) and written to it
+    (`cache_creation_input_tokens`, by lifetime in `cache_creation`: all 5-minute ones when it is
+    absent), which are added back; `output_tokens_details.thinking_tokens` are its reasoning."""
+    read = _tokens(counts.get("cache_read_input_tokens"))
+    lifetimes = _object(counts.get("cache_creation"))
+    written_1h = _tokens(lifetimes.get("ephemeral_1h_input_tokens"))
+    written_5m = (_tokens(lifetimes["ephemeral_5m_input_tokens"]) if "ephemeral_5m_input_tokens" in lifetimes
+                  else max(0, _tokens(counts.get("cache_creation_input_tokens")) - written_1h))
+    prompt = _tokens(counts.get("input_tokens")) + read + written_5m + written_1h
+    output = _tokens(counts.get("output_tokens"))
+    thinking = _tokens(_object(counts.get("output_tokens_details")).get("thinking_tokens"))
+    return Usage(prompt, output, prompt + output, read, written_5m, written_1h, thinking)
+
+
+def responses_usage(counts: Mapping[str, Any]) -> Usage:
+    """A Response's `usage` in tidegate's terms: `input_tokens` count the cached ones
+    (`input_tokens_details.cached_tokens`) and written ones (`cache_write_tokens`), as OpenAI's
+    chat counts do; `output_tokens` count `output_tokens_details.reasoning_tokens`. OpenAI's
+    write lifetimes are not Anthropic's: every write is priced as a 5-minute one."""
+    prompt, output = _tokens(counts.get("input_tokens")), _tokens(counts.get("output_tokens"))
+    given = _object(counts.get("input_tokens_details"))
+    reasoning = _tokens(_object(counts.get("output_tokens_details")).get("reasoning_tokens"))
+    return Usage(prompt, output, _tokens(counts.get("total_tokens")) or prompt + output,
+                 _tokens(given.get("cached_tokens")), _tokens(given.get("cache_write_tokens")),
+                 reasoning_tokens=reasoning)
+
+
+def _tokens(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _object(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _event_of(data: bytes) -> dict[str, Any] | None:
