@@ -35,6 +35,7 @@ CALLS: list[tuple[str, str, dict[str, Any], bool]] = [
     ("embeddings", "/v1/embeddings", {"model": "auto", "input": "red shoes"}, False),
     ("responses", "/v1/responses", {"model": "auto", "input": "Say hello"}, False),
     ("responses-stream", "/v1/responses", {"model": "auto", "input": "Say hello", "stream": True}, False),
+    ("responses-compact", "/v1/responses/compact", {"model": "auto", "input": "Say hello"}, False),
     ("messages", "/v1/messages", {"model": "auto", "max_tokens": 64, "messages": HELLO}, True),
     ("messages-stream", "/v1/messages", {"model": "auto", "max_tokens": 64, "messages": HELLO,
                                          "stream": True}, True),

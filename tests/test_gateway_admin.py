@@ -174,7 +174,8 @@ async def test_the_openapi_document_describes_the_api(queue_factory: QueueFactor
 
         paths = spec["paths"]
         for path in ("/v1/chat/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
-                     "/v1/responses/{response_id}", "/v1/responses/input_tokens", "/v1/messages",
+                     "/v1/responses/{response_id}", "/v1/responses/input_tokens", "/v1/responses/compact",
+                     "/v1/messages",
                      "/v1/messages/count_tokens", "/v1/files",
                      "/v1/batches", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/stats", "/v1/dlq",
                      "/v1/dlq/redrive", "/v1/admin/tenants/{name}/keys", "/v1/admin/provider-batches",

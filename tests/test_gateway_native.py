@@ -33,8 +33,10 @@ from tidegate.ai import AIResult
 from tidegate.gateway.anthropic.dialect import ANTHROPIC
 from tidegate.gateway.anthropic.schemas import MessagesRequest
 from tidegate.gateway.core.dialect import StreamRenderer
+from tidegate.gateway.responses.compaction import COMPACTION_PROMPT
 from tidegate.gateway.responses.dialect import RESPONSES
 from tidegate.gateway.responses.schemas import ResponseCreateRequest
+from tidegate.gateway.responses.summaries import SUMMARY_PREFIX
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
 
@@ -206,6 +208,78 @@ async def test_a_continued_native_response_sends_the_earlier_items_upstream(
     assert second.previous_response_id == first.id and second.status == "completed"
 
 
+async def test_a_compaction_for_a_responses_native_model_is_its_upstreams_own(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    # Given a stored native response
+    first = await acme.responses.create(model=RESPONSES_MODEL, input="Find the news", tools=[SEARCH],
+                                        reasoning={"effort": "low"})
+
+    # When its conversation is compacted, with a field only OpenAI's endpoint knows
+    raw = await acme.responses.with_raw_response.compact(
+        model=RESPONSES_MODEL, previous_response_id=first.id, input="And tomorrow?",
+        prompt_cache_retention="24h", extra_headers={"X-Priority": "high"})
+    compacted = raw.parse()
+
+    # Then the upstream's /responses/compact was sent the conversation as items, as written
+    sent = last_sent(gw, "/v1/responses/compact")
+    assert "previous_response_id" not in sent and "priority" not in sent
+    assert (sent["model"], sent["prompt_cache_retention"]) == (RESPONSES_MODEL, "24h")
+    assert [item.get("type") for item in sent["input"]] == ["message", "reasoning", "message", "message"]
+    assert sent["input"][-1] == {"type": "message", "role": "user", "content": "And tomorrow?"}
+    # and its answer, its encrypted compaction item in it, comes back as it gave it, under the job's id
+    job = await gw.queue.get(raw.headers["X-Tidegate-Job-Id"])
+    assert job is not None and job.priority is Priority.HIGH
+    # (only a native provider may serve it: a reasoning item, and a field a chat completion lacks)
+    assert job.payload["origin"]["api"] == "compact" and job.payload["origin"]["native_only"] is True
+    assert job.result["provider"] == "sim-responses" and job.result["cost_micros"] > 0
+    output = orjson.loads(raw.content)["output"]
+    assert compacted.id == f"resp_{job.id}" and output == job.result["response"]["output"]
+    assert [item["type"] for item in output] == ["message", "message", "compaction"]
+    assert not output[-1]["encrypted_content"].startswith(SUMMARY_PREFIX)
+
+    # A response given that output goes on natively with the upstream's own item
+    follow_up = await acme.responses.create(model=RESPONSES_MODEL, input=[*output, {"role": "user",
+                                                                                  "content": "Go on"}])
+    assert follow_up.status == "completed"
+    assert last_sent(gw, "/v1/responses")["input"][2] == output[2]
+    # and a chat-only model cannot read it
+    with pytest.raises(openai.BadRequestError) as refused:
+        await acme.responses.create(model=CHAT_ONLY_MODEL, input=output)
+    assert isinstance(refused.value.body, dict)
+    assert (refused.value.body["code"], refused.value.body["param"]) == ("unsupported_input_item",
+                                                                         "input[2].type")
+
+
+async def test_tidegates_own_compaction_reaches_a_native_provider_as_the_summary_it_holds(
+    gw: Gateway, acme: AsyncOpenAI,
+) -> None:
+    # Given a conversation compacted by a chat-only model: tidegate's own compaction item
+    raw = await acme.responses.with_raw_response.compact(model=CHAT_ONLY_MODEL, input="Plan a trip.")
+    output = orjson.loads(raw.content)["output"]
+    summary = output[-1]["encrypted_content"].removeprefix(SUMMARY_PREFIX)
+
+    # When a Responses-native model goes on from it
+    await acme.responses.create(model=RESPONSES_MODEL, input=[*output, {"role": "user", "content": "Go on"}])
+
+    # Then the upstream reads the summary as a developer message, not an item it cannot open
+    assert output[-1]["encrypted_content"].startswith(SUMMARY_PREFIX)
+    assert [item.get("role") for item in last_sent(gw, "/v1/responses")["input"]] == ["user", "developer",
+                                                                                      "user"]
+    assert last_sent(gw, "/v1/responses")["input"][1]["content"].endswith(summary)
+    # and a field only OpenAI's endpoint knows is refused for that model, before anything is queued
+    queued = gw.state.metrics.registry.get_sample_value(
+        "tidegate_gateway_jobs_enqueued_total", {"kind": "chat", "priority": "normal"})
+    with pytest.raises(openai.BadRequestError) as refused:
+        await acme.responses.compact(model=CHAT_ONLY_MODEL, input="Plan a trip.",
+                                     prompt_cache_retention="24h")
+    assert gw.state.metrics.registry.get_sample_value(
+        "tidegate_gateway_jobs_enqueued_total", {"kind": "chat", "priority": "normal"}) == queued
+    assert isinstance(refused.value.body, dict)
+    assert (refused.value.body["code"], refused.value.body["param"]) == ("unsupported_parameter",
+                                                                         "prompt_cache_retention")
+
+
 async def test_a_native_only_job_routed_to_a_chat_only_provider_fails_saying_why(gw: Gateway) -> None:
     # Given a job that only a Responses-native provider may serve, routed to a chat-only model
     # (as when the configuration changed after it was queued)
@@ -221,6 +295,32 @@ async def test_a_native_only_job_routed_to_a_chat_only_provider_fails_saying_why
     assert job.state is JobState.DEAD and job.attempts == 1
     assert job.failure is not None and job.failure["code"] == "native_api_required"
     assert "does not speak" in job.failure["message"]
+
+
+async def test_a_compaction_job_routed_to_a_chat_only_provider_is_summarized_unless_only_native(
+    gw: Gateway,
+) -> None:
+    # Given compaction jobs that reach a chat-only model (the configuration changed after they
+    # were queued): one whose chat body is the summary request, one only a native provider may serve
+    summarize = [{"role": "user", "content": "Plan a trip."}, {"role": "user", "content": COMPACTION_PROMPT}]
+    payloads = [
+        {"kind": "chat", "body": {"model": CHAT_ONLY_MODEL, "messages": summarize},
+         "origin": {"api": "compact", "body": {"model": CHAT_ONLY_MODEL, "input": "Plan a trip."}}},
+        {"kind": "chat", "body": {"model": CHAT_ONLY_MODEL, "messages": summarize[:1]},
+         "origin": {"api": "compact", "native_only": True, "body": {
+             "model": CHAT_ONLY_MODEL, "input": [{"type": "compaction", "encrypted_content": "gAAAA"}]}}}]
+    compactions = len(gw.sim.received("/v1/responses/compact"))
+    job_ids = [await gw.queue.enqueue(payload, tenant="acme") for payload in payloads]
+
+    summarized, refused = await wait_final(gw.queue, job_ids)
+
+    # Then the first is summarized by the chat model, and the second fails saying why
+    assert summarized.state is JobState.SUCCEEDED and summarized.result is not None
+    assert summarized.result["response"]["object"] == "chat.completion"
+    assert last_sent(gw, "/v1/chat/completions")["messages"][-1]["content"] == COMPACTION_PROMPT
+    assert refused.state is JobState.DEAD and refused.failure is not None
+    assert refused.failure["code"] == "native_api_required" and "responses API" in refused.failure["message"]
+    assert len(gw.sim.received("/v1/responses/compact")) == compactions
 
 
 async def batch_of(client: AsyncOpenAI, lines: dict[str, dict[str, Any]]) -> Batch:

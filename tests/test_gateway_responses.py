@@ -14,16 +14,25 @@ import orjson
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
-from openai.types.responses import FunctionToolParam, Response, ResponseItem, ResponseStreamEvent
+from openai.types.responses import (
+    CompactedResponse,
+    FunctionToolParam,
+    Response,
+    ResponseCompactionItem,
+    ResponseItem,
+    ResponseStreamEvent,
+)
 from pydantic import TypeAdapter
 
 from conftest import BACKENDS
 from support.gateway import Gateway, module_gateway
 from support.waiting import eventually
-from tidegate.ai import AIResult
+from tidegate.ai import AIRequest, AIResult
 from tidegate.costs import estimate_input_tokens
+from tidegate.gateway.responses.compaction import COMPACTION_PROMPT
 from tidegate.gateway.responses.dialect import RESPONSES
 from tidegate.gateway.responses.schemas import ResponseCreateRequest
+from tidegate.gateway.responses.summaries import SUMMARY_PREFIX
 from tidegate.jobs import JobState, Priority
 from tidegate.simulator.server import InjectedFault
 
@@ -592,11 +601,126 @@ async def test_input_tokens_of_a_continued_response_count_its_conversation(acme:
 async def test_input_tokens_of_a_bad_request_are_refused_as_a_response_would_be(
     gw: Gateway, tenant: str, request_body: dict[str, Any], status: int, code: str, param: str
 ) -> None:
-    answer = await gw.http.post("/v1/responses/input_tokens", json=request_body, headers=gw.auth(tenant))
+    assert await refusal(gw, "/v1/responses/input_tokens", request_body, tenant) == (status, code, param)
 
-    assert answer.status_code == status, answer.text
+
+async def refusal(gw: Gateway, path: str, body: dict[str, Any], tenant: str) -> tuple[int, str, str]:
+    """The status of an error answer to `body` posted to `path`, and its OpenAI-shaped error's code
+    and param."""
+    answer = await gw.http.post(path, json=body, headers=gw.auth(tenant))
+    assert answer.status_code >= 400, answer.text
     error = answer.json()["error"]
-    assert (error["code"], error["param"]) == (code, param)
+    return answer.status_code, error["code"], error["param"]
+
+
+def texts(items: list[Any]) -> list[str]:
+    """The text of each message item's content parts, joined."""
+    return ["".join(part.text for part in item.content) for item in items]
+
+
+async def test_a_conversation_is_compacted_into_its_user_messages_and_the_models_summary(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    # Given a stored response, whose conversation goes on with one more user message
+    first = await acme.responses.create(model="gpt-4.1", input="Say hello")
+
+    # When it is compacted at high priority
+    raw = await acme.responses.with_raw_response.compact(
+        model="gpt-4.1", previous_response_id=first.id, instructions="Keep names.",
+        input=[{"role": "user", "content": "And the weather?"}], extra_headers={"X-Priority": "high"})
+    compacted = raw.parse()
+
+    # Then a job of acme's at that priority asked the model for a summary of the whole conversation
+    job = await gw.queue.get(raw.headers["X-Tidegate-Job-Id"])
+    assert job is not None and job.state is JobState.SUCCEEDED
+    assert (job.tenant, job.priority) == ("acme", Priority.HIGH)
+    assert "origin" not in job.payload  # a chat completion, not a response
+    assert job.payload["body"]["messages"] == [
+        {"role": "system", "content": "Keep names."}, {"role": "user", "content": "Say hello"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And the weather?"}, {"role": "user", "content": COMPACTION_PROMPT}]
+    # and the answer is the user messages, then tidegate's compaction item holding that summary
+    result = AIResult.from_json(job.result)
+    assert result is not None and result.response is not None
+    summary = result.response["choices"][0]["message"]["content"]
+    # Strictly as the SDK's models, but the user messages: its output types name none (OpenAI's docs do)
+    document = orjson.loads(raw.content)
+    CompactedResponse.model_validate({**document, "output": document["output"][-1:]})
+    assert (compacted.id, compacted.object) == (f"resp_{job.id}", "response.compaction")
+    assert [item.type for item in compacted.output] == ["message", "message", "compaction"]
+    assert texts(compacted.output[:2]) == ["Say hello", "And the weather?"]
+    item = compacted.output[2]
+    assert isinstance(item, ResponseCompactionItem)
+    assert item.encrypted_content == SUMMARY_PREFIX + summary
+    assert compacted.usage.input_tokens > 0 and compacted.usage.output_tokens > 0
+    with pytest.raises(openai.NotFoundError):  # a compaction is not a response
+        await acme.responses.retrieve(compacted.id)
+
+
+async def test_a_compacted_conversation_goes_on_in_the_next_response_with_its_summary_read(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    raw = await acme.responses.with_raw_response.compact(model="gpt-4.1", input="Plan a trip to Oslo.")
+    # The output as it came (its user messages have input_text parts, which the SDK's output types
+    # do not name: dumping them warns), then a new turn
+    output = orjson.loads(raw.content)["output"]
+    summary = output[-1]["encrypted_content"].removeprefix(SUMMARY_PREFIX)
+    next_input = [*output, {"role": "user", "content": "Go on"}]
+
+    follow_up = await acme.responses.create(model="gpt-4.1", input=next_input)
+    count = await acme.responses.input_tokens.count(model="gpt-4.1", input=next_input)
+
+    assert follow_up.status == "completed" and follow_up.output_text
+    job = await gw.queue.get(job_id(follow_up))
+    assert job is not None
+    assert job.payload["body"]["messages"] == [
+        {"role": "user", "content": "Plan a trip to Oslo."},
+        {"role": "system", "content": "Summary of the earlier conversation, written when it was "
+                                      f"compacted:\n\n{summary}"},
+        {"role": "user", "content": "Go on"}]
+    assert count.input_tokens == estimate_input_tokens(AIRequest.from_payload(job.payload).body)
+    listed = await acme.responses.input_items.list(follow_up.id, order="asc")
+    assert [(item.type, item.model_dump()["role"]) for item in listed.data] == [
+        ("message", "user"), ("message", "developer"), ("message", "user")]
+
+
+async def test_another_tenants_response_cannot_be_compacted_and_nothing_is_queued(
+    gw: Gateway, acme: AsyncOpenAI
+) -> None:
+    response = await acme.responses.create(model="gpt-4.1", input="Say hello")
+
+    async with gw.openai("globex") as globex:
+        before = await enqueued(gw)
+        with pytest.raises(openai.NotFoundError) as refused:
+            await globex.responses.compact(model="gpt-4.1", previous_response_id=response.id)
+        assert await enqueued(gw) == before
+    assert (refused.value.code, refused.value.param) == ("response_not_found", "previous_response_id")
+
+
+@pytest.mark.parametrize(("tenant", "request_body", "status", "code", "param"), [
+    ("acme", {"model": "gpt-4.1"}, 400, "empty_input", "input"),
+    ("acme", {"model": "gpt-4.1", "input": []}, 400, "empty_input", "input"),
+    ("acme", {"input": "Hi"}, 400, "invalid_request", "model"),
+    ("acme", {"model": "gpt-4.1", "input": 7}, 400, "invalid_request", "input.str"),
+    ("acme", {"model": "gpt-4.1", "input": "Hi", "stream": True}, 400, "unsupported_parameter", "stream"),
+    ("acme", {"model": "gpt-4.1", "input": "Hi", "service_tier": "turbo"}, 400, "invalid_request",
+     "service_tier"),
+    ("acme", {"model": "gpt-4.1", "input": [{"role": "wizard", "content": "Hi"}]}, 400, "invalid_value",
+     "input[0].role"),
+    ("acme", {"model": "gpt-4.1", "input": [{"type": "compaction", "encrypted_content": "gAAAA"}]}, 400,
+     "unsupported_input_item", "input[0].type"),
+    ("acme", {"model": "no-such-model", "input": "Hi"}, 404, "model_not_found", "model"),
+    ("acme", {"model": "gpt-4.1", "previous_response_id": "resp_unknown"}, 404, "response_not_found",
+     "previous_response_id"),
+    ("narrow", {"model": "gpt-4.1", "input": "Hi"}, 403, "model_not_allowed", "model"),
+])
+async def test_a_bad_compaction_is_refused_in_openais_shape_and_nothing_is_queued(
+    gw: Gateway, tenant: str, request_body: dict[str, Any], status: int, code: str, param: str
+) -> None:
+    before = await enqueued(gw)
+
+    assert await refusal(gw, "/v1/responses/compact", request_body, tenant) == (status, code, param)
+    assert await enqueued(gw) == before
 
 
 async def test_an_agent_of_the_openai_agents_sdk_runs_a_function_tool_through_the_queue(

@@ -1,6 +1,7 @@
 """The simulated provider's Responses endpoint, spoken to with the official OpenAI SDK: a
 Response and its typed events parse strictly as the SDK's own models; function tools are called,
-built-in tools accepted, reasoning given its item; limits and refusals are OpenAI-shaped."""
+built-in tools accepted, reasoning given its item; limits and refusals are OpenAI-shaped. A
+compaction (`/v1/responses/compact`) is answered as OpenAI answers it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from openai import AsyncOpenAI
-from openai.types.responses import FunctionToolParam, Response, ResponseStreamEvent
+from openai.types.responses import CompactedResponse, FunctionToolParam, Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tidegate.simulator import Simulator, SimulatorSettings
@@ -92,3 +94,30 @@ async def test_bad_requests_are_refused_in_openais_shape(sdk: AsyncOpenAI) -> No
             await sdk.post("/responses", cast_to=Response, body={"model": MODEL, **body})
         error = refused.value.body
         assert isinstance(error, dict) and error["code"] and error["message"]
+
+
+async def test_a_compaction_is_the_user_messages_then_an_opaque_item_read_back_as_input(
+    simulator: Simulator, sdk: AsyncOpenAI,
+) -> None:
+    raw = await sdk.responses.with_raw_response.compact(
+        model=MODEL, instructions="Keep names.",
+        input=[{"role": "user", "content": "Plan a trip."}, {"role": "assistant", "content": "To Oslo?"},
+               {"role": "user", "content": [{"type": "input_text", "text": "Yes."}]}])
+    compacted = raw.parse()
+
+    # Strictly as the SDK's models, but the user messages: its output types name none (OpenAI's docs do)
+    document = orjson.loads(raw.content)
+    CompactedResponse.model_validate({**document, "output": document["output"][-1:]})
+    assert compacted.object == "response.compaction" and compacted.id.startswith("resp_")
+    output = orjson.loads(raw.content)["output"]
+    assert [(item["type"], item.get("role")) for item in output] == [
+        ("message", "user"), ("message", "user"), ("compaction", None)]
+    assert [item["content"][0]["text"] for item in output[:2]] == ["Plan a trip.", "Yes."]
+    assert output[-1]["encrypted_content"] and compacted.usage.output_tokens > 0
+    # The output goes on as the next response's input
+    response = await sdk.responses.create(model=MODEL, input=[*output, {"role": "user", "content": "Go on"}])
+    assert response.status == "completed"
+    assert simulator.received("/v1/responses/compact")[-1]["instructions"] == "Keep names."
+    with pytest.raises(openai.NotFoundError) as unknown:  # it stores no response
+        await sdk.responses.compact(model=MODEL, previous_response_id="resp_1")
+    assert unknown.value.code == "previous_response_not_found"

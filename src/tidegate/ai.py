@@ -10,7 +10,7 @@ A job payload:
      "origin": {"api": "responses",      # optional: the request in another API's shape that the
                 "body": {...},           # body was translated from, so that API can render the job
                 "native_only": true,     #   optional: the body is only its summary (see below)
-                "context": [...]},       #   optional (responses): the items of the conversation
+                "context": [...]},       #   optional (responses, compact): the items of the conversation
                                          #   that `previous_response_id` continues
      "trace": {"traceparent": "00-…"}}   # optional: the W3C trace context of the request that
                                          # enqueued it (tidegate.tracing), set when tracing is on
@@ -36,13 +36,14 @@ A streamed answer crosses the relay one chunk at a time, each an OpenAI-compatib
 read as the content) as the upstream sent it (or an `{"error": {...}}` that ends the stream):
 `StreamPart.decode` reads the typed events out of one.
 
-Native pass-through: a job with an `origin` ("responses": OpenAI's Responses API; "anthropic":
-Anthropic's Messages API) routed to a provider that speaks that API itself
-(`ProviderConfig.speaks`) is sent the origin's body (the routed model in it), not the chat `body`.
-Its result's `response` is then the upstream's own document (a Response object, `"object":
-"response"`; a Message, `"type": "message"`) and its stream's chunks are the upstream's own typed
-events, one JSON object each with its `type` ("response.output_text.delta", "message_start", …),
-which `StreamPart.event` names; the upstream's terminal event (`response.completed`,
+Native pass-through: a job with an `origin` ("responses": OpenAI's Responses API; "compact": its
+POST /responses/compact; "anthropic": Anthropic's Messages API) routed to a provider that speaks
+that API itself (`ProviderConfig.speaks`, `Origin.spoken_api`) is sent the origin's body (the
+routed model in it), not the chat `body`. Its result's `response` is then the upstream's own
+document (a Response object, `"object": "response"`; a compacted conversation, `"object":
+"response.compaction"`; a Message, `"type": "message"`) and its stream's chunks are the
+upstream's own typed events, one JSON object each with its `type` ("response.output_text.delta",
+"message_start", …), which `StreamPart.event` names; the upstream's terminal event (`response.completed`,
 `message_stop`) is relayed too. Only the dialect of the origin's API reads such a result. An
 origin that is `native_only` holds what the chat body cannot carry (a built-in tool, `top_k`,
 …): its `body` is a summary for routing and estimates (model, text, limits), and a route to a
@@ -213,21 +214,28 @@ class AIRequest:
                    origin=Origin.from_payload(payload.get("origin")), trace=trace)
 
 
-OriginApi = Literal["responses", "anthropic"]
-_ORIGIN_APIS: Final = ("responses", "anthropic")
+OriginApi = Literal["responses", "compact", "anthropic"]
+_ORIGIN_APIS: Final = ("responses", "compact", "anthropic")
 
 
 @dataclass(frozen=True, slots=True)
 class Origin:
     """The request a job's body was translated from: the API that took it and its body there,
-    typed (a ResponsesRequest or a MessagesRequest, tidegate.contract). `native_only`: the body
-    cannot carry it, only a provider speaking `api` may serve the job; `context`: the Responses
-    items of the conversation the request continues (sent before its input to a native upstream)."""
+    typed (a ResponsesRequest, a CompactRequest or a MessagesRequest, tidegate.contract).
+    `native_only`: the body cannot carry it, only a provider speaking `api` may serve the job;
+    `context`: the Responses items of the conversation the request continues (sent before its
+    input to a native upstream)."""
 
     api: OriginApi
     body: OriginBody
     native_only: bool = False
     context: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def spoken_api(self) -> str:
+        """The client API a provider must speak to be sent this origin as it is: a compaction
+        ("compact", OpenAI's POST /responses/compact) is the Responses API's."""
+        return "responses" if self.api == "compact" else self.api
 
     def __post_init__(self) -> None:
         expected = origin_struct_of(self.api)

@@ -21,11 +21,12 @@ difference (UNSET when left out), as some upstreams want the null of a message o
 (`param`, as a dotted path: `messages.0.role`); `to_body(request)` the one way out.
 
 A job made from a request in another API's shape keeps that request as its origin (tidegate.ai
-`Origin`), typed too: OpenAI's Responses request (`ResponsesRequest`) or Anthropic's Messages
-request (`MessagesRequest`), decoded by `decode_origin(api, body)` and written back by the same
-`to_body`. Their fields are as the caller sent them, UNSET when left out and None when sent as
-null, so the body goes back exactly as it came: to a provider that speaks that API natively, and
-into the stored payload, whose layout is unchanged. Their nested objects (input items, tools,
+`Origin`), typed too: OpenAI's Responses request (`ResponsesRequest`) or compaction request
+(`CompactRequest`), or Anthropic's Messages request (`MessagesRequest`), decoded by
+`decode_origin(api, body)` and written back by the same `to_body`. Their fields are as the caller
+sent them, UNSET when left out and None when sent as null, so the body goes back exactly as it
+came: to a provider that speaks that API natively, and into the stored payload, whose layout is
+unchanged. Their nested objects (input items, tools,
 content blocks) stay JSON objects, checked item by item by the dialect that translates them;
 `sent_or` reads a field with the default the API documents for one left out or null.
 """
@@ -52,6 +53,7 @@ __all__ = [
     "MAX_TOP_LOGPROBS",
     "ChatMessage",
     "ChatRequest",
+    "CompactRequest",
     "CompletionRequest",
     "EmbeddingsRequest",
     "InvalidRequestBody",
@@ -293,6 +295,28 @@ class ResponsesRequest(_Body, kw_only=True, omit_defaults=True):
         return self.background is True
 
 
+class CompactRequest(_Body, kw_only=True, omit_defaults=True):
+    """An OpenAI compaction request (POST /v1/responses/compact), kept as the origin of the job that
+    a provider speaking the Responses API serves natively; its fields in the order of the gateway's
+    pydantic model. The conversation is `input`, after the one `previous_response_id` names (the
+    gateway resolves it into the origin's `context`). `priority` is tidegate's; what OpenAI adds
+    (`image`, `prompt_cache_options`, …) is carried in `extra`, sent as it is."""
+
+    model: _Model
+    input: _Sent[str | list[dict[str, Any]]] = msgspec.UNSET
+    instructions: _Sent[str] = msgspec.UNSET
+    previous_response_id: _Sent[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.UNSET
+    prompt_cache_key: _Sent[str] = msgspec.UNSET
+    safety_identifier: _Sent[str] = msgspec.UNSET
+    priority: _Sent[_Priority] = msgspec.UNSET
+    service_tier: _Sent[ServiceTier] = msgspec.UNSET
+
+    @property
+    def input_items(self) -> list[dict[str, Any]]:
+        """The input as items (`items_of`; none when it was left out)."""
+        return items_of(self.input) if isinstance(self.input, str | list) else []
+
+
 class MessagesRequest(_Body, kw_only=True, omit_defaults=True):
     """An Anthropic Messages API request (POST /v1/messages), kept as the origin of the chat job it
     is translated into; its fields in the order of the gateway's pydantic model. `priority` is
@@ -316,13 +340,13 @@ class MessagesRequest(_Body, kw_only=True, omit_defaults=True):
 
 
 RequestBody: TypeAlias = ChatRequest | EmbeddingsRequest | CompletionRequest | ModerationRequest
-OriginBody: TypeAlias = ResponsesRequest | MessagesRequest
+OriginBody: TypeAlias = ResponsesRequest | CompactRequest | MessagesRequest
 
 _STRUCTS: Final[Mapping[str, type[RequestBody]]] = {
     "chat": ChatRequest, "embeddings": EmbeddingsRequest, "completion": CompletionRequest,
     "moderation": ModerationRequest}
 _ORIGIN_STRUCTS: Final[Mapping[str, type[OriginBody]]] = {
-    "responses": ResponsesRequest, "anthropic": MessagesRequest}
+    "responses": ResponsesRequest, "compact": CompactRequest, "anthropic": MessagesRequest}
 _Decoded = TypeVar("_Decoded", bound=_Body)
 
 
@@ -332,7 +356,7 @@ def struct_of(kind: str) -> type[RequestBody]:
 
 
 def origin_struct_of(api: str) -> type[OriginBody]:
-    """The struct of an origin's request in `api` ("responses", "anthropic")."""
+    """The struct of an origin's request in `api` ("responses", "compact", "anthropic")."""
     return _ORIGIN_STRUCTS[api]
 
 
@@ -423,7 +447,7 @@ def decode(kind: str, document: object) -> RequestBody:
 
 
 def decode_origin(api: str, document: object) -> OriginBody:
-    """The request in another API's shape (`api`: "responses" or "anthropic") in `document`,
+    """The request in another API's shape (`api`: "responses", "compact" or "anthropic") in `document`,
     checked as `decode` checks a request of a kind."""
     return _decode(_ORIGIN_STRUCTS[api], document)
 

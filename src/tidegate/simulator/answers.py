@@ -35,7 +35,7 @@ from tidegate.simulator.requests import (
     InvalidRequest,
     ToolCallPlan,
 )
-from tidegate.simulator.responses import ResponseEvents, response_body
+from tidegate.simulator.responses import ResponseEvents, compaction_body, response_body
 from tidegate.simulator.settings import (
     ModelBehaviour,
     ServedModel,
@@ -44,7 +44,7 @@ from tidegate.simulator.settings import (
 __all__ = ["FRAMES", "Frames", "Reply", "Wire", "check_dimensions", "completion_body", "completion_id",
            "draw_completion_tokens", "embeddings_body"]
 
-Wire = Literal["openai", "anthropic", "responses", "completions"]
+Wire = Literal["openai", "anthropic", "responses", "completions", "compaction"]
 """The API a request came by, and is answered in."""
 
 
@@ -116,6 +116,9 @@ def completion_body(rng: random.Random, model: str, chat: ChatRequest, completio
     identifier = completion_id(rng)
     reply = Reply.draw(rng, chat, completion, finish)
     message = reply.message(rng)
+    if chat.wire == "compaction":
+        return compaction_body(identifier.removeprefix("chatcmpl-"), model, chat,
+                               str(message.get("content") or ""), reply.tokens), reply.tokens
     if chat.wire == "responses":
         return response_body(identifier.removeprefix("chatcmpl-"), model, chat, message, reply.finish,
                              reply.tokens), reply.tokens

@@ -90,8 +90,9 @@ class ChatRequest:
     include_usage: bool
     stop: tuple[str, ...] = ()
     tool_call: ToolCallPlan | None = None
-    # The API it came by, and is answered in: "completions" is OpenAI's legacy /v1/completions.
-    wire: Literal["openai", "anthropic", "responses", "completions"] = "openai"
+    # The API it came by, and is answered in: "completions" is OpenAI's legacy /v1/completions,
+    # "compaction" its /v1/responses/compact.
+    wire: Literal["openai", "anthropic", "responses", "completions", "compaction"] = "openai"
     service_tier: str | None = None  # the tier it is served at: what was asked, `auto` as default
     reasons: bool = False  # the answer opens with the model's reasoning (a thinking block, say)
     echo: Mapping[str, Any] | None = None  # what the answer repeats of the request (a Response's)

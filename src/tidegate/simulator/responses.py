@@ -7,10 +7,15 @@ A Responses request is read into the same `ChatRequest` a chat completion is (wi
 only what goes on the wire differs. Function tools lead to a function call as on chat; built-in
 tools (web search, file search, …) are accepted and not run. `reasoning` makes the answer open
 with a reasoning item (its summary when one is asked for). Errors are OpenAI-shaped.
+
+`POST /v1/responses/compact` is read the same way (wire "compaction") and answered as OpenAI
+answers it: the input's user messages, then one compaction item whose `encrypted_content` is
+opaque (the generated text, base64-encoded); a compaction item given back as input is taken.
 """
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -27,13 +32,13 @@ from tidegate.simulator.requests import (
     plan_tool_call,
 )
 
-__all__ = ["ResponseEvents", "parse_responses", "response_body"]
+__all__ = ["ResponseEvents", "compaction_body", "parse_compaction", "parse_responses", "response_body"]
 
 ROLES: Final = frozenset({"user", "assistant", "system", "developer"})
 SERVICE_TIERS: Final = ("auto", "default", "flex", "priority")
 REASONING_SUMMARY: Final = "The question is read, then answered in a few words."
 _ITEM_TYPES: Final = frozenset({"message", "function_call", "function_call_output", "reasoning",
-                                "web_search_call", "file_search_call", "item_reference"})
+                                "web_search_call", "file_search_call", "item_reference", "compaction"})
 # What a Response repeats of its request, with the API's defaults.
 _ECHOED: Final[Mapping[str, Any]] = {
     "instructions": None, "max_output_tokens": None, "metadata": {}, "parallel_tool_calls": True,
@@ -81,6 +86,44 @@ def parse_responses(body: dict[str, Any]) -> ChatRequest:
                        plan_tool_call(tools, _tool_choice(body.get("tool_choice")), messages),
                        wire="responses", service_tier=served_at, reasons=bool(reasoning), echo=echo,
                        prompt_units=units)
+
+
+def parse_compaction(body: dict[str, Any]) -> ChatRequest:
+    """Validate a compaction request (model, input, instructions; `previous_response_id` names
+    nothing here: the simulator stores no response) into the simulator's ChatRequest, which keeps
+    the input's user messages to answer with."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("Missing required parameter: 'model'.", param="model",
+                             code="missing_required_parameter")
+    if body.get("previous_response_id") is not None:
+        raise InvalidRequest(f"Previous response with id '{body['previous_response_id']}' not found.",
+                             param="previous_response_id", code="previous_response_not_found", status=404)
+    given = body.get("input")
+    messages = _messages(given)
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        messages.insert(0, {"role": "system", "content": instructions})
+    items = given if isinstance(given, list) else [{"role": "user", "content": given}]
+    retained = [item for item in items
+                if item.get("type", "message") == "message" and item.get("role") == "user"]
+    return ChatRequest(model, estimate_prompt_tokens(messages), None, False, True, (), None,
+                       wire="compaction", echo={"retained": retained})
+
+
+def compaction_body(identifier: str, model: str, chat: ChatRequest, text: str,
+                    output_tokens: int) -> dict[str, Any]:
+    """A compacted conversation: the user messages given, then the compaction item."""
+    retained = (chat.echo or {}).get("retained") or ()
+    output: list[dict[str, Any]] = [
+        {"id": f"msg_{identifier}_{index}", "type": "message", "role": "user", "status": "completed",
+         "content": ([{"type": "input_text", "text": item["content"]}] if isinstance(item["content"], str)
+                     else item["content"])}
+        for index, item in enumerate(retained)]
+    output.append({"id": f"cmp_{identifier}", "type": "compaction",
+                   "encrypted_content": base64.b64encode(text.encode()).decode()})
+    return {"id": f"resp_{identifier}", "object": "response.compaction", "created_at": int(time.time()),
+            "output": output, "usage": _usage(chat, output_tokens)}
 
 
 def _messages(given: object) -> list[dict[str, Any]]:

@@ -3,19 +3,18 @@
 It serves `/v1/models`, `/v1/chat/completions` (plain and SSE streams), `/v1/embeddings`, OpenAI's
 legacy `/v1/completions` and `/v1/moderations` (see legacy.py), Anthropic's `/v1/messages` (plain
 and streamed, in Anthropic's shapes: see messages.py), OpenAI's `/v1/responses` (plain and
-streamed typed events: see responses.py), OpenAI's Files and Batch APIs (`/v1/files`,
-`/v1/batches`: see batches.py) and Anthropic's Message Batches (`/v1/messages/batches`: see
-message_batches.py) for the
-price table's models (a chat answer stops at a `stop` sequence it meets, naming it in the
-choice's `stop_reason` as vLLM does, and calls a function when the request's tools lead to one:
-see requests.parse_chat), validates requests like a real provider, answers with realistic usage,
-enforces its own per-model RPM/TPM over a sliding window (429 with Retry-After and x-ratelimit-*
-headers), and injects faults (500, 503, timeouts, connection resets, malformed bodies) at
-configured rates or on demand. A repeated prompt prefix is reported as cached, as OpenAI's automatic
-prompt caching and Anthropic's `cache_control` breakpoints report it (see caching.py). A seeded
-simulator given the same requests answers the same way.
-The bodies of the last requests it accepted are kept (`received`), so a test can see what an
-upstream was sent.
+streamed typed events) and `/v1/responses/compact` (see responses.py), OpenAI's Files and Batch
+APIs (`/v1/files`, `/v1/batches`: see batches.py) and Anthropic's Message Batches
+(`/v1/messages/batches`: see message_batches.py) for the price table's models (a chat answer stops
+at a `stop` sequence it meets, naming it in the choice's `stop_reason` as vLLM does, and calls a
+function when the request's tools lead to one: see requests.parse_chat), validates requests like a
+real provider, answers with realistic usage, enforces its own per-model RPM/TPM over a sliding
+window (429 with Retry-After and x-ratelimit-* headers), and injects faults (500, 503, timeouts,
+connection resets, malformed bodies) at configured rates or on demand. A repeated prompt prefix is
+reported as cached, as OpenAI's automatic prompt caching and Anthropic's `cache_control`
+breakpoints report it (see caching.py). A seeded simulator given the same requests answers the
+same way. The bodies of the last requests it accepted are kept (`received`), so a test can see
+what an upstream was sent.
 
 Control and observation endpoints live under `/_sim/` and are served only on a loopback address:
 `GET /_sim/stats`, `GET|POST /_sim/settings`, `POST /_sim/reset`, `POST /_sim/faults`.
@@ -88,7 +87,7 @@ from tidegate.simulator.requests import (
     parse_embeddings,
     parse_json_object,
 )
-from tidegate.simulator.responses import parse_responses
+from tidegate.simulator.responses import parse_compaction, parse_responses
 from tidegate.simulator.settings import (
     FAULT_RATES,
     ModelBehaviour,
@@ -235,8 +234,9 @@ class Simulator:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/responses", self._responses)
-        app.router.add_post("/v1/completions", self._legacy("completion", parse_completion))
-        app.router.add_post("/v1/moderations", self._legacy("moderation", parse_moderation))
+        app.router.add_post("/v1/responses/compact", self._endpoint("chat", parse_compaction))
+        app.router.add_post("/v1/completions", self._endpoint("completion", parse_completion))
+        app.router.add_post("/v1/moderations", self._endpoint("moderation", parse_moderation))
         batches = self._batches
         app.router.add_post("/v1/files", batches.create_file)
         app.router.add_get("/v1/files/{file_id}", batches.get_file)
@@ -388,9 +388,11 @@ class Simulator:
             return _error_response(exc)
         return await self._answer(request, served, embed)
 
-    def _legacy(self, kind: Literal["completion", "moderation"],
-                parse: Callable[[dict[str, Any]], _R]) -> _Handler:
-        """The handler of a legacy endpoint: accepted as any other request, then answered."""
+    def _endpoint(self, kind: Literal["chat", "completion", "moderation"],
+                  parse: Callable[[dict[str, Any]], _R]) -> _Handler:
+        """The handler of an endpoint whose requests `parse` reads into those of a model of `kind`
+        (a compaction, a legacy completion or moderation): accepted as any other request, then
+        answered in its own wire format."""
 
         async def handle(request: web.Request) -> web.StreamResponse:
             try:

@@ -41,6 +41,7 @@ from tidegate.gateway.responses.output import (
 )
 from tidegate.gateway.responses.schemas import ResponseCreateRequest
 from tidegate.gateway.responses.stream import ResponsesStream
+from tidegate.gateway.responses.summaries import with_summaries_read
 
 __all__ = ["RESPONSES", "ResponsesDialect"]
 
@@ -70,7 +71,10 @@ class ResponsesDialect(Dialect):
                   native: bool = False) -> AIRequest:
         """The chat job of a Responses request, `history` (the conversation of the response it
         continues) before its input. `native`: every provider that may serve it speaks the
-        Responses API, so what has no chat translation is sent on as it is (see the module)."""
+        Responses API, so what has no chat translation is sent on as it is (see the module).
+        tidegate's own compaction items in the input are read first, as the messages they stand
+        for (tidegate.gateway.responses.summaries)."""
+        body = with_summaries_read(body)
         given = body.model_dump(exclude_unset=True)
         context = () if history is None else history.items
         try:

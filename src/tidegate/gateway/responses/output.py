@@ -10,7 +10,7 @@ response's id and the settings that are tidegate's (`store`, `background`,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,6 +24,7 @@ __all__ = [
     "RESPONSE_PREFIX",
     "Continued",
     "answered_status",
+    "as_listed",
     "assistant_message",
     "continued",
     "is_native",
@@ -215,8 +216,14 @@ def render(job: Job, origin: Origin) -> dict[str, Any]:
 
 def listed_items(job_id: str, origin: Origin) -> list[dict[str, Any]]:
     """The response's own input as items with ids, in the order given."""
+    return as_listed(job_id, request_of(origin).input_items)
+
+
+def as_listed(job_id: str, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Input items as the API lists them: with ids (their own, else made from `job_id` and their
+    place) and the fields the API always gives."""
     listed: list[dict[str, Any]] = []
-    for index, item in enumerate(request_of(origin).input_items):
+    for index, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")

@@ -1,9 +1,10 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id},
-POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items, and
-POST /v1/responses/input_tokens.
+POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items,
+POST /v1/responses/input_tokens and POST /v1/responses/compact.
 
 An OpenAI SDK pointed at `http://host:port/v1` works unchanged: `client.responses.create(...)`,
-`.stream(...)`, `.retrieve`, `.cancel`, `.delete`, `.input_items.list`, `.input_tokens.count`. A
+`.stream(...)`, `.retrieve`, `.cancel`, `.delete`, `.input_items.list`, `.input_tokens.count`,
+`.compact` (tidegate.gateway.responses.compaction says how a conversation is compacted). A
 response is a job of the queue (`resp_<job id>`), at the caller's priority like every call: its
 store, its tenant isolation (another tenant's response answers 404, like an unknown id), its
 retention and its background run are the queue's. The Responses dialect (tidegate.gateway.responses.dialect)
@@ -36,11 +37,14 @@ from tidegate.gateway.core.intake import (
 from tidegate.gateway.core.native import served_natively
 from tidegate.gateway.core.outcomes import result_headers, succeeded
 from tidegate.gateway.core.streaming import stream_job
+from tidegate.gateway.responses.compaction import compacted, compaction
 from tidegate.gateway.responses.dialect import RESPONSES
 from tidegate.gateway.responses.files import inline_files
 from tidegate.gateway.responses.lookup import conversation, lookup_response
 from tidegate.gateway.responses.output import listed_items, render, request_of, response_id
 from tidegate.gateway.responses.schemas import (
+    CompactedResponse,
+    ResponseCompactRequest,
     ResponseCreateRequest,
     ResponseDeleted,
     ResponseInputTokens,
@@ -139,6 +143,42 @@ async def count_input_tokens(body: ResponseInputTokensRequest, state: StateDep,
                                      native=served_natively(state, "responses", request.model))
     draft = draft_job(state, tenant, translated, priority=tenant.default_priority)
     return ResponseInputTokens(input_tokens=estimate_input_tokens(draft.request.body))
+
+
+@router.post(
+    "/compact",
+    response_model=CompactedResponse,
+    summary="Compact a conversation",
+    responses=error_responses(400, 403, 413, 429, described={
+        404: "Unknown model, or `previous_response_id` names no response of this tenant.",
+        409: "The job was cancelled while the call waited, or the Idempotency-Key was first used for "
+             "another request.",
+        "4XX": "The provider refused the request with another client error: its status and message.",
+        502: "The provider failed after every attempt.",
+        504: "No result in time: `error.job_id` names the job, which goes on (GET /v1/jobs/{id}).",
+    }),
+)
+async def compact_conversation(
+    body: ResponseCompactRequest,
+    state: StateDep,
+    tenant: MeteredTenantDep,
+    x_priority: PriorityHeader = None,
+    x_tidegate_timeout: TimeoutHeader = None,
+    idempotency_key: IdempotencyHeader = None,
+) -> JSONResponse:
+    """Compact the conversation of `previous_response_id` and `input` into its user messages and
+    one compaction item, to be given as the next response's input: by a job at the caller's
+    priority, sent as it is to a provider that speaks the Responses API, else summarized by the
+    model itself into tidegate's own compaction item (see tidegate.gateway.responses.compaction)."""
+    history = None if body.previous_response_id is None else await conversation(
+        state, tenant, body.previous_response_id)
+    conversation_request = await inline_files(state, tenant, body.as_response())
+    compacting = compaction(body, conversation_request, history,
+                            native=served_natively(state, "responses", body.model))
+    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
+    submitted = await submit(state, tenant, compacting.request, options)
+    job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
+    return JSONResponse(compacted(job, result, compacting.retained), headers=result_headers(job, result))
 
 
 @router.get("/{response_id}", response_model=ResponseObject, summary="Retrieve a response",

@@ -21,6 +21,8 @@ from tidegate.gateway.core.schemas import PriorityValue
 
 __all__ = [
     "MAX_METADATA_KEYS",
+    "CompactedResponse",
+    "ResponseCompactRequest",
     "ResponseCreateRequest",
     "ResponseDeleted",
     "ResponseInputTokens",
@@ -114,6 +116,56 @@ class ResponseInputTokensRequest(BaseModel):
         """The Responses request whose input this counts, to be translated as any other."""
         return ResponseCreateRequest.model_validate(self.model_dump(exclude_unset=True) | {
             "model": self.model, "input": self.input})  # the same fields and types: it cannot fail
+
+
+class ResponseCompactRequest(BaseModel):
+    """What POST /v1/responses/compact compacts: the conversation of `previous_response_id`, then
+    `input` (at least one of the two), with `instructions` before it, by `model` ("auto" lets
+    tidegate route). `priority` is tidegate's. A field OpenAI adds to this endpoint (`image`,
+    `prompt_cache_options`, …) is kept aside and refused by name (`unsupported_parameter`), unless
+    every provider that may serve the model speaks the Responses API natively: it is then sent on
+    as it is."""
+
+    model_config = ConfigDict(
+        extra="allow", strict=True,
+        json_schema_extra={"examples": [{"model": "auto", "previous_response_id": "resp_0123456789abcdef",
+                                         "input": "Let's go on."}]},
+    )
+
+    model: str = Field(min_length=1, description=(
+        'The model that compacts the conversation (GET /v1/models), or "auto".'))
+    input: str | list[dict[str, Any]] | None = Field(None, description=(
+        "As a response's `input`: the conversation, or what follows that of "
+        "`previous_response_id`."))
+    instructions: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1, description=(
+        "A stored response of the key's tenant whose conversation (its input and output) comes "
+        "before `input`."))
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    priority: PriorityValue | None = None
+    service_tier: ServiceTier | None = None
+
+    def as_response(self) -> ResponseCreateRequest:
+        """The conversation to compact as a Responses request, to be read as any other: the
+        fields declared here (what a chat completion may be asked as well), the input as items."""
+        given = self.model_dump(exclude_unset=True, exclude=set(self.model_extra or ()))
+        return ResponseCreateRequest.model_validate(given | {"input": self.input or []})
+
+
+class CompactedResponse(BaseModel):
+    """A compacted conversation: its user messages, then one compaction item; given as the `input`
+    of the next response, it stands for the whole conversation. The compaction item is OpenAI's own
+    (encrypted) when a provider speaking the Responses API compacted it, else tidegate's, whose
+    `encrypted_content` is its summary in clear (see the Responses API page)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(examples=["resp_0123456789abcdef"])
+    object: Literal["response.compaction"] = "response.compaction"
+    created_at: int
+    output: list[dict[str, Any]]
+    usage: dict[str, Any]
 
 
 class ResponseInputTokens(BaseModel):

@@ -7,6 +7,8 @@ The body sent is the origin's, with the routed model, minus what is tidegate's o
   sent as input items, the origin's `context`, before the request's input) and `store`, sent as
   false: the response is kept by tidegate, as its job, and the upstream need not keep a copy
   nobody can reach. `stream` and `stream_options` go only when the job streams.
+- Compaction (origin "compact", POST /responses/compact, never streamed): `priority` and
+  `previous_response_id`, whose conversation goes as input items before the input, as above.
 - Messages: `priority`; `stream` only when the job streams.
 A `service_tier` the origin does not name is the one the provider's tier policy picked.
 
@@ -31,7 +33,7 @@ import orjson
 from msgspec import UNSET
 
 from tidegate.ai import AIRequest, Origin, Usage
-from tidegate.contract import MessagesRequest, ResponsesRequest, requested_tier, to_body
+from tidegate.contract import CompactRequest, MessagesRequest, ResponsesRequest, requested_tier, to_body
 from tidegate.errors import ProviderErrorBody, UpstreamError
 from tidegate.providers.adapters.base import Answer, PartSink
 from tidegate.providers.client import UpstreamClient
@@ -40,6 +42,7 @@ __all__ = ["MessageAssembler", "ResponsesDecoder", "call_native", "messages_usag
            "refuse_native_only", "responses_usage", "usage_of"]
 
 RESPONSES_PATH: Final = "/responses"
+COMPACT_PATH: Final = "/responses/compact"
 MESSAGES_PATH: Final = "/messages"
 _RESPONSE_ENDS: Final = frozenset({"response.completed", "response.incomplete"})
 # OpenAI's tiers (the policy's, in the job's body) as Anthropic's request field names them.
@@ -50,23 +53,27 @@ _MESSAGES_TIERS: Final = {"auto": "auto", "priority": "auto", "default": "standa
 def native_origin(request: AIRequest, client: UpstreamClient) -> Origin | None:
     """The origin to send as it is, when the client's provider speaks its API; None otherwise."""
     origin = request.origin
-    return origin if origin is not None and client.provider.speaks(origin.api) else None
+    return origin if origin is not None and client.provider.speaks(origin.spoken_api) else None
 
 
 def refuse_native_only(request: AIRequest, client: UpstreamClient) -> None:
     """Fail a job that only a provider speaking its origin's API may serve (see the module)."""
     origin = request.origin
     if origin is not None and origin.native_only:
-        message = (f"this request uses what only the {origin.api} API itself serves, and it was routed to "
-                   f"provider {client.provider.name!r}, which does not speak that API natively: name a "
-                   "model of a provider that does, or leave those fields out")
+        message = (f"this request uses what only the {origin.spoken_api} API itself serves, and it was "
+                   f"routed to provider {client.provider.name!r}, which does not speak that API natively: "
+                   "name a model of a provider that does, or leave those fields out")
         raise UpstreamError(message, kind="client", status=400,
                             body=ProviderErrorBody(message, "invalid_request_error", "native_api_required"))
 
 
 async def call_native(client: UpstreamClient, request: AIRequest, origin: Origin, model: str,
                       on_part: PartSink | None) -> Answer:
-    """Send the origin's body to its API's path; stream it to `on_part` when given."""
+    """Send the origin's body to its API's path; stream it to `on_part` when given (a compaction
+    is never streamed: its answer is one document)."""
+    if origin.api == "compact":
+        response = await client.post(COMPACT_PATH, _compact_body(request, origin, model), expect="output")
+        return Answer(response.body, usage_of(response.body), response.latency_ms, response.rate_limit)
     if origin.api == "responses":
         path, body, expect = RESPONSES_PATH, _responses_body(request, origin, model), "output"
     else:
@@ -97,8 +104,23 @@ def _responses_body(request: AIRequest, origin: Origin, model: str) -> dict[str,
     body["store"] = False
     if request.stream and isinstance(given.stream_options, dict):
         body["stream_options"] = given.stream_options
+    return _with_policy_tier(body, request, named=given.service_tier is not UNSET)
+
+
+def _compact_body(request: AIRequest, origin: Origin, model: str) -> dict[str, Any]:
+    given = origin.body
+    assert isinstance(given, CompactRequest)  # an origin's body is its API's (Origin checks it)
+    sent = msgspec.structs.replace(given, model=model, priority=UNSET, previous_response_id=UNSET)
+    if origin.context:
+        sent = msgspec.structs.replace(sent, input=[*origin.context, *given.input_items])
+    return _with_policy_tier(to_body(sent), request, named=given.service_tier is not UNSET)
+
+
+def _with_policy_tier(body: dict[str, Any], request: AIRequest, *, named: bool) -> dict[str, Any]:
+    """`body` with the tier the provider's policy picked (in the job's chat body), unless the
+    origin `named` one itself."""
     tier = requested_tier(request.body)
-    if given.service_tier is UNSET and tier is not None:
+    if not named and tier is not None:
         body["service_tier"] = tier
     return body
 
