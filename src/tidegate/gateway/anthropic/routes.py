@@ -32,10 +32,7 @@ from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.core.dialect import decoded
 from tidegate.gateway.core.errors import error_responses
 from tidegate.gateway.core.intake import (
-    CallOptions,
-    IdempotencyHeader,
-    PriorityHeader,
-    TimeoutHeader,
+    CallOptionsDep,
     draft_job,
 )
 from tidegate.gateway.core.native import served_natively
@@ -79,15 +76,12 @@ async def create_message(
     body: MessagesRequest,
     state: StateDep,
     tenant: MeteredTenantDep,
-    x_priority: PriorityHeader = None,
-    x_tidegate_timeout: TimeoutHeader = None,
-    idempotency_key: IdempotencyHeader = None,
+    options: CallOptionsDep,
     anthropic_version: AnthropicVersionHeader = None,
 ) -> Response:
     """Queue the conversation as a chat job at the caller's priority and answer with a Message."""
     started = time.perf_counter()
     request = ANTHROPIC.translate(body, native=served_natively(state, "anthropic", body.model))
-    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
     return await serve(state, tenant, request, options, started=started, dialect=ANTHROPIC)
 
 

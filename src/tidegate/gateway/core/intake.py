@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Annotated, Any, Final
 
 import msgspec
-from fastapi import Header
+from fastapi import Depends, Header
 
 from tidegate.ai import AUTO, AIRequest, Kind
 from tidegate.contract import ChatRequest, ResponsesRequest, unstreamed
@@ -38,6 +38,7 @@ __all__ = [
     "PRIORITY_HEADER",
     "TIMEOUT_HEADER",
     "CallOptions",
+    "CallOptionsDep",
     "IdempotencyHeader",
     "JobDraft",
     "PriorityHeader",
@@ -108,6 +109,15 @@ class CallOptions:
     priority: str | None = None
     timeout_header: str | None = None
     idempotency_key: str | None = None
+
+
+async def _call_options(x_priority: PriorityHeader = None, x_tidegate_timeout: TimeoutHeader = None,
+                        idempotency_key: IdempotencyHeader = None) -> CallOptions:
+    return CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
+
+
+CallOptionsDep = Annotated[CallOptions, Depends(_call_options)]
+"""A route's CallOptions, its three headers read (and documented) by FastAPI."""
 
 
 @dataclass(frozen=True, slots=True)

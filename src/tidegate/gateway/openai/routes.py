@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
-from fastapi import Depends, Request
+from fastapi import Request
 from fastapi.responses import Response
 
 from tidegate.ai import AIRequest, Kind
@@ -25,7 +25,7 @@ from tidegate.coord.tenants import Tenant
 from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.core.dialect import Dialect, decoded
 from tidegate.gateway.core.errors import ApiError, error_responses, unsupported_endpoint
-from tidegate.gateway.core.intake import CallOptions, IdempotencyHeader, PriorityHeader, TimeoutHeader, submit
+from tidegate.gateway.core.intake import CallOptions, CallOptionsDep, submit
 from tidegate.gateway.core.openapi import documented_as
 from tidegate.gateway.core.outcomes import result_headers, succeeded
 from tidegate.gateway.core.schemas import ModelList, ModelView
@@ -110,13 +110,10 @@ async def chat_completions(
     body: ChatBody,
     state: StateDep,
     tenant: MeteredTenantDep,
-    x_priority: PriorityHeader = None,
-    x_tidegate_timeout: TimeoutHeader = None,
-    idempotency_key: IdempotencyHeader = None,
+    options: CallOptionsDep,
 ) -> Response:
     """Queue the completion at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
     return await serve(state, tenant, OPENAI.request("chat", decoded("chat", body)), options, started=started)
 
 
@@ -131,13 +128,10 @@ async def embeddings(
     body: EmbeddingsBody,
     state: StateDep,
     tenant: MeteredTenantDep,
-    x_priority: PriorityHeader = None,
-    x_tidegate_timeout: TimeoutHeader = None,
-    idempotency_key: IdempotencyHeader = None,
+    options: CallOptionsDep,
 ) -> Response:
     """Queue the embeddings request at the caller's priority and answer with the provider's result."""
     started = time.perf_counter()
-    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
     return await serve(state, tenant, OPENAI.request("embeddings", decoded("embeddings", body)), options,
                        started=started)
 
@@ -182,13 +176,6 @@ _LEGACY_ERRORS = error_responses(400, 403, 413, 429, described={
     404: "No configured provider offers this endpoint (code `unsupported_endpoint`), or the model is "
          "unknown (`model_not_found`) or the provider answered 404 for it."})
 
-
-async def _call_options(x_priority: PriorityHeader = None, x_tidegate_timeout: TimeoutHeader = None,
-                        idempotency_key: IdempotencyHeader = None) -> CallOptions:
-    return CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
-
-
-CallOptionsDep = Annotated[CallOptions, Depends(_call_options)]
 
 
 async def _queued(state: GatewayState, tenant: Tenant, request: AIRequest, options: CallOptions) -> Response:

@@ -25,9 +25,7 @@ from tidegate.costs import estimate_input_tokens
 from tidegate.gateway.core.auth import MeteredTenantDep, StateDep, TenantDep
 from tidegate.gateway.core.errors import ApiError, error_responses
 from tidegate.gateway.core.intake import (
-    CallOptions,
-    IdempotencyHeader,
-    PriorityHeader,
+    CallOptionsDep,
     Submitted,
     TimeoutHeader,
     draft_job,
@@ -93,9 +91,7 @@ async def create_response(
     body: ResponseCreateRequest,
     state: StateDep,
     tenant: MeteredTenantDep,
-    x_priority: PriorityHeader = None,
-    x_tidegate_timeout: TimeoutHeader = None,
-    idempotency_key: IdempotencyHeader = None,
+    options: CallOptionsDep,
 ) -> Response:
     """Queue the response's job at the caller's priority and answer with the response."""
     started = time.perf_counter()
@@ -108,7 +104,6 @@ async def create_response(
     request = RESPONSES.translate(body, history, native=served_natively(state, "responses", body.model))
     # A background response streamed is listened to as it runs (and resumable, see
     # retrieve_response); one not streamed is answered at once, its job left to run.
-    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
     submitted = await submit(state, tenant, request, options, waits=bool(body.stream) or not body.background)
     if body.stream:
         call = RESPONSES.call(submitted.job_id, submitted.request)
@@ -162,9 +157,7 @@ async def compact_conversation(
     body: ResponseCompactRequest,
     state: StateDep,
     tenant: MeteredTenantDep,
-    x_priority: PriorityHeader = None,
-    x_tidegate_timeout: TimeoutHeader = None,
-    idempotency_key: IdempotencyHeader = None,
+    options: CallOptionsDep,
 ) -> JSONResponse:
     """Compact the conversation of `previous_response_id` and `input` into its user messages and
     one compaction item, to be given as the next response's input: by a job at the caller's
@@ -175,7 +168,6 @@ async def compact_conversation(
     conversation_request = await inline_files(state, tenant, body.as_response())
     compacting = compaction(body, conversation_request, history,
                             native=served_natively(state, "responses", body.model))
-    options = CallOptions(x_priority, x_tidegate_timeout, idempotency_key)
     submitted = await submit(state, tenant, compacting.request, options)
     job, result = await succeeded(state, submitted.job_id, submitted.timeout_s)
     return JSONResponse(compacted(job, result, compacting.retained), headers=result_headers(job, result))
