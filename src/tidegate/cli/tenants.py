@@ -244,12 +244,6 @@ def _limit_changes(*, rpm: int | None, models: str | None, max_priority: str | N
     return changes
 
 
-def _changed(limits: KeyLimits, changes: dict[str, object], cleared: list[str]) -> KeyLimits:
-    from tidegate.coord.tenants import KeyLimits
-
-    return KeyLimits.model_validate({**limits.model_dump(), **changes, **dict.fromkeys(cleared)})
-
-
 @keys_app.command("create")
 def keys_create(
     tenant: Annotated[str, typer.Argument(help="The tenant the key acts for.")],
@@ -264,8 +258,8 @@ def keys_create(
     from tidegate.coord.tenants import NO_KEY_LIMITS
 
     with errors_as_exit():
-        limits = _changed(NO_KEY_LIMITS, _limit_changes(rpm=rpm, models=models, max_priority=max_priority,
-                                                        expires_at=expires_at), [])
+        limits = NO_KEY_LIMITS.changed(_limit_changes(rpm=rpm, models=models, max_priority=max_priority,
+                                                      expires_at=expires_at))
     info, api_key = run_with(partial(_tenant_store, queue), lambda store: store.create_key(tenant, limits))
     Console(stderr=True).print(
         f"Created key [bold]{info.key_id}[/] for tenant {escape(info.tenant)}. "
@@ -304,7 +298,7 @@ def keys_update(
         if not changes and not fields:
             raise typer.BadParameter("give a limit to set or --clear")
     info = run_with(partial(_tenant_store, queue), lambda store: store.change_key_limits(
-        key_id, lambda limits: _changed(limits, changes, fields)))
+        key_id, lambda limits: limits.changed({**changes, **dict.fromkeys(fields)})))
     if info is None:
         with errors_as_exit():
             raise TidegateError(f"no active key with id {key_id!r} (unknown or revoked)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 
@@ -55,6 +56,11 @@ class KeyLimits(BaseModel):
             changes["allowed_models"] = (self.allowed_models if tenant.allowed_models is None else
                                          tuple(m for m in self.allowed_models if m in tenant.allowed_models))
         return tenant.model_copy(update=changes) if changes else tenant
+
+    def changed(self, changes: Mapping[str, object]) -> KeyLimits:
+        """These limits with the fields `changes` names set (None: back to the tenant's), checked
+        as new limits are."""
+        return KeyLimits.model_validate({**self.model_dump(), **changes})
 
     def expired(self, now: datetime) -> bool:
         """Whether the key has expired at `now`."""

@@ -44,4 +44,4 @@ def changed_limits(limits: KeyLimits, body: KeyLimitsBody) -> KeyLimits:
         elif value is not None and field == "allowed_models":
             value = tuple(value)
         changes[field] = value
-    return KeyLimits.model_validate({**limits.model_dump(), **changes})
+    return limits.changed(changes)
