@@ -151,10 +151,8 @@ def running_cluster(folder: Path, *, masters: int = 3, replicas: int = 0,
     nodes: list[ClusterNode] = []
     try:
         for index in range(masters * (1 + replicas)):
-            nodes.append(_start_node(server, folder / f"node{index}", node_timeout_ms))
+            nodes.append(_answering_node(server, folder / f"node{index}", node_timeout_ms))
         cluster = RedisCluster(nodes, folder, node_timeout_ms)
-        for node in nodes:
-            _await_ping(node)
         if masters == 1 and not replicas:
             # redis-cli creates clusters of three masters or more; one node takes every slot.
             command = [cli, "-p", str(nodes[0].port), "CLUSTER", "ADDSLOTSRANGE", "0", "16383"]
@@ -199,6 +197,26 @@ def _start_node(server: str, workdir: Path, node_timeout_ms: int) -> ClusterNode
                # A replica's full sync starts at once instead of waiting 5 s for more replicas.
                "--repl-diskless-sync-delay", "0"]
     return ClusterNode(port, _spawn(command, log_path), log_path, command)
+
+
+def _answering_node(server: str, workdir: Path, node_timeout_ms: int) -> ClusterNode:
+    """A started node that answers. A port found free may be taken before redis-server binds it
+    (the bus port, +10000, by another process's outgoing connection, say): such a node exits
+    with "Failed listening", and another is started on other ports."""
+    for _ in range(PORT_ATTEMPTS):
+        node = _start_node(server, workdir, node_timeout_ms)
+        try:
+            _await_ping(node)
+        except ClusterUnavailable:
+            _stop(node.process)
+            if "Failed listening" not in node.log():
+                raise
+            # A clean start: no node id or log of the attempt that could not listen.
+            (workdir / "nodes.conf").unlink(missing_ok=True)
+            node.log_path.unlink(missing_ok=True)
+            continue
+        return node
+    raise ClusterUnavailable(f"no node of {workdir} could listen on its ports in {PORT_ATTEMPTS} attempts")
 
 
 def _spawn(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
